@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command (README.md, .ci/run): lint, then every test of the workspace.
+# Multi-process tests go through the real launcher and servers; each has a timeout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ci/deps.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+before=$(ls /dev/shm | grep -c '^weft-' || true)
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  echo "cargo-nextest not found; using cargo test"
+  cargo test --workspace --no-fail-fast
+fi
+cargo test --workspace --doc
+after=$(ls /dev/shm | grep -c '^weft-' || true)
+if [ "$after" -gt "$before" ]; then
+  echo "leaked shared-memory segments:"; ls -l /dev/shm | grep ' weft-'
+  exit 1
+fi
+echo "ci/test.sh: all green"

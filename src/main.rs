@@ -1,0 +1,154 @@
+//! The `weft` command: `weft run | server | info | bench`.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Weft: a communication fabric for HPC.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Launch a parallel job: weft run [OPTIONS] -n N [--pset NAME] PROGRAM [ARGS] [: ...]
+    #[command(disable_help_flag = true)]
+    Run {
+        /// Options, app contexts and programs (see `weft run --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The per-node wire-up server (started by `weft run`; not for direct use).
+    Server {
+        /// The launcher's control address.
+        #[arg(long)]
+        launcher: std::net::SocketAddr,
+        /// This server's node id.
+        #[arg(long)]
+        node: u32,
+        /// The job's socket directory.
+        #[arg(long)]
+        job_dir: PathBuf,
+    },
+    /// Print this machine's topology, Weft's protocol version and its tunables.
+    Info,
+    /// Run a benchmark (see `weft bench --help`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Benchmark name and its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Run { args } => {
+            if args.iter().any(|a| a == "--help" || a == "-h")
+                && !args.iter().any(|a| a == "--" || a == ":")
+            {
+                println!("{}", weft_wireup::launcher::USAGE);
+                return ExitCode::SUCCESS;
+            }
+            let spec = match weft_wireup::launcher::parse_run_args(&args) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match weft_wireup::launcher::run(spec) {
+                Ok(code) => exit(code),
+                Err(e) => {
+                    eprintln!("{e}");
+                    exit(weft_wireup::launcher::EXIT_LAUNCH_FAILED)
+                }
+            }
+        }
+        Cmd::Server {
+            launcher,
+            node,
+            job_dir,
+        } => {
+            let secret = std::env::var("WEFT_JOB_SECRET")
+                .ok()
+                .and_then(|s| weft_wireup::server::parse_secret(&s));
+            let Some(secret) = secret else {
+                eprintln!("weft server: WEFT_JOB_SECRET is missing or malformed; servers are started by `weft run`");
+                return ExitCode::from(2);
+            };
+            match weft_wireup::server::run(weft_wireup::server::ServerArgs {
+                launcher,
+                node,
+                secret,
+                job_dir,
+            }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weft server: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Cmd::Info => {
+            println!(
+                "weft {} (wire-up protocol {})",
+                env!("CARGO_PKG_VERSION"),
+                weft_wireup::PROTOCOL_VERSION
+            );
+            match weft_wireup::topology::summary() {
+                Ok(s) => println!("{s}"),
+                Err(e) => println!("topology: unavailable ({e})"),
+            }
+            println!("tunables:");
+            for (name, default, what) in TUNABLES {
+                let cur = std::env::var(name)
+                    .map(|v| format!(" (set: {v})"))
+                    .unwrap_or_default();
+                println!("  {name:<24} default {default:<10} {what}{cur}");
+            }
+            ExitCode::SUCCESS
+        }
+        Cmd::Bench { args } => exit(weft_benches::main(&args)),
+    }
+}
+
+/// Environment tunables, listed by `weft info`.
+const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        "WEFT_LOG",
+        "warn",
+        "log filter of the launcher and servers (error, warn, info, debug)",
+    ),
+    (
+        "WEFT_RUN_GRACE_MS",
+        "1000",
+        "ms between SIGTERM and SIGKILL when a job is terminated",
+    ),
+    (
+        "WEFT_DATASTORE_BYTES",
+        "268435456",
+        "size of each node's datastore segment (sparse)",
+    ),
+];

@@ -1,0 +1,753 @@
+//! The wire-up client: one per process, connected to its node's server.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use weft_shm::{SegmentError, StoreReader};
+
+use crate::frame::{self, FrameError, MAX_PEER_FRAME};
+use crate::job::JobInfo;
+use crate::proto::{
+    ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION,
+};
+use crate::value::{Scope, Value};
+use crate::{env, Rank};
+
+/// Largest key accepted by `put`.
+pub(crate) const MAX_KEY: usize = 1024;
+/// Largest value accepted by `put`.
+pub(crate) const MAX_VALUE: usize = 16 << 20;
+
+/// How long the client waits beyond an operation's own timeout before it declares the
+/// server unresponsive (the server enforces the timeout itself and names who is missing).
+const SERVER_SLACK: Duration = Duration::from_secs(5);
+
+/// Keys of the node datastore (shared with the server).
+pub(crate) mod keys {
+    use crate::Rank;
+    /// A process's value for `key`.
+    pub(crate) fn data(rank: Rank, key: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(5 + key.len());
+        k.push(0);
+        k.extend_from_slice(&rank.to_le_bytes());
+        k.extend_from_slice(key.as_bytes());
+        k
+    }
+    /// Present when the node holds every key of `rank` visible here.
+    pub(crate) fn complete(rank: Rank) -> [u8; 5] {
+        let r = rank.to_le_bytes();
+        [1, r[0], r[1], r[2], r[3]]
+    }
+    /// The job's [`crate::JobInfo`].
+    pub(crate) const JOB_INFO: &[u8] = &[2];
+}
+
+/// The connection to the server was lost or misbehaved.
+#[derive(Debug, thiserror::Error)]
+#[error("{op}: connection to the weft server lost: {reason}")]
+pub struct ConnError {
+    op: &'static str,
+    reason: String,
+    #[source]
+    source: Option<io::Error>,
+}
+
+/// Errors of [`Client::init`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InitError {
+    /// A variable the launcher sets is missing.
+    #[error("{var} is not set: start this program with `weft run`")]
+    MissingEnv {
+        /// The variable.
+        var: &'static str,
+    },
+    /// A variable the launcher sets has a bad value.
+    #[error("{var}={value:?} is not valid: {reason}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The server's socket could not be reached.
+    #[error("cannot connect to the weft server at {path}: {source}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The server refused the handshake (wrong token, version, uid, duplicate rank).
+    #[error("the weft server refused rank {rank}: {reason}")]
+    Refused {
+        /// Our rank.
+        rank: Rank,
+        /// The server's reason.
+        reason: String,
+    },
+    /// The handshake failed in transit.
+    #[error("handshake with the weft server at {path} failed: {reason}")]
+    Handshake {
+        /// The socket path.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The node datastore could not be mapped or is malformed.
+    #[error("cannot use the node datastore: {0}")]
+    Datastore(#[from] SegmentError),
+}
+
+/// Errors of [`Client::put`] and [`Client::commit`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The key is empty or too long.
+    #[error("put: invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key (truncated to 64 characters).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The value exceeds the size limit.
+    #[error("put: value of {len} bytes for key {key:?} exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The key.
+        key: String,
+        /// The value's encoded size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The server rejected the commit.
+    #[error("commit rejected by the server: {reason}")]
+    Rejected {
+        /// The server's reason.
+        reason: String,
+    },
+    /// The connection failed.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+/// Errors of [`Client::fence`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The fence timed out.
+    #[error("fence timed out; processes that did not arrive: {missing:?}")]
+    Timeout {
+        /// Ranks that did not join in time.
+        missing: Vec<Rank>,
+    },
+    /// A participant died or finalized before joining.
+    #[error("fence failed: rank {rank} {reason}")]
+    ProcGone {
+        /// The rank.
+        rank: Rank,
+        /// What happened to it.
+        reason: String,
+    },
+    /// The fence was aborted (another participant timed out or failed).
+    #[error("fence aborted: {reason}")]
+    Aborted {
+        /// Why.
+        reason: String,
+    },
+    /// The request was invalid (a rank outside the job, modes that differ, ...).
+    #[error("fence invalid: {reason}")]
+    Invalid {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The connection failed.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+/// Errors of [`Client::get`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GetError {
+    /// The process has no such key visible to the caller.
+    #[error("get: rank {rank} has no key {key:?} visible here")]
+    NotFound {
+        /// The rank asked for.
+        rank: Rank,
+        /// The key asked for.
+        key: String,
+    },
+    /// The rank is outside the job.
+    #[error("get: rank {rank} is not in the job (size {size})")]
+    InvalidRank {
+        /// The rank asked for.
+        rank: Rank,
+        /// The job's size.
+        size: u32,
+    },
+    /// The owner did not commit in time.
+    #[error(
+        "get of {key:?} from rank {rank} timed out; processes that did not arrive: {missing:?}"
+    )]
+    Timeout {
+        /// The rank asked for.
+        rank: Rank,
+        /// The key asked for.
+        key: String,
+        /// Ranks that did not commit in time.
+        missing: Vec<Rank>,
+    },
+    /// The owner died before committing.
+    #[error("get of {key:?} failed: rank {rank} {reason}")]
+    ProcGone {
+        /// The rank asked for.
+        rank: Rank,
+        /// The key asked for.
+        key: String,
+        /// What happened.
+        reason: String,
+    },
+    /// A stored value could not be decoded.
+    #[error("get: value of {key:?} from rank {rank} is corrupt: {reason}")]
+    Corrupt {
+        /// The rank asked for.
+        rank: Rank,
+        /// The key asked for.
+        key: String,
+        /// Decoder message.
+        reason: String,
+    },
+    /// The server reported another failure.
+    #[error("get of {key:?} from rank {rank} failed: {reason}")]
+    Failed {
+        /// The rank asked for.
+        rank: Rank,
+        /// The key asked for.
+        key: String,
+        /// The server's reason.
+        reason: String,
+    },
+    /// The connection failed.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+/// Errors of [`Client::finalize`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FinalizeError {
+    /// The connection failed.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+/// Options of [`Client::get`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GetOpts {
+    /// Give up after this long (the default waits until the owner commits or dies).
+    pub timeout: Option<Duration>,
+    /// Never ask another node: a key not already on this node is `NotFound`.
+    pub local_only: bool,
+    /// Ignore what is on the node and re-fetch (sees a re-published value).
+    pub refresh: bool,
+}
+
+impl GetOpts {
+    /// Sets the timeout.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+    /// Sets local-only.
+    pub fn local_only(mut self) -> Self {
+        self.local_only = true;
+        self
+    }
+    /// Sets refresh.
+    pub fn refresh(mut self) -> Self {
+        self.refresh = true;
+        self
+    }
+}
+
+fn ms(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[derive(Debug, Default)]
+struct Rx {
+    replies: HashMap<u64, ServerMsg>,
+    reading: bool,
+    broken: Option<String>,
+}
+
+/// A request/response connection usable from many threads: whichever waiter finds no
+/// reader becomes the reader and files replies for the others (leader/follower).
+#[derive(Debug)]
+struct Conn {
+    writer: Mutex<UnixStream>,
+    reader: Mutex<UnixStream>,
+    rx: Mutex<Rx>,
+    cv: Condvar,
+    next_req: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Conn {
+    fn call(
+        &self,
+        op: &'static str,
+        build: impl FnOnce(u64) -> ClientMsg,
+        timeout: Option<Duration>,
+    ) -> Result<ServerMsg, ConnError> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let frame = frame::encode(&build(req));
+        {
+            let mut w = lock(&self.writer);
+            io::Write::write_all(&mut *w, &frame).map_err(|e| ConnError {
+                op,
+                reason: "cannot send the request".into(),
+                source: Some(e),
+            })?;
+        }
+        let deadline = timeout.map(|t| Instant::now() + t + SERVER_SLACK);
+        let mut rx = lock(&self.rx);
+        loop {
+            if let Some(m) = rx.replies.remove(&req) {
+                return Ok(m);
+            }
+            if let Some(why) = &rx.broken {
+                return Err(ConnError {
+                    op,
+                    reason: why.clone(),
+                    source: None,
+                });
+            }
+            if rx.reading {
+                rx = self.cv.wait(rx).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            rx.reading = true;
+            drop(rx);
+            let got = self.read_one(deadline);
+            rx = lock(&self.rx);
+            rx.reading = false;
+            match got {
+                Ok(m) => {
+                    let id = match &m {
+                        ServerMsg::Done { req }
+                        | ServerMsg::Value { req, .. }
+                        | ServerMsg::Failed { req, .. } => *req,
+                        other => {
+                            rx.broken =
+                                Some(format!("unexpected message from the server: {other:?}"));
+                            self.cv.notify_all();
+                            continue;
+                        }
+                    };
+                    rx.replies.insert(id, m);
+                }
+                Err(why) => rx.broken = Some(why),
+            }
+            self.cv.notify_all();
+        }
+    }
+
+    fn read_one(&self, deadline: Option<Instant>) -> Result<ServerMsg, String> {
+        let mut r = lock(&self.reader);
+        let t = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
+        r.set_read_timeout(t).map_err(|e| e.to_string())?;
+        match frame::read_sync::<ServerMsg>(&mut *r, MAX_PEER_FRAME) {
+            Ok(m) => Ok(m),
+            Err(FrameError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err("the server did not answer in time".into())
+            }
+            Err(FrameError::Closed) => Err("the server closed the connection".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// A process's connection to the wire-up service.
+///
+/// `Client` is `Send + Sync`: several threads may fence, get and commit concurrently.
+#[derive(Debug)]
+pub struct Client {
+    rank: Rank,
+    node: u32,
+    job: JobInfo,
+    local_peers: Vec<Rank>,
+    store: StoreReader,
+    conn: Conn,
+    pending: Mutex<Vec<(Scope, String, Value)>>,
+    seqs: Mutex<HashMap<(CollKind, Procs), u64>>,
+    finalized: AtomicBool,
+}
+
+fn env_var(var: &'static str) -> Result<String, InitError> {
+    std::env::var(var).map_err(|_| InitError::MissingEnv { var })
+}
+
+fn env_num<T: std::str::FromStr>(var: &'static str) -> Result<T, InitError>
+where
+    T::Err: std::fmt::Display,
+{
+    let value = env_var(var)?;
+    value.parse().map_err(|e: T::Err| InitError::BadEnv {
+        var,
+        value,
+        reason: e.to_string(),
+    })
+}
+
+impl Client {
+    /// Connects to the node's server using the environment `weft run` sets, checks the
+    /// protocol version, and maps the node's datastore (job info is then available).
+    pub fn init() -> Result<Client, InitError> {
+        let rank: Rank = env_num(env::RANK)?;
+        let token: u64 = env_num(env::TOKEN)?;
+        let path = PathBuf::from(env_var(env::SERVER_SOCKET)?);
+        let stream = UnixStream::connect(&path).map_err(|source| InitError::Connect {
+            path: path.clone(),
+            source,
+        })?;
+        let hs = |reason: String| InitError::Handshake {
+            path: path.clone(),
+            reason,
+        };
+        let mut s = stream;
+        frame::write_sync(
+            &mut s,
+            &ClientMsg::Hello {
+                magic: MAGIC,
+                version: PROTOCOL_VERSION,
+                rank,
+                token,
+            },
+        )
+        .map_err(|e| hs(format!("cannot send hello: {e}")))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| hs(e.to_string()))?;
+        let welcome: ServerMsg =
+            frame::read_sync(&mut s, MAX_PEER_FRAME).map_err(|e| hs(e.to_string()))?;
+        let datastore = match welcome {
+            ServerMsg::Welcome {
+                version, datastore, ..
+            } if version == PROTOCOL_VERSION => datastore,
+            ServerMsg::Welcome { version, .. } => {
+                return Err(hs(format!(
+                    "server speaks protocol version {version}, this client {PROTOCOL_VERSION}"
+                )))
+            }
+            ServerMsg::Refused { reason } => return Err(InitError::Refused { rank, reason }),
+            other => return Err(hs(format!("unexpected reply {other:?}"))),
+        };
+        s.set_read_timeout(None).map_err(|e| hs(e.to_string()))?;
+        let store = StoreReader::open(&datastore)?;
+        let job_bytes = store
+            .get(keys::JOB_INFO)
+            .ok_or_else(|| hs(format!("datastore {datastore} holds no job info")))?;
+        let job: JobInfo = postcard::from_bytes(job_bytes)
+            .map_err(|e| hs(format!("job info in {datastore} is corrupt: {e}")))?;
+        let node = job.node_of(rank).ok_or_else(|| {
+            hs(format!(
+                "rank {rank} is not in the job (size {})",
+                job.size()
+            ))
+        })?;
+        let local_peers = job.ranks_on(node);
+        let reader = s.try_clone().map_err(|e| hs(e.to_string()))?;
+        Ok(Client {
+            rank,
+            node,
+            local_peers,
+            job,
+            store,
+            conn: Conn {
+                writer: Mutex::new(s),
+                reader: Mutex::new(reader),
+                rx: Mutex::new(Rx::default()),
+                cv: Condvar::new(),
+                next_req: AtomicU64::new(1),
+            },
+            pending: Mutex::new(Vec::new()),
+            seqs: Mutex::new(HashMap::new()),
+            finalized: AtomicBool::new(false),
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+    /// The job's size.
+    pub fn size(&self) -> u32 {
+        self.job.size()
+    }
+    /// The job's namespace.
+    pub fn nspace(&self) -> &str {
+        &self.job.nspace
+    }
+    /// Everything known about the job at launch.
+    pub fn job(&self) -> &JobInfo {
+        &self.job
+    }
+    /// This process's node id.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+    /// This node's hostname label.
+    pub fn hostname(&self) -> &str {
+        &self.job.nodes[self.node as usize].hostname
+    }
+    /// Rank among the processes of this node.
+    pub fn local_rank(&self) -> u32 {
+        self.job.procs[self.rank as usize].local_rank
+    }
+    /// Number of processes on this node.
+    pub fn local_size(&self) -> u32 {
+        self.local_peers.len() as u32
+    }
+    /// The ranks on this node (this one included), ascending.
+    pub fn local_peers(&self) -> &[Rank] {
+        &self.local_peers
+    }
+    /// This process's app number.
+    pub fn app_num(&self) -> u32 {
+        self.job.procs[self.rank as usize].app
+    }
+    /// Names of all process sets visible to this process.
+    pub fn pset_names(&self) -> Vec<String> {
+        self.job.pset_names()
+    }
+    /// Members of process set `name`.
+    pub fn pset_members(&self, name: &str) -> Option<Vec<Rank>> {
+        self.job.pset_members(name, self.rank)
+    }
+    /// The process sets `rank` belongs to.
+    pub fn psets_of(&self, rank: Rank) -> Vec<String> {
+        self.job.psets_of(rank, self.rank)
+    }
+
+    /// Stages `key = value` with `scope`; it becomes visible after [`Client::commit`].
+    pub fn put(&self, scope: Scope, key: &str, value: impl Into<Value>) -> Result<(), CommitError> {
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(CommitError::InvalidKey {
+                key: key.chars().take(64).collect(),
+                reason: if key.is_empty() {
+                    "empty"
+                } else {
+                    "longer than 1024 bytes"
+                },
+            });
+        }
+        let value = value.into();
+        let len = match &value {
+            Value::Bytes(b) => b.len(),
+            Value::Str(s) => s.len(),
+            _ => 8,
+        };
+        if len > MAX_VALUE {
+            return Err(CommitError::TooLarge {
+                key: key.to_owned(),
+                len,
+                max: MAX_VALUE,
+            });
+        }
+        let mut p = lock(&self.pending);
+        p.retain(|(_, k, _)| k != key);
+        p.push((scope, key.to_owned(), value));
+        Ok(())
+    }
+
+    /// Sends the staged values to the server; on-node readers see Local/Global keys at
+    /// once, other nodes after a fence (Full) or on demand (Sparse).
+    pub fn commit(&self) -> Result<(), CommitError> {
+        let entries = std::mem::take(&mut *lock(&self.pending));
+        match self
+            .conn
+            .call("commit", |req| ClientMsg::Commit { req, entries }, None)?
+        {
+            ServerMsg::Done { .. } => Ok(()),
+            ServerMsg::Failed { error, .. } => Err(CommitError::Rejected {
+                reason: format!("{error:?}"),
+            }),
+            other => Err(CommitError::Rejected {
+                reason: format!("unexpected reply {other:?}"),
+            }),
+        }
+    }
+
+    /// Waits until every process of `procs` has called `fence` with the same `procs`
+    /// (and, in Full mode, until their committed data is on this node).
+    pub fn fence(
+        &self,
+        procs: Procs,
+        mode: FenceMode,
+        timeout: Option<Duration>,
+    ) -> Result<(), FenceError> {
+        let size = self.size();
+        let procs = procs.normalize(size);
+        if let Procs::List(v) = &procs {
+            if let Some(bad) = v.iter().find(|&&r| r >= size) {
+                return Err(FenceError::Invalid {
+                    reason: format!("rank {bad} is not in the job (size {size})"),
+                });
+            }
+            if !v.contains(&self.rank) {
+                return Err(FenceError::Invalid {
+                    reason: format!(
+                        "the caller (rank {}) is not among the participants",
+                        self.rank
+                    ),
+                });
+            }
+        }
+        let seq = {
+            let mut seqs = lock(&self.seqs);
+            let s = seqs.entry((CollKind::Fence, procs.clone())).or_insert(0);
+            *s += 1;
+            *s
+        };
+        let id = CollId {
+            kind: CollKind::Fence,
+            procs,
+            seq,
+        };
+        let timeout_ms = ms(timeout);
+        match self.conn.call(
+            "fence",
+            |req| ClientMsg::Fence {
+                req,
+                id,
+                mode,
+                timeout_ms,
+            },
+            timeout,
+        )? {
+            ServerMsg::Done { .. } => Ok(()),
+            ServerMsg::Failed { error, .. } => Err(match error {
+                WireError::Timeout { missing, .. } => FenceError::Timeout { missing },
+                WireError::ProcGone { rank, reason, .. } => FenceError::ProcGone { rank, reason },
+                WireError::Aborted { reason, .. } => FenceError::Aborted { reason },
+                WireError::Invalid { reason, .. } => FenceError::Invalid { reason },
+            }),
+            other => Err(FenceError::Invalid {
+                reason: format!("unexpected reply {other:?}"),
+            }),
+        }
+    }
+
+    /// Reads `key` of `rank`: from this node's datastore when it is there (no message to
+    /// the server), else from the server, which fetches it from the owner's node.
+    pub fn get(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<Value, GetError> {
+        let size = self.size();
+        if rank >= size {
+            return Err(GetError::InvalidRank { rank, size });
+        }
+        let on_node = self.job.procs[rank as usize].node == self.node;
+        if !opts.refresh && !self.store.overflowed() {
+            if let Some(bytes) = self.store.get(&keys::data(rank, key)) {
+                return postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
+                    rank,
+                    key: key.to_owned(),
+                    reason: e.to_string(),
+                });
+            }
+            if self.store.get(&keys::complete(rank)).is_some() || (opts.local_only && !on_node) {
+                return Err(GetError::NotFound {
+                    rank,
+                    key: key.to_owned(),
+                });
+            }
+        }
+        let key_s = key.to_owned();
+        let msg = |req| ClientMsg::Get {
+            req,
+            rank,
+            key: key_s,
+            refresh: opts.refresh,
+            local_only: opts.local_only,
+            timeout_ms: ms(opts.timeout),
+        };
+        match self.conn.call("get", msg, opts.timeout)? {
+            ServerMsg::Value { value: Some(v), .. } => Ok(v),
+            ServerMsg::Value { value: None, .. } => Err(GetError::NotFound {
+                rank,
+                key: key.to_owned(),
+            }),
+            ServerMsg::Failed { error, .. } => Err(match error {
+                WireError::Timeout { missing, .. } => GetError::Timeout {
+                    rank,
+                    key: key.to_owned(),
+                    missing,
+                },
+                WireError::ProcGone { reason, .. } => GetError::ProcGone {
+                    rank,
+                    key: key.to_owned(),
+                    reason,
+                },
+                WireError::Aborted { reason, .. } | WireError::Invalid { reason, .. } => {
+                    GetError::Failed {
+                        rank,
+                        key: key.to_owned(),
+                        reason,
+                    }
+                }
+            }),
+            other => Err(GetError::Failed {
+                rank,
+                key: key.to_owned(),
+                reason: format!("unexpected reply {other:?}"),
+            }),
+        }
+    }
+
+    /// Tells the server this process is done with the wire-up service. Fences that
+    /// include this process afterwards fail at once instead of waiting for it; its
+    /// committed data stays available to the others.
+    pub fn finalize(self) -> Result<(), FinalizeError> {
+        self.finalize_inner()
+    }
+
+    fn finalize_inner(&self) -> Result<(), FinalizeError> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.conn.call(
+            "finalize",
+            |req| ClientMsg::Finalize { req },
+            Some(Duration::from_secs(5)),
+        )?;
+        Ok(())
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Err(e) = self.finalize_inner() {
+            tracing::debug!("finalize on drop: {e}");
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Weft's wire-up layer: the launcher (`weft run`), one server per node, and the
+//! PMIx-style client with which processes exchange business cards.
+//!
+//! A job is launched by [`launcher::run`]: it starts one server per (logical) node, each
+//! server starts its node's processes, and each process calls [`Client::init`] to connect
+//! to its server. Cards are published with [`Client::put`] and [`Client::commit`], made
+//! available with [`Client::fence`] (Full, Sparse or SyncOnly) and read with
+//! [`Client::get`]; job-level information ([`JobInfo`]) is available right after init from
+//! the node's shared-memory datastore, with no round trip.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weft_wireup::{Client, FenceMode, GetOpts, Procs, Scope};
+//! let wire = Client::init()?;
+//! wire.put(Scope::Remote, "my.card", vec![1u8, 2, 3])?;
+//! wire.commit()?;
+//! wire.fence(Procs::All, FenceMode::Sparse, Some(Duration::from_secs(30)))?;
+//! let card = wire.get(1, "my.card", GetOpts::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod client;
+mod frame;
+mod job;
+pub mod launcher;
+mod proto;
+pub mod server;
+pub mod topology;
+mod value;
+
+pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
+pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
+pub use proto::{FenceMode, Procs, PROTOCOL_VERSION};
+pub use topology::{CpuList, CpuListError};
+pub use value::{Scope, Value};
+
+/// A process's rank within its job (its namespace).
+pub type Rank = u32;
+
+/// Names of the environment variables the launcher sets for every process.
+pub mod env {
+    /// The process's rank in the job.
+    pub const RANK: &str = "WEFT_RANK";
+    /// The number of processes in the job.
+    pub const SIZE: &str = "WEFT_SIZE";
+    /// The process's rank among the processes of its node.
+    pub const LOCAL_RANK: &str = "WEFT_LOCAL_RANK";
+    /// The number of processes on the process's node.
+    pub const LOCAL_SIZE: &str = "WEFT_LOCAL_SIZE";
+    /// The id of the node the process runs on.
+    pub const NODE: &str = "WEFT_NODE";
+    /// The job's namespace.
+    pub const NSPACE: &str = "WEFT_NSPACE";
+    /// Path of the node server's Unix socket.
+    pub const SERVER_SOCKET: &str = "WEFT_SERVER_SOCKET";
+    /// The per-process token that proves the process's identity to its server.
+    pub const TOKEN: &str = "WEFT_TOKEN";
+    /// Name of the node's shared-memory datastore segment.
+    pub const DATASTORE: &str = "WEFT_DATASTORE";
+    /// The app context (0-based) the process belongs to.
+    pub const APPNUM: &str = "WEFT_APPNUM";
+}

@@ -1,0 +1,332 @@
+//! The wire-up protocol: client <-> server, server <-> server, launcher <-> server.
+//!
+//! Every connection starts with a hello that carries a magic and a version; a peer
+//! speaking another version is refused with a message that says both versions.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobInfo;
+use crate::topology::CpuList;
+use crate::value::{Scope, Value};
+use crate::Rank;
+
+/// The version of the wire-up protocol this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// First bytes of every hello.
+pub(crate) const MAGIC: [u8; 4] = *b"WEFT";
+
+/// Which processes take part in a fence (or another collective).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Procs {
+    /// Every process of the job (the wildcard rank).
+    All,
+    /// These ranks (any order, duplicates ignored).
+    List(Vec<Rank>),
+}
+
+impl Procs {
+    /// Sorted, deduplicated participants; a list naming every rank becomes `All`.
+    pub(crate) fn normalize(self, size: u32) -> Procs {
+        match self {
+            Procs::All => Procs::All,
+            Procs::List(mut v) => {
+                v.sort_unstable();
+                v.dedup();
+                if v.len() == size as usize && v.last().is_some_and(|&l| l + 1 == size) {
+                    Procs::All
+                } else {
+                    Procs::List(v)
+                }
+            }
+        }
+    }
+    /// Whether `rank` takes part.
+    pub(crate) fn contains(&self, rank: Rank) -> bool {
+        match self {
+            Procs::All => true,
+            Procs::List(v) => v.binary_search(&rank).is_ok(),
+        }
+    }
+    /// The participants as a list.
+    pub(crate) fn ranks(&self, size: u32) -> Vec<Rank> {
+        match self {
+            Procs::All => (0..size).collect(),
+            Procs::List(v) => v.clone(),
+        }
+    }
+}
+
+/// How much data a fence moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FenceMode {
+    /// Every participant's committed Remote/Global data reaches every participating
+    /// node; a `get` afterwards never leaves the node.
+    Full,
+    /// Only synchronises; a `get` of another node's key pulls that process's data on
+    /// demand from the owning node's server (direct modex) and caches it.
+    Sparse,
+    /// A barrier; moves no data.
+    SyncOnly,
+}
+
+/// Kind of a collective among servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) enum CollKind {
+    Fence,
+}
+
+/// Identity of one collective: (kind, sorted participants, sequence number).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct CollId {
+    pub(crate) kind: CollKind,
+    pub(crate) procs: Procs,
+    pub(crate) seq: u64,
+}
+
+impl CollId {
+    /// A stable 64-bit digest (same on every server of the job: FNV-1a of the encoding).
+    pub(crate) fn digest(&self) -> u64 {
+        let bytes = postcard::to_stdvec(self).expect("postcard encoding into a Vec");
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+}
+
+/// An error a server reports for an operation, carried over the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum WireError {
+    /// The operation timed out; `missing` did not arrive.
+    Timeout { op: String, missing: Vec<Rank> },
+    /// A process the operation needs died or finalized.
+    ProcGone {
+        op: String,
+        rank: Rank,
+        reason: String,
+    },
+    /// The operation was aborted elsewhere.
+    Aborted { op: String, reason: String },
+    /// The request was invalid.
+    Invalid { op: String, reason: String },
+}
+
+/// Client to server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ClientMsg {
+    /// Must be the first frame; never reorder: old and new versions must decode it.
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        rank: Rank,
+        token: u64,
+    },
+    Commit {
+        req: u64,
+        entries: Vec<(Scope, String, Value)>,
+    },
+    Fence {
+        req: u64,
+        id: CollId,
+        mode: FenceMode,
+        timeout_ms: Option<u64>,
+    },
+    Get {
+        req: u64,
+        rank: Rank,
+        key: String,
+        refresh: bool,
+        local_only: bool,
+        timeout_ms: Option<u64>,
+    },
+    Finalize {
+        req: u64,
+    },
+}
+
+/// Server to client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ServerMsg {
+    Welcome {
+        version: u32,
+        datastore: String,
+        nspace: String,
+    },
+    Refused {
+        reason: String,
+    },
+    Done {
+        req: u64,
+    },
+    Value {
+        req: u64,
+        value: Option<Value>,
+    },
+    Failed {
+        req: u64,
+        error: WireError,
+    },
+}
+
+/// Data of some processes as it travels between servers: rank -> (key, value).
+pub(crate) type ProcData = Vec<(Rank, Vec<(String, Value)>)>;
+
+/// Server to server (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum PeerMsg {
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        secret: [u64; 2],
+        node: u32,
+    },
+    /// One step of the Bruck all-gather of collective `id`: blocks keyed by node id.
+    Gather {
+        id: CollId,
+        mode: FenceMode,
+        step: u32,
+        blocks: Vec<(u32, Vec<u8>)>,
+    },
+    Abort {
+        id: CollId,
+        error: WireError,
+    },
+    ArrivalQuery {
+        id: CollId,
+        qid: u64,
+    },
+    ArrivalReply {
+        qid: u64,
+        node: u32,
+        missing: Vec<Rank>,
+    },
+    ModexReq {
+        qid: u64,
+        rank: Rank,
+        timeout_ms: Option<u64>,
+    },
+    ModexResp {
+        qid: u64,
+        rank: Rank,
+        result: Result<Vec<(String, Value)>, WireError>,
+    },
+    /// `rank` died or finalized; `joined` are digests of the collectives it had joined.
+    ProcGone {
+        rank: Rank,
+        reason: String,
+        joined: Vec<u64>,
+    },
+}
+
+/// How one process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ExitKind {
+    Code(i32),
+    Signal(i32),
+    SpawnFailed(String),
+}
+
+/// What a server runs for one app context.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct AppSpec {
+    pub(crate) program: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) cwd: Option<String>,
+}
+
+/// What the launcher tells every server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct JobPlan {
+    pub(crate) job: JobInfo,
+    pub(crate) apps: Vec<AppSpec>,
+    pub(crate) tag_output: bool,
+    /// Per rank, the CPUs to bind it to.
+    pub(crate) bind: Vec<Option<CpuList>>,
+    /// Bytes of each node's datastore segment.
+    pub(crate) datastore_bytes: u64,
+    /// Name prefix for shm segments and sockets of this job.
+    pub(crate) job_id: String,
+    /// Extra environment for every process.
+    pub(crate) env: Vec<(String, String)>,
+}
+
+/// Server to launcher (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ToLauncher {
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        secret: [u64; 2],
+        node: u32,
+    },
+    Ready {
+        peer_addr: SocketAddr,
+    },
+    ProcExit {
+        rank: Rank,
+        how: ExitKind,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+/// Launcher to server (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum ToServer {
+    Plan(Box<JobPlan>),
+    Start { peers: Vec<SocketAddr> },
+    Terminate { grace_ms: u64 },
+    Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_sorts_and_widens_to_all() {
+        assert_eq!(Procs::List(vec![2, 0, 1, 1]).normalize(3), Procs::All);
+        assert_eq!(
+            Procs::List(vec![3, 1, 1]).normalize(5),
+            Procs::List(vec![1, 3])
+        );
+        assert!(Procs::List(vec![1, 3]).contains(3));
+        assert!(!Procs::List(vec![1, 3]).contains(2));
+    }
+
+    #[test]
+    fn collective_ids_differ_by_kind_procs_and_seq() {
+        let a = CollId {
+            kind: CollKind::Fence,
+            procs: Procs::All,
+            seq: 0,
+        };
+        let b = CollId {
+            seq: 1,
+            ..a.clone()
+        };
+        let c = CollId {
+            procs: Procs::List(vec![0, 1]),
+            ..a.clone()
+        };
+        assert_ne!(a.digest(), b.digest());
+        assert_ne!(a.digest(), c.digest());
+        assert_eq!(a.digest(), a.clone().digest());
+    }
+
+    #[test]
+    fn hello_is_variant_zero() {
+        // The handshake must stay decodable across versions: Hello is the first variant.
+        let enc = postcard::to_stdvec(&ClientMsg::Hello {
+            magic: MAGIC,
+            version: 7,
+            rank: 1,
+            token: 2,
+        })
+        .unwrap();
+        assert_eq!(enc[0], 0);
+        assert_eq!(&enc[1..5], b"WEFT");
+    }
+}

@@ -1,0 +1,1789 @@
+//! The per-node wire-up server (`weft server`).
+//!
+//! One server runs per (logical) node. It starts the node's processes, serves their
+//! put/commit/fence/get requests over a Unix socket in a 0700 directory, keeps the node's
+//! datastore (a shared-memory segment its clients map read-only), and runs the
+//! inter-node part of fences with the other servers: a Bruck all-gather over TCP, one
+//! message per server per step, O(log nodes) steps.
+//!
+//! All state lives in one actor task; connection tasks only parse frames and forward
+//! events to it, so the logic has no locks.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::time::Instant;
+use weft_shm::StoreWriter;
+
+use crate::client::keys;
+use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::proto::{
+    AppSpec, ClientMsg, CollId, ExitKind, FenceMode, JobPlan, PeerMsg, ProcData, Procs, ServerMsg,
+    ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+};
+use crate::topology;
+use crate::value::{Scope, Value};
+use crate::{env, Rank};
+
+/// How long a timed-out fence waits for other servers to say who is missing.
+const ARRIVAL_QUERY_WAIT: Duration = Duration::from_millis(300);
+/// How many joined-collective digests a server remembers per local process.
+const JOINED_HISTORY: usize = 4096;
+
+/// Errors that stop a server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Talking to the launcher failed.
+    #[error("server for node {node}: launcher at {addr}: {reason}")]
+    Launcher {
+        /// This server's node.
+        node: u32,
+        /// The launcher's address.
+        addr: SocketAddr,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Setting up the node (socket, datastore, listener) failed.
+    #[error("server for node {node}: {what}: {source}")]
+    Setup {
+        /// This server's node.
+        node: u32,
+        /// What was being set up.
+        what: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The datastore segment could not be created.
+    #[error("server for node {node}: datastore: {source}")]
+    Datastore {
+        /// This server's node.
+        node: u32,
+        /// The cause.
+        #[source]
+        source: weft_shm::SegmentError,
+    },
+}
+
+/// How a server is started (the `weft server` command line plus environment).
+#[derive(Debug, Clone)]
+pub struct ServerArgs {
+    /// The launcher's control address.
+    pub launcher: SocketAddr,
+    /// This server's node id.
+    pub node: u32,
+    /// The job's shared secret (from `WEFT_JOB_SECRET`).
+    pub secret: [u64; 2],
+    /// The job's 0700 directory for sockets.
+    pub job_dir: PathBuf,
+}
+
+/// The name of node `node`'s datastore segment for job `job_id`.
+pub fn datastore_name(job_id: &str, node: u32) -> String {
+    format!("/weft-{job_id}-n{node}")
+}
+
+/// The path of node `node`'s socket in the job directory.
+pub fn socket_path(job_dir: &Path, node: u32) -> PathBuf {
+    job_dir.join(format!("n{node}.sock"))
+}
+
+/// Parses a job secret as printed by [`format_secret`].
+pub fn parse_secret(s: &str) -> Option<[u64; 2]> {
+    let (a, b) = s.split_once('-')?;
+    Some([
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ])
+}
+
+/// Formats a job secret for `WEFT_JOB_SECRET`.
+pub fn format_secret(s: [u64; 2]) -> String {
+    format!("{:016x}-{:016x}", s[0], s[1])
+}
+
+/// Random 64-bit value from the kernel.
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < 8 {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => panic!("getrandom failed: {e}"),
+        }
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Runs a server until the launcher says the job is over (or disappears).
+pub fn run(args: ServerArgs) -> Result<(), ServerError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServerError::Setup {
+            node: args.node,
+            what: "tokio runtime".into(),
+            source,
+        })?;
+    let out = rt.block_on(serve(args));
+    rt.shutdown_timeout(Duration::from_millis(200));
+    out
+}
+
+type ConnId = u64;
+
+enum Out {
+    Frame(Vec<u8>),
+    Close,
+}
+
+enum Event {
+    ClientHello {
+        conn: ConnId,
+        rank: Rank,
+        token: u64,
+        tx: UnboundedSender<Out>,
+    },
+    Client {
+        conn: ConnId,
+        msg: ClientMsg,
+    },
+    ClientGone {
+        conn: ConnId,
+        reason: String,
+    },
+    Peer {
+        msg: PeerMsg,
+    },
+    PeerLost {
+        node: u32,
+        reason: String,
+    },
+    Ctl(ToServer),
+    CtlLost(String),
+    Spawned {
+        rank: Rank,
+        pid: Option<u32>,
+    },
+    ChildExit {
+        rank: Rank,
+        how: ExitKind,
+    },
+    CollTimeout {
+        id: CollId,
+    },
+    QueryTimeout {
+        qid: u64,
+    },
+    GetTimeout {
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+    },
+    ModexServeTimeout {
+        qid: u64,
+    },
+    KillNow,
+}
+
+#[derive(Default)]
+struct LocalProc {
+    token: u64,
+    conn: Option<ConnId>,
+    committed: bool,
+    data: HashMap<String, (Scope, Value)>,
+    joined: VecDeque<u64>,
+    pid: Option<u32>,
+    exited: bool,
+}
+
+struct Gone {
+    reason: String,
+    joined: HashSet<u64>,
+}
+
+struct Coll {
+    digest: u64,
+    mode: Option<FenceMode>,
+    local_expected: BTreeSet<Rank>,
+    arrived: BTreeSet<Rank>,
+    waiters: Vec<(ConnId, u64)>,
+    nodes: Vec<u32>,
+    me: usize,
+    started: bool,
+    step: u32,
+    sent_step: Option<u32>,
+    blocks: BTreeMap<u32, Vec<u8>>,
+    inbox: HashMap<u32, Vec<(u32, Vec<u8>)>>,
+    deadline: Option<Instant>,
+    timing_out: bool,
+}
+
+struct Query {
+    id: CollId,
+    waiting: HashSet<u32>,
+    missing: BTreeSet<Rank>,
+}
+
+struct GetWaiter {
+    conn: ConnId,
+    req: u64,
+    key: String,
+}
+
+struct ModexServe {
+    from: u32,
+    rank: Rank,
+}
+
+struct State {
+    node: u32,
+    plan: Arc<JobPlan>,
+    secret: [u64; 2],
+    ev: UnboundedSender<Event>,
+    store: StoreWriter,
+    overflowed: bool,
+    procs: BTreeMap<Rank, LocalProc>,
+    conns: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
+    peers: Vec<SocketAddr>,
+    peer_tx: HashMap<u32, UnboundedSender<Vec<u8>>>,
+    ctl_tx: UnboundedSender<Vec<u8>>,
+    gone: HashMap<Rank, Gone>,
+    colls: HashMap<CollId, Coll>,
+    finished: HashMap<CollId, Option<WireError>>,
+    finished_order: VecDeque<CollId>,
+    queries: HashMap<u64, Query>,
+    next_qid: u64,
+    remote_data: HashMap<Rank, Vec<(String, Value)>>,
+    remote_complete: HashSet<Rank>,
+    local_get_waiters: HashMap<Rank, Vec<GetWaiter>>,
+    modex_waiters: HashMap<Rank, Vec<GetWaiter>>,
+    modex_inflight: HashMap<Rank, u64>,
+    modex_serving: HashMap<u64, ModexServe>,
+    live_children: usize,
+    terminating: bool,
+    done: bool,
+}
+
+async fn serve(args: ServerArgs) -> Result<(), ServerError> {
+    let node = args.node;
+    let lerr = |reason: String| ServerError::Launcher {
+        node,
+        addr: args.launcher,
+        reason,
+    };
+    let setup = |what: &str, source: io::Error| ServerError::Setup {
+        node,
+        what: what.into(),
+        source,
+    };
+
+    // 1. Launcher handshake and plan.
+    let ctl = TcpStream::connect(args.launcher)
+        .await
+        .map_err(|e| lerr(format!("cannot connect: {e}")))?;
+    ctl.set_nodelay(true).ok();
+    let bind_ip = ctl
+        .local_addr()
+        .map_err(|e| setup("control socket", e))?
+        .ip();
+    let (mut ctl_r, mut ctl_w) = ctl.into_split();
+    let hello = ToLauncher::Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        secret: args.secret,
+        node,
+    };
+    frame::write_async(&mut ctl_w, &frame::encode(&hello))
+        .await
+        .map_err(|e| lerr(e.to_string()))?;
+    let plan = match frame::read_async::<ToServer>(&mut ctl_r, MAX_PEER_FRAME).await {
+        Ok(ToServer::Plan(p)) => Arc::new(*p),
+        Ok(other) => return Err(lerr(format!("expected the job plan, got {other:?}"))),
+        Err(e) => return Err(lerr(format!("no job plan: {e}"))),
+    };
+
+    // 2. Datastore with the job info, Unix socket, peer listener.
+    let ds_name = datastore_name(&plan.job_id, node);
+    let _ = weft_shm::unlink(&ds_name);
+    let mut store = StoreWriter::create(&ds_name, plan.datastore_bytes as usize, 1 << 16)
+        .map_err(|source| ServerError::Datastore { node, source })?;
+    let job_bytes = postcard::to_stdvec(&plan.job).expect("postcard encoding into a Vec");
+    store
+        .insert(keys::JOB_INFO, &job_bytes)
+        .map_err(|_| ServerError::Setup {
+            node,
+            what: "datastore".into(),
+            source: io::Error::other(format!(
+                "job info of {} bytes does not fit the datastore",
+                job_bytes.len()
+            )),
+        })?;
+    std::fs::create_dir_all(&args.job_dir).map_err(|e| setup("job directory", e))?;
+    std::fs::set_permissions(&args.job_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| setup("job directory mode", e))?;
+    let sock_path = socket_path(&args.job_dir, node);
+    let _ = std::fs::remove_file(&sock_path);
+    let unix = UnixListener::bind(&sock_path)
+        .map_err(|e| setup(&format!("bind {}", sock_path.display()), e))?;
+    let tcp = TcpListener::bind(SocketAddr::new(bind_ip, 0))
+        .await
+        .map_err(|e| setup("peer listener", e))?;
+    let peer_addr = tcp.local_addr().map_err(|e| setup("peer listener", e))?;
+
+    let (ctl_tx, mut ctl_out) = unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        while let Some(f) = ctl_out.recv().await {
+            if frame::write_async(&mut ctl_w, &f).await.is_err() {
+                break;
+            }
+        }
+    });
+    let _ = ctl_tx.send(frame::encode(&ToLauncher::Ready { peer_addr }));
+    let peers = match frame::read_async::<ToServer>(&mut ctl_r, MAX_PEER_FRAME).await {
+        Ok(ToServer::Start { peers }) => peers,
+        Ok(ToServer::Shutdown | ToServer::Terminate { .. }) => {
+            let _ = std::fs::remove_file(&sock_path);
+            return Ok(());
+        }
+        Ok(other) => return Err(lerr(format!("expected start, got {other:?}"))),
+        Err(e) => {
+            let _ = std::fs::remove_file(&sock_path);
+            return Err(lerr(format!("lost before start: {e}")));
+        }
+    };
+
+    let (ev_tx, mut ev_rx) = unbounded_channel::<Event>();
+    // Control reader.
+    {
+        let ev = ev_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                match frame::read_async::<ToServer>(&mut ctl_r, MAX_PEER_FRAME).await {
+                    Ok(m) => {
+                        if ev.send(Event::Ctl(m)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ev.send(Event::CtlLost(e.to_string()));
+                        break;
+                    }
+                }
+            }
+        });
+    }
+    // Peer listener.
+    {
+        let ev = ev_tx.clone();
+        let secret = args.secret;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = tcp.accept().await {
+                tokio::spawn(peer_reader(s, secret, ev.clone()));
+            }
+        });
+    }
+    // Client listener.
+    {
+        let ev = ev_tx.clone();
+        tokio::spawn(async move {
+            let uid = rustix::process::getuid().as_raw();
+            let mut next: ConnId = 1;
+            while let Ok((s, _)) = unix.accept().await {
+                tokio::spawn(client_conn(s, next, uid, ev.clone()));
+                next += 1;
+            }
+        });
+    }
+
+    let mut procs = BTreeMap::new();
+    for r in plan.job.ranks_on(node) {
+        procs.insert(
+            r,
+            LocalProc {
+                token: random_u64(),
+                ..LocalProc::default()
+            },
+        );
+    }
+    let output = OutputSink::start();
+    let mut st = State {
+        node,
+        plan: plan.clone(),
+        secret: args.secret,
+        ev: ev_tx.clone(),
+        store,
+        overflowed: false,
+        live_children: procs.len(),
+        procs,
+        conns: HashMap::new(),
+        peers,
+        peer_tx: HashMap::new(),
+        ctl_tx,
+        gone: HashMap::new(),
+        colls: HashMap::new(),
+        finished: HashMap::new(),
+        finished_order: VecDeque::new(),
+        queries: HashMap::new(),
+        // Query ids carry the asking node in their top 16 bits, so answers find their way back.
+        next_qid: (u64::from(node) << 48) | 1,
+        remote_data: HashMap::new(),
+        remote_complete: HashSet::new(),
+        local_get_waiters: HashMap::new(),
+        modex_waiters: HashMap::new(),
+        modex_inflight: HashMap::new(),
+        modex_serving: HashMap::new(),
+        terminating: false,
+        done: false,
+    };
+    // 3. Start the node's processes.
+    let ranks: Vec<Rank> = st.procs.keys().copied().collect();
+    for r in ranks {
+        spawn_child(&st, r, &sock_path, &ds_name, &output);
+    }
+
+    while !st.done {
+        let Some(ev) = ev_rx.recv().await else { break };
+        st.handle(ev);
+    }
+    // Cleanup: kill what is left, remove the socket; the store unlinks on drop.
+    st.kill_all(rustix::process::Signal::KILL);
+    drop(st);
+    let _ = std::fs::remove_file(&sock_path);
+    let _ = std::fs::remove_dir(&args.job_dir);
+    output.finish();
+    Ok(())
+}
+
+/// Forwards children's output from a dedicated thread, so a slow terminal never blocks
+/// the server.
+struct OutputSink {
+    tx: std::sync::mpsc::Sender<(bool, Vec<u8>)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl OutputSink {
+    fn start() -> OutputSink {
+        let (tx, rx) = std::sync::mpsc::channel::<(bool, Vec<u8>)>();
+        let thread = std::thread::spawn(move || {
+            for (is_err, bytes) in rx {
+                let _ = if is_err {
+                    let mut e = io::stderr().lock();
+                    e.write_all(&bytes).and_then(|_| e.flush())
+                } else {
+                    let mut o = io::stdout().lock();
+                    o.write_all(&bytes).and_then(|_| o.flush())
+                };
+            }
+        });
+        OutputSink { tx, thread }
+    }
+    fn finish(self) {
+        drop(self.tx);
+        let _ = self.thread.join();
+    }
+}
+
+async fn forward(
+    mut r: impl tokio::io::AsyncRead + Unpin,
+    is_err: bool,
+    tag: Option<String>,
+    tx: std::sync::mpsc::Sender<(bool, Vec<u8>)>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        match &tag {
+            None => {
+                let _ = tx.send((is_err, buf[..n].to_vec()));
+            }
+            Some(t) => {
+                let mut out = Vec::new();
+                for &b in &buf[..n] {
+                    line.push(b);
+                    if b == b'\n' {
+                        out.extend_from_slice(t.as_bytes());
+                        out.append(&mut line);
+                    }
+                }
+                if !out.is_empty() {
+                    let _ = tx.send((is_err, out));
+                }
+            }
+        }
+    }
+    if let (Some(t), false) = (&tag, line.is_empty()) {
+        let mut out = t.as_bytes().to_vec();
+        out.append(&mut line);
+        out.push(b'\n');
+        let _ = tx.send((is_err, out));
+    }
+}
+
+fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
+    let plan = &st.plan;
+    let info = &plan.job.procs[rank as usize];
+    let app: &AppSpec = &plan.apps[info.app as usize];
+    let mut cmd = tokio::process::Command::new(&app.program);
+    cmd.args(&app.args)
+        .env(env::RANK, rank.to_string())
+        .env(env::SIZE, plan.job.size().to_string())
+        .env(env::LOCAL_RANK, info.local_rank.to_string())
+        .env(env::LOCAL_SIZE, st.procs.len().to_string())
+        .env(env::NODE, st.node.to_string())
+        .env(env::NSPACE, &plan.job.nspace)
+        .env(env::SERVER_SOCKET, sock)
+        .env(env::TOKEN, st.procs[&rank].token.to_string())
+        .env(env::DATASTORE, ds)
+        .env(env::APPNUM, info.app.to_string())
+        .env_remove("WEFT_JOB_SECRET")
+        .stdin(if rank == 0 {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    for (k, v) in &plan.env {
+        cmd.env(k, v);
+    }
+    if let Some(cwd) = &app.cwd {
+        cmd.current_dir(cwd);
+    }
+    let bind = plan.bind.get(rank as usize).cloned().flatten();
+    let spawned = match bind {
+        None => cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", app.program)),
+        Some(cpus) => {
+            let handle = tokio::runtime::Handle::current();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _g = handle.enter();
+                    topology::bind_current_thread(&cpus)
+                        .map_err(|e| format!("cannot bind to cpus {cpus}: {e}"))?;
+                    cmd.spawn()
+                        .map_err(|e| format!("cannot start {}: {e}", app.program))
+                })
+                .join()
+                .unwrap_or_else(|_| Err("binding thread panicked".into()))
+            })
+        }
+    };
+    let ev = st.ev.clone();
+    match spawned {
+        Err(reason) => {
+            tracing::error!("rank {rank}: {reason}");
+            let _ = ev.send(Event::ChildExit {
+                rank,
+                how: ExitKind::SpawnFailed(reason),
+            });
+        }
+        Ok(mut child) => {
+            let _ = ev.send(Event::Spawned {
+                rank,
+                pid: child.id(),
+            });
+            let tag = |s: &str| {
+                plan.tag_output
+                    .then(|| format!("[{},{rank}]<{s}>: ", plan.job_id))
+            };
+            let out = child
+                .stdout
+                .take()
+                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), output.tx.clone())));
+            let err = child
+                .stderr
+                .take()
+                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), output.tx.clone())));
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                for t in [out, err].into_iter().flatten() {
+                    let _ = t.await;
+                }
+                let how = match status {
+                    Ok(s) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        match (s.code(), s.signal()) {
+                            (Some(c), _) => ExitKind::Code(c),
+                            (None, Some(sig)) => ExitKind::Signal(sig),
+                            (None, None) => ExitKind::Code(-1),
+                        }
+                    }
+                    Err(e) => ExitKind::SpawnFailed(format!("wait failed: {e}")),
+                };
+                let _ = ev.send(Event::ChildExit { rank, how });
+            });
+        }
+    }
+}
+
+async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<Event>) {
+    match s.peer_cred() {
+        Ok(c) if c.uid() == uid => {}
+        Ok(c) => {
+            tracing::warn!(
+                "dropping client connection: peer uid {} is not the job owner's uid {uid}",
+                c.uid()
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("dropping client connection: cannot read peer credentials: {e}");
+            return;
+        }
+    }
+    let (mut r, mut w) = s.into_split();
+    let hello = tokio::time::timeout(
+        Duration::from_secs(30),
+        frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME),
+    )
+    .await;
+
+    let (rank, token) = match hello {
+        Err(_) => return refuse(&mut w, "no hello within 30 s".into()).await,
+        Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,
+        Ok(Ok(ClientMsg::Hello {
+            magic,
+            version,
+            rank,
+            token,
+        })) => {
+            if magic != MAGIC {
+                return refuse(&mut w, format!("bad magic {magic:?} in hello")).await;
+            }
+            if version != PROTOCOL_VERSION {
+                return refuse(&mut w, format!("client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}")).await;
+            }
+            (rank, token)
+        }
+        Ok(Ok(other)) => {
+            return refuse(
+                &mut w,
+                format!("first message is not a hello: {}", msg_name(&other)),
+            )
+            .await
+        }
+    };
+    let (tx, mut rx) = unbounded_channel::<Out>();
+    tokio::spawn(async move {
+        while let Some(o) = rx.recv().await {
+            match o {
+                Out::Frame(f) => {
+                    if frame::write_async(&mut w, &f).await.is_err() {
+                        break;
+                    }
+                }
+                Out::Close => break,
+            }
+        }
+    });
+    if ev
+        .send(Event::ClientHello {
+            conn,
+            rank,
+            token,
+            tx,
+        })
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        match frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME).await {
+            Ok(msg) => {
+                if ev.send(Event::Client { conn, msg }).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let reason = match e {
+                    FrameError::Closed => String::new(),
+                    e => {
+                        tracing::warn!("dropping client connection of rank {rank}: {e}");
+                        e.to_string()
+                    }
+                };
+                let _ = ev.send(Event::ClientGone { conn, reason });
+                return;
+            }
+        }
+    }
+}
+
+async fn refuse(w: &mut tokio::net::unix::OwnedWriteHalf, reason: String) {
+    tracing::warn!("dropping client connection: {reason}");
+    let _ = frame::write_async(w, &frame::encode(&ServerMsg::Refused { reason })).await;
+}
+
+fn msg_name(m: &ClientMsg) -> &'static str {
+    match m {
+        ClientMsg::Hello { .. } => "hello",
+        ClientMsg::Commit { .. } => "commit",
+        ClientMsg::Fence { .. } => "fence",
+        ClientMsg::Get { .. } => "get",
+        ClientMsg::Finalize { .. } => "finalize",
+    }
+}
+
+async fn peer_reader(s: TcpStream, secret: [u64; 2], ev: UnboundedSender<Event>) {
+    s.set_nodelay(true).ok();
+    let (mut r, _w) = s.into_split();
+    let node = match frame::read_async::<PeerMsg>(&mut r, MAX_PEER_FRAME).await {
+        Ok(PeerMsg::Hello {
+            magic,
+            version,
+            secret: s2,
+            node,
+        }) if magic == MAGIC && version == PROTOCOL_VERSION && s2 == secret => node,
+        Ok(PeerMsg::Hello { version, .. }) if version != PROTOCOL_VERSION => {
+            tracing::warn!("dropping peer connection: it speaks protocol version {version}, this server {PROTOCOL_VERSION}");
+            return;
+        }
+        Ok(_) => {
+            tracing::warn!("dropping peer connection: bad hello (wrong magic or job secret)");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("dropping peer connection: {e}");
+            return;
+        }
+    };
+    loop {
+        match frame::read_async::<PeerMsg>(&mut r, MAX_PEER_FRAME).await {
+            Ok(msg) => {
+                if ev.send(Event::Peer { msg }).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = ev.send(Event::PeerLost {
+                    node,
+                    reason: e.to_string(),
+                });
+                return;
+            }
+        }
+    }
+}
+
+async fn peer_writer(
+    addr: SocketAddr,
+    hello: Vec<u8>,
+    node: u32,
+    mut rx: UnboundedReceiver<Vec<u8>>,
+    ev: UnboundedSender<Event>,
+) {
+    let mut s = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ev.send(Event::PeerLost {
+                node,
+                reason: format!("cannot connect to {addr}: {e}"),
+            });
+            return;
+        }
+    };
+    s.set_nodelay(true).ok();
+    if let Err(e) = frame::write_async(&mut s, &hello).await {
+        let _ = ev.send(Event::PeerLost {
+            node,
+            reason: e.to_string(),
+        });
+        return;
+    }
+    while let Some(f) = rx.recv().await {
+        if let Err(e) = frame::write_async(&mut s, &f).await {
+            let _ = ev.send(Event::PeerLost {
+                node,
+                reason: e.to_string(),
+            });
+            return;
+        }
+    }
+}
+
+fn after(ev: &UnboundedSender<Event>, d: Duration, e: Event) {
+    let ev = ev.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        let _ = ev.send(e);
+    });
+}
+
+fn wire_to_text(e: &WireError) -> String {
+    match e {
+        WireError::Timeout { op, missing } => format!("{op} timed out; not arrived: {missing:?}"),
+        WireError::ProcGone { op, rank, reason } => format!("{op}: rank {rank} {reason}"),
+        WireError::Aborted { op, reason } => format!("{op} aborted: {reason}"),
+        WireError::Invalid { op, reason } => format!("{op} invalid: {reason}"),
+    }
+}
+
+impl State {
+    fn send_client(&self, conn: ConnId, msg: &ServerMsg) {
+        if let Some((_, tx)) = self.conns.get(&conn) {
+            let _ = tx.send(Out::Frame(frame::encode(msg)));
+        }
+    }
+
+    fn send_peer(&mut self, node: u32, msg: &PeerMsg) {
+        let f = frame::encode(msg);
+        if let Some(tx) = self.peer_tx.get(&node) {
+            if tx.send(f.clone()).is_ok() {
+                return;
+            }
+        }
+        let Some(&addr) = self.peers.get(node as usize) else {
+            tracing::error!("no address for node {node}");
+            return;
+        };
+        let (tx, rx) = unbounded_channel();
+        let hello = frame::encode(&PeerMsg::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: self.secret,
+            node: self.node,
+        });
+        tokio::spawn(peer_writer(addr, hello, node, rx, self.ev.clone()));
+        let _ = tx.send(f);
+        self.peer_tx.insert(node, tx);
+    }
+
+    fn to_launcher(&self, msg: &ToLauncher) {
+        let _ = self.ctl_tx.send(frame::encode(msg));
+    }
+
+    fn store_put(&mut self, key: &[u8], value: &[u8]) {
+        if self.overflowed {
+            return;
+        }
+        if self.store.insert(key, value).is_err() {
+            tracing::warn!(
+                "node datastore {} is full ({} bytes used); further gets go through the server",
+                self.store.name(),
+                self.store.bytes_used()
+            );
+            self.store.set_overflowed();
+            self.overflowed = true;
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::ClientHello {
+                conn,
+                rank,
+                token,
+                tx,
+            } => self.on_hello(conn, rank, token, tx),
+            Event::Client { conn, msg } => self.on_client(conn, msg),
+            Event::ClientGone { conn, reason } => {
+                if let Some((Some(rank), _)) = self.conns.remove(&conn) {
+                    if let Some(p) = self.procs.get_mut(&rank) {
+                        p.conn = None;
+                    }
+                    if !self.gone.contains_key(&rank) {
+                        let why = if reason.is_empty() {
+                            "died (its connection to the server closed before finalize)".to_owned()
+                        } else {
+                            format!("was dropped by its server: {reason}")
+                        };
+                        self.proc_gone_local(rank, why);
+                    }
+                }
+            }
+            Event::Peer { msg } => self.on_peer(msg),
+            Event::PeerLost { node, reason } => {
+                self.peer_tx.remove(&node);
+                if self.terminating || self.done {
+                    return;
+                }
+                tracing::error!("lost the server of node {node}: {reason}");
+                for r in self.plan.job.ranks_on(node) {
+                    self.proc_gone(
+                        r,
+                        format!("is unreachable (the server of node {node} was lost)"),
+                        HashSet::new(),
+                    );
+                }
+            }
+            Event::Ctl(ToServer::Terminate { grace_ms }) => {
+                self.terminating = true;
+                self.kill_all(rustix::process::Signal::TERM);
+                after(&self.ev, Duration::from_millis(grace_ms), Event::KillNow);
+            }
+            Event::KillNow => self.kill_all(rustix::process::Signal::KILL),
+            Event::Ctl(ToServer::Shutdown) => self.done = true,
+            Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
+            Event::CtlLost(why) => {
+                if self.live_children > 0 {
+                    tracing::error!("lost the launcher ({why}); killing this node's processes");
+                }
+                self.done = true;
+            }
+            Event::Spawned { rank, pid } => {
+                if let Some(p) = self.procs.get_mut(&rank) {
+                    p.pid = pid;
+                }
+            }
+            Event::ChildExit { rank, how } => {
+                if let Some(p) = self.procs.get_mut(&rank) {
+                    if p.exited {
+                        return;
+                    }
+                    p.exited = true;
+                    p.pid = None;
+                }
+                self.live_children = self.live_children.saturating_sub(1);
+                if !self.gone.contains_key(&rank) {
+                    let why = match &how {
+                        ExitKind::Code(c) => format!("exited with code {c} before finalize"),
+                        ExitKind::Signal(s) => format!("was killed by signal {s}"),
+                        ExitKind::SpawnFailed(e) => format!("could not be started: {e}"),
+                    };
+                    self.proc_gone_local(rank, why);
+                }
+                self.to_launcher(&ToLauncher::ProcExit { rank, how });
+            }
+            Event::CollTimeout { id } => self.coll_timeout(id),
+            Event::QueryTimeout { qid } => self.finish_query(qid),
+            Event::GetTimeout { rank, conn, req } => {
+                let mut found = false;
+                for map in [&mut self.local_get_waiters, &mut self.modex_waiters] {
+                    if let Some(ws) = map.get_mut(&rank) {
+                        if let Some(i) = ws.iter().position(|w| w.conn == conn && w.req == req) {
+                            ws.remove(i);
+                            found = true;
+                        }
+                    }
+                }
+                if found {
+                    let e = WireError::Timeout {
+                        op: "get".into(),
+                        missing: vec![rank],
+                    };
+                    self.send_client(conn, &ServerMsg::Failed { req, error: e });
+                }
+            }
+            Event::ModexServeTimeout { qid } => {
+                if let Some(s) = self.modex_serving.remove(&qid) {
+                    let result = Err(WireError::Timeout {
+                        op: "get".into(),
+                        missing: vec![s.rank],
+                    });
+                    self.send_peer(
+                        s.from,
+                        &PeerMsg::ModexResp {
+                            qid,
+                            rank: s.rank,
+                            result,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn kill_all(&mut self, sig: rustix::process::Signal) {
+        for p in self.procs.values() {
+            if let (Some(pid), false) = (p.pid, p.exited) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
+            }
+        }
+    }
+
+    fn on_hello(&mut self, conn: ConnId, rank: Rank, token: u64, tx: UnboundedSender<Out>) {
+        let refuse = |reason: String| {
+            tracing::warn!("dropping client connection claiming rank {rank}: {reason}");
+            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
+            let _ = tx.send(Out::Close);
+        };
+        let Some(p) = self.procs.get_mut(&rank) else {
+            return refuse(format!("rank {rank} does not run on node {}", self.node));
+        };
+        if p.token != token {
+            return refuse(format!("wrong token for rank {rank}"));
+        }
+        if p.conn.is_some() {
+            return refuse(format!("rank {rank} is already connected"));
+        }
+        if self.gone.contains_key(&rank) {
+            return refuse(format!("rank {rank} has already finalized or died"));
+        }
+        p.conn = Some(conn);
+        let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
+            version: PROTOCOL_VERSION,
+            datastore: self.store.name().to_owned(),
+            nspace: self.plan.job.nspace.clone(),
+        })));
+        self.conns.insert(conn, (Some(rank), tx));
+    }
+
+    fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
+        let Some(rank) = self.conns.get(&conn).and_then(|(r, _)| *r) else {
+            return;
+        };
+        match msg {
+            ClientMsg::Hello { .. } => {
+                tracing::warn!("rank {rank} sent a second hello; ignored");
+            }
+            ClientMsg::Commit { req, entries } => {
+                self.commit(rank, entries);
+                self.send_client(conn, &ServerMsg::Done { req });
+            }
+            ClientMsg::Fence {
+                req,
+                id,
+                mode,
+                timeout_ms,
+            } => self.fence_arrive(rank, conn, req, id, mode, timeout_ms),
+            ClientMsg::Get {
+                req,
+                rank: target,
+                key,
+                refresh,
+                local_only,
+                timeout_ms,
+            } => self.get(conn, req, target, key, refresh, local_only, timeout_ms),
+            ClientMsg::Finalize { req } => {
+                if !self.gone.contains_key(&rank) {
+                    self.proc_gone_local(rank, "has finalized".into());
+                }
+                self.send_client(conn, &ServerMsg::Done { req });
+            }
+        }
+    }
+
+    fn commit(&mut self, rank: Rank, entries: Vec<(Scope, String, Value)>) {
+        let Some(p) = self.procs.get_mut(&rank) else {
+            return;
+        };
+        for (scope, key, value) in entries {
+            p.data.insert(key, (scope, value));
+        }
+        p.committed = true;
+        let visible: Vec<(Vec<u8>, Vec<u8>)> = p
+            .data
+            .iter()
+            .filter(|(_, (s, _))| s.visible_on_node())
+            .map(|(k, (_, v))| (keys::data(rank, k), postcard::to_stdvec(v).expect("encode")))
+            .collect();
+        for (k, v) in visible {
+            self.store_put(&k, &v);
+        }
+        self.store_put(&keys::complete(rank), &[]);
+        // Wake local getters and remote direct-modex requests for this rank.
+        if let Some(ws) = self.local_get_waiters.remove(&rank) {
+            for w in ws {
+                let value = self.local_value(rank, &w.key);
+                self.send_client(w.conn, &ServerMsg::Value { req: w.req, value });
+            }
+        }
+        let serving: Vec<u64> = self
+            .modex_serving
+            .iter()
+            .filter(|(_, s)| s.rank == rank)
+            .map(|(&q, _)| q)
+            .collect();
+        for qid in serving {
+            if let Some(s) = self.modex_serving.remove(&qid) {
+                let result = Ok(self.remote_view(rank));
+                self.send_peer(s.from, &PeerMsg::ModexResp { qid, rank, result });
+            }
+        }
+    }
+
+    fn local_value(&self, rank: Rank, key: &str) -> Option<Value> {
+        let (s, v) = self.procs.get(&rank)?.data.get(key)?;
+        s.visible_on_node().then(|| v.clone())
+    }
+
+    fn remote_view(&self, rank: Rank) -> Vec<(String, Value)> {
+        self.procs
+            .get(&rank)
+            .map(|p| {
+                p.data
+                    .iter()
+                    .filter(|(_, (s, _))| s.visible_off_node())
+                    .map(|(k, (_, v))| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn get(
+        &mut self,
+        conn: ConnId,
+        req: u64,
+        target: Rank,
+        key: String,
+        refresh: bool,
+        local_only: bool,
+        timeout_ms: Option<u64>,
+    ) {
+        let size = self.plan.job.size();
+        if target >= size {
+            let error = WireError::Invalid {
+                op: "get".into(),
+                reason: format!("rank {target} is not in the job (size {size})"),
+            };
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        let arm = |st: &Self| {
+            if let Some(ms) = timeout_ms {
+                after(
+                    &st.ev,
+                    Duration::from_millis(ms),
+                    Event::GetTimeout {
+                        rank: target,
+                        conn,
+                        req,
+                    },
+                );
+            }
+        };
+        if let Some(p) = self.procs.get(&target) {
+            if p.committed {
+                let value = self.local_value(target, &key);
+                return self.send_client(conn, &ServerMsg::Value { req, value });
+            }
+            if let Some(g) = self.gone.get(&target) {
+                let error = WireError::ProcGone {
+                    op: "get".into(),
+                    rank: target,
+                    reason: format!("{} without committing data", g.reason),
+                };
+                return self.send_client(conn, &ServerMsg::Failed { req, error });
+            }
+            self.local_get_waiters
+                .entry(target)
+                .or_default()
+                .push(GetWaiter { conn, req, key });
+            return arm(self);
+        }
+        if !refresh && self.remote_complete.contains(&target) {
+            let value = self
+                .remote_data
+                .get(&target)
+                .and_then(|d| d.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()));
+            return self.send_client(conn, &ServerMsg::Value { req, value });
+        }
+        if local_only {
+            return self.send_client(conn, &ServerMsg::Value { req, value: None });
+        }
+        self.modex_waiters
+            .entry(target)
+            .or_default()
+            .push(GetWaiter { conn, req, key });
+        arm(self);
+        if !self.modex_inflight.contains_key(&target) {
+            let qid = self.next_qid;
+            self.next_qid += 1;
+            self.modex_inflight.insert(target, qid);
+            let owner = self.plan.job.procs[target as usize].node;
+            self.send_peer(
+                owner,
+                &PeerMsg::ModexReq {
+                    qid,
+                    rank: target,
+                    timeout_ms,
+                },
+            );
+        }
+    }
+
+    fn proc_gone_local(&mut self, rank: Rank, reason: String) {
+        let joined: Vec<u64> = self
+            .procs
+            .get(&rank)
+            .map(|p| p.joined.iter().copied().collect())
+            .unwrap_or_default();
+        let (nodes, me) = (self.plan.job.num_nodes(), self.node);
+        for n in (0..nodes).filter(|&n| n != me) {
+            self.send_peer(
+                n,
+                &PeerMsg::ProcGone {
+                    rank,
+                    reason: reason.clone(),
+                    joined: joined.clone(),
+                },
+            );
+        }
+        self.proc_gone(rank, reason, joined.into_iter().collect());
+    }
+
+    fn proc_gone(&mut self, rank: Rank, reason: String, joined: HashSet<u64>) {
+        if self.gone.contains_key(&rank) {
+            return;
+        }
+        // Collectives the rank never joined can no longer complete.
+        let doomed: Vec<CollId> = self
+            .colls
+            .iter()
+            .filter(|(id, c)| id.procs.contains(rank) && !joined.contains(&c.digest))
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.gone.insert(
+            rank,
+            Gone {
+                reason: reason.clone(),
+                joined,
+            },
+        );
+        for id in doomed {
+            let error = WireError::ProcGone {
+                op: "fence".into(),
+                rank,
+                reason: reason.clone(),
+            };
+            self.fail_coll(&id, error, false);
+        }
+        // Getters waiting for data the rank never committed.
+        let committed = self.procs.get(&rank).is_some_and(|p| p.committed);
+        if !committed {
+            let error = WireError::ProcGone {
+                op: "get".into(),
+                rank,
+                reason: format!("{reason} without committing data"),
+            };
+            if let Some(ws) = self.local_get_waiters.remove(&rank) {
+                for w in ws {
+                    self.send_client(
+                        w.conn,
+                        &ServerMsg::Failed {
+                            req: w.req,
+                            error: error.clone(),
+                        },
+                    );
+                }
+            }
+            let serving: Vec<u64> = self
+                .modex_serving
+                .iter()
+                .filter(|(_, s)| s.rank == rank)
+                .map(|(&q, _)| q)
+                .collect();
+            for qid in serving {
+                if let Some(s) = self.modex_serving.remove(&qid) {
+                    self.send_peer(
+                        s.from,
+                        &PeerMsg::ModexResp {
+                            qid,
+                            rank,
+                            result: Err(error.clone()),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn new_coll(&self, id: &CollId) -> Coll {
+        let job = &self.plan.job;
+        let ranks = id.procs.ranks(job.size());
+        let mut nodes: Vec<u32> = ranks.iter().map(|&r| job.procs[r as usize].node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let me = nodes.iter().position(|&n| n == self.node).unwrap_or(0);
+        Coll {
+            digest: id.digest(),
+            mode: None,
+            local_expected: ranks
+                .into_iter()
+                .filter(|r| self.procs.contains_key(r))
+                .collect(),
+            arrived: BTreeSet::new(),
+            waiters: Vec::new(),
+            nodes,
+            me,
+            started: false,
+            step: 0,
+            sent_step: None,
+            blocks: BTreeMap::new(),
+            inbox: HashMap::new(),
+            deadline: None,
+            timing_out: false,
+        }
+    }
+
+    fn remember_finished(&mut self, id: CollId, error: Option<WireError>) {
+        self.finished.insert(id.clone(), error);
+        self.finished_order.push_back(id);
+        while self.finished_order.len() > 100_000 {
+            if let Some(old) = self.finished_order.pop_front() {
+                self.finished.remove(&old);
+            }
+        }
+    }
+
+    fn fence_arrive(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: CollId,
+        mode: FenceMode,
+        timeout_ms: Option<u64>,
+    ) {
+        let size = self.plan.job.size();
+        let bad = match &id.procs {
+            Procs::List(v) if v.iter().any(|&r| r >= size) => Some(format!(
+                "participants {v:?} name ranks outside the job (size {size})"
+            )),
+            p if !p.contains(rank) => Some(format!("rank {rank} is not among the participants")),
+            _ => None,
+        };
+        if let Some(reason) = bad {
+            return self.send_client(
+                conn,
+                &ServerMsg::Failed {
+                    req,
+                    error: WireError::Invalid {
+                        op: "fence".into(),
+                        reason,
+                    },
+                },
+            );
+        }
+        if let Some(Some(error)) = self.finished.get(&id) {
+            let error = error.clone();
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        if !self.colls.contains_key(&id) {
+            let c = self.new_coll(&id);
+            self.colls.insert(id.clone(), c);
+        }
+        let digest = self.colls[&id].digest;
+        if let Some(p) = self.procs.get_mut(&rank) {
+            p.joined.push_back(digest);
+            if p.joined.len() > JOINED_HISTORY {
+                p.joined.pop_front();
+            }
+        }
+        // A participant that is gone and never joined dooms the fence.
+        let dead = self
+            .gone
+            .iter()
+            .filter(|(r, g)| id.procs.contains(**r) && !g.joined.contains(&digest))
+            .map(|(r, g)| (*r, g.reason.clone()))
+            .min();
+        let c = self.colls.get_mut(&id).expect("just inserted");
+        c.waiters.push((conn, req));
+        if let Some((dead_rank, reason)) = dead {
+            let error = WireError::ProcGone {
+                op: "fence".into(),
+                rank: dead_rank,
+                reason,
+            };
+            return self.fail_coll(&id, error, true);
+        }
+        if let Some(m) = c.mode {
+            if m != mode {
+                let error = WireError::Invalid {
+                    op: "fence".into(),
+                    reason: format!(
+                        "rank {rank} asked for mode {mode:?} but others asked for {m:?}"
+                    ),
+                };
+                return self.fail_coll(&id, error, true);
+            }
+        }
+        c.mode = Some(mode);
+        c.arrived.insert(rank);
+        if let Some(ms) = timeout_ms {
+            let d = Instant::now() + Duration::from_millis(ms);
+            if c.deadline.is_none_or(|old| d < old) {
+                c.deadline = Some(d);
+                let ev = self.ev.clone();
+                let id2 = id.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(d).await;
+                    let _ = ev.send(Event::CollTimeout { id: id2 });
+                });
+            }
+        }
+        if c.arrived == c.local_expected && !c.started {
+            let expected: Vec<Rank> = c.local_expected.iter().copied().collect();
+            let block = if mode == FenceMode::Full {
+                let data: ProcData = expected.iter().map(|&r| (r, self.remote_view(r))).collect();
+                postcard::to_stdvec(&data).expect("encode")
+            } else {
+                Vec::new()
+            };
+            let c = self.colls.get_mut(&id).expect("exists");
+            c.blocks.insert(self.node, block);
+            c.started = true;
+            self.advance(&id);
+        }
+    }
+
+    /// Drives the Bruck all-gather of collective `id` as far as received data allows.
+    fn advance(&mut self, id: &CollId) {
+        loop {
+            let Some(c) = self.colls.get_mut(id) else {
+                return;
+            };
+            if !c.started {
+                return;
+            }
+            let n = c.nodes.len();
+            let dist = 1usize << c.step;
+            if dist >= n {
+                return self.complete(id);
+            }
+            if c.sent_step != Some(c.step) {
+                let cnt = dist.min(n - dist);
+                let to = c.nodes[(c.me + n - dist) % n];
+                let blocks: Vec<(u32, Vec<u8>)> = (0..cnt)
+                    .filter_map(|j| {
+                        let node = c.nodes[(c.me + j) % n];
+                        c.blocks.get(&node).map(|b| (node, b.clone()))
+                    })
+                    .collect();
+                c.sent_step = Some(c.step);
+                let mode = c.mode.unwrap_or(FenceMode::SyncOnly);
+                let msg = PeerMsg::Gather {
+                    id: id.clone(),
+                    mode,
+                    step: c.step,
+                    blocks,
+                };
+                self.send_peer(to, &msg);
+                continue;
+            }
+            let Some(got) = c.inbox.remove(&c.step) else {
+                return;
+            };
+            for (node, b) in got {
+                c.blocks.insert(node, b);
+            }
+            c.step += 1;
+        }
+    }
+
+    fn complete(&mut self, id: &CollId) {
+        let Some(c) = self.colls.remove(id) else {
+            return;
+        };
+        let mut err = None;
+        if c.mode == Some(FenceMode::Full) {
+            for (node, b) in &c.blocks {
+                if *node == self.node {
+                    continue;
+                }
+                match postcard::from_bytes::<ProcData>(b) {
+                    Ok(data) => {
+                        for (rank, entries) in data {
+                            self.learn_remote(rank, entries);
+                        }
+                    }
+                    Err(e) => {
+                        err = Some(WireError::Invalid {
+                            op: "fence".into(),
+                            reason: format!("corrupt data block from node {node}: {e}"),
+                        })
+                    }
+                }
+            }
+        }
+        for (conn, req) in &c.waiters {
+            match &err {
+                None => self.send_client(*conn, &ServerMsg::Done { req: *req }),
+                Some(e) => self.send_client(
+                    *conn,
+                    &ServerMsg::Failed {
+                        req: *req,
+                        error: e.clone(),
+                    },
+                ),
+            }
+        }
+        self.remember_finished(id.clone(), err);
+    }
+
+    fn learn_remote(&mut self, rank: Rank, entries: Vec<(String, Value)>) {
+        for (k, v) in &entries {
+            let enc = postcard::to_stdvec(v).expect("encode");
+            self.store_put(&keys::data(rank, k), &enc);
+        }
+        self.store_put(&keys::complete(rank), &[]);
+        self.remote_data.insert(rank, entries);
+        self.remote_complete.insert(rank);
+    }
+
+    fn fail_coll(&mut self, id: &CollId, error: WireError, broadcast: bool) {
+        if let Some(c) = self.colls.remove(id) {
+            for (conn, req) in &c.waiters {
+                self.send_client(
+                    *conn,
+                    &ServerMsg::Failed {
+                        req: *req,
+                        error: error.clone(),
+                    },
+                );
+            }
+            if broadcast {
+                let me = self.node;
+                for &n in c.nodes.iter().filter(|&&n| n != me) {
+                    self.send_peer(
+                        n,
+                        &PeerMsg::Abort {
+                            id: id.clone(),
+                            error: error.clone(),
+                        },
+                    );
+                }
+            }
+        } else if broadcast {
+            let nodes = self.new_coll(id).nodes;
+            let me = self.node;
+            for n in nodes.into_iter().filter(|&n| n != me) {
+                self.send_peer(
+                    n,
+                    &PeerMsg::Abort {
+                        id: id.clone(),
+                        error: error.clone(),
+                    },
+                );
+            }
+        }
+        self.remember_finished(id.clone(), Some(error));
+    }
+
+    fn coll_timeout(&mut self, id: CollId) {
+        let Some(c) = self.colls.get_mut(&id) else {
+            return;
+        };
+        if c.timing_out || c.deadline.is_none_or(|d| d > Instant::now()) {
+            return;
+        }
+        c.timing_out = true;
+        let missing: BTreeSet<Rank> = c.local_expected.difference(&c.arrived).copied().collect();
+        let others: HashSet<u32> = c
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&n| n != self.node)
+            .collect();
+        let qid = self.next_qid;
+        self.next_qid += 1;
+        for &n in &others {
+            self.send_peer(
+                n,
+                &PeerMsg::ArrivalQuery {
+                    id: id.clone(),
+                    qid,
+                },
+            );
+        }
+        self.queries.insert(
+            qid,
+            Query {
+                id,
+                waiting: others,
+                missing,
+            },
+        );
+        after(&self.ev, ARRIVAL_QUERY_WAIT, Event::QueryTimeout { qid });
+        self.maybe_finish_query(qid);
+    }
+
+    fn maybe_finish_query(&mut self, qid: u64) {
+        if self.queries.get(&qid).is_some_and(|q| q.waiting.is_empty()) {
+            self.finish_query(qid);
+        }
+    }
+
+    fn finish_query(&mut self, qid: u64) {
+        let Some(mut q) = self.queries.remove(&qid) else {
+            return;
+        };
+        // Nodes that did not answer: all their participants count as missing.
+        for n in &q.waiting {
+            for r in self.plan.job.ranks_on(*n) {
+                if q.id.procs.contains(r) {
+                    q.missing.insert(r);
+                }
+            }
+        }
+        let error = WireError::Timeout {
+            op: "fence".into(),
+            missing: q.missing.into_iter().collect(),
+        };
+        tracing::debug!("{}", wire_to_text(&error));
+        self.fail_coll(&q.id, error, true);
+    }
+
+    fn on_peer(&mut self, msg: PeerMsg) {
+        match msg {
+            PeerMsg::Hello { .. } => {}
+            PeerMsg::Gather {
+                id,
+                mode,
+                step,
+                blocks,
+            } => {
+                if self.finished.contains_key(&id) {
+                    return;
+                }
+                if !self.colls.contains_key(&id) {
+                    let c = self.new_coll(&id);
+                    self.colls.insert(id.clone(), c);
+                }
+                let Some(c) = self.colls.get_mut(&id) else {
+                    return;
+                };
+                match c.mode {
+                    Some(m) if m != mode => {
+                        let reason = format!("participants asked for different modes ({m:?} here, {mode:?} on another node)");
+                        return self.fail_coll(
+                            &id,
+                            WireError::Invalid {
+                                op: "fence".into(),
+                                reason,
+                            },
+                            true,
+                        );
+                    }
+                    _ => c.mode = Some(mode),
+                }
+                c.inbox.insert(step, blocks);
+                self.advance(&id);
+            }
+            PeerMsg::Abort { id, error } => {
+                if self.colls.contains_key(&id) {
+                    self.fail_coll(&id, error, false);
+                } else if !self.finished.contains_key(&id) {
+                    self.remember_finished(id, Some(error));
+                }
+            }
+            PeerMsg::ArrivalQuery { id, qid } => {
+                let missing = match (self.colls.get(&id), self.finished.contains_key(&id)) {
+                    (Some(c), _) => c.local_expected.difference(&c.arrived).copied().collect(),
+                    (None, true) => Vec::new(),
+                    (None, false) => self
+                        .procs
+                        .keys()
+                        .copied()
+                        .filter(|&r| id.procs.contains(r))
+                        .collect(),
+                };
+                let asker = (qid >> 48) as u32;
+                let node = self.node;
+                self.send_peer(asker, &PeerMsg::ArrivalReply { qid, node, missing });
+            }
+            PeerMsg::ArrivalReply { qid, node, missing } => {
+                if let Some(q) = self.queries.get_mut(&qid) {
+                    q.missing.extend(missing);
+                    q.waiting.remove(&node);
+                }
+                self.maybe_finish_query(qid);
+            }
+            PeerMsg::ModexReq {
+                qid,
+                rank,
+                timeout_ms,
+            } => self.serve_modex(qid, rank, timeout_ms),
+            PeerMsg::ModexResp { qid, rank, result } => {
+                if self.modex_inflight.get(&rank) != Some(&qid) {
+                    return;
+                }
+                self.modex_inflight.remove(&rank);
+                let waiters = self.modex_waiters.remove(&rank).unwrap_or_default();
+                match result {
+                    Ok(entries) => {
+                        self.learn_remote(rank, entries);
+                        for w in waiters {
+                            let value = self.remote_data.get(&rank).and_then(|d| {
+                                d.iter().find(|(k, _)| *k == w.key).map(|(_, v)| v.clone())
+                            });
+                            self.send_client(w.conn, &ServerMsg::Value { req: w.req, value });
+                        }
+                    }
+                    Err(error) => {
+                        for w in waiters {
+                            self.send_client(
+                                w.conn,
+                                &ServerMsg::Failed {
+                                    req: w.req,
+                                    error: error.clone(),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            PeerMsg::ProcGone {
+                rank,
+                reason,
+                joined,
+            } => self.proc_gone(rank, reason, joined.into_iter().collect()),
+        }
+    }
+
+    fn serve_modex(&mut self, qid: u64, rank: Rank, timeout_ms: Option<u64>) {
+        let asker = (qid >> 48) as u32;
+        let Some(p) = self.procs.get(&rank) else {
+            let error = WireError::Invalid {
+                op: "get".into(),
+                reason: format!("rank {rank} does not run on node {}", self.node),
+            };
+            return self.send_peer(
+                asker,
+                &PeerMsg::ModexResp {
+                    qid,
+                    rank,
+                    result: Err(error),
+                },
+            );
+        };
+        if p.committed {
+            let result = Ok(self.remote_view(rank));
+            return self.send_peer(asker, &PeerMsg::ModexResp { qid, rank, result });
+        }
+        if let Some(g) = self.gone.get(&rank) {
+            let error = WireError::ProcGone {
+                op: "get".into(),
+                rank,
+                reason: format!("{} without committing data", g.reason),
+            };
+            return self.send_peer(
+                asker,
+                &PeerMsg::ModexResp {
+                    qid,
+                    rank,
+                    result: Err(error),
+                },
+            );
+        }
+        self.modex_serving
+            .insert(qid, ModexServe { from: asker, rank });
+        if let Some(ms) = timeout_ms {
+            after(
+                &self.ev,
+                Duration::from_millis(ms),
+                Event::ModexServeTimeout { qid },
+            );
+        }
+    }
+}
