@@ -144,7 +144,7 @@ const TUNABLES: &[(&str, &str, &str)] = &[
     (
         "WEFT_RUN_GRACE_MS",
         "1000",
-        "ms between SIGTERM and SIGKILL when a job is terminated",
+        "ms after a process fails before the others are terminated (SIGTERM, SIGKILL 0.5 s later)",
     ),
     (
         "WEFT_DATASTORE_BYTES",

@@ -27,6 +27,8 @@ use crate::Rank;
 
 /// Exit status of `weft run` when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
+/// How long terminated processes get between SIGTERM and SIGKILL.
+const KILL_AFTER: Duration = Duration::from_millis(500);
 /// Exit status when the launcher itself failed (bad setup, lost server).
 pub const EXIT_LAUNCH_FAILED: i32 = 1;
 
@@ -88,7 +90,7 @@ pub struct LaunchSpec {
     pub job_id: Option<String>,
     /// Extra environment for every process.
     pub env: Vec<(String, String)>,
-    /// Grace period between SIGTERM and SIGKILL when the job is terminated.
+    /// Grace period after a process fails before the others are terminated.
     pub grace: Duration,
     /// Bytes of each node's datastore segment (sparse).
     pub datastore_bytes: u64,
@@ -467,6 +469,7 @@ enum Ev {
     StartupTimeout,
     Signal(i32),
     ForceKill,
+    GraceOver,
 }
 
 fn describe(how: &ExitKind) -> String {
@@ -739,13 +742,12 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
         send_all(
             txs,
             &ToServer::Terminate {
-                grace_ms: spec.grace.as_millis() as u64,
+                grace_ms: KILL_AFTER.as_millis() as u64,
             },
         );
         let ev = ev.clone();
-        let grace = spec.grace;
         tokio::spawn(async move {
-            tokio::time::sleep(grace + Duration::from_secs(5)).await;
+            tokio::time::sleep(KILL_AFTER + Duration::from_secs(5)).await;
             let _ = ev.send(Ev::ForceKill);
         });
     };
@@ -785,19 +787,26 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
                 if failed && first_failure.is_none() && !terminating {
                     let node = plan.job.procs[rank as usize].node;
                     let host = &plan.job.nodes[node as usize].hostname;
+                    let then = if spec.keep_going {
+                        String::new()
+                    } else {
+                        format!("; terminating the job in {:.1} s", spec.grace.as_secs_f64())
+                    };
                     eprintln!(
-                        "weft run: rank {rank} (node {node}, {host}) {}{}",
-                        describe(&how),
-                        if spec.keep_going {
-                            ""
-                        } else {
-                            "; terminating the job"
-                        }
+                        "weft run: rank {rank} (node {node}, {host}) {}{then}",
+                        describe(&how)
                     );
                     first_failure = Some((rank, how));
                     if !spec.keep_going {
+                        // The others learn of the failure through the wire-up service within
+                        // milliseconds; give them the grace period to report it and exit.
                         terminating = true;
-                        terminate(&txs, &ev_tx);
+                        let ev = ev_tx.clone();
+                        let grace = spec.grace;
+                        tokio::spawn(async move {
+                            tokio::time::sleep(grace).await;
+                            let _ = ev.send(Ev::GraceOver);
+                        });
                     }
                 }
                 if n_exited == total && !shut_down {
@@ -889,6 +898,11 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
                     send_all(&txs, &ToServer::Terminate { grace_ms: 0 });
                 } else {
                     terminating = true;
+                    terminate(&txs, &ev_tx);
+                }
+            }
+            Ev::GraceOver => {
+                if !shut_down {
                     terminate(&txs, &ev_tx);
                 }
             }

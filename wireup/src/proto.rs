@@ -204,7 +204,6 @@ pub(crate) enum PeerMsg {
     ModexReq {
         qid: u64,
         rank: Rank,
-        timeout_ms: Option<u64>,
     },
     ModexResp {
         qid: u64,

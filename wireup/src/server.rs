@@ -191,9 +191,6 @@ enum Event {
         conn: ConnId,
         req: u64,
     },
-    ModexServeTimeout {
-        qid: u64,
-    },
     KillNow,
 }
 
@@ -715,6 +712,9 @@ async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<
             Err(e) => {
                 let reason = match e {
                     FrameError::Closed => String::new(),
+                    FrameError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                        String::new()
+                    }
                     e => {
                         tracing::warn!("dropping client connection of rank {rank}: {e}");
                         e.to_string()
@@ -982,22 +982,6 @@ impl State {
                     self.send_client(conn, &ServerMsg::Failed { req, error: e });
                 }
             }
-            Event::ModexServeTimeout { qid } => {
-                if let Some(s) = self.modex_serving.remove(&qid) {
-                    let result = Err(WireError::Timeout {
-                        op: "get".into(),
-                        missing: vec![s.rank],
-                    });
-                    self.send_peer(
-                        s.from,
-                        &PeerMsg::ModexResp {
-                            qid,
-                            rank: s.rank,
-                            result,
-                        },
-                    );
-                }
-            }
         }
     }
 
@@ -1201,14 +1185,7 @@ impl State {
             self.next_qid += 1;
             self.modex_inflight.insert(target, qid);
             let owner = self.plan.job.procs[target as usize].node;
-            self.send_peer(
-                owner,
-                &PeerMsg::ModexReq {
-                    qid,
-                    rank: target,
-                    timeout_ms,
-                },
-            );
+            self.send_peer(owner, &PeerMsg::ModexReq { qid, rank: target });
         }
     }
 
@@ -1699,11 +1676,9 @@ impl State {
                 }
                 self.maybe_finish_query(qid);
             }
-            PeerMsg::ModexReq {
-                qid,
-                rank,
-                timeout_ms,
-            } => self.serve_modex(qid, rank, timeout_ms),
+            // The owner answers when the rank commits (or dies); each waiter's own
+            // timeout is enforced here, so a late answer still serves the waiters left.
+            PeerMsg::ModexReq { qid, rank } => self.serve_modex(qid, rank),
             PeerMsg::ModexResp { qid, rank, result } => {
                 if self.modex_inflight.get(&rank) != Some(&qid) {
                     return;
@@ -1741,7 +1716,7 @@ impl State {
         }
     }
 
-    fn serve_modex(&mut self, qid: u64, rank: Rank, timeout_ms: Option<u64>) {
+    fn serve_modex(&mut self, qid: u64, rank: Rank) {
         let asker = (qid >> 48) as u32;
         let Some(p) = self.procs.get(&rank) else {
             let error = WireError::Invalid {
@@ -1778,12 +1753,5 @@ impl State {
         }
         self.modex_serving
             .insert(qid, ModexServe { from: asker, rank });
-        if let Some(ms) = timeout_ms {
-            after(
-                &self.ev,
-                Duration::from_millis(ms),
-                Event::ModexServeTimeout { qid },
-            );
-        }
     }
 }

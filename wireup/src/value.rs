@@ -28,8 +28,9 @@ impl Scope {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Value {
-    /// An opaque byte blob (a business card).
-    Bytes(Vec<u8>),
+    /// An opaque byte blob (a business card). Encoded as one byte string, so decoding a
+    /// card is a memcpy, not a per-byte loop.
+    Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A UTF-8 string.
     Str(String),
     /// An unsigned 64-bit integer.

@@ -1,0 +1,562 @@
+//! The program the wire-up tests run under `weft run`: one scenario per first argument.
+//! Each scenario checks what it can itself and prints facts for the test to assert on;
+//! any surprise is an error message and exit status 1.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use weft_wireup::{Client, FenceError, FenceMode, GetError, GetOpts, Procs, Scope, Value};
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().map(String::as_str).unwrap_or("");
+    let out = match scenario {
+        "info" => info(),
+        "fence-timeout" => fence_timeout(),
+        "get-timeout" => get_timeout(),
+        "kill-during-fence" => kill_during_fence(),
+        "garbage" => garbage(),
+        "subsets" => subsets(),
+        "get-opts" => get_opts(),
+        "exit" => exit_with(&args),
+        "sleep" => sleep(&args),
+        "stdin" => stdin(),
+        "finalized-peer" => finalized_peer(),
+        "bad-requests" => bad_requests(),
+        other => Err(format!("unknown scenario {other:?}").into()),
+    };
+    if let Err(e) = out {
+        eprintln!("wireup_probe {scenario}: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn t(s: u64) -> Option<Duration> {
+    Some(Duration::from_secs(s))
+}
+
+/// Prints what the process learned at init, one `key=value` per line, prefixed by rank.
+fn info() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let j = w.job();
+    let mut lines = vec![
+        format!("size={}", w.size()),
+        format!("env_rank={}", std::env::var("WEFT_RANK")?),
+        format!("env_size={}", std::env::var("WEFT_SIZE")?),
+        format!("node={}", w.node()),
+        format!("nodes={}", j.num_nodes()),
+        format!("hostname={}", w.hostname()),
+        format!("local_rank={}", w.local_rank()),
+        format!("local_size={}", w.local_size()),
+        format!("local_peers={:?}", w.local_peers()),
+        format!("app={}", w.app_num()),
+        format!(
+            "app_sizes={:?}",
+            j.apps.iter().map(|a| a.size).collect::<Vec<_>>()
+        ),
+        format!(
+            "node_list={:?}",
+            j.nodes
+                .iter()
+                .map(|n| n.hostname.clone())
+                .collect::<Vec<_>>()
+        ),
+        format!(
+            "hosts_of_ranks={:?}",
+            (0..w.size())
+                .map(|p| j.hostname_of(p).unwrap_or("?").to_owned())
+                .collect::<Vec<_>>()
+        ),
+        format!("pset_names={:?}", w.pset_names()),
+        format!("psets_of_me={:?}", w.psets_of(r)),
+        format!("psets_of_0={:?}", w.psets_of(0)),
+        format!(
+            "cpuset={}",
+            j.cpuset_of(r)
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "none".into())
+        ),
+    ];
+    for name in w.pset_names() {
+        lines.push(format!(
+            "pset[{name}]={:?}",
+            w.pset_members(&name).unwrap_or_default()
+        ));
+    }
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim)
+        .unwrap_or("?");
+    lines.push(format!("allowed={allowed}"));
+    let sock = std::path::PathBuf::from(std::env::var("WEFT_SERVER_SOCKET")?);
+    let mode = std::fs::metadata(sock.parent().ok_or("socket has no parent")?)?
+        .permissions()
+        .mode()
+        & 0o777;
+    lines.push(format!("sockdir_mode={mode:o}"));
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        writeln!(out, "{r}:{l}")?;
+    }
+    drop(out);
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    w.finalize()?;
+    Ok(())
+}
+
+/// The last rank never joins the first fence; everyone else fences with a 1 s timeout and
+/// must get a Timeout naming exactly that rank. Then all fence again and succeed.
+fn fence_timeout() -> Res {
+    let w = Client::init()?;
+    let last = w.size() - 1;
+    if w.rank() == last {
+        std::thread::sleep(Duration::from_millis(2500));
+        // The fence we skipped was aborted by the timeout; joining it now fails at once.
+        match w.fence(Procs::All, FenceMode::Full, t(10)) {
+            Err(FenceError::Timeout { missing }) if missing == vec![last] => {}
+            other => {
+                return Err(format!(
+                    "late joiner expected the aborted fence's timeout, got {other:?}"
+                )
+                .into())
+            }
+        }
+    } else {
+        let t0 = Instant::now();
+        match w.fence(Procs::All, FenceMode::Full, Some(Duration::from_secs(1))) {
+            Err(FenceError::Timeout { missing }) => {
+                let ms = t0.elapsed().as_millis();
+                println!(
+                    "rank {} fence timed out after {ms} ms missing {missing:?}",
+                    w.rank()
+                );
+                if missing != vec![last] {
+                    return Err(format!("missing should be [{last}], is {missing:?}").into());
+                }
+                if !(900..2500).contains(&ms) {
+                    return Err(format!("timeout took {ms} ms").into());
+                }
+            }
+            other => return Err(format!("expected a timeout, got {other:?}").into()),
+        }
+    }
+    w.fence(Procs::All, FenceMode::Full, t(30))?;
+    println!("rank {} ok", w.rank());
+    w.finalize()?;
+    Ok(())
+}
+
+/// Rank 0 gets a key of the last rank, which commits only after 2 s: a 500 ms get times
+/// out naming it, a get without timeout then waits and succeeds.
+fn get_timeout() -> Res {
+    let w = Client::init()?;
+    let last = w.size() - 1;
+    if w.rank() == last {
+        std::thread::sleep(Duration::from_secs(2));
+        w.put(Scope::Global, "late", "here")?;
+        w.commit()?;
+    } else if w.rank() == 0 {
+        let t0 = Instant::now();
+        match w.get(
+            last,
+            "late",
+            GetOpts::default().timeout(Duration::from_millis(500)),
+        ) {
+            Err(GetError::Timeout { missing, .. }) if missing == vec![last] => {
+                println!(
+                    "rank 0 get timed out after {} ms: missing {missing:?}",
+                    t0.elapsed().as_millis()
+                );
+            }
+            other => {
+                return Err(format!("expected a get timeout naming {last}, got {other:?}").into())
+            }
+        }
+        let v = w.get(
+            last,
+            "late",
+            GetOpts::default().timeout(Duration::from_secs(20)),
+        )?;
+        if v.as_str() != Some("here") {
+            return Err(format!("late value is {v:?}").into());
+        }
+        match w.get(last, "never-put", GetOpts::default()) {
+            Err(GetError::NotFound { .. }) => {}
+            other => return Err(format!("a missing key must be NotFound, got {other:?}").into()),
+        }
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    println!("rank {} ok", w.rank());
+    w.finalize()?;
+    Ok(())
+}
+
+/// The last rank SIGKILLs itself instead of fencing; the others must get an error that
+/// names it within 2 seconds.
+fn kill_during_fence() -> Res {
+    let w = Client::init()?;
+    let last = w.size() - 1;
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    if w.rank() == last {
+        std::thread::sleep(Duration::from_millis(300));
+        println!("rank {last} killing itself");
+        std::io::stdout().flush()?;
+        let me = rustix::process::getpid();
+        rustix::process::kill_process(me, rustix::process::Signal::KILL)?;
+        std::thread::sleep(Duration::from_secs(60));
+        return Err("still alive after SIGKILL".into());
+    }
+    let t0 = Instant::now();
+    match w.fence(Procs::All, FenceMode::Full, None) {
+        Err(FenceError::ProcGone { rank, reason }) if rank == last => {
+            println!(
+                "rank {} saw rank {rank} gone after {} ms: {reason}",
+                w.rank(),
+                t0.elapsed().as_millis()
+            );
+        }
+        other => return Err(format!("expected ProcGone naming {last}, got {other:?}").into()),
+    }
+    // A get of data it never committed fails too, instead of waiting forever.
+    match w.get(last, "never", GetOpts::default()) {
+        Err(GetError::ProcGone { .. }) => {}
+        other => return Err(format!("get from the dead rank should fail, got {other:?}").into()),
+    }
+    std::process::exit(3);
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// A hello as the client sends it (postcard: variant 0, magic, varint version/rank/token).
+fn hello(version: u32, rank: u32, token: u64) -> Vec<u8> {
+    let mut p = vec![0u8];
+    p.extend_from_slice(b"WEFT");
+    varint(version.into(), &mut p);
+    varint(rank.into(), &mut p);
+    varint(token, &mut p);
+    frame(&p)
+}
+
+/// Writes bytes to the server socket and returns what the server answered before closing.
+fn poke(bytes: &[u8], close_write: bool) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    let mut s = UnixStream::connect(std::env::var("WEFT_SERVER_SOCKET")?)?;
+    s.set_read_timeout(Some(Duration::from_secs(40)))?;
+    s.write_all(bytes)?;
+    if close_write {
+        s.shutdown(std::net::Shutdown::Write)?;
+    }
+    // The server closes a bad connection, possibly with our bytes unread (a reset).
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(reply),
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(reply),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Rank 0 throws bad connections at its server; then the job fences and checks cards.
+fn garbage() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    w.put(Scope::Global, "card", format!("card-{r}"))?;
+    w.commit()?;
+    if r == 0 {
+        let token: u64 = std::env::var("WEFT_TOKEN")?.parse()?;
+        let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+            (
+                "garbage",
+                b"\x07\x00\x00\x00this is not postcard at all".to_vec(),
+                true,
+            ),
+            (
+                "truncated",
+                {
+                    let mut f = 100u32.to_le_bytes().to_vec();
+                    f.extend_from_slice(b"0123456789");
+                    f
+                },
+                true,
+            ),
+            ("4GiB", vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4], false),
+            ("version99", hello(99, 0, token), false),
+            (
+                "wrong-token",
+                hello(weft_wireup::PROTOCOL_VERSION, 1, token ^ 0x5555),
+                false,
+            ),
+            (
+                "duplicate",
+                hello(weft_wireup::PROTOCOL_VERSION, 0, token),
+                false,
+            ),
+            (
+                "foreign-rank",
+                hello(weft_wireup::PROTOCOL_VERSION, 999, 1),
+                false,
+            ),
+        ];
+        for (name, bytes, close) in cases {
+            let reply = poke(&bytes, close)?;
+            let text = String::from_utf8_lossy(&reply).into_owned();
+            println!(
+                "case {name}: server replied {} bytes: {text:?}",
+                reply.len()
+            );
+        }
+    }
+    w.fence(Procs::All, FenceMode::Full, t(30))?;
+    for p in 0..w.size() {
+        let v = w.get(p, "card", GetOpts::default())?;
+        if v.as_str() != Some(format!("card-{p}").as_str()) {
+            return Err(format!("card of {p} is {v:?}").into());
+        }
+    }
+    println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// Two threads per process: one fences repeatedly over the pair {r, r^1} in Full mode
+/// with per-round data, the other over all ranks in SyncOnly mode, concurrently.
+fn subsets() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let size = w.size();
+    if size % 2 != 0 {
+        return Err("needs an even number of processes".into());
+    }
+    let partner = r ^ 1;
+    std::thread::scope(|s| -> Res {
+        let pairs = s.spawn(|| -> Result<(), String> {
+            for round in 0..20u64 {
+                w.put(Scope::Global, "pair", round * 100 + u64::from(r))
+                    .map_err(|e| e.to_string())?;
+                w.commit().map_err(|e| e.to_string())?;
+                w.fence(Procs::List(vec![r, partner]), FenceMode::Full, t(30))
+                    .map_err(|e| e.to_string())?;
+                let v = w
+                    .get(partner, "pair", GetOpts::default().refresh())
+                    .map_err(|e| e.to_string())?;
+                if v.as_u64() < Some(round * 100) {
+                    return Err(format!("round {round}: partner's value {v:?} is stale"));
+                }
+            }
+            Ok(())
+        });
+        let all = s.spawn(|| -> Result<(), String> {
+            for _ in 0..20 {
+                w.fence(Procs::All, FenceMode::SyncOnly, t(30))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        pairs.join().map_err(|_| "pair thread panicked")??;
+        all.join().map_err(|_| "all thread panicked")??;
+        Ok(())
+    })?;
+    // The four fences {0,1}, {2,3}, ... ran concurrently with the world fences; finish
+    // with a fence over the even ranks only, on the even ranks.
+    if r % 2 == 0 {
+        let evens: Vec<u32> = (0..size).step_by(2).collect();
+        w.fence(Procs::List(evens), FenceMode::SyncOnly, t(30))?;
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// local_only and refresh, in Sparse mode between rank 0 and the last rank.
+fn get_opts() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let last = w.size() - 1;
+    w.put(Scope::Remote, "v", 1u64)?;
+    w.commit()?;
+    w.fence(Procs::All, FenceMode::Sparse, t(30))?;
+    if r == 0 {
+        if w.job().node_of(last) == Some(w.node()) {
+            return Err("the last rank must be on another node".into());
+        }
+        match w.get(last, "v", GetOpts::default().local_only()) {
+            Err(GetError::NotFound { .. }) => {}
+            other => {
+                return Err(format!(
+                    "local-only get before any fetch must be NotFound, got {other:?}"
+                )
+                .into())
+            }
+        }
+        let t0 = Instant::now();
+        let v = w.get(last, "v", GetOpts::default())?;
+        let first = t0.elapsed();
+        if v.as_u64() != Some(1) {
+            return Err(format!("v is {v:?}").into());
+        }
+        let t1 = Instant::now();
+        let again = w.get(last, "v", GetOpts::default().local_only())?;
+        let cached = t1.elapsed();
+        if again.as_u64() != Some(1) {
+            return Err(format!("cached v is {again:?}").into());
+        }
+        println!("rank 0 first get {first:?}, cached local-only get {cached:?}");
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    if r == last {
+        w.put(Scope::Remote, "v", 2u64)?;
+        w.commit()?;
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    if r == 0 {
+        let old = w.get(last, "v", GetOpts::default())?;
+        let new = w.get(last, "v", GetOpts::default().refresh())?;
+        let after = w.get(last, "v", GetOpts::default())?;
+        println!("rank 0 cached {old:?} refreshed {new:?} after {after:?}");
+        if old != Value::U64(1) || new != Value::U64(2) || after != Value::U64(2) {
+            return Err("refresh did not see the re-published value".into());
+        }
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// `exit RANK CODE [SLEEP_MS]`: rank RANK exits with CODE, the others sleep then exit 0.
+fn exit_with(args: &[String]) -> Res {
+    let who: u32 = args.get(1).ok_or("exit RANK CODE")?.parse()?;
+    let code: i32 = args.get(2).ok_or("exit RANK CODE")?.parse()?;
+    let sleep_ms: u64 = args
+        .get(3)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(20_000);
+    let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
+    if me == who {
+        std::process::exit(code);
+    }
+    std::thread::sleep(Duration::from_millis(sleep_ms));
+    println!("rank {me} finished its sleep");
+    Ok(())
+}
+
+/// `sleep MS`: init, print the pid, sleep.
+fn sleep(args: &[String]) -> Res {
+    let ms: u64 = args.get(1).ok_or("sleep MS")?.parse()?;
+    let w = Client::init()?;
+    println!("rank {} pid {} started", w.rank(), std::process::id());
+    std::io::stdout().flush()?;
+    std::thread::sleep(Duration::from_millis(ms));
+    w.finalize()?;
+    Ok(())
+}
+
+fn stdin() -> Res {
+    let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s)?;
+    println!("rank {me} read {:?}", s.trim());
+    Ok(())
+}
+
+/// Rank 1 finalizes and exits at once; the others' next fence must fail naming it.
+fn finalized_peer() -> Res {
+    let w = Client::init()?;
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    if w.rank() == 1 {
+        w.put(Scope::Global, "bye", "still here")?;
+        w.commit()?;
+        w.finalize()?;
+        return Ok(());
+    }
+    match w.fence(Procs::All, FenceMode::SyncOnly, t(30)) {
+        Err(FenceError::ProcGone { rank: 1, reason }) => {
+            println!("rank {} saw: rank 1 {reason}", w.rank())
+        }
+        other => return Err(format!("expected ProcGone naming rank 1, got {other:?}").into()),
+    }
+    // Its committed data stays available.
+    let v = w.get(
+        1,
+        "bye",
+        GetOpts::default().timeout(Duration::from_secs(10)),
+    )?;
+    if v.as_str() != Some("still here") {
+        return Err(format!("bye is {v:?}").into());
+    }
+    println!("rank {} ok", w.rank());
+    Ok(())
+}
+
+/// Invalid requests get clear errors and change nothing.
+fn bad_requests() -> Res {
+    let w = Client::init()?;
+    let size = w.size();
+    let checks: Vec<(String, String)> = vec![
+        (
+            "get outside".into(),
+            format!("{}", w.get(size + 3, "k", GetOpts::default()).unwrap_err()),
+        ),
+        (
+            "fence outside".into(),
+            format!(
+                "{}",
+                w.fence(Procs::List(vec![0, size + 1]), FenceMode::Full, t(5))
+                    .unwrap_err()
+            ),
+        ),
+        (
+            "empty key".into(),
+            format!("{}", w.put(Scope::Local, "", 1u64).unwrap_err()),
+        ),
+        (
+            "huge value".into(),
+            format!(
+                "{}",
+                w.put(Scope::Local, "big", vec![0u8; 17 << 20]).unwrap_err()
+            ),
+        ),
+    ];
+    for (what, msg) in checks {
+        println!("rank {} {what}: {msg}", w.rank());
+    }
+    if w.rank() == 0 && size > 1 {
+        // A fence that does not include the caller is refused.
+        let msg = w
+            .fence(Procs::List(vec![1]), FenceMode::Full, t(5))
+            .unwrap_err()
+            .to_string();
+        println!("rank 0 fence without me: {msg}");
+    }
+    w.fence(Procs::All, FenceMode::Full, t(30))?;
+    println!("rank {} ok", w.rank());
+    w.finalize()?;
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Test helper: run `weft run` for real, with a timeout, a unique job id and a private
+//! TMPDIR, and check that the job left nothing behind.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn weft() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_weft"))
+}
+
+pub fn example(name: &str) -> String {
+    let p = weft()
+        .parent()
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is not built (cargo test builds examples)",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+/// A launched job: killed (SIGKILL to the launcher) if dropped while running.
+pub struct Job {
+    pub name: String,
+    pub tmp: PathBuf,
+    child: Option<Child>,
+    out: Option<std::thread::JoinHandle<String>>,
+    err: Option<std::thread::JoinHandle<String>>,
+    started: Instant,
+}
+
+pub struct Done {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Done {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+    pub fn lines_with(&self, pat: &str) -> usize {
+        self.stdout.lines().filter(|l| l.contains(pat)).count()
+    }
+    pub fn dump(&self) -> String {
+        format!(
+            "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+impl Job {
+    /// Starts `weft run --job-id <name> ARGS` with TMPDIR private to this test.
+    pub fn start(name: &str, args: &[&str]) -> Job {
+        Job::start_with_stdin(name, args, Stdio::null())
+    }
+
+    pub fn start_with_stdin(name: &str, args: &[&str], stdin: Stdio) -> Job {
+        let name = format!("{name}-{}", std::process::id());
+        let tmp = std::env::temp_dir().join("weft-tests").join(&name);
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).expect("test tmp dir");
+        let mut child = Command::new(weft())
+            .arg("run")
+            .args(["--job-id", &name])
+            .args(args)
+            .env("TMPDIR", &tmp)
+            .env("WEFT_LOG", "warn")
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn weft run");
+        let out = Some(reader(child.stdout.take().expect("stdout")));
+        let err = Some(reader(child.stderr.take().expect("stderr")));
+        Job {
+            name,
+            tmp,
+            child: Some(child),
+            out,
+            err,
+            started: Instant::now(),
+        }
+    }
+
+    /// Writes `bytes` to the job's stdin and closes it.
+    pub fn feed_stdin(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        let mut s = self
+            .child
+            .as_mut()
+            .expect("running")
+            .stdin
+            .take()
+            .expect("stdin was piped");
+        s.write_all(bytes).expect("write stdin");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Waits for the job; panics (after killing it) if it outlives `timeout`.
+    pub fn wait(mut self, timeout: Duration) -> Done {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let out = self
+                    .out
+                    .take()
+                    .map(|h| h.join().unwrap_or_default())
+                    .unwrap_or_default();
+                let err = self
+                    .err
+                    .take()
+                    .map(|h| h.join().unwrap_or_default())
+                    .unwrap_or_default();
+                panic!(
+                    "job {} hung for more than {timeout:?}\n--- stdout\n{out}\n--- stderr\n{err}",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = self.started.elapsed();
+        let stdout = self
+            .out
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let stderr = self
+            .err
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let done = Done {
+            status,
+            stdout,
+            stderr,
+            elapsed,
+        };
+        assert_clean(&self.name, &self.tmp, &done);
+        done
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Shared-memory segments of job `name` still in /dev/shm.
+pub fn segments_of(name: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|f| f.starts_with(&format!("weft-{name}-")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Files left in the test's TMPDIR below weft-<uid>/.
+pub fn leftovers(tmp: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![tmp.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p.clone());
+                    // The per-user directory may stay (it is shared by the user's jobs).
+                    if p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("weft-"))
+                        && p.parent() == Some(tmp)
+                    {
+                        continue;
+                    }
+                }
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+pub fn assert_clean(name: &str, tmp: &Path, done: &Done) {
+    let segs = segments_of(name);
+    assert!(
+        segs.is_empty(),
+        "job {name} left segments {segs:?}\n{}",
+        done.dump()
+    );
+    let left = leftovers(tmp);
+    assert!(
+        left.is_empty(),
+        "job {name} left files {left:?}\n{}",
+        done.dump()
+    );
+}
+
+/// Runs a job to completion with a timeout.
+pub fn run(name: &str, args: &[&str], timeout: Duration) -> Done {
+    Job::start(name, args).wait(timeout)
+}
+
+/// Whether a process exists.
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+}
