@@ -331,9 +331,15 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
             )
         }
     };
-    let per_node = total.div_ceil(num_nodes);
+    if total < num_nodes {
+        return Err(LaunchError::Usage(format!(
+            "{total} processes on {num_nodes} nodes would leave nodes without processes; use --nodes {total} or fewer"
+        )));
+    }
+    // Slot mapping fills nodes with contiguous blocks of ranks whose sizes differ by at
+    // most one, so every node is used.
     let node_of = |r: u32| match spec.map_by {
-        MapBy::Slot => r / per_node,
+        MapBy::Slot => (u64::from(r) * u64::from(num_nodes) / u64::from(total)) as u32,
         MapBy::Node => r % num_nodes,
     };
     let mut local_counts = vec![0u32; num_nodes as usize];
@@ -1000,6 +1006,19 @@ mod tests {
         assert_eq!(nodes, vec![0, 1, 0, 1, 0]);
         assert_eq!(p.job.ranks_on(1), vec![1, 3]);
         assert!(p.job.nodes[1].hostname.ends_with("-n1"));
+    }
+
+    #[test]
+    fn slot_mapping_uses_every_node_in_balanced_blocks() {
+        let s = parse_run_args(&args("--nodes 3 -n 7 ./a")).unwrap();
+        let p = build_plan(&s, "t").unwrap();
+        let nodes: Vec<u32> = p.job.procs.iter().map(|p| p.node).collect();
+        assert_eq!(nodes, vec![0, 0, 0, 1, 1, 2, 2]);
+        let s = parse_run_args(&args("--nodes 4 -n 2 ./a")).unwrap();
+        assert!(build_plan(&s, "t")
+            .unwrap_err()
+            .to_string()
+            .contains("use --nodes 2 or fewer"));
     }
 
     #[test]
