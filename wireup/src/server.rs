@@ -1032,7 +1032,10 @@ impl State {
             }
             ClientMsg::Commit { req, entries } => {
                 self.commit(rank, entries);
-                self.send_client(conn, &ServerMsg::Done { req });
+                // req 0: the client does not wait for an acknowledgement.
+                if req != 0 {
+                    self.send_client(conn, &ServerMsg::Done { req });
+                }
             }
             ClientMsg::Fence {
                 req,
