@@ -122,11 +122,15 @@ fn main() -> ExitCode {
                 Err(e) => println!("topology: unavailable ({e})"),
             }
             println!("tunables:");
-            for (name, default, what) in TUNABLES {
+            let all = TUNABLES
+                .iter()
+                .chain(weft_shm::TUNABLES)
+                .chain(weft_fabric::TUNABLES);
+            for (name, default, what) in all {
                 let cur = std::env::var(name)
                     .map(|v| format!(" (set: {v})"))
                     .unwrap_or_default();
-                println!("  {name:<24} default {default:<10} {what}{cur}");
+                println!("  {name:<26} default {default:<10} {what}{cur}");
             }
             ExitCode::SUCCESS
         }

@@ -2,18 +2,46 @@
 //!
 //! Each prints an OSU-style table, or one JSON object per line with `--json`.
 //!
-//! | name    | what it measures                                                        |
-//! |---------|-------------------------------------------------------------------------|
-//! | `fence` | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
+//! | name      | what it measures                                                        |
+//! |-----------|-------------------------------------------------------------------------|
+//! | `latency` | one-way latency of blocking send/recv between 2 processes (osu_latency) |
+//! | `bw`      | bandwidth of windows of 64 isends, each window acked (osu_bw)           |
+//! | `bibw`    | the same in both directions at once (osu_bibw)                          |
+//! | `mr`      | message rate of windows of 64 isends (osu_mbw_mr with one pair)         |
+//! | `fence`   | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
+//! | `limit`   | the machine's floor: cache-line ping-pong one-way time, memcpy bandwidth|
+//!
+//! `latency`, `bw`, `bibw`, `mr` and `limit` run between two processes: started alone they
+//! launch themselves as a job of two (bound to different cores when there are two), under
+//! `weft run -n 2` they measure the job they run in. `latency` and `bw` also measure the
+//! floor of `limit` in the same job (`--no-limit` skips it) and print the ratio to it.
+//!
+//! The sweep benchmarks share their options and output (`--sizes`, `--json`, `--plot`,
+//! OSU-style tables, a progress bar) through the crate-internal `osu` module.
 
 mod fence;
+mod limit;
+mod osu;
+mod p2p;
 mod stats;
 
+use p2p::Bench;
+
 /// The benchmarks, with a one-line description each (for `weft bench --help`).
-const BENCHES: &[(&str, &str)] = &[(
-    "fence",
-    "put + commit + fence (Full, Sparse, SyncOnly) and get latency",
-)];
+const BENCHES: &[(&str, &str)] = &[
+    (Bench::Latency.name(), Bench::Latency.about()),
+    (Bench::Bw.name(), Bench::Bw.about()),
+    (Bench::Bibw.name(), Bench::Bibw.about()),
+    (Bench::Mr.name(), Bench::Mr.about()),
+    (
+        "fence",
+        "put + commit + fence (Full, Sparse, SyncOnly) and get latency",
+    ),
+    (
+        "limit",
+        "this machine's floor: cache-line ping-pong and single-core memcpy",
+    ),
+];
 
 fn usage() -> String {
     let mut s = String::from(
@@ -33,7 +61,12 @@ fn usage() -> String {
 /// calling executable must be one that dispatches `bench` here (the `weft` command).
 pub fn main(args: &[String]) -> i32 {
     match args.first().map(String::as_str) {
+        Some("latency") => p2p::main(Bench::Latency, &args[1..]),
+        Some("bw") => p2p::main(Bench::Bw, &args[1..]),
+        Some("bibw") => p2p::main(Bench::Bibw, &args[1..]),
+        Some("mr") => p2p::main(Bench::Mr, &args[1..]),
         Some("fence") => fence::main(&args[1..]),
+        Some("limit") => limit::main(&args[1..]),
         None => {
             eprint!("{}", usage());
             2

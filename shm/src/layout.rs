@@ -30,6 +30,40 @@
 //! A record is a [`RecordHeader`] `{hash u64, key_len u32, val_len u32}`
 //! followed by the key bytes and the value bytes, padded to a multiple of 8.
 //! Published records are never modified.
+//!
+//! # Inbox segment (`kind` = [`KIND_INBOX`])
+//!
+//! One per receiving process, written by its local senders (see `crate::inbox`).
+//!
+//! ```text
+//! 0            SegmentHeader
+//! 64           InboxHeader       (64 bytes; geometry, receiver pid, claimed-fastbox count)
+//! 128          QueueProducerLine (128 bytes; the queue's shared enqueue position)
+//! 256          FastboxCtl[fastbox_peers]  (256 bytes each: producer half, consumer half)
+//! ring_offset  (256 + 256 * fastbox_peers rounded up to 4096)
+//!              fastbox rings: fastbox_peers x fastbox_bytes, each a power of two
+//!              >= 4096, made of 64-byte slots
+//! queue_offset (= ring_offset + fastbox_peers * fastbox_bytes)
+//!              queue slots: queue_slots x queue_slot_bytes, each starting with a
+//!              QueueSlotHeader (16 bytes)
+//! total_bytes  (= queue_offset + queue_slots * queue_slot_bytes)
+//! ```
+//!
+//! A fastbox frame starts at a slot boundary with an 8-byte header word
+//! `len | tag << 32` (see [`fastbox_header`]) followed by `len` bytes and
+//! occupies `ceil((8 + len) / 64)` consecutive slots, never wrapping past the
+//! end of the ring: when it would, the producer first writes a skip record
+//! (`len` = [`FASTBOX_SKIP_LEN`]) that covers the rest of the ring. The tag is
+//! derived from the frame's absolute slot position; before publishing a
+//! frame, the producer clears the header word of the slot after it if what
+//! that slot still holds (an old header, or frame bytes) would pass for the
+//! next position's header. All-zero memory is an empty ring; only producers
+//! write ring memory.
+//!
+//! A queue slot's `state` word is `seq << 32 | owner`: `seq` is the slot's
+//! lap base (`ticket - index`, so all-zero memory is an empty queue), plus 1
+//! once the frame is published; `owner` is `sender_id + 1` while a producer
+//! writes the slot, else 0.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicU32, AtomicU64};
@@ -38,7 +72,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"WEFT-SHM");
 
 /// Version of the layout defined in this file; bump it on every change.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// [`SegmentHeader::state`]: the creator is still initialising the segment.
 pub const STATE_INITIALIZING: u32 = 0;
@@ -47,6 +81,8 @@ pub const STATE_READY: u32 = 1;
 
 /// [`SegmentHeader::kind`] of the wire-up server's node-local datastore.
 pub const KIND_DATASTORE: u32 = 1;
+/// [`SegmentHeader::kind`] of a shared-memory transport inbox.
+pub const KIND_INBOX: u32 = 2;
 
 /// Header at offset 0 of every Weft shared-memory segment.
 ///
@@ -162,3 +198,188 @@ pub const RECORD_ALIGN: usize = 8;
 
 const _: () = assert!(RECORD_ALIGN >= align_of::<RecordHeader>());
 const _: () = assert!(DATA_ALIGN % RECORD_ALIGN == 0);
+
+// ---------------------------------------------------------------------------
+// Inbox segment
+// ---------------------------------------------------------------------------
+
+/// Header of an inbox segment, right after the [`SegmentHeader`].
+///
+/// Every field but `fastbox_claimed` is written once by the receiver before
+/// the segment is published and never changes.
+#[repr(C)]
+#[derive(Debug)]
+pub struct InboxHeader {
+    /// Number of fastboxes.
+    pub fastbox_peers: AtomicU32,
+    /// Bytes of each fastbox ring (a power of two, at least 4096).
+    pub fastbox_bytes: AtomicU32,
+    /// Number of slots of the shared queue (a power of two, at least 2).
+    pub queue_slots: AtomicU32,
+    /// Bytes of each queue slot (a multiple of 64), header included.
+    pub queue_slot_bytes: AtomicU32,
+    /// Number of claimed fastboxes. Claims are made in index order, so the
+    /// claimed fastboxes are exactly `0..fastbox_claimed`. Senders raise it
+    /// (`fetch_max`, Release) after claiming; the receiver loads it (Acquire)
+    /// to learn which fastboxes to poll.
+    pub fastbox_claimed: AtomicU32,
+    /// Process id of the receiver (informational, for inspection).
+    pub receiver_pid: AtomicU32,
+    /// Offset of the `FastboxCtl` array.
+    pub ctl_offset: AtomicU64,
+    /// Offset of the first fastbox ring (page aligned).
+    pub ring_offset: AtomicU64,
+    /// Offset of the first queue slot.
+    pub queue_offset: AtomicU64,
+    /// Reserved, zero.
+    pub _reserved: [u64; 2],
+}
+
+const _: () = assert!(size_of::<InboxHeader>() == 64);
+const _: () = assert!(align_of::<InboxHeader>() == 8);
+const _: () = assert!(offset_of!(InboxHeader, fastbox_peers) == 0);
+const _: () = assert!(offset_of!(InboxHeader, fastbox_bytes) == 4);
+const _: () = assert!(offset_of!(InboxHeader, queue_slots) == 8);
+const _: () = assert!(offset_of!(InboxHeader, queue_slot_bytes) == 12);
+const _: () = assert!(offset_of!(InboxHeader, fastbox_claimed) == 16);
+const _: () = assert!(offset_of!(InboxHeader, receiver_pid) == 20);
+const _: () = assert!(offset_of!(InboxHeader, ctl_offset) == 24);
+const _: () = assert!(offset_of!(InboxHeader, ring_offset) == 32);
+const _: () = assert!(offset_of!(InboxHeader, queue_offset) == 40);
+
+/// Offset of the [`InboxHeader`] in an inbox segment.
+pub const INBOX_HEADER_OFFSET: usize = SEGMENT_HEADER_BYTES;
+
+/// The shared queue's producer-side word, alone on a 128-byte block (two
+/// cache lines, so the adjacent-line prefetcher does not couple it with its
+/// neighbours).
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct QueueProducerLine {
+    /// Next ticket to hand out (a hint: producers reserve a ticket by a CAS
+    /// on its slot's state and help advance this word).
+    pub enqueue_pos: AtomicU64,
+    /// Reserved, zero.
+    pub _pad: [u64; 15],
+}
+
+const _: () = assert!(size_of::<QueueProducerLine>() == 128);
+const _: () = assert!(offset_of!(QueueProducerLine, enqueue_pos) == 0);
+
+/// Offset of the [`QueueProducerLine`] in an inbox segment.
+pub const QUEUE_PRODUCER_OFFSET: usize = INBOX_HEADER_OFFSET + size_of::<InboxHeader>();
+const _: () = assert!(QUEUE_PRODUCER_OFFSET == 128);
+
+/// Control block of one fastbox: a producer-owned half and a consumer-owned
+/// half, 128 bytes each (two cache lines, against adjacent-line prefetch).
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct FastboxCtl {
+    /// 0 = free; else `sender_id + 1` in bits 0..32, [`CLAIM_ATTACHED`] while
+    /// an `Outbox` uses it, and a generation (bumped by every attach) in bits
+    /// 33..64. Written by senders only (CAS).
+    pub claim: AtomicU64,
+    /// Producer's next free slot position (absolute, in slots), stored after
+    /// every published frame so that a successor can resume the ring.
+    pub head: AtomicU64,
+    /// Reserved, zero.
+    pub _producer_pad: [u64; 14],
+    /// Consumer's next slot position (absolute, in slots): every slot before
+    /// it is free. Written by the receiver only.
+    pub tail: AtomicU64,
+    /// Reserved, zero.
+    pub _consumer_pad: [u64; 15],
+}
+
+const _: () = assert!(size_of::<FastboxCtl>() == 256);
+const _: () = assert!(align_of::<FastboxCtl>() == 128);
+const _: () = assert!(offset_of!(FastboxCtl, claim) == 0);
+const _: () = assert!(offset_of!(FastboxCtl, head) == 8);
+const _: () = assert!(offset_of!(FastboxCtl, tail) == 128);
+
+/// Offset of the first [`FastboxCtl`] in an inbox segment.
+pub const FASTBOX_CTL_OFFSET: usize = QUEUE_PRODUCER_OFFSET + size_of::<QueueProducerLine>();
+/// Size in bytes of one [`FastboxCtl`].
+pub const FASTBOX_CTL_BYTES: usize = size_of::<FastboxCtl>();
+const _: () = assert!(FASTBOX_CTL_OFFSET == 256);
+const _: () = assert!(FASTBOX_CTL_OFFSET % align_of::<FastboxCtl>() == 0);
+
+/// [`FastboxCtl::claim`]: set while an `Outbox` is attached.
+pub const CLAIM_ATTACHED: u64 = 1 << 32;
+/// [`FastboxCtl::claim`]: one step of the attach generation.
+pub const CLAIM_GENERATION_ONE: u64 = 1 << 33;
+/// [`FastboxCtl::claim`]: the bits holding `sender_id + 1`.
+pub const CLAIM_SENDER_MASK: u64 = 0xffff_ffff;
+
+/// Alignment of the fastbox rings and of the queue.
+pub const RING_ALIGN: usize = 4096;
+
+/// Size in bytes of one fastbox slot (one cache line).
+pub const FASTBOX_SLOT_BYTES: usize = 64;
+/// Size in bytes of a fastbox frame header (`len u32 | tag u32 << 32`).
+pub const FASTBOX_FRAME_HEADER_BYTES: usize = 8;
+/// Frame length marking a skip record (the rest of the ring is unused).
+pub const FASTBOX_SKIP_LEN: u32 = u32::MAX;
+/// Smallest fastbox ring.
+pub const FASTBOX_MIN_BYTES: u32 = 4096;
+
+/// One fastbox slot as it looks when a frame starts in it. The payload goes
+/// on into the following slots (which then hold no header) when longer than
+/// 56 bytes.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct FastboxSlot {
+    /// Frame header, see [`fastbox_header`]; stored last, with Release.
+    pub header: AtomicU64,
+    /// The first 56 bytes of the frame.
+    pub bytes: [u8; 56],
+}
+
+const _: () = assert!(size_of::<FastboxSlot>() == FASTBOX_SLOT_BYTES);
+const _: () = assert!(offset_of!(FastboxSlot, header) == 0);
+const _: () = assert!(offset_of!(FastboxSlot, bytes) == FASTBOX_FRAME_HEADER_BYTES);
+const _: () = assert!(RING_ALIGN % FASTBOX_SLOT_BYTES == 0);
+
+/// Tag of a frame (or skip record) starting at absolute slot position `pos`:
+/// odd, so never 0 (an empty slot), and different for the same slot on
+/// consecutive laps (rings have fewer than 2^31 slots).
+#[inline(always)]
+pub const fn fastbox_tag(pos: u64) -> u32 {
+    ((pos as u32) << 1) | 1
+}
+
+/// Header word of a frame of `len` bytes (or [`FASTBOX_SKIP_LEN`]) at
+/// absolute slot position `pos`.
+#[inline(always)]
+pub const fn fastbox_header(pos: u64, len: u32) -> u64 {
+    ((fastbox_tag(pos) as u64) << 32) | len as u64
+}
+
+/// Number of slots a frame of `len` bytes occupies.
+#[inline(always)]
+pub const fn fastbox_frame_slots(len: usize) -> u64 {
+    ((FASTBOX_FRAME_HEADER_BYTES + len).div_ceil(FASTBOX_SLOT_BYTES)) as u64
+}
+
+/// Header of one queue slot; the frame bytes follow.
+#[repr(C)]
+#[derive(Debug)]
+pub struct QueueSlotHeader {
+    /// `seq << 32 | owner`, see the module docs.
+    pub state: AtomicU64,
+    /// Sender id of the frame.
+    pub sender: AtomicU32,
+    /// Length of the frame in bytes.
+    pub len: AtomicU32,
+}
+
+const _: () = assert!(size_of::<QueueSlotHeader>() == 16);
+const _: () = assert!(offset_of!(QueueSlotHeader, state) == 0);
+const _: () = assert!(offset_of!(QueueSlotHeader, sender) == 8);
+const _: () = assert!(offset_of!(QueueSlotHeader, len) == 12);
+
+/// Size in bytes of [`QueueSlotHeader`]; the frame starts here in its slot.
+pub const QUEUE_SLOT_HEADER_BYTES: usize = size_of::<QueueSlotHeader>();
+/// Queue slots are a multiple of this many bytes.
+pub const QUEUE_SLOT_ALIGN: usize = 64;
+const _: () = assert!(QUEUE_SLOT_ALIGN % align_of::<QueueSlotHeader>() == 0);

@@ -18,6 +18,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{fence, Ordering};
 use std::io;
 
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{fstat, ftruncate, Mode};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 use rustix::shm;
@@ -191,6 +192,8 @@ pub struct SegmentKind(pub u32);
 impl SegmentKind {
     /// The wire-up server's node-local datastore ([`crate::store`]).
     pub const DATASTORE: SegmentKind = SegmentKind(crate::layout::KIND_DATASTORE);
+    /// A shared-memory transport inbox ([`crate::Inbox`]).
+    pub const INBOX: SegmentKind = SegmentKind(crate::layout::KIND_INBOX);
 }
 
 /// Removes the segment `name`; a segment that does not exist is `Ok`.
@@ -249,12 +252,7 @@ struct Mapping {
 
 impl Mapping {
     /// Maps `len` bytes of `fd` shared, read-only or read-write.
-    fn new(
-        name: &str,
-        fd: &rustix::fd::OwnedFd,
-        len: usize,
-        writable: bool,
-    ) -> Result<Mapping, SegmentError> {
+    fn new(name: &str, fd: &OwnedFd, len: usize, writable: bool) -> Result<Mapping, SegmentError> {
         let prot = if writable {
             ProtFlags::READ | ProtFlags::WRITE
         } else {
@@ -306,6 +304,8 @@ pub struct WritableSegment {
     map: Mapping,
     /// (device, inode) of the shm object, to unlink only our own segment.
     id: (u64, u64),
+    /// The open shm object (kept for `fcntl` record locks on it).
+    fd: OwnedFd,
 }
 
 // SAFETY: the mapping is plain shared memory, not tied to the creating
@@ -374,6 +374,7 @@ impl WritableSegment {
             name: name.to_owned(),
             map,
             id: file_id(&st),
+            fd,
         };
         // Relaxed: nobody may trust these before `publish` Release-stores the state.
         seg.header()
@@ -402,6 +403,11 @@ impl WritableSegment {
     /// The segment header.
     pub fn header(&self) -> &SegmentHeader {
         self.map.header()
+    }
+
+    /// The open shm object.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Writes magic, layout version and size, then marks the segment ready.
@@ -460,94 +466,7 @@ impl ReadOnlySegment {
     /// header: magic, layout version, `kind`, state ready, and a recorded
     /// size that fits the file.
     pub fn open(name: &str, kind: SegmentKind) -> Result<ReadOnlySegment, SegmentError> {
-        check_name(name)?;
-        let fd = match shm::open(name, shm::OFlags::RDONLY, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => {
-                return Err(SegmentError::NotFound {
-                    name: name.to_owned(),
-                })
-            }
-            Err(e) => {
-                return Err(SegmentError::Open {
-                    name: name.to_owned(),
-                    source: e.into(),
-                })
-            }
-        };
-        let st = fstat(&fd).map_err(|e| SegmentError::Stat {
-            name: name.to_owned(),
-            source: e.into(),
-        })?;
-        let file_bytes = u64::try_from(st.st_size).unwrap_or(0);
-        if file_bytes < SEGMENT_HEADER_BYTES as u64 {
-            return Err(SegmentError::Truncated {
-                name: name.to_owned(),
-                file_bytes,
-                needed_bytes: SEGMENT_HEADER_BYTES as u64,
-            });
-        }
-        let len = usize::try_from(file_bytes)
-            .ok()
-            .filter(|&l| l <= isize::MAX as usize)
-            .ok_or_else(|| SegmentError::Corrupt {
-                name: name.to_owned(),
-                what: format!("file size {file_bytes} does not fit the address space"),
-            })?;
-        let map = Mapping::new(name, &fd, len, false)?;
-        drop(fd);
-
-        let h = map.header();
-        // Relaxed loads (plus a fence) because Acquire loads are not
-        // guaranteed to work on read-only mappings; Relaxed ones of this size are.
-        let state = h.state.load(Ordering::Relaxed);
-        // SYNC: pairs with the Release store of `state` in
-        // `WritableSegment::publish`.
-        fence(Ordering::Acquire);
-        let magic = h.magic.load(Ordering::Relaxed);
-        if magic != SEGMENT_MAGIC {
-            return Err(SegmentError::BadMagic {
-                name: name.to_owned(),
-                found: magic,
-                expected: SEGMENT_MAGIC,
-            });
-        }
-        let version = h.layout_version.load(Ordering::Relaxed);
-        if version != LAYOUT_VERSION {
-            return Err(SegmentError::LayoutVersion {
-                name: name.to_owned(),
-                found: version,
-                expected: LAYOUT_VERSION,
-            });
-        }
-        let found_kind = h.kind.load(Ordering::Relaxed);
-        if found_kind != kind.0 {
-            return Err(SegmentError::WrongKind {
-                name: name.to_owned(),
-                found: found_kind,
-                expected: kind.0,
-            });
-        }
-        if state != STATE_READY {
-            return Err(SegmentError::NotReady {
-                name: name.to_owned(),
-                state,
-            });
-        }
-        let total = h.total_bytes.load(Ordering::Relaxed);
-        if total > file_bytes {
-            return Err(SegmentError::Truncated {
-                name: name.to_owned(),
-                file_bytes,
-                needed_bytes: total,
-            });
-        }
-        if total < SEGMENT_HEADER_BYTES as u64 {
-            return Err(SegmentError::Corrupt {
-                name: name.to_owned(),
-                what: format!("recorded size {total} is smaller than the segment header"),
-            });
-        }
+        let (map, _fd) = open_validated(name, kind, false)?;
         Ok(ReadOnlySegment {
             name: name.to_owned(),
             map,
@@ -576,6 +495,168 @@ impl ReadOnlySegment {
     /// The segment header.
     pub fn header(&self) -> &SegmentHeader {
         self.map.header()
+    }
+}
+
+/// Opens `name`, maps all of it (read-only or read-write) and validates its
+/// header: magic, layout version, `kind`, state ready, and a recorded size
+/// that fits the file.
+fn open_validated(
+    name: &str,
+    kind: SegmentKind,
+    writable: bool,
+) -> Result<(Mapping, OwnedFd), SegmentError> {
+    check_name(name)?;
+    let flags = if writable {
+        shm::OFlags::RDWR
+    } else {
+        shm::OFlags::RDONLY
+    };
+    let fd = match shm::open(name, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => {
+            return Err(SegmentError::NotFound {
+                name: name.to_owned(),
+            })
+        }
+        Err(e) => {
+            return Err(SegmentError::Open {
+                name: name.to_owned(),
+                source: e.into(),
+            })
+        }
+    };
+    let st = fstat(&fd).map_err(|e| SegmentError::Stat {
+        name: name.to_owned(),
+        source: e.into(),
+    })?;
+    let file_bytes = u64::try_from(st.st_size).unwrap_or(0);
+    if file_bytes < SEGMENT_HEADER_BYTES as u64 {
+        return Err(SegmentError::Truncated {
+            name: name.to_owned(),
+            file_bytes,
+            needed_bytes: SEGMENT_HEADER_BYTES as u64,
+        });
+    }
+    let len = usize::try_from(file_bytes)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize)
+        .ok_or_else(|| SegmentError::Corrupt {
+            name: name.to_owned(),
+            what: format!("file size {file_bytes} does not fit the address space"),
+        })?;
+    let map = Mapping::new(name, &fd, len, writable)?;
+
+    let h = map.header();
+    // Relaxed loads (plus a fence) because Acquire loads are not
+    // guaranteed to work on read-only mappings; Relaxed ones of this size are.
+    let state = h.state.load(Ordering::Relaxed);
+    // SYNC: pairs with the Release store of `state` in
+    // `WritableSegment::publish`.
+    fence(Ordering::Acquire);
+    let magic = h.magic.load(Ordering::Relaxed);
+    if magic != SEGMENT_MAGIC {
+        return Err(SegmentError::BadMagic {
+            name: name.to_owned(),
+            found: magic,
+            expected: SEGMENT_MAGIC,
+        });
+    }
+    let version = h.layout_version.load(Ordering::Relaxed);
+    if version != LAYOUT_VERSION {
+        return Err(SegmentError::LayoutVersion {
+            name: name.to_owned(),
+            found: version,
+            expected: LAYOUT_VERSION,
+        });
+    }
+    let found_kind = h.kind.load(Ordering::Relaxed);
+    if found_kind != kind.0 {
+        return Err(SegmentError::WrongKind {
+            name: name.to_owned(),
+            found: found_kind,
+            expected: kind.0,
+        });
+    }
+    if state != STATE_READY {
+        return Err(SegmentError::NotReady {
+            name: name.to_owned(),
+            state,
+        });
+    }
+    let total = h.total_bytes.load(Ordering::Relaxed);
+    if total > file_bytes {
+        return Err(SegmentError::Truncated {
+            name: name.to_owned(),
+            file_bytes,
+            needed_bytes: total,
+        });
+    }
+    if total < SEGMENT_HEADER_BYTES as u64 {
+        return Err(SegmentError::Corrupt {
+            name: name.to_owned(),
+            what: format!("recorded size {total} is smaller than the segment header"),
+        });
+    }
+    Ok((map, fd))
+}
+
+/// A segment created by another process, opened read-write (a transport's
+/// senders write into their receiver's inbox).
+///
+/// Keeps the shm object open, for `fcntl` record locks on it.
+pub(crate) struct SharedSegment {
+    name: String,
+    map: Mapping,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain shared memory, not tied to the opening thread;
+// the raw pointer is only an address and the fd is an ordinary descriptor.
+unsafe impl Send for SharedSegment {}
+
+impl fmt::Debug for SharedSegment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedSegment")
+            .field("name", &self.name)
+            .field("bytes", &self.map.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedSegment {
+    /// Opens `name` read-write (`O_RDWR`, `PROT_READ|PROT_WRITE`) and
+    /// validates its header like [`ReadOnlySegment::open`].
+    pub(crate) fn open(name: &str, kind: SegmentKind) -> Result<SharedSegment, SegmentError> {
+        let (map, fd) = open_validated(name, kind, true)?;
+        Ok(SharedSegment {
+            name: name.to_owned(),
+            map,
+            fd,
+        })
+    }
+
+    /// The segment's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Usable size in bytes: the size recorded by the creator (validated by
+    /// `open` to be at most what is mapped).
+    pub(crate) fn bytes(&self) -> usize {
+        let total = self.map.header().total_bytes.load(Ordering::Relaxed);
+        usize::try_from(total).map_or(self.map.len, |t| t.min(self.map.len))
+    }
+
+    /// Start of the read-write mapping, valid for [`bytes`](Self::bytes)
+    /// bytes while `self` lives.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.map.base.as_ptr()
+    }
+
+    /// The open shm object.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

@@ -43,6 +43,11 @@ pub(crate) mod keys {
         let r = rank.to_le_bytes();
         [1, r[0], r[1], r[2], r[3]]
     }
+    /// Present (holding the reason) once `rank` has died or finalized.
+    pub(crate) fn gone(rank: Rank) -> [u8; 5] {
+        let r = rank.to_le_bytes();
+        [3, r[0], r[1], r[2], r[3]]
+    }
     /// The job's [`crate::JobInfo`].
     pub(crate) const JOB_INFO: &[u8] = &[2];
 }
@@ -559,6 +564,25 @@ impl Client {
     /// The process sets `rank` belongs to.
     pub fn psets_of(&self, rank: Rank) -> Vec<String> {
         self.job.psets_of(rank, self.rank)
+    }
+
+    /// Why `rank` is gone (died or finalized), if its death has reached this node. A lookup
+    /// in the node's shared memory: cheap enough for a transport's wait loop.
+    pub fn gone_reason(&self, rank: Rank) -> Option<String> {
+        self.store
+            .get(&keys::gone(rank))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+
+    /// The name prefix this process's shared-memory segments must use, so that its server
+    /// removes them when the job ends (normally or not).
+    pub fn segment_prefix(&self) -> String {
+        let job_id = self
+            .job
+            .nspace
+            .strip_prefix("weft-")
+            .unwrap_or(&self.job.nspace);
+        format!("/weft-{job_id}-n{}-", self.node)
     }
 
     /// Stages `key = value` with `scope`; it becomes visible after [`Client::commit`].

@@ -70,6 +70,9 @@ pub struct JobInfo {
     pub apps: Vec<AppInfo>,
     /// Process sets defined at launch, `weft://world` first (`weft://self` is implicit).
     pub psets: Vec<Pset>,
+    /// The PGCID (group context id) of the world group: the context id of the world
+    /// communicator.
+    pub world_pgcid: u64,
 }
 
 impl JobInfo {
@@ -190,6 +193,7 @@ pub(crate) mod tests {
                     members: vec![2, 3, 4],
                 },
             ],
+            world_pgcid: 1,
         }
     }
 

@@ -27,6 +27,9 @@ use crate::Rank;
 
 /// Exit status of `weft run` when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
+/// The PGCID of the `weft://world` group, assigned at launch (the root server's PGCID
+/// allocator hands out larger values).
+pub const WORLD_PGCID: u64 = 1;
 /// How long terminated processes get between SIGTERM and SIGKILL.
 const KILL_AFTER: Duration = Duration::from_millis(500);
 /// Exit status when the launcher itself failed (bad setup, lost server).
@@ -436,6 +439,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         procs,
         apps,
         psets,
+        world_pgcid: WORLD_PGCID,
     };
     Ok(JobPlan {
         job,
@@ -554,6 +558,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
     let cleanup = |plan: &JobPlan| {
         for n in 0..plan.job.num_nodes() {
             let _ = weft_shm::unlink(&datastore_name(&plan.job_id, n));
+            crate::server::unlink_segments(&crate::server::segment_prefix(&plan.job_id, n));
             let _ = std::fs::remove_file(socket_path(&job_dir, n));
         }
         let _ = std::fs::remove_dir(&job_dir);

@@ -93,6 +93,26 @@ pub fn datastore_name(job_id: &str, node: u32) -> String {
     format!("/weft-{job_id}-n{node}")
 }
 
+/// The name prefix of every shared-memory segment of node `node` of job `job_id` other
+/// than the datastore (transports name their segments with it, so the server can remove
+/// them when the job ends, crash or not).
+pub fn segment_prefix(job_id: &str, node: u32) -> String {
+    format!("/weft-{job_id}-n{node}-")
+}
+
+/// Unlinks every segment in /dev/shm whose name starts with `prefix` (with its `/`).
+pub fn unlink_segments(prefix: &str) {
+    let bare = prefix.trim_start_matches('/');
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(bare) {
+                let _ = weft_shm::unlink(&format!("/{name}"));
+            }
+        }
+    }
+}
+
 /// The path of node `node`'s socket in the job directory.
 pub fn socket_path(job_dir: &Path, node: u32) -> PathBuf {
     job_dir.join(format!("n{node}.sock"))
@@ -456,7 +476,9 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
     }
     // Cleanup: kill what is left, remove the socket; the store unlinks on drop.
     st.kill_all(rustix::process::Signal::KILL);
+    let job_id = st.plan.job_id.clone();
     drop(st);
+    unlink_segments(&segment_prefix(&job_id, node));
     let _ = std::fs::remove_file(&sock_path);
     let _ = std::fs::remove_dir(&args.job_dir);
     output.finish();
@@ -1216,6 +1238,10 @@ impl State {
         if self.gone.contains_key(&rank) {
             return;
         }
+        // Published in the datastore so that clients waiting on this rank in a transport
+        // notice without a message (a lookup in shared memory).
+        let gone_key = keys::gone(rank);
+        self.store_put(&gone_key, reason.as_bytes());
         // Collectives the rank never joined can no longer complete.
         let doomed: Vec<CollId> = self
             .colls

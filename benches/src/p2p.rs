@@ -1,0 +1,1011 @@
+//! `weft bench latency | bw | bibw | mr`: point-to-point benchmarks over Weft's fabric with
+//! the semantics of the OSU micro-benchmarks (`osu_latency`, `osu_bw`, `osu_bibw`, and
+//! `osu_mbw_mr` with one pair), between the two processes of a job.
+//!
+//! - `latency`: blocking `send`/`recv` ping-pong; the one-way latency is half the round
+//!   trip, averaged over the timed iterations (10000 after 100 warm-up up to 8 KiB, 1000
+//!   after 10 above, as OSU).
+//! - `bw`: rank 0 starts a window of 64 `isend`s and `wait_all`s them, then receives a
+//!   1-byte ack that rank 1 sends once it has received the whole window; bytes over rank
+//!   0's time in MB/s (10^6 bytes per second). 100 windows after 10 up to 8 KiB, 20 after 2
+//!   above (as OSU).
+//! - `bibw`: both ranks post a window of `irecv`s and one of `isend`s, then wait for all;
+//!   the bytes of both directions over rank 0's time.
+//! - `mr`: the `bw` exchange, reported as messages per second.
+//!
+//! `bw` and `bibw` start at 1 byte (size 0 carries no bandwidth); `latency` and `mr` at 0.
+//!
+//! **Receive buffers.** OSU posts every receive of a window into one buffer; a Rust
+//! receive borrows its buffer mutably, so here each outstanding receive has its own
+//! 64-byte-aligned slot. To keep the receiver's cache footprint near OSU's, one window's
+//! receives are posted in groups whose slots span at most [`RECV_SPAN`] (1 MiB; at least
+//! one message): all 64 at once up to 16 KiB, which covers every eager size of the default
+//! threshold, fewer above (one at a time from 1 MiB), where a message that arrives before
+//! its receive is posted waits as a rendezvous request without being copied.
+//!
+//! **Same-job reference.** On a virtual machine the floor moves between jobs (the
+//! cache-line one-way time by up to 5x, with where the host runs the virtual CPUs), so
+//! only ratios measured in one job mean anything. Before the sweep, unless `--no-limit`:
+//! `latency` runs `weft bench limit`'s cache-line ping-pong between the same two
+//! processes, and `bw` the single-core memcpy in rank 0 at every size. They are printed
+//! as a second series (`"impl": "limit"` in JSON, `"impl": "weft"` for the fabric's rows),
+//! and the table ends with the ratio weft/limit at 8 bytes (latency) or weft/memcpy at 4 MiB
+//! (bw; else at the sweep's first or last size).
+//!
+//! **Data check.** In `bw` and `mr`, rank 0 writes a pattern into the first and last byte
+//! of its send buffer before every window; after the last window of each size, rank 1
+//! checks them, and the size, in the last message it received. The answer travels in the
+//! final ack, so that a mismatch fails both ranks (exit status 1) with the size named.
+//!
+//! Started alone (no `WEFT_RANK`), each benchmark launches itself as a job of two
+//! processes, bound to different cores when the machine has two or more; under
+//! `weft run -n 2` it measures the job it runs in. Rank 0 prints.
+
+use std::hint::black_box;
+use std::io;
+use std::time::{Duration, Instant};
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+use weft_fabric::{wait_all, Communicator, Fabric, P2pError, Request, Source, Tag};
+
+use crate::limit::{self, Bind, CacheLine, PingPong};
+use crate::osu::{default_sizes, Metric, Report, Sweep, SweepArgs, MAX_DEFAULT_SIZE};
+
+/// Tag of the measured messages.
+const TAG_DATA: Tag = Tag(1);
+/// Tag of `bw`'s and `mr`'s acks.
+const TAG_ACK: Tag = Tag(2);
+/// Tag of the handshake that aligns the two ranks before each size.
+const TAG_SYNC: Tag = Tag(3);
+/// Tag of rank 1's CPU list, sent to rank 0 at the start.
+const TAG_INFO: Tag = Tag(4);
+/// Sizes above this are "large" and get OSU's smaller iteration counts.
+const LARGE: usize = 8192;
+/// Most bytes of receive slots one group of a window's receives spans.
+pub(crate) const RECV_SPAN: usize = 1 << 20;
+/// Alignment of the send buffer and of each receive slot.
+const SLOT_ALIGN: usize = 64;
+/// Slots of each memcpy buffer in the bw reference (as `weft bench limit`).
+const MEMCPY_SLOTS: usize = 2;
+/// Ack byte: the window arrived (and, after the last one, its data checked out).
+const ACK_OK: u8 = 1;
+/// Ack byte: the data check of the last window failed.
+const ACK_BAD: u8 = 0;
+/// Fill byte of the send buffer.
+const SEND_FILL: u8 = b'a';
+/// Fill byte of the receive buffers before the sweep.
+const RECV_FILL: u8 = 0xee;
+/// How often a rank that waits for the other's reference measurement looks for it.
+const IDLE_POLL: Duration = Duration::from_micros(200);
+
+/// The four point-to-point benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bench {
+    /// `weft bench latency` (osu_latency).
+    Latency,
+    /// `weft bench bw` (osu_bw).
+    Bw,
+    /// `weft bench bibw` (osu_bibw).
+    Bibw,
+    /// `weft bench mr` (osu_mbw_mr with one pair).
+    Mr,
+}
+
+/// Timed and warm-up iterations of one size (round trips or windows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reps {
+    iters: u32,
+    warmup: u32,
+}
+
+impl Reps {
+    fn total(self) -> u32 {
+        self.warmup.saturating_add(self.iters)
+    }
+}
+
+impl Bench {
+    /// The name after `weft bench`, and the JSON `bench` value.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Bench::Latency => "latency",
+            Bench::Bw => "bw",
+            Bench::Bibw => "bibw",
+            Bench::Mr => "mr",
+        }
+    }
+
+    fn command_name(self) -> &'static str {
+        match self {
+            Bench::Latency => "weft bench latency",
+            Bench::Bw => "weft bench bw",
+            Bench::Bibw => "weft bench bibw",
+            Bench::Mr => "weft bench mr",
+        }
+    }
+
+    /// One line for `weft bench --help`.
+    pub(crate) const fn about(self) -> &'static str {
+        match self {
+            Bench::Latency => "one-way latency of blocking send/recv (osu_latency)",
+            Bench::Bw => "bandwidth of windows of 64 isends, each acked (osu_bw)",
+            Bench::Bibw => "bandwidth of windows of 64 isends both ways at once (osu_bibw)",
+            Bench::Mr => "message rate of windows of 64 isends (osu_mbw_mr, one pair)",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Bench::Latency => "Weft Latency Test",
+            Bench::Bw => "Weft Bandwidth Test",
+            Bench::Bibw => "Weft Bi-Directional Bandwidth Test",
+            Bench::Mr => "Weft Message Rate Test",
+        }
+    }
+
+    fn metric(self) -> Metric {
+        match self {
+            Bench::Latency => Metric::LATENCY,
+            Bench::Bw | Bench::Bibw => Metric::BANDWIDTH,
+            Bench::Mr => Metric::MSG_RATE,
+        }
+    }
+
+    /// Whether the benchmark exchanges windows of non-blocking messages.
+    fn windowed(self) -> bool {
+        self != Bench::Latency
+    }
+
+    /// The default sweep: 0 (latency, mr) or 1 (bw, bibw) byte to 4 MiB.
+    fn default_sizes(self) -> Vec<usize> {
+        match self {
+            Bench::Latency | Bench::Mr => default_sizes(0, MAX_DEFAULT_SIZE),
+            Bench::Bw | Bench::Bibw => default_sizes(1, MAX_DEFAULT_SIZE),
+        }
+    }
+
+    /// Whether `size` is measured (bw and bibw skip size 0, as OSU).
+    fn measures(self, size: usize) -> bool {
+        size > 0 || matches!(self, Bench::Latency | Bench::Mr)
+    }
+
+    /// OSU's iteration counts at `size`, unless `--iters` / `--warmup` override them.
+    fn reps(self, size: usize, iters: Option<u32>, warmup: Option<u32>) -> Reps {
+        let large = size > LARGE;
+        let (i, w) = match (self, large) {
+            (Bench::Latency, false) => (10_000, 100),
+            (Bench::Latency, true) => (1_000, 10),
+            (_, false) => (100, 10),
+            (_, true) => (20, 2),
+        };
+        Reps {
+            iters: iters.unwrap_or(i),
+            warmup: warmup.unwrap_or(w),
+        }
+    }
+}
+
+/// Options of `weft bench latency | bw | bibw | mr`.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(flatten)]
+    sweep: SweepArgs,
+    /// Timed iterations (round trips, or windows) at every size [default: OSU's: latency
+    /// 10000 up to 8 KiB and 1000 above; bw, bibw and mr 100 up to 8 KiB and 20 above].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    iters: Option<u32>,
+    /// Untimed iterations before them at every size [default: OSU's: latency 100 up to
+    /// 8 KiB and 10 above; bw, bibw and mr 10 up to 8 KiB and 2 above].
+    #[arg(long, value_name = "N")]
+    warmup: Option<u32>,
+    /// Messages per window (bw, bibw, mr; latency ignores it).
+    #[arg(long, value_name = "W", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    window: u32,
+    /// Skip the same-job reference (latency: cache-line ping-pong; bw: single-core memcpy).
+    #[arg(long)]
+    no_limit: bool,
+    /// Binding of the two processes when started alone (auto: core when the machine has
+    /// two or more cores).
+    #[arg(long, value_enum, default_value_t = Bind::Auto)]
+    bind_to: Bind,
+}
+
+fn parse(bench: Bench, args: &[String]) -> Result<Args, clap::Error> {
+    let argv = std::iter::once(bench.command_name().to_owned()).chain(args.iter().cloned());
+    let matches = Args::command()
+        .name(bench.command_name())
+        .bin_name(bench.command_name())
+        .about(bench.about())
+        .long_about(None)
+        .try_get_matches_from(argv)?;
+    Args::from_arg_matches(&matches)
+}
+
+/// Runs `weft bench NAME ARGS...` for `bench` (`ARGS` are the arguments after the name);
+/// returns the exit status.
+pub(crate) fn main(bench: Bench, args: &[String]) -> i32 {
+    let opts = match parse(bench, args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    limit::run_or_launch(bench.name(), opts.bind_to, args, || run_rank(bench, &opts))
+}
+
+fn run_rank(bench: Bench, opts: &Args) -> Result<(), String> {
+    let sweep = Sweep::new(&opts.sweep, bench.default_sizes());
+    let fabric = Fabric::init().map_err(|e| e.to_string())?;
+    let me = fabric.world().rank();
+    let result = measure(bench, opts, &sweep, &fabric);
+    let fin = fabric
+        .finalize()
+        .map_err(|e| format!("rank {me}: finalize: {e}"));
+    result.map_err(|e| format!("rank {me}: {e}")).and(fin)
+}
+
+/// A buffer of `len` bytes that starts on a `SLOT_ALIGN` boundary.
+#[derive(Debug)]
+struct AlignedBuf {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` bytes, all `fill` (written, so every page is there before the timing).
+    fn filled(len: usize, fill: u8) -> AlignedBuf {
+        let bytes = vec![fill; len + SLOT_ALIGN];
+        let start = bytes.as_ptr().align_offset(SLOT_ALIGN).min(SLOT_ALIGN);
+        AlignedBuf { bytes, start, len }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
+/// Distance between two receive slots of `size`-byte messages.
+fn slot_stride(size: usize) -> usize {
+    size.max(1).next_multiple_of(SLOT_ALIGN)
+}
+
+/// Receive slots for `size`-byte messages with windows of `window`: as many as fit in
+/// `RECV_SPAN`, at least one, at most a window.
+pub(crate) fn recv_slots(size: usize, window: u32) -> usize {
+    (RECV_SPAN / slot_stride(size)).clamp(1, window.max(1) as usize)
+}
+
+/// The group sizes one window's receives are posted in: `slots` at a time, the rest last.
+fn groups(window: u32, slots: usize) -> impl Iterator<Item = usize> {
+    let window = window as usize;
+    let slots = slots.max(1);
+    (0..window.div_ceil(slots)).map(move |g| slots.min(window - g * slots))
+}
+
+/// The receive side of a window: `slots` disjoint slots of one message each.
+#[derive(Debug)]
+struct RecvSlots {
+    buf: AlignedBuf,
+    size: usize,
+    stride: usize,
+    slots: usize,
+}
+
+impl RecvSlots {
+    fn new(size: usize, window: u32) -> RecvSlots {
+        let stride = slot_stride(size);
+        let slots = recv_slots(size, window);
+        RecvSlots {
+            buf: AlignedBuf::filled(stride * slots, RECV_FILL),
+            size,
+            stride,
+            slots,
+        }
+    }
+
+    /// Posts `n` (at most `slots`) receives from `peer`, into slots 0 to n-1.
+    fn post<'a>(
+        &'a mut self,
+        world: &'a Communicator,
+        peer: u32,
+        n: usize,
+    ) -> Result<Vec<Request<'a>>, P2pError> {
+        let size = self.size;
+        self.buf
+            .as_mut_slice()
+            .chunks_mut(self.stride)
+            .take(n)
+            .map(|slot| world.irecv(&mut slot[..size], Source::Rank(peer), TAG_DATA))
+            .collect()
+    }
+
+    /// Receives one window of `window` messages from `peer`, in groups of `slots`;
+    /// returns the status of the last message (`None` for an empty window).
+    fn receive_window(
+        &mut self,
+        world: &Communicator,
+        peer: u32,
+        window: u32,
+    ) -> Result<Option<weft_fabric::Status>, P2pError> {
+        let mut last = None;
+        for n in groups(window, self.slots) {
+            let reqs = self.post(world, peer, n)?;
+            last = wait_all(reqs)?.pop();
+        }
+        Ok(last)
+    }
+
+    /// The slot of message `j` of a window (posted in groups from slot 0).
+    fn slot_of(&self, j: usize) -> &[u8] {
+        let o = (j % self.slots) * self.stride;
+        &self.buf.as_slice()[o..o + self.size]
+    }
+}
+
+/// The bytes rank 0 writes at the first and the last position of its send buffer before
+/// window `w`: they change from one window to the next and never equal the fill bytes.
+fn stamp_bytes(w: u32) -> (u8, u8) {
+    let k = (w % 64) as u8;
+    (0x10 + k, 0x80 + k)
+}
+
+/// Writes window `w`'s stamp into `buf` (first byte, then last byte).
+fn stamp(buf: &mut [u8], w: u32) {
+    let (first, last) = stamp_bytes(w);
+    if let Some(b) = buf.first_mut() {
+        *b = first;
+    }
+    if let Some(b) = buf.last_mut() {
+        *b = last;
+    }
+}
+
+/// Checks that `got` (a received message of `count` bytes) holds window `w`'s stamp of a
+/// `size`-byte message.
+fn check_stamp(got: &[u8], count: usize, size: usize, w: u32) -> Result<(), String> {
+    if count != size {
+        return Err(format!(
+            "the last message of the window holds {count} bytes, {size} were sent"
+        ));
+    }
+    if size == 0 {
+        return Ok(());
+    }
+    let (first, last) = stamp_bytes(w);
+    let want_first = if size == 1 { last } else { first };
+    let (g0, g1) = (got[0], got[size - 1]);
+    if (g0, g1) != (want_first, last) {
+        return Err(format!(
+            "the last message of window {w} holds {g0:#04x} .. {g1:#04x} at its first and \
+             last byte, rank 0 wrote {want_first:#04x} .. {last:#04x}"
+        ));
+    }
+    Ok(())
+}
+
+/// Aligns the two ranks (as OSU's barrier before each size): rank 0 sends an empty
+/// message and waits for rank 1's answer.
+fn sync(world: &Communicator) -> Result<(), P2pError> {
+    let peer = 1 - world.rank();
+    let mut none: [u8; 0] = [];
+    if world.rank() == 0 {
+        world.send(&none, peer, TAG_SYNC)?;
+        world.recv(&mut none, Source::Rank(peer), TAG_SYNC)?;
+    } else {
+        world.recv(&mut none, Source::Rank(peer), TAG_SYNC)?;
+        world.send(&none, peer, TAG_SYNC)?;
+    }
+    Ok(())
+}
+
+/// Waits without spinning until the other rank's sync message has arrived (while it
+/// measures its reference alone), leaving it for the [`sync`] that follows.
+fn idle_until_sync(world: &Communicator) -> Result<(), P2pError> {
+    let peer = 1 - world.rank();
+    while world.iprobe(Source::Rank(peer), TAG_SYNC)?.is_none() {
+        std::thread::sleep(IDLE_POLL);
+    }
+    Ok(())
+}
+
+/// One-way latency at `size` in µs: half the mean round trip of `reps.iters` blocking
+/// ping-pongs after `reps.warmup` untimed ones.
+fn latency(
+    world: &Communicator,
+    size: usize,
+    reps: Reps,
+    sbuf: &[u8],
+    rbuf: &mut [u8],
+) -> Result<f64, P2pError> {
+    let peer = 1 - world.rank();
+    let (sbuf, rbuf) = (&sbuf[..size], &mut rbuf[..size]);
+    sync(world)?;
+    let mut t0 = Instant::now();
+    for i in 0..reps.total() {
+        if i == reps.warmup {
+            t0 = Instant::now();
+        }
+        if world.rank() == 0 {
+            world.send(sbuf, peer, TAG_DATA)?;
+            world.recv(rbuf, Source::Rank(peer), TAG_DATA)?;
+        } else {
+            world.recv(rbuf, Source::Rank(peer), TAG_DATA)?;
+            world.send(sbuf, peer, TAG_DATA)?;
+        }
+    }
+    black_box(&rbuf);
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / (2.0 * f64::from(reps.iters)))
+}
+
+/// `bw` and `mr`: windows of `window` messages from rank 0 to rank 1, each followed by a
+/// 1-byte ack; the last window's data is checked. Returns this rank's time of the timed
+/// windows.
+fn unidirectional(
+    world: &Communicator,
+    size: usize,
+    window: u32,
+    reps: Reps,
+    sbuf: &mut [u8],
+    slots: &mut RecvSlots,
+) -> Result<Duration, String> {
+    let p2p = |e: P2pError| format!("size {size}: {e}");
+    let me = world.rank();
+    let peer = 1 - me;
+    let last = reps.total() - 1;
+    let mut ack = [ACK_OK];
+    sync(world).map_err(p2p)?;
+    let mut t0 = Instant::now();
+    for w in 0..reps.total() {
+        if w == reps.warmup {
+            t0 = Instant::now();
+        }
+        if me == 0 {
+            stamp(&mut sbuf[..size], w);
+            let data = &sbuf[..size];
+            let reqs = (0..window)
+                .map(|_| world.isend(data, peer, TAG_DATA))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(p2p)?;
+            wait_all(reqs).map_err(p2p)?;
+            world
+                .recv(&mut ack, Source::Rank(peer), TAG_ACK)
+                .map_err(p2p)?;
+        } else {
+            let status = slots.receive_window(world, peer, window).map_err(p2p)?;
+            let mut verdict = Ok(());
+            if w == last {
+                let count = status.map_or(size, |s| s.count);
+                verdict = check_stamp(slots.slot_of(window as usize - 1), count, size, w);
+            }
+            ack[0] = if verdict.is_ok() { ACK_OK } else { ACK_BAD };
+            world.send(&ack, peer, TAG_ACK).map_err(p2p)?;
+            verdict.map_err(|e| format!("size {size}: data check failed: {e}"))?;
+        }
+    }
+    let t = t0.elapsed();
+    if me == 0 && ack[0] != ACK_OK {
+        return Err(format!(
+            "size {size}: rank 1 found the data of the last window corrupted (it says how)"
+        ));
+    }
+    Ok(t)
+}
+
+/// `bibw`: each rank posts a window of receives (in groups of its slots) and a window of
+/// sends to the other, then waits for all. Returns this rank's time of the timed windows.
+fn bidirectional(
+    world: &Communicator,
+    size: usize,
+    window: u32,
+    reps: Reps,
+    sbuf: &[u8],
+    slots: &mut RecvSlots,
+) -> Result<Duration, P2pError> {
+    let peer = 1 - world.rank();
+    let data = &sbuf[..size];
+    sync(world)?;
+    let mut t0 = Instant::now();
+    for w in 0..reps.total() {
+        if w == reps.warmup {
+            t0 = Instant::now();
+        }
+        let mut groups = groups(window, slots.slots);
+        let first = groups.next().unwrap_or(0);
+        let recvs = slots.post(world, peer, first)?;
+        let sends = (0..window)
+            .map(|_| world.isend(data, peer, TAG_DATA))
+            .collect::<Result<Vec<_>, _>>()?;
+        wait_all(recvs)?;
+        for n in groups {
+            wait_all(slots.post(world, peer, n)?)?;
+        }
+        wait_all(sends)?;
+    }
+    Ok(t0.elapsed())
+}
+
+/// Rank 1 sends its CPU list to rank 0 (which also connects the two); rank 0 returns it.
+fn peer_cpus(world: &Communicator) -> Result<Option<String>, P2pError> {
+    if world.rank() == 1 {
+        world.send(limit::cpus_of_this_process().as_bytes(), 0, TAG_INFO)?;
+        return Ok(None);
+    }
+    let st = world.probe(Source::Rank(1), TAG_INFO)?;
+    let mut buf = vec![0u8; st.count];
+    world.recv(&mut buf, Source::Rank(1), TAG_INFO)?;
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+/// The same-job reference of a benchmark, measured before its sweep.
+#[derive(Debug)]
+enum Reference {
+    /// None (`--no-limit`, or bibw and mr).
+    None,
+    /// Latency: the cache-line ping-pong (rank 0's result; `None` elsewhere).
+    CacheLine(Option<CacheLine>),
+    /// Bw: single-core memcpy in rank 0, MB/s at each size (empty on rank 1).
+    Memcpy(Vec<(usize, f64)>),
+}
+
+fn reference(
+    bench: Bench,
+    opts: &Args,
+    sweep: &Sweep,
+    fabric: &Fabric,
+    world: &Communicator,
+) -> Result<Reference, String> {
+    if opts.no_limit {
+        return Ok(Reference::None);
+    }
+    match bench {
+        Bench::Latency => limit::cacheline_one_way(fabric.wire(), PingPong::default())
+            .map(Reference::CacheLine)
+            .map_err(|e| format!("cache-line reference (--no-limit skips it): {e}")),
+        Bench::Bw if world.rank() == 0 => Ok(Reference::Memcpy(
+            sweep
+                .sizes()
+                .iter()
+                .filter(|&&s| s > 0)
+                .map(|&s| (s, limit::memcpy_mbs(s, MEMCPY_SLOTS)))
+                .collect(),
+        )),
+        Bench::Bw => Ok(Reference::Memcpy(Vec::new())),
+        Bench::Bibw | Bench::Mr => Ok(Reference::None),
+    }
+}
+
+/// The value of the row of `size`, if measured.
+fn value_at(rows: &[(usize, f64)], size: usize) -> Option<f64> {
+    rows.iter().find(|r| r.0 == size).map(|r| r.1)
+}
+
+/// The table's closing comment: the ratio of the fabric to its same-job reference.
+fn ratio_comment(weft: &[(usize, f64)], reference: &Reference) -> Option<String> {
+    match reference {
+        Reference::CacheLine(Some(line)) => {
+            let floor = line.one_way.median_us;
+            let (size, lat) = weft
+                .iter()
+                .find(|r| r.0 == 8)
+                .or_else(|| weft.iter().find(|r| r.0 > 0))
+                .or(weft.first())
+                .copied()?;
+            Some(format!(
+                "weft/limit at {size} B: {:.2} (weft {lat:.3} us one way, cache line {floor:.3} us, same job)",
+                lat / floor
+            ))
+        }
+        Reference::Memcpy(memcpy) => {
+            let size = if value_at(weft, MAX_DEFAULT_SIZE).is_some() {
+                MAX_DEFAULT_SIZE
+            } else {
+                weft.last()?.0
+            };
+            let (bw, mc) = (value_at(weft, size)?, value_at(memcpy, size)?);
+            Some(format!(
+                "weft/memcpy at {size} B: {:.2} (weft {bw:.1} MB/s, single-core memcpy {mc:.1} MB/s, same job)",
+                bw / mc
+            ))
+        }
+        Reference::CacheLine(None) | Reference::None => None,
+    }
+}
+
+/// The fabric's tunables as this job sees them (`VAR=value`, marked when defaulted).
+fn tunables() -> String {
+    weft_fabric::TUNABLES
+        .iter()
+        .map(|(var, default, _)| match std::env::var(var) {
+            Ok(v) => format!("{var}={v}"),
+            Err(_) => format!("{var}={default} (default)"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The header comment of the fabric's series.
+fn describe(bench: Bench, opts: &Args, cpus: (&str, &str)) -> String {
+    let small = bench.reps(LARGE, opts.iters, opts.warmup);
+    let large = bench.reps(LARGE + 1, opts.iters, opts.warmup);
+    let counts = format!(
+        "{} after {} warm-up up to 8 KiB, {} after {} above",
+        small.iters, small.warmup, large.iters, large.warmup
+    );
+    let what = match bench {
+        Bench::Latency => format!(
+            "blocking send/recv ping-pong, one way = half the round trip;\nround trips: {counts}"
+        ),
+        Bench::Bw | Bench::Mr => format!(
+            "windows of {w} isend + wait_all, then a 1-byte ack; windows: {counts};\n\
+             rank 1 receives into slots spanning at most {span} KiB per group of a window \
+             (all {w} up to {all} B);\n\
+             data checked: first and last byte of the last message of each size",
+            w = opts.window,
+            span = RECV_SPAN >> 10,
+            all = RECV_SPAN / opts.window.max(1) as usize,
+        ),
+        Bench::Bibw => format!(
+            "both ranks post a window of {w} irecv and {w} isend, then wait for all;\nwindows: \
+             {counts}; receives into slots spanning at most {span} KiB per group (all {w} up \
+             to {all} B); bandwidth = both directions' bytes / rank 0's time",
+            w = opts.window,
+            span = RECV_SPAN >> 10,
+            all = RECV_SPAN / opts.window.max(1) as usize,
+        ),
+    };
+    format!(
+        "2 processes: rank 0 on CPUs {}, rank 1 on CPUs {}\n{what}\n{}",
+        cpus.0,
+        cpus.1,
+        tunables()
+    )
+}
+
+/// Everything both ranks do; rank 0 prints.
+fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<(), String> {
+    let world = fabric.world();
+    if world.size() != 2 {
+        return Err(format!(
+            "needs a job of exactly 2 processes (weft run -n 2), this one has {}",
+            world.size()
+        ));
+    }
+    let me = world.rank();
+    let io_err = |e: io::Error| format!("writing the report: {e}");
+    let peer_cpus = peer_cpus(&world).map_err(|e| format!("connecting: {e}"))?;
+    let reference = reference(bench, opts, sweep, fabric, &world)?;
+
+    let mut report = if me == 0 {
+        let mut r = Report::new(
+            &opts.sweep,
+            sweep,
+            bench.name(),
+            bench.title(),
+            bench.metric(),
+        )
+        .label("weft")
+        .field("impl", "weft");
+        let mine = limit::cpus_of_this_process();
+        let theirs = peer_cpus.as_deref().unwrap_or("?");
+        r.comment(&describe(bench, opts, (&mine, theirs)))
+            .map_err(io_err)?;
+        Some(r)
+    } else {
+        None
+    };
+
+    let sizes: Vec<usize> = sweep
+        .sizes()
+        .iter()
+        .copied()
+        .filter(|&s| bench.measures(s))
+        .collect();
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let mut sbuf = AlignedBuf::filled(max, SEND_FILL);
+    let mut rbuf = AlignedBuf::filled(if bench.windowed() { 0 } else { max }, RECV_FILL);
+    let mut rows = Vec::with_capacity(sizes.len());
+    for (k, &size) in sizes.iter().enumerate() {
+        if k == 0 && matches!(reference, Reference::Memcpy(_)) && me == 1 {
+            // Rank 0 measured memcpy alone; wait for it without taking a core's share.
+            idle_until_sync(&world).map_err(|e| format!("waiting for rank 0's memcpy: {e}"))?;
+        }
+        let reps = bench.reps(size, opts.iters, opts.warmup);
+        let per_window = f64::from(opts.window) * f64::from(reps.iters);
+        let value = match bench {
+            Bench::Latency => latency(&world, size, reps, sbuf.as_slice(), rbuf.as_mut_slice())
+                .map_err(|e| format!("size {size}: {e}"))?,
+            Bench::Bw | Bench::Mr => {
+                let mut slots = RecvSlots::new(if me == 1 { size } else { 0 }, opts.window);
+                let t = unidirectional(
+                    &world,
+                    size,
+                    opts.window,
+                    reps,
+                    sbuf.as_mut_slice(),
+                    &mut slots,
+                )?
+                .as_secs_f64();
+                if bench == Bench::Bw {
+                    size as f64 * per_window / t / 1e6
+                } else {
+                    per_window / t
+                }
+            }
+            Bench::Bibw => {
+                let mut slots = RecvSlots::new(size, opts.window);
+                let t = bidirectional(&world, size, opts.window, reps, sbuf.as_slice(), &mut slots)
+                    .map_err(|e| format!("size {size}: {e}"))?
+                    .as_secs_f64();
+                2.0 * size as f64 * per_window / t / 1e6
+            }
+        };
+        rows.push((size, value));
+        if let Some(r) = &mut report {
+            r.row(size, value).map_err(io_err)?;
+        }
+    }
+
+    if let Some(mut r) = report {
+        write_reference(&mut r, &reference).map_err(io_err)?;
+        if let Some(c) = ratio_comment(&rows, &reference) {
+            r.comment(&c).map_err(io_err)?;
+        }
+        r.finish().map_err(io_err)?;
+    }
+    // Rank 1 stays until rank 0 has printed (its output and the plot).
+    sync(&world).map_err(|e| format!("final sync: {e}"))
+}
+
+/// Prints the reference series after the fabric's (rank 0).
+fn write_reference(r: &mut Report, reference: &Reference) -> io::Result<()> {
+    match reference {
+        Reference::CacheLine(Some(l)) => {
+            r.series("limit: cache-line ping-pong")?;
+            r.set_field("impl", "limit");
+            let pp = PingPong::default();
+            r.comment(&format!(
+                "ranks 0 and 1 (CPUs {} and {}) bounce one 64-byte line before the sweep; one \
+                 way, median of {} runs of {} round trips (min {:.3} us, max {:.3} us)",
+                l.cpus.0, l.cpus.1, pp.runs, pp.round_trips, l.one_way.min_us, l.one_way.max_us
+            ))?;
+            r.row(64, l.one_way.median_us)
+        }
+        Reference::Memcpy(rows) => {
+            r.series("limit: single-core memcpy")?;
+            r.set_field("impl", "limit");
+            r.comment(&format!(
+                "rank 0 alone before the sweep, buffers of {MEMCPY_SLOTS} slots (as weft bench limit)"
+            ))?;
+            rows.iter().try_for_each(|&(s, v)| r.row(s, v))
+        }
+        Reference::CacheLine(None) | Reference::None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+    use weft_shm::{Inbox, InboxConfig};
+
+    fn parse_ok(bench: Bench, args: &[&str]) -> Args {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        parse(bench, &args).unwrap()
+    }
+
+    #[test]
+    fn options_parse() {
+        let a = parse_ok(Bench::Bw, &[]);
+        assert_eq!((a.iters, a.warmup, a.window), (None, None, 64));
+        assert!(!a.no_limit && !a.sweep.json);
+        assert_eq!(a.bind_to, Bind::Auto);
+        let a = parse_ok(
+            Bench::Latency,
+            &[
+                "--sizes",
+                "8,4194304",
+                "--json",
+                "--iters",
+                "50",
+                "--warmup",
+                "0",
+                "--no-limit",
+                "--plot",
+                "x.svg",
+            ],
+        );
+        assert_eq!(Sweep::new(&a.sweep, vec![]).sizes(), &[8, 4 << 20]);
+        assert_eq!((a.iters, a.warmup), (Some(50), Some(0)));
+        assert!(a.no_limit && a.sweep.json && a.sweep.plot.is_some());
+        let bad = |args: &[&str]| {
+            let v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            parse(Bench::Mr, &v).is_err()
+        };
+        assert!(bad(&["--iters", "0"]));
+        assert!(bad(&["--window", "0"]));
+        assert!(bad(&["--window", "1025"]));
+        assert!(bad(&["--sizes", "8,lots"]));
+        assert!(bad(&["--frobnicate"]));
+        let e = parse(Bench::Bibw, &["--help".to_owned()]).unwrap_err();
+        assert!(e.to_string().contains("weft bench bibw"), "{e}");
+    }
+
+    #[test]
+    fn default_sweeps_and_iterations_follow_osu() {
+        let lat = Bench::Latency.default_sizes();
+        assert_eq!((lat[0], lat.last()), (0, Some(&(4 << 20))));
+        assert_eq!(Bench::Bw.default_sizes()[0], 1);
+        assert_eq!(Bench::Mr.default_sizes()[0], 0);
+        assert!(!Bench::Bibw.measures(0) && Bench::Mr.measures(0));
+        let r = |b: Bench, s| {
+            let r = b.reps(s, None, None);
+            (r.iters, r.warmup)
+        };
+        assert_eq!(r(Bench::Latency, 8192), (10_000, 100));
+        assert_eq!(r(Bench::Latency, 8193), (1_000, 10));
+        assert_eq!(r(Bench::Bw, 8), (100, 10));
+        assert_eq!(r(Bench::Bibw, 1 << 20), (20, 2));
+        let o = Bench::Mr.reps(4 << 20, Some(7), Some(1));
+        assert_eq!((o.iters, o.warmup, o.total()), (7, 1, 8));
+        assert_eq!(Bench::Latency.reps(0, None, Some(3)).warmup, 3);
+    }
+
+    #[test]
+    fn receive_slots_and_groups() {
+        assert_eq!(recv_slots(8, 64), 64);
+        assert_eq!(recv_slots(16384, 64), 64);
+        assert_eq!(recv_slots(32768, 64), 32);
+        assert_eq!(recv_slots(4 << 20, 64), 1);
+        assert_eq!(recv_slots(0, 64), 64);
+        assert_eq!(recv_slots(8, 3), 3);
+        assert_eq!(slot_stride(0), 64);
+        assert_eq!(slot_stride(65), 128);
+        assert_eq!(groups(64, 64).collect::<Vec<_>>(), vec![64]);
+        assert_eq!(groups(64, 32).collect::<Vec<_>>(), vec![32, 32]);
+        assert_eq!(groups(10, 4).collect::<Vec<_>>(), vec![4, 4, 2]);
+        assert_eq!(groups(3, 1).collect::<Vec<_>>(), vec![1, 1, 1]);
+        for (w, s) in [(64, 7), (1, 1), (1024, 1000)] {
+            assert_eq!(groups(w, s).sum::<usize>(), w as usize);
+            assert!(groups(w, s).all(|n| n >= 1 && n <= s));
+        }
+        let slots = RecvSlots::new(100, 64);
+        assert_eq!((slots.stride, slots.slots), (128, 64));
+        assert_eq!(slots.slot_of(65).len(), 100);
+        assert_eq!(slots.buf.as_slice().as_ptr() as usize % SLOT_ALIGN, 0);
+    }
+
+    #[test]
+    fn stamps_differ_between_windows_and_from_the_fills() {
+        for w in 0..200 {
+            let (a, b) = stamp_bytes(w);
+            let (c, d) = stamp_bytes(w + 1);
+            assert!(a != c && b != d && a != b);
+            for fill in [SEND_FILL, RECV_FILL] {
+                assert!(a != fill && b != fill);
+            }
+        }
+    }
+
+    #[test]
+    fn data_check_catches_stale_and_short_messages() {
+        for size in [1usize, 2, 4096] {
+            let mut buf = vec![RECV_FILL; size];
+            stamp(&mut buf, 9);
+            check_stamp(&buf, size, size, 9).unwrap();
+            // The previous window's data, or nothing at all, is refused.
+            let e = check_stamp(&buf, size, size, 10).unwrap_err();
+            assert!(e.contains("rank 0 wrote"), "{e}");
+            let fresh = vec![RECV_FILL; size];
+            assert!(check_stamp(&fresh, size, size, 9).is_err());
+        }
+        let e = check_stamp(&[0; 8], 7, 8, 0).unwrap_err();
+        assert!(e.contains("holds 7 bytes, 8 were sent"), "{e}");
+        check_stamp(&[], 0, 0, 3).unwrap();
+    }
+
+    #[test]
+    fn ratios_use_8_bytes_and_4_mib() {
+        let memcpy = Reference::Memcpy(vec![(8, 100.0), (4 << 20, 10_000.0)]);
+        let c = ratio_comment(&[(8, 10.0), (4 << 20, 8_000.0)], &memcpy).unwrap();
+        assert!(c.starts_with("weft/memcpy at 4194304 B: 0.80"), "{c}");
+        let c = ratio_comment(&[(8, 50.0)], &memcpy).unwrap();
+        assert!(c.starts_with("weft/memcpy at 8 B: 0.50"), "{c}");
+        let line = CacheLine {
+            one_way: crate::stats::Summary::of_us(vec![0.1]).unwrap(),
+            cpus: ("0".into(), "1".into()),
+        };
+        let r = Reference::CacheLine(Some(line));
+        let c = ratio_comment(&[(0, 0.15), (8, 0.2), (16, 0.3)], &r).unwrap();
+        assert!(c.starts_with("weft/limit at 8 B: 2.00"), "{c}");
+        let c = ratio_comment(&[(0, 0.15), (64, 0.3)], &r).unwrap();
+        assert!(c.starts_with("weft/limit at 64 B: 3.00"), "{c}");
+        assert!(ratio_comment(&[(8, 1.0)], &Reference::None).is_none());
+    }
+
+    /// Runs `case` on two fabric endpoints in two threads of this process, connected
+    /// through shared memory, with the given eager limit.
+    fn pair(name: &str, eager: usize, case: fn(&Communicator)) {
+        let names: Vec<String> = (0..2)
+            .map(|r| format!("/weft-bench-p2p-{}-{name}-{r}", std::process::id()))
+            .collect();
+        let barrier = Arc::new(Barrier::new(2));
+        let threads: Vec<_> = (0..2u32)
+            .map(|me| {
+                let names = names.clone();
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    let inbox =
+                        Inbox::create(&names[me as usize], &InboxConfig::default()).unwrap();
+                    barrier.wait();
+                    let peers = names.iter().cloned().map(Some).collect();
+                    let f = Fabric::from_parts(me, 2, Some(inbox), vec![0, 1], peers, eager, true);
+                    case(&f.world());
+                    barrier.wait();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_failed_data_check_fails_both_ranks() {
+        // Rank 1 expects 16-byte messages where rank 0 sends 8: its check of the last
+        // window fails, and the ack carries the failure to rank 0.
+        pair("check", 4096, |world| {
+            let reps = Reps {
+                iters: 2,
+                warmup: 0,
+            };
+            let size = if world.rank() == 0 { 8 } else { 16 };
+            let mut sbuf = AlignedBuf::filled(16, SEND_FILL);
+            let mut slots = RecvSlots::new(16, 4);
+            let e =
+                unidirectional(world, size, 4, reps, sbuf.as_mut_slice(), &mut slots).unwrap_err();
+            if world.rank() == 0 {
+                assert!(e.contains("rank 1 found the data"), "{e}");
+            } else {
+                assert!(e.contains("holds 8 bytes, 16 were sent"), "{e}");
+            }
+        });
+    }
+
+    const SIZES: &[usize] = &[0, 1, 8, 4096, 8193, 1 << 20];
+
+    #[test]
+    fn kernels_run_between_two_endpoints() {
+        pair("kernels", 4096, |world| {
+            let reps = Reps {
+                iters: 3,
+                warmup: 1,
+            };
+            let mut sbuf = AlignedBuf::filled(1 << 20, SEND_FILL);
+            let mut rbuf = AlignedBuf::filled(1 << 20, RECV_FILL);
+            for &size in SIZES {
+                let us = latency(world, size, reps, sbuf.as_slice(), rbuf.as_mut_slice());
+                assert!(us.unwrap() > 0.0);
+                let mut slots = RecvSlots::new(size, 5);
+                let t = unidirectional(world, size, 5, reps, sbuf.as_mut_slice(), &mut slots);
+                assert!(t.unwrap() > Duration::ZERO);
+                if size > 0 {
+                    // The last message of the last window carries its stamp.
+                    if world.rank() == 1 {
+                        check_stamp(slots.slot_of(4), size, size, reps.total() - 1).unwrap();
+                    }
+                    let mut slots = RecvSlots::new(size, 5);
+                    let t = bidirectional(world, size, 5, reps, sbuf.as_slice(), &mut slots);
+                    assert!(t.unwrap() > Duration::ZERO);
+                }
+            }
+            sync(world).unwrap();
+        });
+    }
+}

@@ -1,0 +1,141 @@
+//! The program the fabric's multi-process tests run under `weft run`, one scenario per
+//! first argument; prints facts for the test and exits 1 on any surprise.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use weft::prelude::*;
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn main() {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    let out = match scenario.as_str() {
+        "dead-peer" => dead_peer(),
+        "dead-peer-rendezvous" => dead_peer_rendezvous(),
+        "errors" => errors(),
+        "all-to-all" => all_to_all(),
+        other => Err(format!("unknown scenario {other:?}").into()),
+    };
+    if let Err(e) = out {
+        eprintln!("fabric_probe {scenario}: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn die() -> ! {
+    let _ = std::io::stdout().flush();
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    std::thread::sleep(Duration::from_secs(60));
+    std::process::exit(99)
+}
+
+/// Rank 1 dies while rank 0 waits to receive from it.
+fn dead_peer() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let mut x = [0u64];
+    if w.rank() == 1 {
+        w.send(&[1u64], 0, Tag(1))?;
+        std::thread::sleep(Duration::from_millis(200));
+        println!("rank 1 killing itself");
+        die();
+    }
+    if w.rank() == 0 {
+        w.recv(&mut x, Source::Rank(1), Tag(1))?;
+        let t0 = Instant::now();
+        match w.recv(&mut x, Source::Rank(1), Tag(2)) {
+            Err(P2pError::PeerGone { rank: 1, reason }) => {
+                println!(
+                    "rank 0 saw rank 1 gone after {} ms: {reason}",
+                    t0.elapsed().as_millis()
+                );
+            }
+            other => return Err(format!("expected PeerGone naming rank 1, got {other:?}").into()),
+        }
+    }
+    std::process::exit(3);
+}
+
+/// Rank 1 dies with a large send of rank 0's still waiting for it to be received.
+fn dead_peer_rendezvous() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    if w.rank() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        println!("rank 1 killing itself");
+        die();
+    }
+    if w.rank() == 0 {
+        let big = vec![7u8; 4 << 20];
+        let t0 = Instant::now();
+        match w.send(&big, 1, Tag(1)) {
+            Err(P2pError::PeerGone { rank: 1, reason }) => {
+                println!(
+                    "rank 0 saw rank 1 gone after {} ms: {reason}",
+                    t0.elapsed().as_millis()
+                );
+            }
+            other => return Err(format!("expected PeerGone naming rank 1, got {other:?}").into()),
+        }
+    }
+    std::process::exit(3);
+}
+
+/// Clear errors for bad arguments, then a clean exchange.
+fn errors() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let size = w.size();
+    println!(
+        "rank {} outside: {}",
+        w.rank(),
+        w.send(&[1u8], size + 2, Tag(0)).unwrap_err()
+    );
+    println!(
+        "rank {} anytag: {}",
+        w.rank(),
+        w.send(&[1u8], 0, Tag::ANY).unwrap_err()
+    );
+    let peer = (w.rank() + 1) % size;
+    let from = (w.rank() + size - 1) % size;
+    w.send(&[0u8; 300], peer, Tag(4))?;
+    let mut small = [0u8; 3];
+    println!(
+        "rank {} truncated: {}",
+        w.rank(),
+        w.recv(&mut small, Source::Rank(from), Tag(4)).unwrap_err()
+    );
+    println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
+}
+
+/// Every rank sends a distinct message to every other, all non-blocking.
+fn all_to_all() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let (me, size) = (w.rank(), w.size());
+    let outs: Vec<Vec<u32>> = (0..size)
+        .map(|d| vec![me * 1000 + d; 1 + (d as usize * 5000)])
+        .collect();
+    let mut ins: Vec<Vec<u32>> = (0..size)
+        .map(|_| vec![0u32; 1 + me as usize * 5000])
+        .collect();
+    let mut reqs = Vec::new();
+    for (s, b) in ins.iter_mut().enumerate() {
+        reqs.push(w.irecv(b, Source::Rank(s as u32), Tag(9))?);
+    }
+    for (d, b) in outs.iter().enumerate() {
+        reqs.push(w.isend(b, d as u32, Tag(9))?);
+    }
+    wait_all(reqs)?;
+    for (s, b) in ins.iter().enumerate() {
+        if b.iter().any(|&v| v != s as u32 * 1000 + me) {
+            return Err(format!("rank {me}: data from {s} is wrong").into());
+        }
+    }
+    println!("rank {me} ok");
+    f.finalize()?;
+    Ok(())
+}

@@ -1,0 +1,947 @@
+//! The progress engine: matching (posted and unexpected queues), the eager and rendezvous
+//! protocols, and dispatch per peer over a closed set of paths.
+//!
+//! Everything here runs on the caller's thread inside `progress()`; there is no hidden
+//! thread. Frames are `header ++ payload`, the header a fixed 32-byte little-endian record.
+
+use std::collections::VecDeque;
+
+use weft_shm::{Inbox, Outbox};
+
+use crate::{P2pError, Status};
+
+/// Bytes of the frame header.
+pub(crate) const HDR: usize = 32;
+
+const EAGER: u8 = 1;
+const RTS: u8 = 2;
+const FIN: u8 = 3;
+const CTS: u8 = 4;
+const DATA: u8 = 5;
+
+/// The frame header: what every message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hdr {
+    pub(crate) kind: u8,
+    /// The sender's rank in the job.
+    pub(crate) src: u32,
+    /// The communicator's context id (a PGCID).
+    pub(crate) ctx: u64,
+    pub(crate) tag: u32,
+    /// A request id: the sender's (RTS, FIN, CTS) or the receiver's (DATA).
+    pub(crate) aux: u32,
+    /// Message length (EAGER, RTS) or chunk offset (DATA).
+    pub(crate) len: u64,
+}
+
+impl Hdr {
+    #[inline]
+    pub(crate) fn encode(&self) -> [u8; HDR] {
+        let mut b = [0u8; HDR];
+        b[0] = self.kind;
+        b[4..8].copy_from_slice(&self.src.to_le_bytes());
+        b[8..16].copy_from_slice(&self.ctx.to_le_bytes());
+        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
+        b[20..24].copy_from_slice(&self.aux.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    #[inline]
+    pub(crate) fn decode(b: &[u8]) -> Option<Hdr> {
+        let b: &[u8; HDR] = b.get(..HDR)?.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        Some(Hdr {
+            kind: b[0],
+            src: u32_at(4),
+            ctx: u64_at(8),
+            tag: u32_at(16),
+            aux: u32_at(20),
+            len: u64_at(24),
+        })
+    }
+}
+
+/// How the single copy of a rendezvous is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SingleCopy {
+    /// The receiver reads the sender's buffer with process_vm_readv.
+    Cma,
+    /// The sender streams the data through the shared-memory rings.
+    None,
+}
+
+/// The way to one peer (a closed set: no `dyn` on the hot path).
+#[derive(Debug)]
+pub(crate) enum Path {
+    /// Not connected yet (connections are made on first send).
+    Unresolved,
+    /// Ourselves.
+    Loopback,
+    /// A peer on this node: its inbox.
+    Shm(Box<Outbox>),
+    /// No way to reach it, and why.
+    Unreachable(String),
+}
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) eager_limit: usize,
+    pub(crate) single_copy: SingleCopy,
+}
+
+struct Peer {
+    path: Path,
+    /// Frames waiting for room in the peer's ring, in order.
+    backlog: VecDeque<Vec<u8>>,
+}
+
+enum Body {
+    Eager(Vec<u8>),
+    Rts {
+        sreq: u32,
+        addr: u64,
+        pid: i32,
+        len: u64,
+    },
+}
+
+struct Unexpected {
+    ctx: u64,
+    src: u32,
+    tag: u32,
+    body: Body,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Recv {
+        buf: *mut u8,
+        cap: usize,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+        /// Pipelined rendezvous in progress: (sender, tag, total, received so far).
+        pipe: Option<(u32, u32, usize, usize)>,
+    },
+    Send {
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        /// Pipelined rendezvous: the receiver's request and the next offset to stream.
+        stream: Option<(u32, usize)>,
+    },
+}
+
+#[derive(Debug)]
+struct Req {
+    kind: Kind,
+    result: Option<Result<Status, P2pError>>,
+}
+
+/// Resolves a peer's path (first send): returns the path for `rank`.
+pub(crate) type Resolver = Box<dyn FnMut(u32) -> Path>;
+/// Tells why a rank is gone, if it is.
+pub(crate) type GoneCheck = Box<dyn Fn(u32) -> Option<String>>;
+
+struct State {
+    me: u32,
+    pid: i32,
+    cfg: Config,
+    peers: Vec<Peer>,
+    /// Inbox sender id (local rank) -> job rank.
+    sender_rank: Vec<u32>,
+    posted: VecDeque<u32>,
+    unexpected: VecDeque<Unexpected>,
+    reqs: Vec<Option<Req>>,
+    free: Vec<u32>,
+    /// Peers with a backlog or a stream to push.
+    busy: Vec<u32>,
+    resolve: Resolver,
+    gone: GoneCheck,
+    cma_warned: bool,
+}
+
+/// One process's engine.
+pub(crate) struct Engine {
+    inbox: Option<Inbox>,
+    st: State,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("me", &self.st.me)
+            .field("posted", &self.st.posted.len())
+            .field("unexpected", &self.st.unexpected.len())
+            .finish()
+    }
+}
+
+fn matches(
+    ctx: u64,
+    src: Option<u32>,
+    tag: Option<u32>,
+    m_ctx: u64,
+    m_src: u32,
+    m_tag: u32,
+) -> bool {
+    ctx == m_ctx && src.is_none_or(|s| s == m_src) && tag.is_none_or(|t| t == m_tag)
+}
+
+impl Engine {
+    /// An engine for rank `me` of a job of `size`, receiving on `inbox` (none for a
+    /// single-process job), with `sender_rank` mapping inbox sender ids to ranks.
+    pub(crate) fn new(
+        me: u32,
+        size: u32,
+        inbox: Option<Inbox>,
+        sender_rank: Vec<u32>,
+        cfg: Config,
+        resolve: Resolver,
+        gone: GoneCheck,
+    ) -> Engine {
+        let mut peers: Vec<Peer> = (0..size)
+            .map(|_| Peer {
+                path: Path::Unresolved,
+                backlog: VecDeque::new(),
+            })
+            .collect();
+        peers[me as usize].path = Path::Loopback;
+        Engine {
+            inbox,
+            st: State {
+                me,
+                pid: std::process::id() as i32,
+                cfg,
+                peers,
+                sender_rank,
+                posted: VecDeque::new(),
+                unexpected: VecDeque::new(),
+                reqs: Vec::new(),
+                free: Vec::new(),
+                busy: Vec::new(),
+                resolve,
+                gone,
+                cma_warned: false,
+            },
+        }
+    }
+
+    /// Polls the inbox and pushes pending output; returns the number of frames handled.
+    #[inline]
+    pub(crate) fn progress(&mut self) -> usize {
+        let st = &mut self.st;
+        let n = match &mut self.inbox {
+            Some(inbox) => inbox.poll(&mut |sid, frame| st.on_frame(sid, frame)),
+            None => 0,
+        };
+        if !st.busy.is_empty() {
+            st.flush();
+        }
+        n
+    }
+
+    /// Starts a send of `len` bytes at `buf`; the request completes when the buffer may
+    /// be reused.
+    pub(crate) fn send(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> Result<u32, P2pError> {
+        self.st.send(buf, len, dest, ctx, tag)
+    }
+
+    /// Starts a receive into `cap` bytes at `buf`.
+    pub(crate) fn recv(
+        &mut self,
+        buf: *mut u8,
+        cap: usize,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> u32 {
+        self.st.recv(buf, cap, ctx, src, tag)
+    }
+
+    /// Whether a matching message has arrived (without receiving it).
+    pub(crate) fn iprobe(
+        &mut self,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Option<Status> {
+        self.progress();
+        self.st
+            .unexpected
+            .iter()
+            .find(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
+            .map(|u| Status {
+                source: u.src,
+                tag: u.tag,
+                count: match &u.body {
+                    Body::Eager(d) => d.len(),
+                    Body::Rts { len, .. } => *len as usize,
+                },
+            })
+    }
+
+    /// Takes the result of a completed request (freeing it), or `None` if still running.
+    pub(crate) fn take(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
+        let slot = self.st.reqs.get_mut(id as usize)?;
+        let done = slot.as_ref().is_some_and(|r| r.result.is_some());
+        if !done {
+            return None;
+        }
+        let r = slot.take().and_then(|r| r.result);
+        self.st.free.push(id);
+        r
+    }
+
+    /// The peer a request waits on (for failure detection), if one.
+    pub(crate) fn waits_on(&self, id: u32) -> Option<u32> {
+        match &self.st.reqs.get(id as usize)?.as_ref()?.kind {
+            Kind::Recv {
+                pipe: Some((s, ..)),
+                ..
+            } => Some(*s),
+            Kind::Recv { src, .. } => *src,
+            Kind::Send { dest, .. } => Some(*dest),
+        }
+    }
+
+    /// Fails request `id` because `rank` is gone (after one more progress pass).
+    pub(crate) fn fail_if_gone(&mut self, id: u32) {
+        let Some(peer) = self.waits_on(id) else {
+            return;
+        };
+        if peer == self.st.me {
+            return;
+        }
+        let Some(reason) = (self.st.gone)(peer) else {
+            return;
+        };
+        self.progress();
+        let still = self
+            .st
+            .reqs
+            .get(id as usize)
+            .and_then(|r| r.as_ref())
+            .is_some_and(|r| r.result.is_none());
+        if still {
+            self.st.posted.retain(|&p| p != id);
+            self.st
+                .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
+        }
+    }
+
+    /// Cancels a receive that has not matched yet; returns false if it is already
+    /// matched (and must be waited for).
+    pub(crate) fn cancel_recv(&mut self, id: u32) -> bool {
+        let pos = self.st.posted.iter().position(|&p| p == id);
+        match pos {
+            Some(i) => {
+                self.st.posted.remove(i);
+                self.st.reqs[id as usize] = None;
+                self.st.free.push(id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of frames waiting for room, over all peers (for tests and finalize).
+    pub(crate) fn backlog(&self) -> usize {
+        self.st.peers.iter().map(|p| p.backlog.len()).sum::<usize>()
+            + self
+                .st
+                .reqs
+                .iter()
+                .flatten()
+                .filter(|r| {
+                    matches!(
+                        r.kind,
+                        Kind::Send {
+                            stream: Some(_),
+                            ..
+                        }
+                    )
+                })
+                .count()
+    }
+}
+
+impl State {
+    fn alloc(&mut self, kind: Kind) -> u32 {
+        let req = Req { kind, result: None };
+        match self.free.pop() {
+            Some(id) => {
+                self.reqs[id as usize] = Some(req);
+                id
+            }
+            None => {
+                self.reqs.push(Some(req));
+                (self.reqs.len() - 1) as u32
+            }
+        }
+    }
+
+    fn complete(&mut self, id: u32, r: Result<Status, P2pError>) {
+        if let Some(Some(req)) = self.reqs.get_mut(id as usize) {
+            req.result = Some(r);
+        }
+    }
+
+    fn path(&mut self, dest: u32) -> Result<(), P2pError> {
+        let size = self.peers.len() as u32;
+        let Some(peer) = self.peers.get_mut(dest as usize) else {
+            return Err(P2pError::InvalidRank { rank: dest, size });
+        };
+        if let Path::Unresolved = peer.path {
+            peer.path = (self.resolve)(dest);
+        }
+        match &self.peers[dest as usize].path {
+            Path::Unreachable(why) => Err(P2pError::NoPath {
+                rank: dest,
+                reason: why.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends a frame to `dest` or queues it behind earlier ones.
+    fn push(&mut self, dest: u32, hdr: &[u8; HDR], payload: &[u8]) {
+        if let Path::Unresolved = self.peers[dest as usize].path {
+            // A control frame (FIN, CTS) to a peer we never sent to: connect now. A peer
+            // that sent us a frame is reachable; if not, the frame is dropped with a log.
+            if let Err(e) = self.path(dest) {
+                tracing::error!("cannot answer rank {dest}: {e}");
+                return;
+            }
+        }
+        let peer = &mut self.peers[dest as usize];
+        if peer.backlog.is_empty() {
+            if let Path::Shm(out) = &mut peer.path {
+                if out.try_send(hdr, payload) {
+                    return;
+                }
+            }
+        }
+        let mut f = Vec::with_capacity(HDR + payload.len());
+        f.extend_from_slice(hdr);
+        f.extend_from_slice(payload);
+        peer.backlog.push_back(f);
+        if !self.busy.contains(&dest) {
+            self.busy.push(dest);
+        }
+    }
+
+    fn max_payload(&self, dest: u32) -> usize {
+        match &self.peers[dest as usize].path {
+            Path::Shm(o) => o.max_frame().saturating_sub(HDR),
+            _ => usize::MAX,
+        }
+    }
+
+    fn send(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> Result<u32, P2pError> {
+        self.path(dest)?;
+        let me = self.me;
+        if dest == me {
+            // Loopback is always buffered (one copy when the receive is already posted),
+            // so a send to oneself never waits for its own receive.
+            // SAFETY: the caller guarantees `buf` points to `len` readable bytes for the
+            // duration of this call (it is borrowed by the send request).
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            let hdr = Hdr {
+                kind: EAGER,
+                src: me,
+                ctx,
+                tag,
+                aux: 0,
+                len: len as u64,
+            };
+            self.on_eager(hdr, data);
+            let id = self.alloc(Kind::Send {
+                buf,
+                len,
+                dest,
+                stream: None,
+            });
+            self.complete(
+                id,
+                Ok(Status {
+                    source: dest,
+                    tag,
+                    count: len,
+                }),
+            );
+            return Ok(id);
+        }
+        let eager = len <= self.cfg.eager_limit.min(self.max_payload(dest));
+        if eager {
+            let hdr = Hdr {
+                kind: EAGER,
+                src: me,
+                ctx,
+                tag,
+                aux: 0,
+                len: len as u64,
+            }
+            .encode();
+            // SAFETY: as above, `buf` holds `len` readable bytes during this call.
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            self.push(dest, &hdr, data);
+            let id = self.alloc(Kind::Send {
+                buf,
+                len,
+                dest,
+                stream: None,
+            });
+            self.complete(
+                id,
+                Ok(Status {
+                    source: dest,
+                    tag,
+                    count: len,
+                }),
+            );
+            return Ok(id);
+        }
+        let id = self.alloc(Kind::Send {
+            buf,
+            len,
+            dest,
+            stream: None,
+        });
+        let hdr = Hdr {
+            kind: RTS,
+            src: me,
+            ctx,
+            tag,
+            aux: id,
+            len: len as u64,
+        }
+        .encode();
+        let mut p = [0u8; 12];
+        p[..8].copy_from_slice(&(buf as u64).to_le_bytes());
+        p[8..].copy_from_slice(&self.pid.to_le_bytes());
+        self.push(dest, &hdr, &p);
+        Ok(id)
+    }
+
+    fn recv(
+        &mut self,
+        buf: *mut u8,
+        cap: usize,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> u32 {
+        let id = self.alloc(Kind::Recv {
+            buf,
+            cap,
+            ctx,
+            src,
+            tag,
+            pipe: None,
+        });
+        if let Some(i) = self
+            .unexpected
+            .iter()
+            .position(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
+        {
+            let u = self.unexpected.remove(i).expect("index from position");
+            match u.body {
+                Body::Eager(data) => self.fill(id, u.src, u.tag, &data),
+                Body::Rts {
+                    sreq,
+                    addr,
+                    pid,
+                    len,
+                } => self.rts_matched(id, u.src, u.tag, sreq, addr, pid, len),
+            }
+        } else {
+            self.posted.push_back(id);
+        }
+        id
+    }
+
+    /// Removes and returns the first posted receive matching a message.
+    #[inline]
+    fn match_posted(&mut self, ctx: u64, src: u32, tag: u32) -> Option<u32> {
+        let reqs = &self.reqs;
+        let i = self.posted.iter().position(|&id| {
+            match reqs[id as usize].as_ref().map(|r| &r.kind) {
+                Some(Kind::Recv {
+                    ctx: c,
+                    src: s,
+                    tag: t,
+                    ..
+                }) => matches(*c, *s, *t, ctx, src, tag),
+                _ => false,
+            }
+        })?;
+        self.posted.remove(i)
+    }
+
+    /// Copies an eager message into a receive and completes it.
+    #[inline]
+    fn fill(&mut self, id: u32, src: u32, tag: u32, data: &[u8]) {
+        let Some(Some(Req {
+            kind: Kind::Recv { buf, cap, .. },
+            ..
+        })) = self.reqs.get(id as usize)
+        else {
+            return;
+        };
+        let (buf, cap) = (*buf, *cap);
+        let n = data.len().min(cap);
+        // SAFETY: `buf` is the receive buffer of a live request (borrowed mutably by it for
+        // its whole life) with room for `cap` >= n bytes; `data` is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
+        let r = if data.len() > cap {
+            Err(P2pError::Truncated {
+                sender: src,
+                tag,
+                size: data.len(),
+                capacity: cap,
+            })
+        } else {
+            Ok(Status {
+                source: src,
+                tag,
+                count: data.len(),
+            })
+        };
+        self.complete(id, r);
+    }
+
+    fn on_eager(&mut self, h: Hdr, data: &[u8]) {
+        match self.match_posted(h.ctx, h.src, h.tag) {
+            Some(id) => self.fill(id, h.src, h.tag, data),
+            None => self.unexpected.push_back(Unexpected {
+                ctx: h.ctx,
+                src: h.src,
+                tag: h.tag,
+                body: Body::Eager(data.to_vec()),
+            }),
+        }
+    }
+
+    fn on_rts(&mut self, h: Hdr, addr: u64, pid: i32) {
+        match self.match_posted(h.ctx, h.src, h.tag) {
+            Some(id) => self.rts_matched(id, h.src, h.tag, h.aux, addr, pid, h.len),
+            None => self.unexpected.push_back(Unexpected {
+                ctx: h.ctx,
+                src: h.src,
+                tag: h.tag,
+                body: Body::Rts {
+                    sreq: h.aux,
+                    addr,
+                    pid,
+                    len: h.len,
+                },
+            }),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rts_matched(
+        &mut self,
+        id: u32,
+        src: u32,
+        tag: u32,
+        sreq: u32,
+        addr: u64,
+        pid: i32,
+        len: u64,
+    ) {
+        let Some(Some(Req {
+            kind: Kind::Recv { buf, cap, .. },
+            ..
+        })) = self.reqs.get(id as usize)
+        else {
+            return;
+        };
+        let (buf, cap, len) = (*buf, *cap, len as usize);
+        let n = len.min(cap);
+        let done = |st: &mut State| {
+            let r = if len > cap {
+                Err(P2pError::Truncated {
+                    sender: src,
+                    tag,
+                    size: len,
+                    capacity: cap,
+                })
+            } else {
+                Ok(Status {
+                    source: src,
+                    tag,
+                    count: len,
+                })
+            };
+            st.complete(id, r);
+        };
+        if self.cfg.single_copy == SingleCopy::Cma {
+            // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n bytes.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf, n) };
+            match weft_shm::cma_read(pid, addr as usize, dst) {
+                Ok(()) => {
+                    let fin = Hdr {
+                        kind: FIN,
+                        src: self.me,
+                        ctx: 0,
+                        tag,
+                        aux: sreq,
+                        len: 0,
+                    }
+                    .encode();
+                    self.push(src, &fin, &[]);
+                    return done(self);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
+                    ) =>
+                {
+                    if !self.cma_warned {
+                        tracing::info!("single-copy (CMA) refused ({e}); using pipelined copies through shared memory");
+                        self.cma_warned = true;
+                    }
+                    self.cfg.single_copy = SingleCopy::None;
+                }
+                Err(e) => {
+                    let reason = format!("single-copy read from rank {src} failed: {e}");
+                    return self.complete(id, Err(P2pError::PeerGone { rank: src, reason }));
+                }
+            }
+        }
+        // Pipelined: ask the sender to stream the data.
+        if let Some(Some(Req {
+            kind: Kind::Recv { pipe, .. },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            *pipe = Some((src, tag, len, 0));
+        }
+        let cts = Hdr {
+            kind: CTS,
+            src: self.me,
+            ctx: 0,
+            tag,
+            aux: sreq,
+            len: 0,
+        }
+        .encode();
+        self.push(src, &cts, &id.to_le_bytes());
+        if len == 0 {
+            done(self);
+        }
+    }
+
+    fn on_frame(&mut self, sid: u32, frame: &[u8]) {
+        let Some(h) = Hdr::decode(frame) else {
+            tracing::error!(
+                "dropping a frame of {} bytes from local sender {sid}: shorter than a header",
+                frame.len()
+            );
+            return;
+        };
+        if h.src as usize >= self.peers.len() || self.sender_rank.get(sid as usize) != Some(&h.src)
+        {
+            tracing::error!(
+                "dropping a frame from local sender {sid} that claims rank {}",
+                h.src
+            );
+            return;
+        }
+        let payload = &frame[HDR..];
+        match h.kind {
+            EAGER => self.on_eager(h, payload),
+            RTS if payload.len() >= 12 => {
+                let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                let pid = i32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+                self.on_rts(h, addr, pid)
+            }
+            FIN => {
+                if let Some(Some(Req {
+                    kind: Kind::Send { dest, len, .. },
+                    ..
+                })) = self.reqs.get(h.aux as usize)
+                {
+                    let s = Status {
+                        source: *dest,
+                        tag: h.tag,
+                        count: *len,
+                    };
+                    self.complete(h.aux, Ok(s));
+                }
+            }
+            CTS if payload.len() >= 4 => {
+                let rreq = u32::from_le_bytes(payload[..4].try_into().unwrap_or([0; 4]));
+                if let Some(Some(Req {
+                    kind: Kind::Send { stream, dest, .. },
+                    ..
+                })) = self.reqs.get_mut(h.aux as usize)
+                {
+                    *stream = Some((rreq, 0));
+                    let d = *dest;
+                    if !self.busy.contains(&d) {
+                        self.busy.push(d);
+                    }
+                }
+            }
+            DATA => self.on_data(h, payload),
+            k => tracing::error!("dropping a frame of unknown kind {k} from rank {}", h.src),
+        }
+    }
+
+    fn on_data(&mut self, h: Hdr, chunk: &[u8]) {
+        let id = h.aux;
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    buf,
+                    cap,
+                    pipe: Some((src, tag, total, got)),
+                    ..
+                },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        let off = h.len as usize;
+        if off < *cap {
+            let n = chunk.len().min(*cap - off);
+            // SAFETY: `buf` is the live receive buffer of `cap` bytes and off + n <= cap.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), buf.add(off), n) };
+        }
+        *got += chunk.len();
+        if *got >= *total {
+            let (src, tag, total, cap) = (*src, *tag, *total, *cap);
+            let r = if total > cap {
+                Err(P2pError::Truncated {
+                    sender: src,
+                    tag,
+                    size: total,
+                    capacity: cap,
+                })
+            } else {
+                Ok(Status {
+                    source: src,
+                    tag,
+                    count: total,
+                })
+            };
+            self.complete(id, r);
+        }
+    }
+
+    /// Pushes backlogs and pipelined streams as far as the rings allow.
+    fn flush(&mut self) {
+        let busy = std::mem::take(&mut self.busy);
+        for dest in busy {
+            let peer = &mut self.peers[dest as usize];
+            let Path::Shm(out) = &mut peer.path else {
+                continue;
+            };
+            while let Some(f) = peer.backlog.front() {
+                if out.try_send(&f[..HDR], &f[HDR..]) {
+                    peer.backlog.pop_front();
+                } else {
+                    break;
+                }
+            }
+            let mut more = !peer.backlog.is_empty();
+            if !more {
+                let chunk = out.max_frame() - HDR;
+                let me = self.me;
+                for (id, slot) in self.reqs.iter_mut().enumerate() {
+                    let Some(Req {
+                        kind:
+                            Kind::Send {
+                                buf,
+                                len,
+                                dest: d,
+                                stream,
+                            },
+                        result,
+                    }) = slot
+                    else {
+                        continue;
+                    };
+                    if *d != dest {
+                        continue;
+                    }
+                    let Some((rreq, off)) = stream else { continue };
+                    while *off < *len {
+                        let n = chunk.min(*len - *off);
+                        let hdr = Hdr {
+                            kind: DATA,
+                            src: me,
+                            ctx: 0,
+                            tag: 0,
+                            aux: *rreq,
+                            len: *off as u64,
+                        }
+                        .encode();
+                        // SAFETY: the send request keeps its buffer of `len` bytes alive
+                        // until it completes, and off + n <= len.
+                        let data = unsafe { std::slice::from_raw_parts(buf.add(*off), n) };
+                        if !out.try_send(&hdr, data) {
+                            break;
+                        }
+                        *off += n;
+                    }
+                    if *off >= *len {
+                        *result = Some(Ok(Status {
+                            source: dest,
+                            tag: 0,
+                            count: *len,
+                        }));
+                        *stream = None;
+                        let _ = id;
+                    } else {
+                        more = true;
+                    }
+                }
+            }
+            if more {
+                self.busy.push(dest);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn headers_round_trip(kind in any::<u8>(), src in any::<u32>(), ctx in any::<u64>(), tag in any::<u32>(), aux in any::<u32>(), len in any::<u64>()) {
+            let h = Hdr { kind, src, ctx, tag, aux, len };
+            prop_assert_eq!(Hdr::decode(&h.encode()), Some(h));
+        }
+    }
+
+    #[test]
+    fn short_headers_do_not_decode() {
+        assert_eq!(Hdr::decode(&[0u8; HDR - 1]), None);
+    }
+}

@@ -1,0 +1,665 @@
+//! Weft's fabric core: a [`Fabric`] per process, [`Communicator`]s whose context ids are
+//! PGCIDs, and tagged point-to-point messaging with MPI semantics over the transports.
+//!
+//! Paths are chosen per peer: loopback for the process itself, shared memory for the
+//! other processes of its node (cards exchanged through the wire-up service, connections
+//! made on first send). Progress happens inside the calls (`send`, `recv`, `test`,
+//! `wait`, ...): there is no hidden thread.
+//!
+//! ```no_run
+//! use weft_fabric::{Fabric, Source, Tag};
+//! let fabric = Fabric::init()?;
+//! let world = fabric.world();
+//! let (rank, size) = (world.rank(), world.size());
+//! world.send(&[rank as u64], (rank + 1) % size, Tag(7))?;
+//! let mut got = [0u64; 1];
+//! let status = world.recv(&mut got, Source::Any, Tag(7))?;
+//! println!("rank {rank} got {got:?} from {}", status.source);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod engine;
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::{Config, Engine, Path, SingleCopy};
+use weft_shm::{Inbox, InboxConfig, Outbox};
+use weft_wireup::{Client, GetOpts, Scope};
+
+/// The key under which a process publishes its shared-memory inbox (Local scope).
+pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
+
+/// Tunables of the fabric, listed by `weft info`.
+pub const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        "WEFT_SHM_EAGER_LIMIT",
+        "8192",
+        "largest message sent eagerly through shared memory (bytes); larger ones use rendezvous",
+    ),
+    (
+        "WEFT_SHM_SINGLE_COPY",
+        "cma",
+        "rendezvous copy: cma (process_vm_readv) or none (pipelined through the rings)",
+    ),
+];
+
+/// A message tag. [`Tag::ANY`] matches any tag in a receive and is not a valid send tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tag(pub u32);
+
+impl Tag {
+    /// Matches any tag (receive side only).
+    pub const ANY: Tag = Tag(u32::MAX);
+}
+
+/// Where a receive accepts a message from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Any rank of the communicator.
+    Any,
+    /// This rank of the communicator.
+    Rank(u32),
+}
+
+/// What a completed operation tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The sender's rank in the communicator (receives), or the destination (sends).
+    pub source: u32,
+    /// The message's tag.
+    pub tag: u32,
+    /// The message's size in bytes.
+    pub count: usize,
+}
+
+impl Status {
+    /// The sender's rank.
+    pub fn source(&self) -> u32 {
+        self.source
+    }
+    /// Number of `T` elements the message holds.
+    pub fn count_of<T: Pod>(&self) -> usize {
+        self.count / std::mem::size_of::<T>().max(1)
+    }
+}
+
+/// Errors of point-to-point operations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum P2pError {
+    /// The message is larger than the receive buffer (its first `capacity` bytes were received).
+    #[error("message truncated: rank {sender} sent {size} bytes with tag {tag}, the receive buffer holds {capacity}")]
+    Truncated {
+        /// The sender.
+        sender: u32,
+        /// The tag.
+        tag: u32,
+        /// The message's real size.
+        size: usize,
+        /// The receive buffer's size.
+        capacity: usize,
+    },
+    /// The peer died or finalized while the operation waited on it.
+    #[error("rank {rank} is gone: {reason}")]
+    PeerGone {
+        /// The peer.
+        rank: u32,
+        /// What happened to it.
+        reason: String,
+    },
+    /// The rank is outside the communicator.
+    #[error("rank {rank} is not in the communicator (size {size})")]
+    InvalidRank {
+        /// The rank.
+        rank: u32,
+        /// The communicator's size.
+        size: u32,
+    },
+    /// The tag is not valid for a send.
+    #[error("tag {0} is reserved (Tag::ANY) and cannot be sent")]
+    InvalidTag(u32),
+    /// No transport reaches the peer.
+    #[error("no path to rank {rank}: {reason}")]
+    NoPath {
+        /// The peer.
+        rank: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Errors of [`Fabric::init`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InitError {
+    /// The wire-up client could not start.
+    #[error("fabric init: {0}")]
+    Wire(#[from] weft_wireup::InitError),
+    /// The shared-memory inbox could not be created.
+    #[error("fabric init: shared-memory inbox: {0}")]
+    Shm(#[from] weft_shm::ShmError),
+    /// The card could not be published.
+    #[error("fabric init: publishing the shared-memory card: {0}")]
+    Card(#[from] weft_wireup::CommitError),
+    /// A tunable has a bad value.
+    #[error("fabric init: {var}={value:?}: {reason}")]
+    Tunable {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Plain data that may be sent as bytes.
+///
+/// # Safety
+/// Implementors must have no padding, no pointers and accept every bit pattern.
+pub unsafe trait Pod: Copy + 'static {}
+macro_rules! pod {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive number type: no padding, every bit pattern valid.
+        unsafe impl Pod for $t {}
+    )* };
+}
+pod!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+// SAFETY: an array of Pod has no padding between elements and inherits their validity.
+unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+
+fn bytes_of<T: Pod>(s: &[T]) -> (*const u8, usize) {
+    (s.as_ptr().cast(), std::mem::size_of_val(s))
+}
+
+fn bytes_of_mut<T: Pod>(s: &mut [T]) -> (*mut u8, usize) {
+    (s.as_mut_ptr().cast(), std::mem::size_of_val(s))
+}
+
+struct Inner {
+    engine: RefCell<Engine>,
+    wire: Option<Arc<Client>>,
+    me: u32,
+    size: u32,
+    world_ctx: u64,
+}
+
+/// One process's fabric: the wire-up client plus the transports.
+///
+/// Not `Send`: a fabric and its communicators live on the thread that made them.
+pub struct Fabric {
+    inner: Rc<Inner>,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("rank", &self.inner.me)
+            .field("size", &self.inner.size)
+            .finish()
+    }
+}
+
+fn tunable<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, InitError>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(var) {
+        Err(_) => Ok(default),
+        Ok(value) => value.parse().map_err(|e: T::Err| InitError::Tunable {
+            var,
+            value,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn config() -> Result<Config, InitError> {
+    let eager_limit: usize = tunable("WEFT_SHM_EAGER_LIMIT", 8192)?;
+    let single_copy = match std::env::var("WEFT_SHM_SINGLE_COPY").as_deref() {
+        Err(_) | Ok("cma") => SingleCopy::Cma,
+        Ok("none") => SingleCopy::None,
+        Ok(other) => {
+            return Err(InitError::Tunable {
+                var: "WEFT_SHM_SINGLE_COPY",
+                value: other.into(),
+                reason: "must be cma or none".into(),
+            })
+        }
+    };
+    Ok(Config {
+        eager_limit,
+        single_copy,
+    })
+}
+
+impl Fabric {
+    /// Joins the job: connects to the wire-up server, creates this process's
+    /// shared-memory inbox and publishes its card (no fence: peers fetch it on first
+    /// send, waiting for it if needed).
+    pub fn init() -> Result<Fabric, InitError> {
+        let wire = Arc::new(Client::init()?);
+        let me = wire.rank();
+        let size = wire.size();
+        let local = wire.local_peers().to_vec();
+        let inbox = if local.len() > 1 {
+            let name = format!("{}r{me}", wire.segment_prefix());
+            let inbox = Inbox::create(&name, &InboxConfig::from_env()?)?;
+            wire.put(Scope::Local, SHM_CARD_KEY, name)?;
+            Some(inbox)
+        } else {
+            None
+        };
+        wire.commit()?;
+        let my_local = wire.local_rank();
+        let w2 = wire.clone();
+        let resolve = Box::new(move |rank: u32| -> Path {
+            if w2.job().node_of(rank) != Some(w2.node()) {
+                let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
+                return Path::Unreachable(format!(
+                    "it runs on node {node} and the verbs transport is not available yet"
+                ));
+            }
+            let card = w2.get(
+                rank,
+                SHM_CARD_KEY,
+                GetOpts::default().timeout(Duration::from_secs(60)),
+            );
+            match card {
+                Ok(v) => match v.as_str() {
+                    Some(name) => match Outbox::connect(name, my_local) {
+                        Ok(o) => Path::Shm(Box::new(o)),
+                        Err(e) => {
+                            Path::Unreachable(format!("cannot connect to its inbox {name}: {e}"))
+                        }
+                    },
+                    None => {
+                        Path::Unreachable(format!("its card {SHM_CARD_KEY} is not a string: {v:?}"))
+                    }
+                },
+                Err(e) => Path::Unreachable(format!("no shared-memory card: {e}")),
+            }
+        });
+        let w3 = wire.clone();
+        let gone = Box::new(move |rank: u32| w3.gone_reason(rank));
+        let engine = Engine::new(me, size, inbox, local, config()?, resolve, gone);
+        let world_ctx = wire.job().world_pgcid;
+        Ok(Fabric {
+            inner: Rc::new(Inner {
+                engine: RefCell::new(engine),
+                wire: Some(wire),
+                me,
+                size,
+                world_ctx,
+            }),
+        })
+    }
+
+    /// The communicator of every process of the job (`weft://world`).
+    pub fn world(&self) -> Communicator {
+        Communicator {
+            inner: self.inner.clone(),
+            ctx: self.inner.world_ctx,
+            rank: self.inner.me,
+            size: self.inner.size,
+        }
+    }
+
+    /// The wire-up client (job info, psets, put/get).
+    pub fn wire(&self) -> &Client {
+        self.inner
+            .wire
+            .as_deref()
+            .expect("a fabric made by init has a wire-up client")
+    }
+
+    /// Pushes out every buffered frame, then finalizes the wire-up client.
+    pub fn finalize(self) -> Result<(), weft_wireup::FinalizeError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut e = self.inner.engine.borrow_mut();
+            e.progress();
+            if e.backlog() == 0 || Instant::now() > deadline {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A fabric over explicit pieces, for tests of the engine with several endpoints in
+    /// one process.
+    #[doc(hidden)]
+    pub fn from_parts(
+        me: u32,
+        size: u32,
+        inbox: Option<Inbox>,
+        local: Vec<u32>,
+        peers: Vec<Option<String>>,
+        eager_limit: usize,
+        cma: bool,
+    ) -> Fabric {
+        let my_local = local.iter().position(|&r| r == me).unwrap_or(0) as u32;
+        let resolve = Box::new(move |rank: u32| -> Path {
+            match peers.get(rank as usize).cloned().flatten() {
+                Some(name) => match Outbox::connect(&name, my_local) {
+                    Ok(o) => Path::Shm(Box::new(o)),
+                    Err(e) => Path::Unreachable(e.to_string()),
+                },
+                None => Path::Unreachable("no card".into()),
+            }
+        });
+        let cfg = Config {
+            eager_limit,
+            single_copy: if cma {
+                SingleCopy::Cma
+            } else {
+                SingleCopy::None
+            },
+        };
+        let engine = Engine::new(me, size, inbox, local, cfg, resolve, Box::new(|_| None));
+        Fabric {
+            inner: Rc::new(Inner {
+                engine: RefCell::new(engine),
+                wire: None,
+                me,
+                size,
+                world_ctx: 1,
+            }),
+        }
+    }
+}
+
+/// A communicator: a group of processes with a context id carried in every message.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Rc<Inner>,
+    ctx: u64,
+    rank: u32,
+    size: u32,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("ctx", &self.ctx)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+/// How long a wait spins before it starts yielding the CPU.
+const SPIN: u32 = 1 << 14;
+
+impl Communicator {
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+    /// Number of processes in the communicator.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+    /// The context id (a PGCID) carried in every message of this communicator.
+    pub fn context_id(&self) -> u64 {
+        self.ctx
+    }
+
+    fn check_dest(&self, dest: u32, tag: Tag) -> Result<(), P2pError> {
+        if dest >= self.size {
+            return Err(P2pError::InvalidRank {
+                rank: dest,
+                size: self.size,
+            });
+        }
+        if tag == Tag::ANY {
+            return Err(P2pError::InvalidTag(tag.0));
+        }
+        Ok(())
+    }
+
+    fn source(&self, src: Source) -> Result<Option<u32>, P2pError> {
+        match src {
+            Source::Any => Ok(None),
+            Source::Rank(r) if r < self.size => Ok(Some(r)),
+            Source::Rank(r) => Err(P2pError::InvalidRank {
+                rank: r,
+                size: self.size,
+            }),
+        }
+    }
+
+    fn tag_sel(tag: Tag) -> Option<u32> {
+        (tag != Tag::ANY).then_some(tag.0)
+    }
+
+    /// Blocks until request `id` completes, failing it if its peer dies.
+    fn wait_id(&self, id: u32) -> Result<Status, P2pError> {
+        let mut e = self.inner.engine.borrow_mut();
+        if let Some(r) = e.take(id) {
+            return r;
+        }
+        let mut spins = 0u32;
+        loop {
+            e.progress();
+            if let Some(r) = e.take(id) {
+                return r;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                e.fail_if_gone(id);
+            }
+            if spins > SPIN {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Sends `buf` to `dest` with `tag`; returns when `buf` may be reused.
+    pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
+        self.check_dest(dest, tag)?;
+        let (p, n) = bytes_of(buf);
+        let id = self
+            .inner
+            .engine
+            .borrow_mut()
+            .send(p, n, dest, self.ctx, tag.0)?;
+        self.wait_id(id).map(|_| ())
+    }
+
+    /// Receives into `buf` a message from `src` with `tag` (wildcards allowed).
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: Source, tag: Tag) -> Result<Status, P2pError> {
+        let s = self.source(src)?;
+        let (p, n) = bytes_of_mut(buf);
+        let id = self
+            .inner
+            .engine
+            .borrow_mut()
+            .recv(p, n, self.ctx, s, Self::tag_sel(tag));
+        self.wait_id(id)
+    }
+
+    /// Starts a send; `buf` stays borrowed until the request completes.
+    pub fn isend<'a, T: Pod>(
+        &'a self,
+        buf: &'a [T],
+        dest: u32,
+        tag: Tag,
+    ) -> Result<Request<'a>, P2pError> {
+        self.check_dest(dest, tag)?;
+        let (p, n) = bytes_of(buf);
+        let id = self
+            .inner
+            .engine
+            .borrow_mut()
+            .send(p, n, dest, self.ctx, tag.0)?;
+        Ok(Request {
+            comm: self,
+            id,
+            recv: false,
+            done: false,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Starts a receive; `buf` stays borrowed until the request completes.
+    pub fn irecv<'a, T: Pod>(
+        &'a self,
+        buf: &'a mut [T],
+        src: Source,
+        tag: Tag,
+    ) -> Result<Request<'a>, P2pError> {
+        let s = self.source(src)?;
+        let (p, n) = bytes_of_mut(buf);
+        let id = self
+            .inner
+            .engine
+            .borrow_mut()
+            .recv(p, n, self.ctx, s, Self::tag_sel(tag));
+        Ok(Request {
+            comm: self,
+            id,
+            recv: true,
+            done: false,
+            _buf: PhantomData,
+        })
+    }
+
+    /// The status of a message that has arrived and matches, without receiving it.
+    pub fn iprobe(&self, src: Source, tag: Tag) -> Result<Option<Status>, P2pError> {
+        let s = self.source(src)?;
+        Ok(self
+            .inner
+            .engine
+            .borrow_mut()
+            .iprobe(self.ctx, s, Self::tag_sel(tag)))
+    }
+
+    /// Waits until a matching message has arrived and returns its status.
+    pub fn probe(&self, src: Source, tag: Tag) -> Result<Status, P2pError> {
+        let s = self.source(src)?;
+        let mut spins = 0u32;
+        loop {
+            if let Some(st) = self
+                .inner
+                .engine
+                .borrow_mut()
+                .iprobe(self.ctx, s, Self::tag_sel(tag))
+            {
+                return Ok(st);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if let (Some(r), Some(w)) = (s, &self.inner.wire) {
+                    if let Some(reason) = w.gone_reason(r) {
+                        if let Some(st) =
+                            self.inner
+                                .engine
+                                .borrow_mut()
+                                .iprobe(self.ctx, s, Self::tag_sel(tag))
+                        {
+                            return Ok(st);
+                        }
+                        return Err(P2pError::PeerGone { rank: r, reason });
+                    }
+                }
+            }
+            if spins > SPIN {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// A pending non-blocking operation. Its buffer stays borrowed until it completes.
+///
+/// Dropping a receive that has not matched cancels it; dropping any other incomplete
+/// request waits for it (a peer may still be reading the send buffer).
+#[derive(Debug)]
+pub struct Request<'a> {
+    comm: &'a Communicator,
+    id: u32,
+    recv: bool,
+    done: bool,
+    _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl Request<'_> {
+    /// Progresses and returns the result if the operation has completed.
+    pub fn test(&mut self) -> Option<Result<Status, P2pError>> {
+        if self.done {
+            return None;
+        }
+        let mut e = self.comm.inner.engine.borrow_mut();
+        e.progress();
+        let mut r = e.take(self.id);
+        if r.is_none() {
+            e.fail_if_gone(self.id);
+            r = e.take(self.id);
+        }
+        self.done = r.is_some();
+        r
+    }
+
+    /// Waits for the operation to complete.
+    pub fn wait(mut self) -> Result<Status, P2pError> {
+        self.done = true;
+        self.comm.wait_id(self.id)
+    }
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.recv && self.comm.inner.engine.borrow_mut().cancel_recv(self.id) {
+            return;
+        }
+        let _ = self.comm.wait_id(self.id);
+    }
+}
+
+/// Waits for every request; returns their statuses in order, or the first error.
+pub fn wait_all(reqs: Vec<Request<'_>>) -> Result<Vec<Status>, P2pError> {
+    let mut out = Vec::with_capacity(reqs.len());
+    let mut first_err = None;
+    for r in reqs {
+        match r.wait() {
+            Ok(s) => out.push(s),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        None => Ok(out),
+        Some(e) => Err(e),
+    }
+}
+
+/// Waits until one of the requests completes; removes it and returns its index and result.
+/// Panics if `reqs` is empty.
+pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> (usize, Result<Status, P2pError>) {
+    assert!(!reqs.is_empty(), "wait_any on no requests");
+    let mut spins = 0u32;
+    loop {
+        for i in 0..reqs.len() {
+            if let Some(r) = reqs[i].test() {
+                let req = reqs.remove(i);
+                drop(req);
+                return (i, r);
+            }
+        }
+        spins = spins.wrapping_add(1);
+        if spins > SPIN {
+            std::thread::yield_now();
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Geometry of an inbox and its `WEFT_SHM_*` tunables.
+
+use crate::error::ShmError;
+use crate::layout::{
+    FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, QUEUE_SLOT_ALIGN, RING_ALIGN,
+};
+
+/// Most fastboxes one inbox may have.
+pub(crate) const MAX_FASTBOX_PEERS: u32 = 1 << 16;
+/// Largest fastbox ring (bytes).
+pub(crate) const MAX_FASTBOX_BYTES: u32 = 1 << 30;
+/// Most queue slots.
+pub(crate) const MAX_QUEUE_SLOTS: u32 = 1 << 24;
+/// Largest queue slot (bytes).
+pub(crate) const MAX_QUEUE_SLOT_BYTES: u32 = 1 << 24;
+
+const ENV_FASTBOX_PEERS: &str = "WEFT_SHM_FASTBOX_PEERS";
+const ENV_FASTBOX_BYTES: &str = "WEFT_SHM_FASTBOX_BYTES";
+const ENV_QUEUE_SLOTS: &str = "WEFT_SHM_QUEUE_SLOTS";
+const ENV_QUEUE_SLOT_BYTES: &str = "WEFT_SHM_QUEUE_SLOT_BYTES";
+
+/// The tunables of the shared-memory transport as `(name, default,
+/// description)`, for `weft info`.
+pub const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        ENV_FASTBOX_PEERS,
+        "32",
+        "senders per inbox that get a fastbox (a private ring); later ones share the queue",
+    ),
+    (
+        ENV_FASTBOX_BYTES,
+        "65536",
+        "bytes of each fastbox ring, a power of two >= 4096; largest frame is a quarter of it",
+    ),
+    (
+        ENV_QUEUE_SLOTS,
+        "1024",
+        "slots of each inbox's shared multi-producer queue, a power of two >= 2",
+    ),
+    (
+        ENV_QUEUE_SLOT_BYTES,
+        "1024",
+        "bytes of each queue slot, a multiple of 64; largest queued frame is this minus 16",
+    ),
+];
+
+/// Geometry of an [`Inbox`](crate::Inbox): how many fastboxes, how big, and
+/// the shared queue behind them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxConfig {
+    /// How many senders get a fastbox (default 32; `WEFT_SHM_FASTBOX_PEERS`).
+    pub fastbox_peers: u32,
+    /// Ring bytes per fastbox, a power of two >= 4096 (default 65536;
+    /// `WEFT_SHM_FASTBOX_BYTES`).
+    pub fastbox_bytes: u32,
+    /// Slots of the shared multi-producer fallback queue, a power of two
+    /// >= 2 (default 1024; `WEFT_SHM_QUEUE_SLOTS`).
+    pub queue_slots: u32,
+    /// Bytes per queue slot including its 16-byte header, a multiple of 64
+    /// (default 1024; `WEFT_SHM_QUEUE_SLOT_BYTES`).
+    pub queue_slot_bytes: u32,
+}
+
+impl Default for InboxConfig {
+    fn default() -> InboxConfig {
+        InboxConfig {
+            fastbox_peers: 32,
+            fastbox_bytes: 65536,
+            queue_slots: 1024,
+            queue_slot_bytes: 1024,
+        }
+    }
+}
+
+/// Where the parts of an inbox segment start (all offsets in bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub(crate) ctl_offset: usize,
+    pub(crate) ring_offset: usize,
+    pub(crate) queue_offset: usize,
+    pub(crate) total_bytes: usize,
+}
+
+fn check_fastbox_peers(v: u32) -> Result<(), String> {
+    if v > MAX_FASTBOX_PEERS {
+        return Err(format!("must be at most {MAX_FASTBOX_PEERS}"));
+    }
+    Ok(())
+}
+
+fn check_fastbox_bytes(v: u32) -> Result<(), String> {
+    if !v.is_power_of_two() || !(FASTBOX_MIN_BYTES..=MAX_FASTBOX_BYTES).contains(&v) {
+        return Err(format!(
+            "must be a power of two between {FASTBOX_MIN_BYTES} and {MAX_FASTBOX_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
+fn check_queue_slots(v: u32) -> Result<(), String> {
+    if !v.is_power_of_two() || !(2..=MAX_QUEUE_SLOTS).contains(&v) {
+        return Err(format!(
+            "must be a power of two between 2 and {MAX_QUEUE_SLOTS}"
+        ));
+    }
+    Ok(())
+}
+
+fn check_queue_slot_bytes(v: u32) -> Result<(), String> {
+    if v as usize % QUEUE_SLOT_ALIGN != 0 || v == 0 || v > MAX_QUEUE_SLOT_BYTES {
+        return Err(format!(
+            "must be a multiple of {QUEUE_SLOT_ALIGN} between {QUEUE_SLOT_ALIGN} and \
+             {MAX_QUEUE_SLOT_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a tunable: a decimal integer, optionally followed by `k`, `m` or
+/// `g` (binary multiples, so `64k` is 65536).
+fn parse_u32(raw: &str) -> Result<u32, String> {
+    let t = raw.trim();
+    let (digits, mult) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1u64 << 20),
+        Some(b'g' | b'G') => (&t[..t.len() - 1], 1u64 << 30),
+        _ => (t, 1u64),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| "not a non-negative integer (optionally with k, m or g)".to_owned())?;
+    n.checked_mul(mult)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| "too large".to_owned())
+}
+
+impl InboxConfig {
+    /// The defaults, overridden by any of `WEFT_SHM_FASTBOX_PEERS`,
+    /// `WEFT_SHM_FASTBOX_BYTES`, `WEFT_SHM_QUEUE_SLOTS` and
+    /// `WEFT_SHM_QUEUE_SLOT_BYTES` that is set. A value that does not parse
+    /// or is out of range is a [`ShmError::BadEnv`] naming the variable and
+    /// the value.
+    pub fn from_env() -> Result<InboxConfig, ShmError> {
+        Self::from_lookup(|var| std::env::var(var).ok())
+    }
+
+    /// [`from_env`](Self::from_env) with a custom variable lookup.
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<InboxConfig, ShmError> {
+        let mut cfg = InboxConfig::default();
+        type Check = fn(u32) -> Result<(), String>;
+        let fields: [(&'static str, &mut u32, Check); 4] = [
+            (
+                ENV_FASTBOX_PEERS,
+                &mut cfg.fastbox_peers,
+                check_fastbox_peers,
+            ),
+            (
+                ENV_FASTBOX_BYTES,
+                &mut cfg.fastbox_bytes,
+                check_fastbox_bytes,
+            ),
+            (ENV_QUEUE_SLOTS, &mut cfg.queue_slots, check_queue_slots),
+            (
+                ENV_QUEUE_SLOT_BYTES,
+                &mut cfg.queue_slot_bytes,
+                check_queue_slot_bytes,
+            ),
+        ];
+        for (var, field, check) in fields {
+            let Some(value) = lookup(var) else { continue };
+            let parsed = parse_u32(&value).and_then(|v| check(v).map(|()| v));
+            match parsed {
+                Ok(v) => *field = v,
+                Err(reason) => return Err(ShmError::BadEnv { var, value, reason }),
+            }
+        }
+        cfg.geometry()?;
+        Ok(cfg)
+    }
+
+    /// Validates every field and computes where the parts of the segment go.
+    pub(crate) fn geometry(&self) -> Result<Geometry, ShmError> {
+        let checks = [
+            (
+                "fastbox_peers",
+                self.fastbox_peers,
+                check_fastbox_peers as fn(u32) -> _,
+            ),
+            ("fastbox_bytes", self.fastbox_bytes, check_fastbox_bytes),
+            ("queue_slots", self.queue_slots, check_queue_slots),
+            (
+                "queue_slot_bytes",
+                self.queue_slot_bytes,
+                check_queue_slot_bytes,
+            ),
+        ];
+        for (field, v, check) in checks {
+            check(v).map_err(|why| ShmError::InvalidConfig {
+                reason: format!("{field} = {v}: {why}"),
+            })?;
+        }
+        let too_big = || ShmError::InvalidConfig {
+            reason: format!("{self:?} does not fit the address space"),
+        };
+        let peers = self.fastbox_peers as usize;
+        let ctl_end = FASTBOX_CTL_OFFSET + peers * FASTBOX_CTL_BYTES;
+        let ring_offset = ctl_end.next_multiple_of(RING_ALIGN);
+        let queue_offset = (self.fastbox_bytes as usize)
+            .checked_mul(peers)
+            .and_then(|b| b.checked_add(ring_offset))
+            .ok_or_else(too_big)?;
+        let total_bytes = (self.queue_slots as usize)
+            .checked_mul(self.queue_slot_bytes as usize)
+            .and_then(|b| b.checked_add(queue_offset))
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(too_big)?;
+        Ok(Geometry {
+            ctl_offset: FASTBOX_CTL_OFFSET,
+            ring_offset,
+            queue_offset,
+            total_bytes,
+        })
+    }
+
+    /// Largest frame a fastbox carries.
+    pub(crate) fn fastbox_max_frame(&self) -> usize {
+        self.fastbox_bytes as usize / 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_tunables() {
+        let cfg = InboxConfig::default();
+        let g = cfg.geometry().unwrap();
+        assert_eq!(g.ring_offset, 12288);
+        assert_eq!(g.queue_offset, 12288 + 32 * 65536);
+        assert_eq!(g.total_bytes, 12288 + 32 * 65536 + 1024 * 1024);
+        let defaults: Vec<u32> = TUNABLES.iter().map(|t| t.1.parse().unwrap()).collect();
+        assert_eq!(
+            defaults,
+            [
+                cfg.fastbox_peers,
+                cfg.fastbox_bytes,
+                cfg.queue_slots,
+                cfg.queue_slot_bytes
+            ]
+        );
+        assert_eq!(cfg.fastbox_max_frame(), 16384);
+    }
+
+    #[test]
+    fn env_overrides_and_errors_name_variable_and_value() {
+        let cfg = InboxConfig::from_lookup(|v| match v {
+            "WEFT_SHM_FASTBOX_BYTES" => Some("16k".into()),
+            "WEFT_SHM_FASTBOX_PEERS" => Some("4".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(cfg.fastbox_bytes, 16384);
+        assert_eq!(cfg.fastbox_peers, 4);
+        assert_eq!(cfg.queue_slots, 1024);
+
+        for (var, value) in [
+            ("WEFT_SHM_FASTBOX_BYTES", "5000"),
+            ("WEFT_SHM_FASTBOX_BYTES", "2048"),
+            ("WEFT_SHM_QUEUE_SLOTS", "1000"),
+            ("WEFT_SHM_QUEUE_SLOT_BYTES", "100"),
+            ("WEFT_SHM_FASTBOX_PEERS", "lots"),
+            ("WEFT_SHM_FASTBOX_PEERS", "-1"),
+            ("WEFT_SHM_QUEUE_SLOT_BYTES", "99999999999"),
+        ] {
+            let err =
+                InboxConfig::from_lookup(|v| (v == var).then(|| value.to_owned())).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, ShmError::BadEnv { .. }), "{msg}");
+            assert!(msg.contains(var) && msg.contains(value), "{msg}");
+        }
+    }
+
+    #[test]
+    fn invalid_config_is_rejected() {
+        let bad = InboxConfig {
+            queue_slot_bytes: 1000,
+            ..InboxConfig::default()
+        };
+        let err = bad.geometry().unwrap_err();
+        assert!(err.to_string().contains("queue_slot_bytes = 1000"), "{err}");
+    }
+}

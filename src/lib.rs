@@ -1,0 +1,27 @@
+//! Weft: a communication fabric for HPC.
+//!
+//! This facade re-exports the layers: [`wireup`] (launcher, servers, PMIx-style client)
+//! and [`fabric`] (communicators and tagged point-to-point over shared memory).
+//!
+//! ```no_run
+//! use weft::prelude::*;
+//! let fabric = Fabric::init()?;
+//! let world = fabric.world();
+//! let right = (world.rank() + 1) % world.size();
+//! world.send(&[world.rank() as u64], right, Tag(7))?;
+//! let mut got = [0u64; 1];
+//! let status = world.recv(&mut got, Source::Any, Tag(7))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub use weft_fabric as fabric;
+pub use weft_wireup as wireup;
+
+/// The names most programs need.
+pub mod prelude {
+    pub use weft_fabric::{
+        wait_all, wait_any, Communicator, Fabric, P2pError, Request, Source, Status, Tag,
+    };
+    pub use weft_wireup::{Client, FenceMode, GetOpts, Procs, Scope};
+}

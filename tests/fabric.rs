@@ -1,0 +1,114 @@
+//! The fabric through the real launcher: processes, shared memory, wire-up.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{example, run};
+
+const T: Duration = Duration::from_secs(120);
+
+#[test]
+fn ring_over_shared_memory() {
+    let ring = example("ring");
+    for (name, n, bytes) in [
+        ("ring2", "2", "8"),
+        ("ring4", "4", "1048576"),
+        ("ring5", "5", "100000"),
+    ] {
+        let done = run(name, &["-n", n, &ring, "--laps", "3", "--bytes", bytes], T);
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert!(done.stdout.contains("ring ok"), "{}", done.dump());
+    }
+}
+
+#[test]
+fn ring_with_pipelined_copies() {
+    let ring = example("ring");
+    let done = run(
+        "ringpipe",
+        &[
+            "-x",
+            "WEFT_SHM_SINGLE_COPY=none",
+            "-n",
+            "3",
+            &ring,
+            "--bytes",
+            "3000000",
+        ],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(done.stdout.contains("ring ok"), "{}", done.dump());
+}
+
+#[test]
+fn pingpong_every_size() {
+    let pp = example("pingpong");
+    let done = run(
+        "pingpong",
+        &["--bind-to", "core", "-n", "2", &pp, "--iters", "20"],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(done.stdout.contains("pingpong ok"), "{}", done.dump());
+    assert!(done.stdout.contains("4194304 bytes"), "{}", done.dump());
+}
+
+#[test]
+fn all_to_all_nonblocking() {
+    let probe = example("fabric_probe");
+    let done = run("a2a", &["-n", "6", &probe, "all-to-all"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 6, "{}", done.dump());
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let probe = example("fabric_probe");
+    let done = run("fabricerr", &["-n", "3", &probe, "errors"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for want in [
+        "rank 0 outside: rank 5 is not in the communicator (size 3)",
+        "rank 1 anytag: tag 4294967295 is reserved",
+        "rank 2 truncated: message truncated: rank 1 sent 300 bytes with tag 4, the receive buffer holds 3",
+    ] {
+        assert!(done.stdout.contains(want), "missing {want:?}\n{}", done.dump());
+    }
+}
+
+#[test]
+fn a_dead_peer_fails_the_wait_within_two_seconds() {
+    let probe = example("fabric_probe");
+    for scenario in ["dead-peer", "dead-peer-rendezvous"] {
+        let done = run(scenario, &["-n", "2", &probe, scenario], T);
+        assert!(
+            done.stderr.contains("rank 1") && done.stderr.contains("killed by signal 9"),
+            "{}",
+            done.dump()
+        );
+        let ms: u64 = done
+            .stdout
+            .lines()
+            .find_map(|l| l.split(" gone after ").nth(1))
+            .and_then(|r| r.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("rank 0 did not see the death\n{}", done.dump()));
+        assert!(ms < 2000, "{scenario}: {ms} ms\n{}", done.dump());
+    }
+}
+
+#[test]
+fn a_process_on_another_node_is_a_clear_no_path_error() {
+    let probe = example("fabric_probe");
+    let done = run("nopath", &["--nodes", "2", "-n", "2", &probe, "errors"], T);
+    assert_ne!(done.code(), Some(0));
+    assert!(
+        done.stderr.contains(
+            "no path to rank 1: it runs on node 1 and the verbs transport is not available yet"
+        ),
+        "{}",
+        done.dump()
+    );
+}
