@@ -14,6 +14,8 @@ else
   cargo test --workspace --no-fail-fast
 fi
 cargo test --workspace --doc
+# The fastbox publish/consume protocol under loom's model checker.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
 after=$(ls /dev/shm | grep -c '^weft-' || true)
 if [ "$after" -gt "$before" ]; then
   echo "leaked shared-memory segments:"; ls -l /dev/shm | grep ' weft-'

@@ -244,8 +244,8 @@ impl Engine {
         n
     }
 
-    /// Starts a send of `len` bytes at `buf`; the request completes when the buffer may
-    /// be reused.
+    /// Starts a send of `len` bytes at `buf`. `None`: done, the buffer may be reused (eager
+    /// and loopback sends); `Some(id)`: a request that completes when it may.
     pub(crate) fn send(
         &mut self,
         buf: *const u8,
@@ -253,8 +253,20 @@ impl Engine {
         dest: u32,
         ctx: u64,
         tag: u32,
-    ) -> Result<u32, P2pError> {
+    ) -> Result<Option<u32>, P2pError> {
         self.st.send(buf, len, dest, ctx, tag)
+    }
+
+    /// A request that is already complete with `status` (a send that finished at once).
+    pub(crate) fn completed(&mut self, status: Status) -> u32 {
+        let id = self.st.alloc(Kind::Send {
+            buf: std::ptr::null(),
+            len: status.count,
+            dest: status.source,
+            stream: None,
+        });
+        self.st.complete(id, Ok(status));
+        id
     }
 
     /// Starts a receive into `cap` bytes at `buf`.
@@ -455,7 +467,7 @@ impl State {
         dest: u32,
         ctx: u64,
         tag: u32,
-    ) -> Result<u32, P2pError> {
+    ) -> Result<Option<u32>, P2pError> {
         self.path(dest)?;
         let me = self.me;
         if dest == me {
@@ -473,21 +485,7 @@ impl State {
                 len: len as u64,
             };
             self.on_eager(hdr, data);
-            let id = self.alloc(Kind::Send {
-                buf,
-                len,
-                dest,
-                stream: None,
-            });
-            self.complete(
-                id,
-                Ok(Status {
-                    source: dest,
-                    tag,
-                    count: len,
-                }),
-            );
-            return Ok(id);
+            return Ok(None);
         }
         let eager = len <= self.cfg.eager_limit.min(self.max_payload(dest));
         if eager {
@@ -503,21 +501,7 @@ impl State {
             // SAFETY: as above, `buf` holds `len` readable bytes during this call.
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
             self.push(dest, &hdr, data);
-            let id = self.alloc(Kind::Send {
-                buf,
-                len,
-                dest,
-                stream: None,
-            });
-            self.complete(
-                id,
-                Ok(Status {
-                    source: dest,
-                    tag,
-                    count: len,
-                }),
-            );
-            return Ok(id);
+            return Ok(None);
         }
         let id = self.alloc(Kind::Send {
             buf,
@@ -538,7 +522,7 @@ impl State {
         p[..8].copy_from_slice(&(buf as u64).to_le_bytes());
         p[8..].copy_from_slice(&self.pid.to_le_bytes());
         self.push(dest, &hdr, &p);
-        Ok(id)
+        Ok(Some(id))
     }
 
     fn recv(
