@@ -9,7 +9,7 @@
 //! | `bibw`    | the same in both directions at once (osu_bibw)                          |
 //! | `mr`      | message rate of windows of 64 isends (osu_mbw_mr with one pair)         |
 //! | `fence`   | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
-//! | `limit`   | the machine's floor: cache-line ping-pong one-way time, memcpy bandwidth|
+//! | `limit`   | the floor: cache-line ping-pong one-way time, single-core memcpy        |
 //!
 //! `latency`, `bw`, `bibw`, `mr` and `limit` run between two processes: started alone they
 //! launch themselves as a job of two (bound to different cores when there are two), under

@@ -277,7 +277,6 @@ fn wait_for(line: &AtomicU64, want: u64, peer: Rank) -> Result<(), String> {
     let mut since: Option<Instant> = None;
     // SYNC: pairs with the peer's Release store in `ping_pong`.
     while line.load(Ordering::Acquire) != want {
-        if EXP_PAUSE.load(Ordering::Relaxed) { std::hint::spin_loop(); }
         spins = spins.wrapping_add(1);
         if spins % SPINS == 0 {
             // The peer is slow or shares our CPU: let it run, and give up eventually.
@@ -382,7 +381,6 @@ pub(crate) struct CacheLine {
     pub(crate) cpus: (String, String),
 }
 
-static EXP_PAUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Calls of [`cacheline_one_way`] in this process, to name each segment apart.
 static PING_SEGMENTS: AtomicU64 = AtomicU64::new(0);
 
@@ -453,27 +451,6 @@ pub(crate) fn cacheline_one_way(wire: &Client, pp: PingPong) -> Result<Option<Ca
             let t0 = Instant::now();
             ping_pong(line, pinger, warm + r * trips, trips)?;
             runs.push(us(t0.elapsed()) / trips as f64 / 2.0);
-        }
-    }
-    if let Some(seg) = &seg {
-        let line = seg.line();
-        let pinger = me == 0;
-        let mut k = warm + u64::from(pp.runs) * trips;
-        let mut res = vec![Vec::new(), Vec::new()];
-        for block in 0..8 {
-            let pause = block % 2 == 1;
-            EXP_PAUSE.store(pause, Ordering::Relaxed);
-            for _ in 0..5 {
-                let t0 = Instant::now();
-                ping_pong(line, pinger, k, trips)?;
-                k += trips;
-                res[pause as usize].push(us(t0.elapsed()) / trips as f64 / 2.0);
-            }
-        }
-        EXP_PAUSE.store(false, Ordering::Relaxed);
-        if pinger {
-            let m = |v: &Vec<f64>| Summary::of_us(v.clone()).unwrap().median_us;
-            eprintln!("EXP tight {:.4} pause {:.4} (main {:.4})", m(&res[0]), m(&res[1]), Summary::of_us(runs.clone()).unwrap().median_us);
         }
     }
     drop(seg);

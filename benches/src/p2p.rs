@@ -211,6 +211,7 @@ struct Args {
     bind_to: Bind,
 }
 
+/// Parses the options of `bench` (the arguments after its name).
 fn parse(bench: Bench, args: &[String]) -> Result<Args, clap::Error> {
     let argv = std::iter::once(bench.command_name().to_owned()).chain(args.iter().cloned());
     let matches = Args::command()
@@ -235,6 +236,7 @@ pub(crate) fn main(bench: Bench, args: &[String]) -> i32 {
     limit::run_or_launch(bench.name(), opts.bind_to, args, || run_rank(bench, &opts))
 }
 
+/// One rank of the job: joins the fabric, measures, finalizes.
 fn run_rank(bench: Bench, opts: &Args) -> Result<(), String> {
     let sweep = Sweep::new(&opts.sweep, bench.default_sizes());
     let fabric = Fabric::init().map_err(|e| e.to_string())?;
@@ -543,21 +545,56 @@ fn peer_cpus(world: &Communicator) -> Result<Option<String>, P2pError> {
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
-/// The same-job reference of a benchmark, measured before its sweep.
+/// The same-job reference of a benchmark: measured before its sweep, and again after it
+/// to show whether the floor moved meanwhile.
 #[derive(Debug)]
 enum Reference {
     /// None (`--no-limit`, or bibw and mr).
     None,
-    /// Latency: the cache-line ping-pong (rank 0's result; `None` elsewhere).
-    CacheLine(Option<CacheLine>),
-    /// Bw: single-core memcpy in rank 0, MB/s at each size (empty on rank 1).
-    Memcpy(Vec<(usize, f64)>),
+    /// Latency: the cache-line ping-pong (rank 0's results; `None` elsewhere).
+    CacheLine {
+        /// Before the sweep.
+        before: Option<CacheLine>,
+        /// After the sweep.
+        after: Option<CacheLine>,
+    },
+    /// Bw: single-core memcpy in rank 0 (empty on rank 1).
+    Memcpy {
+        /// MB/s at each size of the sweep, before it.
+        before: Vec<(usize, f64)>,
+        /// MB/s at the size of the ratio, after the sweep.
+        after: Option<(usize, f64)>,
+    },
 }
 
-fn reference(
+/// A floor that moves by more than this factor between before and after the sweep is
+/// reported with a warning.
+const DRIFT: f64 = 1.2;
+
+/// The size the latency ratio is taken at: 8 bytes, else the first non-zero size.
+fn latency_ratio_size(sizes: &[usize]) -> Option<usize> {
+    sizes
+        .iter()
+        .copied()
+        .find(|&s| s == 8)
+        .or_else(|| sizes.iter().copied().find(|&s| s > 0))
+        .or(sizes.first().copied())
+}
+
+/// The size the bandwidth ratio is taken at: 4 MiB, else the largest size.
+fn bw_ratio_size(sizes: &[usize]) -> Option<usize> {
+    if sizes.contains(&MAX_DEFAULT_SIZE) {
+        Some(MAX_DEFAULT_SIZE)
+    } else {
+        sizes.iter().copied().filter(|&s| s > 0).max()
+    }
+}
+
+/// Measures the reference before the sweep (`sizes`: the sizes the sweep measures).
+fn reference_before(
     bench: Bench,
     opts: &Args,
-    sweep: &Sweep,
+    sizes: &[usize],
     fabric: &Fabric,
     world: &Communicator,
 ) -> Result<Reference, String> {
@@ -565,20 +602,47 @@ fn reference(
         return Ok(Reference::None);
     }
     match bench {
-        Bench::Latency => limit::cacheline_one_way(fabric.wire(), PingPong::default())
-            .map(Reference::CacheLine)
-            .map_err(|e| format!("cache-line reference (--no-limit skips it): {e}")),
-        Bench::Bw if world.rank() == 0 => Ok(Reference::Memcpy(
-            sweep
-                .sizes()
-                .iter()
-                .filter(|&&s| s > 0)
-                .map(|&s| (s, limit::memcpy_mbs(s, MEMCPY_SLOTS)))
-                .collect(),
-        )),
-        Bench::Bw => Ok(Reference::Memcpy(Vec::new())),
+        Bench::Latency => Ok(Reference::CacheLine {
+            before: cache_line(fabric)?,
+            after: None,
+        }),
+        Bench::Bw => Ok(Reference::Memcpy {
+            before: if world.rank() == 0 {
+                sizes
+                    .iter()
+                    .map(|&s| (s, limit::memcpy_mbs(s, MEMCPY_SLOTS)))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            after: None,
+        }),
         Bench::Bibw | Bench::Mr => Ok(Reference::None),
     }
+}
+
+/// Measures the reference again after the sweep: the cache line (both ranks), or rank 0's
+/// memcpy at the size of the ratio (rank 1 does nothing).
+fn reference_after(
+    reference: &mut Reference,
+    sizes: &[usize],
+    fabric: &Fabric,
+    world: &Communicator,
+) -> Result<(), String> {
+    match reference {
+        Reference::CacheLine { after, .. } => *after = cache_line(fabric)?,
+        Reference::Memcpy { after, .. } if world.rank() == 0 => {
+            *after = bw_ratio_size(sizes).map(|s| (s, limit::memcpy_mbs(s, MEMCPY_SLOTS)));
+        }
+        Reference::Memcpy { .. } | Reference::None => {}
+    }
+    Ok(())
+}
+
+/// `weft bench limit`'s cache-line ping-pong between the two ranks (rank 0's result).
+fn cache_line(fabric: &Fabric) -> Result<Option<CacheLine>, String> {
+    limit::cacheline_one_way(fabric.wire(), PingPong::default())
+        .map_err(|e| format!("cache-line reference (--no-limit skips it): {e}"))
 }
 
 /// The value of the row of `size`, if measured.
@@ -586,35 +650,69 @@ fn value_at(rows: &[(usize, f64)], size: usize) -> Option<f64> {
     rows.iter().find(|r| r.0 == size).map(|r| r.1)
 }
 
+/// A warning when `a` and `b` (the floor before and after the sweep) differ by more than
+/// `DRIFT`.
+fn drift_warning(what: &str, a: f64, b: f64, unit: &str) -> String {
+    if a.min(b) > 0.0 && a.max(b) / a.min(b) > DRIFT {
+        format!(
+            "\nwarning: the {what} moved from {a:.3} {unit} before the sweep to {b:.3} {unit} \
+             after it (the host moved the virtual CPUs?): compare with care"
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// The floor of the latency reference: the lower cache-line median of before and after.
+fn cache_line_floor(before: &CacheLine, after: Option<&CacheLine>) -> f64 {
+    let b = before.one_way.median_us;
+    after.map_or(b, |a| b.min(a.one_way.median_us))
+}
+
 /// The table's closing comment: the ratio of the fabric to its same-job reference.
 fn ratio_comment(weft: &[(usize, f64)], reference: &Reference) -> Option<String> {
+    let sizes: Vec<usize> = weft.iter().map(|r| r.0).collect();
     match reference {
-        Reference::CacheLine(Some(line)) => {
-            let floor = line.one_way.median_us;
-            let (size, lat) = weft
-                .iter()
-                .find(|r| r.0 == 8)
-                .or_else(|| weft.iter().find(|r| r.0 > 0))
-                .or(weft.first())
-                .copied()?;
+        Reference::CacheLine {
+            before: Some(b),
+            after,
+        } => {
+            let floor = cache_line_floor(b, after.as_ref());
+            let size = latency_ratio_size(&sizes)?;
+            let lat = value_at(weft, size)?;
+            let (bm, am) = (
+                b.one_way.median_us,
+                after.as_ref().map(|a| a.one_way.median_us),
+            );
+            let both = am.map_or(String::new(), |am| {
+                format!(", the lower of {bm:.3} before the sweep and {am:.3} after")
+            });
+            let warn = am.map_or(String::new(), |am| {
+                drift_warning("cache-line one-way time", bm, am, "us")
+            });
             Some(format!(
-                "weft/limit at {size} B: {:.2} (weft {lat:.3} us one way, cache line {floor:.3} us, same job)",
+                "weft/limit at {size} B: {:.2} (weft {lat:.3} us one way, cache line {floor:.3} us{both}; same job){warn}",
                 lat / floor
             ))
         }
-        Reference::Memcpy(memcpy) => {
-            let size = if value_at(weft, MAX_DEFAULT_SIZE).is_some() {
-                MAX_DEFAULT_SIZE
-            } else {
-                weft.last()?.0
-            };
-            let (bw, mc) = (value_at(weft, size)?, value_at(memcpy, size)?);
+        Reference::Memcpy { before, after } => {
+            let size = bw_ratio_size(&sizes)?;
+            let bw = value_at(weft, size)?;
+            let mb = value_at(before, size)?;
+            let ma = after.filter(|a| a.0 == size).map(|a| a.1);
+            let mc = ma.map_or(mb, |ma| mb.max(ma));
+            let both = ma.map_or(String::new(), |ma| {
+                format!(", the higher of {mb:.1} before the sweep and {ma:.1} after")
+            });
+            let warn = ma.map_or(String::new(), |ma| {
+                drift_warning("memcpy bandwidth", mb, ma, "MB/s")
+            });
             Some(format!(
-                "weft/memcpy at {size} B: {:.2} (weft {bw:.1} MB/s, single-core memcpy {mc:.1} MB/s, same job)",
+                "weft/memcpy at {size} B: {:.2} (weft {bw:.1} MB/s, single-core memcpy {mc:.1} MB/s{both}; same job){warn}",
                 bw / mc
             ))
         }
-        Reference::CacheLine(None) | Reference::None => None,
+        Reference::CacheLine { before: None, .. } | Reference::None => None,
     }
 }
 
@@ -680,7 +778,13 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
     let me = world.rank();
     let io_err = |e: io::Error| format!("writing the report: {e}");
     let peer_cpus = peer_cpus(&world).map_err(|e| format!("connecting: {e}"))?;
-    let reference = reference(bench, opts, sweep, fabric, &world)?;
+    let sizes: Vec<usize> = sweep
+        .sizes()
+        .iter()
+        .copied()
+        .filter(|&s| bench.measures(s))
+        .collect();
+    let mut reference = reference_before(bench, opts, &sizes, fabric, &world)?;
 
     let mut report = if me == 0 {
         let mut r = Report::new(
@@ -701,18 +805,12 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         None
     };
 
-    let sizes: Vec<usize> = sweep
-        .sizes()
-        .iter()
-        .copied()
-        .filter(|&s| bench.measures(s))
-        .collect();
     let max = sizes.iter().copied().max().unwrap_or(0);
     let mut sbuf = AlignedBuf::filled(max, SEND_FILL);
     let mut rbuf = AlignedBuf::filled(if bench.windowed() { 0 } else { max }, RECV_FILL);
     let mut rows = Vec::with_capacity(sizes.len());
     for (k, &size) in sizes.iter().enumerate() {
-        if k == 0 && matches!(reference, Reference::Memcpy(_)) && me == 1 {
+        if k == 0 && matches!(reference, Reference::Memcpy { .. }) && me == 1 {
             // Rank 0 measured memcpy alone; wait for it without taking a core's share.
             idle_until_sync(&world).map_err(|e| format!("waiting for rank 0's memcpy: {e}"))?;
         }
@@ -752,6 +850,7 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         }
     }
 
+    reference_after(&mut reference, &sizes, fabric, &world)?;
     if let Some(mut r) = report {
         write_reference(&mut r, &reference).map_err(io_err)?;
         if let Some(c) = ratio_comment(&rows, &reference) {
@@ -759,33 +858,73 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         }
         r.finish().map_err(io_err)?;
     }
-    // Rank 1 stays until rank 0 has printed (its output and the plot).
+    // Rank 1 stays until rank 0 has measured alone and printed (the output and the plot).
+    if me == 1 && matches!(reference, Reference::Memcpy { .. }) {
+        idle_until_sync(&world).map_err(|e| format!("waiting for rank 0's memcpy: {e}"))?;
+    }
     sync(&world).map_err(|e| format!("final sync: {e}"))
 }
 
-/// Prints the reference series after the fabric's (rank 0).
+/// `us` rounded to 4 decimals, as the JSON rows carry their values.
+fn json_us(us: f64) -> f64 {
+    (us * 1e4).round() / 1e4
+}
+
+/// Prints the reference series after the fabric's (rank 0). In JSON, the cache-line row
+/// also carries `before_us` and `after_us`.
 fn write_reference(r: &mut Report, reference: &Reference) -> io::Result<()> {
     match reference {
-        Reference::CacheLine(Some(l)) => {
+        Reference::CacheLine {
+            before: Some(b),
+            after,
+        } => {
             r.series("limit: cache-line ping-pong")?;
             r.set_field("impl", "limit");
             let pp = PingPong::default();
-            r.comment(&format!(
-                "ranks 0 and 1 (CPUs {} and {}) bounce one 64-byte line before the sweep; one \
-                 way, median of {} runs of {} round trips (min {:.3} us, max {:.3} us)",
-                l.cpus.0, l.cpus.1, pp.runs, pp.round_trips, l.one_way.min_us, l.one_way.max_us
-            ))?;
-            r.row(64, l.one_way.median_us)
+            let run = |when: &str, l: &CacheLine| {
+                format!(
+                    "{when} {:.3} us (min {:.3}, max {:.3})",
+                    l.one_way.median_us, l.one_way.min_us, l.one_way.max_us
+                )
+            };
+            let mut text = format!(
+                "ranks 0 and 1 (CPUs {} and {}) bounce one 64-byte line; one way, median of {} \
+                 runs of {} round trips:\n{}",
+                b.cpus.0,
+                b.cpus.1,
+                pp.runs,
+                pp.round_trips,
+                run("before the sweep", b)
+            );
+            r.set_field("before_us", json_us(b.one_way.median_us));
+            if let Some(a) = after {
+                text.push_str(&format!(", {}; the row is the lower", run("after", a)));
+                r.set_field("after_us", json_us(a.one_way.median_us));
+            }
+            r.comment(&text)?;
+            r.row(64, cache_line_floor(b, after.as_ref()))
         }
-        Reference::Memcpy(rows) => {
+        Reference::Memcpy { before, after } => {
             r.series("limit: single-core memcpy")?;
             r.set_field("impl", "limit");
-            r.comment(&format!(
+            let mut text = format!(
                 "rank 0 alone before the sweep, buffers of {MEMCPY_SLOTS} slots (as weft bench limit)"
-            ))?;
-            rows.iter().try_for_each(|&(s, v)| r.row(s, v))
+            );
+            if let Some((s, v)) = after {
+                text.push_str(&format!(
+                    ";\nagain at {s} B after the sweep: {v:.1} MB/s (the row of {s} B is the higher)"
+                ));
+            }
+            r.comment(&text)?;
+            before.iter().try_for_each(|&(s, v)| {
+                let v = match after {
+                    Some((a, av)) if *a == s => v.max(*av),
+                    _ => v,
+                };
+                r.row(s, v)
+            })
         }
-        Reference::CacheLine(None) | Reference::None => Ok(()),
+        Reference::CacheLine { before: None, .. } | Reference::None => Ok(()),
     }
 }
 
@@ -910,23 +1049,66 @@ mod tests {
         check_stamp(&[], 0, 0, 3).unwrap();
     }
 
+    fn line(us: f64) -> CacheLine {
+        CacheLine {
+            one_way: crate::stats::Summary::of_us(vec![us]).unwrap(),
+            cpus: ("0".into(), "1".into()),
+        }
+    }
+
     #[test]
     fn ratios_use_8_bytes_and_4_mib() {
-        let memcpy = Reference::Memcpy(vec![(8, 100.0), (4 << 20, 10_000.0)]);
+        let memcpy = Reference::Memcpy {
+            before: vec![(8, 100.0), (4 << 20, 10_000.0)],
+            after: None,
+        };
         let c = ratio_comment(&[(8, 10.0), (4 << 20, 8_000.0)], &memcpy).unwrap();
         assert!(c.starts_with("weft/memcpy at 4194304 B: 0.80"), "{c}");
         let c = ratio_comment(&[(8, 50.0)], &memcpy).unwrap();
         assert!(c.starts_with("weft/memcpy at 8 B: 0.50"), "{c}");
-        let line = CacheLine {
-            one_way: crate::stats::Summary::of_us(vec![0.1]).unwrap(),
-            cpus: ("0".into(), "1".into()),
+        let r = Reference::CacheLine {
+            before: Some(line(0.1)),
+            after: None,
         };
-        let r = Reference::CacheLine(Some(line));
         let c = ratio_comment(&[(0, 0.15), (8, 0.2), (16, 0.3)], &r).unwrap();
         assert!(c.starts_with("weft/limit at 8 B: 2.00"), "{c}");
         let c = ratio_comment(&[(0, 0.15), (64, 0.3)], &r).unwrap();
         assert!(c.starts_with("weft/limit at 64 B: 3.00"), "{c}");
         assert!(ratio_comment(&[(8, 1.0)], &Reference::None).is_none());
+    }
+
+    #[test]
+    fn ratios_take_the_better_floor_and_warn_of_drift() {
+        let r = Reference::CacheLine {
+            before: Some(line(0.1)),
+            after: Some(line(0.05)),
+        };
+        let c = ratio_comment(&[(8, 0.2)], &r).unwrap();
+        assert!(c.starts_with("weft/limit at 8 B: 4.00"), "{c}");
+        assert!(c.contains("0.100 before the sweep and 0.050 after"), "{c}");
+        assert!(
+            c.contains("\nwarning: the cache-line one-way time moved"),
+            "{c}"
+        );
+        let r = Reference::CacheLine {
+            before: Some(line(0.1)),
+            after: Some(line(0.11)),
+        };
+        let c = ratio_comment(&[(8, 0.2)], &r).unwrap();
+        assert!(
+            c.starts_with("weft/limit at 8 B: 2.00") && !c.contains("warning"),
+            "{c}"
+        );
+        let m = Reference::Memcpy {
+            before: vec![(4 << 20, 10_000.0)],
+            after: Some((4 << 20, 20_000.0)),
+        };
+        let c = ratio_comment(&[(4 << 20, 8_000.0)], &m).unwrap();
+        assert!(c.starts_with("weft/memcpy at 4194304 B: 0.40"), "{c}");
+        assert!(c.contains("warning: the memcpy bandwidth moved"), "{c}");
+        assert_eq!(latency_ratio_size(&[0, 16, 64]), Some(16));
+        assert_eq!(bw_ratio_size(&[1, 4 << 20, 8 << 20]), Some(4 << 20));
+        assert_eq!(bw_ratio_size(&[1, 2048]), Some(2048));
     }
 
     /// Runs `case` on two fabric endpoints in two threads of this process, connected
