@@ -63,6 +63,17 @@ impl Hdr {
     }
 }
 
+/// Outcome of [`Engine::recv_direct`].
+#[derive(Debug)]
+pub(crate) enum Direct {
+    /// Received (or failed) without a request.
+    Done(Result<Status, P2pError>),
+    /// Nothing arrived yet.
+    NotYet,
+    /// The queues may hold a match: take the general path.
+    Queue,
+}
+
 /// How the single copy of a rendezvous is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SingleCopy {
@@ -267,6 +278,80 @@ impl Engine {
         });
         self.st.complete(id, Ok(status));
         id
+    }
+
+    /// The fast path of a blocking receive: when no earlier receive is posted and no
+    /// arrived message matches, polls the inbox and copies a matching eager message straight
+    /// into `buf` (no request, no queue). `Direct(None)`: nothing yet, poll again;
+    /// `Queue`: something could match through the queues, use [`Engine::recv`].
+    #[inline]
+    pub(crate) fn recv_direct(
+        &mut self,
+        buf: *mut u8,
+        cap: usize,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Direct {
+        let st = &mut self.st;
+        if !st.posted.is_empty()
+            || st
+                .unexpected
+                .iter()
+                .any(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
+        {
+            return Direct::Queue;
+        }
+        let Some(inbox) = &mut self.inbox else {
+            return Direct::Queue;
+        };
+        let mut got = None;
+        inbox.poll(&mut |sid, frame| {
+            if got.is_none() {
+                if let Some(h) = Hdr::decode(frame) {
+                    if h.kind == EAGER
+                        && matches(ctx, src, tag, h.ctx, h.src, h.tag)
+                        && st.sender_rank.get(sid as usize) == Some(&h.src)
+                    {
+                        let data = &frame[HDR..];
+                        let n = data.len().min(cap);
+                        // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes,
+                        // borrowed mutably for the whole call; `data` is in the inbox.
+                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
+                        got = Some(if data.len() > cap {
+                            Err(P2pError::Truncated {
+                                sender: h.src,
+                                tag: h.tag,
+                                size: data.len(),
+                                capacity: cap,
+                            })
+                        } else {
+                            Ok(Status {
+                                source: h.src,
+                                tag: h.tag,
+                                count: data.len(),
+                            })
+                        });
+                        return;
+                    }
+                }
+            }
+            st.on_frame(sid, frame)
+        });
+        if !st.busy.is_empty() {
+            st.flush();
+        }
+        match got {
+            Some(r) => Direct::Done(r),
+            // A rendezvous (or anything) that arrived meanwhile now sits in the queues.
+            None if !st.unexpected.is_empty() => Direct::Queue,
+            None => Direct::NotYet,
+        }
+    }
+
+    /// Why `rank` is gone, if it is.
+    pub(crate) fn gone_reason(&self, rank: u32) -> Option<String> {
+        (self.st.gone)(rank)
     }
 
     /// Starts a receive into `cap` bytes at `buf`.

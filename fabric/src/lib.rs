@@ -26,7 +26,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{Config, Engine, Path, SingleCopy};
+use engine::{Config, Direct, Engine, Path, SingleCopy};
 use weft_shm::{Inbox, InboxConfig, Outbox};
 use weft_wireup::{Client, GetOpts, Scope};
 
@@ -543,12 +543,34 @@ impl Communicator {
     /// Receives into `buf` a message from `src` with `tag` (wildcards allowed).
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: Source, tag: Tag) -> Result<Status, P2pError> {
         let s = self.source(src)?;
+        let t = Self::tag_sel(tag);
         let (p, n) = bytes_of_mut(buf);
-        let id = self
-            .inner
-            .engine
-            .borrow_mut()
-            .recv(p, n, self.ctx, s, Self::tag_sel(tag));
+        let mut e = self.inner.engine.borrow_mut();
+        let mut backoff = Backoff::default();
+        loop {
+            match e.recv_direct(p, n, self.ctx, s, t) {
+                Direct::Done(r) => return r,
+                Direct::Queue => break,
+                Direct::NotYet => {}
+            }
+            if backoff.snooze() {
+                if let Some(reason) = s.filter(|&r| r != self.rank).and_then(|r| e.gone_reason(r)) {
+                    // One more pass: its last messages may have arrived before it died.
+                    match e.recv_direct(p, n, self.ctx, s, t) {
+                        Direct::Done(r) => return r,
+                        Direct::Queue => break,
+                        Direct::NotYet => {
+                            return Err(P2pError::PeerGone {
+                                rank: s.unwrap_or(0),
+                                reason,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let id = e.recv(p, n, self.ctx, s, t);
+        drop(e);
         self.wait_id(id)
     }
 
