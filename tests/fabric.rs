@@ -88,12 +88,9 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
             "{}",
             done.dump()
         );
-        let ms: u64 = done
-            .stdout
-            .lines()
-            .find_map(|l| l.split(" gone after ").nth(1))
-            .and_then(|r| r.split(' ').next())
-            .and_then(|v| v.parse().ok())
+        let ms = *done
+            .gone_after_ms()
+            .first()
             .unwrap_or_else(|| panic!("rank 0 did not see the death\n{}", done.dump()));
         assert!(ms < 2000, "{scenario}: {ms} ms\n{}", done.dump());
     }

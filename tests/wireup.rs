@@ -235,12 +235,7 @@ fn a_process_killed_during_a_fence_is_reported_within_two_seconds() {
             "{}",
             done.dump()
         );
-        let saw: Vec<u64> = done
-            .stdout
-            .lines()
-            .filter_map(|l| l.split(" gone after ").nth(1))
-            .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
-            .collect();
+        let saw = done.gone_after_ms();
         assert_eq!(
             saw.len(),
             5,

@@ -63,6 +63,25 @@ impl Hdr {
     }
 }
 
+/// The result of a receive of a `size`-byte message into `cap` bytes.
+#[inline]
+fn outcome(sender: u32, tag: u32, size: usize, cap: usize) -> Result<Status, P2pError> {
+    if size > cap {
+        Err(P2pError::Truncated {
+            sender,
+            tag,
+            size,
+            capacity: cap,
+        })
+    } else {
+        Ok(Status {
+            source: sender,
+            tag,
+            count: size,
+        })
+    }
+}
+
 /// Outcome of [`Engine::recv_direct`].
 #[derive(Debug)]
 pub(crate) enum Direct {
@@ -318,20 +337,7 @@ impl Engine {
                         // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes,
                         // borrowed mutably for the whole call; `data` is in the inbox.
                         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
-                        got = Some(if data.len() > cap {
-                            Err(P2pError::Truncated {
-                                sender: h.src,
-                                tag: h.tag,
-                                size: data.len(),
-                                capacity: cap,
-                            })
-                        } else {
-                            Ok(Status {
-                                source: h.src,
-                                tag: h.tag,
-                                count: data.len(),
-                            })
-                        });
+                        got = Some(outcome(h.src, h.tag, data.len(), cap));
                         return;
                     }
                 }
@@ -680,20 +686,7 @@ impl State {
         // SAFETY: `buf` is the receive buffer of a live request (borrowed mutably by it for
         // its whole life) with room for `cap` >= n bytes; `data` is a distinct buffer.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
-        let r = if data.len() > cap {
-            Err(P2pError::Truncated {
-                sender: src,
-                tag,
-                size: data.len(),
-                capacity: cap,
-            })
-        } else {
-            Ok(Status {
-                source: src,
-                tag,
-                count: data.len(),
-            })
-        };
+        let r = outcome(src, tag, data.len(), cap);
         self.complete(id, r);
     }
 
@@ -747,20 +740,7 @@ impl State {
         let (buf, cap, len) = (*buf, *cap, len as usize);
         let n = len.min(cap);
         let done = |st: &mut State| {
-            let r = if len > cap {
-                Err(P2pError::Truncated {
-                    sender: src,
-                    tag,
-                    size: len,
-                    capacity: cap,
-                })
-            } else {
-                Ok(Status {
-                    source: src,
-                    tag,
-                    count: len,
-                })
-            };
+            let r = outcome(src, tag, len, cap);
             st.complete(id, r);
         };
         if self.cfg.single_copy == SingleCopy::Cma {
@@ -902,20 +882,7 @@ impl State {
         *got += chunk.len();
         if *got >= *total {
             let (src, tag, total, cap) = (*src, *tag, *total, *cap);
-            let r = if total > cap {
-                Err(P2pError::Truncated {
-                    sender: src,
-                    tag,
-                    size: total,
-                    capacity: cap,
-                })
-            } else {
-                Ok(Status {
-                    source: src,
-                    tag,
-                    count: total,
-                })
-            };
+            let r = outcome(src, tag, total, cap);
             self.complete(id, r);
         }
     }

@@ -49,6 +49,16 @@ impl Done {
     pub fn lines_with(&self, pat: &str) -> usize {
         self.stdout.lines().filter(|l| l.contains(pat)).count()
     }
+    /// The `N` of every stdout line `... gone after N ms ...` (how long a survivor took
+    /// to learn of a dead peer).
+    pub fn gone_after_ms(&self) -> Vec<u64> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.split(" gone after ").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect()
+    }
+
     pub fn dump(&self) -> String {
         format!(
             "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
