@@ -15,6 +15,8 @@ fn main() {
         "dead-peer-rendezvous" => dead_peer_rendezvous(),
         "errors" => errors(),
         "all-to-all" => all_to_all(),
+        "cma" => cma(false),
+        "cma-refused" => cma(true),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -140,6 +142,33 @@ fn all_to_all() -> Res {
         }
     }
     println!("rank {me} ok");
+    f.finalize()?;
+    Ok(())
+}
+
+/// Rank 0 sends 1 MiB to rank 1 with WEFT_SHM_SINGLE_COPY=cma. With `refuse`, rank 0 first
+/// makes itself non-dumpable, so that (without CAP_SYS_PTRACE) the kernel refuses rank 1's
+/// process_vm_readv: the transfer must still complete, through the pipelined copy.
+fn cma(refuse: bool) -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let data: Vec<u8> = (0..1usize << 20).map(|i| (i * 13 % 251) as u8).collect();
+    if w.rank() == 0 {
+        if refuse {
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+        }
+        w.send(&[1u8], 1, Tag(0))?;
+        w.send(&data, 1, Tag(1))?;
+    } else if w.rank() == 1 {
+        let mut go = [0u8];
+        w.recv(&mut go, Source::Rank(0), Tag(0))?;
+        let mut got = vec![0u8; 1 << 20];
+        w.recv(&mut got, Source::Rank(0), Tag(1))?;
+        if got != data {
+            return Err("the 1 MiB message arrived corrupted".into());
+        }
+        println!("rank 1 received 1 MiB by {}", f.rendezvous_copy());
+    }
     f.finalize()?;
     Ok(())
 }

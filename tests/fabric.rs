@@ -109,3 +109,53 @@ fn a_process_on_another_node_is_a_clear_no_path_error() {
         done.dump()
     );
 }
+
+#[test]
+fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
+    let probe = example("fabric_probe");
+    let done = run(
+        "cmaok",
+        &["-x", "WEFT_SHM_SINGLE_COPY=cma", "-n", "2", &probe, "cma"],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        done.stdout.contains("rank 1 received 1 MiB by cma"),
+        "{}",
+        done.dump()
+    );
+    // A real refusal: as an unprivileged user, process_vm_readv of a non-dumpable process
+    // fails with EPERM. That needs root to switch users; say so instead of passing silently.
+    if !rustix::process::getuid().is_root() || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!(
+            "SKIPPED part: the CMA refusal case needs root and setpriv to run the job as nobody"
+        );
+        return;
+    }
+    let prefix = [
+        "/usr/bin/setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let job = common::Job::start_as(
+        "cmarefused",
+        &prefix,
+        &[
+            "-x",
+            "WEFT_SHM_SINGLE_COPY=cma",
+            "-n",
+            "2",
+            &probe,
+            "cma-refused",
+        ],
+        std::process::Stdio::null(),
+    );
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        done.stdout.contains("rank 1 received 1 MiB by pipelined"),
+        "{}",
+        done.dump()
+    );
+}

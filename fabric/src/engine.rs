@@ -355,6 +355,11 @@ impl Engine {
         }
     }
 
+    /// How rendezvous data is copied now (CMA may have fallen back to pipelined).
+    pub(crate) fn single_copy(&self) -> SingleCopy {
+        self.st.cfg.single_copy
+    }
+
     /// Why `rank` is gone, if it is.
     pub(crate) fn gone_reason(&self, rank: u32) -> Option<String> {
         (self.st.gone)(rank)

@@ -340,6 +340,16 @@ impl Fabric {
             .expect("a fabric made by init has a wire-up client")
     }
 
+    /// How large messages are copied now: `"cma"` (single copy with process_vm_readv) or
+    /// `"pipelined"` (through the rings; the default, and the fallback when the kernel
+    /// refuses CMA).
+    pub fn rendezvous_copy(&self) -> &'static str {
+        match self.inner.engine.borrow().single_copy() {
+            SingleCopy::Cma => "cma",
+            SingleCopy::None => "pipelined",
+        }
+    }
+
     /// Pushes out every buffered frame, then finalizes the wire-up client.
     pub fn finalize(self) -> Result<(), weft_wireup::FinalizeError> {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -82,11 +82,30 @@ impl Job {
     }
 
     pub fn start_with_stdin(name: &str, args: &[&str], stdin: Stdio) -> Job {
+        Job::start_as(name, &[], args, stdin)
+    }
+
+    /// Starts `PREFIX... weft run ...` (e.g. a `setpriv` that changes the user).
+    pub fn start_as(name: &str, prefix: &[&str], args: &[&str], stdin: Stdio) -> Job {
         let name = format!("{name}-{}", std::process::id());
         let tmp = std::env::temp_dir().join("weft-tests").join(&name);
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).expect("test tmp dir");
-        let mut child = Command::new(weft())
+        if !prefix.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
+                .expect("chmod tmp");
+        }
+        let weft = weft();
+        let mut cmd = match prefix.split_first() {
+            None => Command::new(&weft),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&weft);
+                c
+            }
+        };
+        let mut child = cmd
             .arg("run")
             .args(["--job-id", &name])
             .args(args)
