@@ -325,13 +325,17 @@ impl Engine {
             return Direct::Queue;
         };
         let mut got = None;
+        // Once a matching message had to be queued (a rendezvous), later matching frames
+        // must queue behind it: messages never overtake each other.
+        let mut blocked = false;
         inbox.poll(&mut |sid, frame| {
-            if got.is_none() {
+            if got.is_none() && !blocked {
                 if let Some(h) = Hdr::decode(frame) {
-                    if h.kind == EAGER
-                        && matches(ctx, src, tag, h.ctx, h.src, h.tag)
-                        && st.sender_rank.get(sid as usize) == Some(&h.src)
-                    {
+                    let hit = matches(ctx, src, tag, h.ctx, h.src, h.tag)
+                        && st.sender_rank.get(sid as usize) == Some(&h.src);
+                    if hit && h.kind != EAGER {
+                        blocked = true;
+                    } else if hit {
                         let data = &frame[HDR..];
                         let n = data.len().min(cap);
                         // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes,

@@ -353,14 +353,27 @@ impl Fabric {
     /// Pushes out every buffered frame, then finalizes the wire-up client.
     pub fn finalize(self) -> Result<(), weft_wireup::FinalizeError> {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut backoff = Backoff::default();
         loop {
             let mut e = self.inner.engine.borrow_mut();
             e.progress();
-            if e.backlog() == 0 || Instant::now() > deadline {
+            if e.backlog() == 0 {
                 break;
             }
+            if Instant::now() > deadline {
+                tracing::error!(
+                    "finalize: {} frames could not be delivered within 10 s (peers not receiving?)",
+                    e.backlog()
+                );
+                break;
+            }
+            drop(e);
+            backoff.snooze();
         }
-        Ok(())
+        match &self.inner.wire {
+            Some(w) => w.finalize_shared(),
+            None => Ok(()),
+        }
     }
 
     /// A fabric over explicit pieces, for tests of the engine with several endpoints in
@@ -608,6 +621,7 @@ impl Communicator {
             id,
             recv: false,
             done: false,
+            result: None,
             _buf: PhantomData,
         })
     }
@@ -631,6 +645,7 @@ impl Communicator {
             id,
             recv: true,
             done: false,
+            result: None,
             _buf: PhantomData,
         })
     }
@@ -687,14 +702,16 @@ pub struct Request<'a> {
     id: u32,
     recv: bool,
     done: bool,
+    /// The result, once `test` has seen it (so that a later `wait` returns it).
+    result: Option<Result<Status, P2pError>>,
     _buf: PhantomData<&'a mut [u8]>,
 }
 
 impl Request<'_> {
     /// Progresses and returns the result if the operation has completed.
     pub fn test(&mut self) -> Option<Result<Status, P2pError>> {
-        if self.done {
-            return None;
+        if let Some(r) = &self.result {
+            return Some(r.clone());
         }
         let mut e = self.comm.inner.engine.borrow_mut();
         e.progress();
@@ -704,11 +721,15 @@ impl Request<'_> {
             r = e.take(self.id);
         }
         self.done = r.is_some();
+        self.result.clone_from(&r);
         r
     }
 
     /// Waits for the operation to complete.
     pub fn wait(mut self) -> Result<Status, P2pError> {
+        if let Some(r) = self.result.take() {
+            return r;
+        }
         self.done = true;
         self.comm.wait_id(self.id)
     }

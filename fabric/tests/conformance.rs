@@ -105,6 +105,45 @@ fn ordering(c: &Communicator, peer: u32) {
     }
 }
 
+fn small_after_large_does_not_overtake(c: &Communicator, peer: u32) {
+    // A rendezvous then an eager message on the same tag: the blocking receive's direct
+    // path must not take the small one first.
+    if c.rank() == 0 {
+        let big = pattern(100_000, 7);
+        let r = c.isend(&big, peer, Tag(1)).unwrap();
+        c.send(&[9u64], peer, Tag(1)).unwrap();
+        r.wait().unwrap();
+    } else {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut buf = vec![0u8; 100_000];
+        let first = c.recv(&mut buf, Source::Rank(peer), Tag(1)).unwrap();
+        assert_eq!(
+            first.count, 100_000,
+            "the small message overtook the large one"
+        );
+        assert!(buf == pattern(100_000, 7));
+        let second = c.recv(&mut buf, Source::Rank(peer), Tag(1)).unwrap();
+        assert_eq!(second.count, 8);
+    }
+}
+
+fn test_then_wait(c: &Communicator, peer: u32) {
+    if c.rank() == 0 {
+        c.send(&[5u32], peer, Tag(3)).unwrap();
+    } else {
+        let mut x = [0u32];
+        let mut r = c.irecv(&mut x, Source::Rank(peer), Tag(3)).unwrap();
+        let st = loop {
+            if let Some(s) = r.test() {
+                break s.unwrap();
+            }
+        };
+        // wait() after a successful test() returns the same result, at once.
+        assert_eq!(r.wait().unwrap(), st);
+        assert_eq!(x[0], 5);
+    }
+}
+
 fn tags_out_of_order(c: &Communicator, peer: u32) {
     if c.rank() == 0 {
         // Non-blocking: a blocking large send would (as in MPI) wait for its receive.
@@ -339,6 +378,24 @@ macro_rules! suite {
                     $eager,
                     $cma,
                     bad_arguments,
+                );
+            }
+            #[test]
+            fn a_small_message_never_overtakes_a_large_one() {
+                pair(
+                    concat!(stringify!($modname), "-over"),
+                    $eager,
+                    $cma,
+                    small_after_large_does_not_overtake,
+                );
+            }
+            #[test]
+            fn wait_after_test_returns_the_result() {
+                pair(
+                    concat!(stringify!($modname), "-tw"),
+                    $eager,
+                    $cma,
+                    test_then_wait,
                 );
             }
         }

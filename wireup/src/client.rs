@@ -339,7 +339,9 @@ impl Conn {
                 source: Some(e),
             })?;
         }
-        let deadline = timeout.map(|t| Instant::now() + t + SERVER_SLACK);
+        // A huge timeout (Duration::MAX as "no limit") means no deadline.
+        let deadline =
+            timeout.and_then(|t| Instant::now().checked_add(t)?.checked_add(SERVER_SLACK));
         let mut rx = lock(&self.rx);
         loop {
             if let Some(m) = rx.replies.remove(&req) {
@@ -757,6 +759,12 @@ impl Client {
     /// include this process afterwards fail at once instead of waiting for it; its
     /// committed data stays available to the others.
     pub fn finalize(self) -> Result<(), FinalizeError> {
+        self.finalize_inner()
+    }
+
+    /// Finalizes through a shared reference (for owners that hold the client in an `Arc`,
+    /// like the fabric); later calls do nothing.
+    pub fn finalize_shared(&self) -> Result<(), FinalizeError> {
         self.finalize_inner()
     }
 

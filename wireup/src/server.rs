@@ -938,12 +938,25 @@ impl State {
                     return;
                 }
                 tracing::error!("lost the server of node {node}: {reason}");
+                let why = format!("is unreachable (the server of node {node} was lost)");
                 for r in self.plan.job.ranks_on(node) {
-                    self.proc_gone(
-                        r,
-                        format!("is unreachable (the server of node {node} was lost)"),
-                        HashSet::new(),
-                    );
+                    // Gets waiting on a direct modex from that node can never be answered.
+                    self.modex_inflight.remove(&r);
+                    let error = WireError::ProcGone {
+                        op: "get".into(),
+                        rank: r,
+                        reason: why.clone(),
+                    };
+                    for w in self.modex_waiters.remove(&r).unwrap_or_default() {
+                        self.send_client(
+                            w.conn,
+                            &ServerMsg::Failed {
+                                req: w.req,
+                                error: error.clone(),
+                            },
+                        );
+                    }
+                    self.proc_gone(r, why.clone(), HashSet::new());
                 }
             }
             Event::Ctl(ToServer::Terminate { grace_ms }) => {
@@ -1353,6 +1366,9 @@ impl State {
     ) {
         let size = self.plan.job.size();
         let bad = match &id.procs {
+            Procs::List(v) if v.windows(2).any(|w| w[0] >= w[1]) => {
+                Some(format!("participants {v:?} are not sorted and distinct"))
+            }
             Procs::List(v) if v.iter().any(|&r| r >= size) => Some(format!(
                 "participants {v:?} name ranks outside the job (size {size})"
             )),
@@ -1632,6 +1648,14 @@ impl State {
                 }
             }
         }
+        if q.missing.is_empty() {
+            // Everyone has arrived: the all-gather is only finishing. Aborting now could
+            // fail a fence that succeeds elsewhere, so let it complete.
+            if let Some(c) = self.colls.get_mut(&q.id) {
+                c.timing_out = false;
+            }
+            return;
+        }
         let error = WireError::Timeout {
             op: "fence".into(),
             missing: q.missing.into_iter().collect(),
@@ -1641,6 +1665,25 @@ impl State {
     }
 
     fn on_peer(&mut self, msg: PeerMsg) {
+        let size = self.plan.job.size();
+        let bad_id = match &msg {
+            PeerMsg::Gather { id, .. }
+            | PeerMsg::Abort { id, .. }
+            | PeerMsg::ArrivalQuery { id, .. } => match &id.procs {
+                Procs::List(v) => {
+                    v.iter().any(|&r| r >= size) || v.windows(2).any(|w| w[0] >= w[1])
+                }
+                Procs::All => false,
+            },
+            PeerMsg::ModexReq { rank, .. }
+            | PeerMsg::ModexResp { rank, .. }
+            | PeerMsg::ProcGone { rank, .. } => *rank >= size,
+            _ => false,
+        };
+        if bad_id {
+            tracing::error!("ignoring a malformed message from another server (ranks outside the job or unsorted): {msg:?}");
+            return;
+        }
         match msg {
             PeerMsg::Hello { .. } => {}
             PeerMsg::Gather {
