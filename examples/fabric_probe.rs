@@ -128,14 +128,17 @@ fn all_to_all() -> Res {
     let mut ins: Vec<Vec<u32>> = (0..size)
         .map(|_| vec![0u32; 1 + me as usize * 5000])
         .collect();
-    let mut reqs = Vec::new();
-    for (s, b) in ins.iter_mut().enumerate() {
-        reqs.push(w.irecv(b, Source::Rank(s as u32), Tag(9))?);
-    }
-    for (d, b) in outs.iter().enumerate() {
-        reqs.push(w.isend(b, d as u32, Tag(9))?);
-    }
-    wait_all(reqs)?;
+    w.scope(|sc| -> Result<(), P2pError> {
+        let mut reqs = Vec::new();
+        for (s, b) in ins.iter_mut().enumerate() {
+            reqs.push(sc.irecv(b, Source::Rank(s as u32), Tag(9))?);
+        }
+        for (d, b) in outs.iter().enumerate() {
+            reqs.push(sc.isend(b, d as u32, Tag(9))?);
+        }
+        wait_all(reqs)?;
+        Ok(())
+    })?;
     for (s, b) in ins.iter().enumerate() {
         if b.iter().any(|&v| v != s as u32 * 1000 + me) {
             return Err(format!("rank {me}: data from {s} is wrong").into());

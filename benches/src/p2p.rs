@@ -46,7 +46,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use weft_fabric::{wait_all, Communicator, Fabric, P2pError, Request, Source, Tag};
+use weft_fabric::{wait_all, Communicator, Fabric, P2pError, Request, RequestScope, Source, Tag};
 
 use crate::limit::{self, Bind, CacheLine, PingPong};
 use crate::osu::{default_sizes, Metric, Report, Sweep, SweepArgs, MAX_DEFAULT_SIZE};
@@ -313,18 +313,18 @@ impl RecvSlots {
     }
 
     /// Posts `n` (at most `slots`) receives from `peer`, into slots 0 to n-1.
-    fn post<'a>(
-        &'a mut self,
-        world: &'a Communicator,
+    fn post<'s>(
+        &'s mut self,
+        scope: &'s RequestScope<'s, '_>,
         peer: u32,
         n: usize,
-    ) -> Result<Vec<Request<'a>>, P2pError> {
+    ) -> Result<Vec<Request<'s>>, P2pError> {
         let size = self.size;
         self.buf
             .as_mut_slice()
             .chunks_mut(self.stride)
             .take(n)
-            .map(|slot| world.irecv(&mut slot[..size], Source::Rank(peer), TAG_DATA))
+            .map(|slot| scope.irecv(&mut slot[..size], Source::Rank(peer), TAG_DATA))
             .collect()
     }
 
@@ -338,8 +338,9 @@ impl RecvSlots {
     ) -> Result<Option<weft_fabric::Status>, P2pError> {
         let mut last = None;
         for n in groups(window, self.slots) {
-            let reqs = self.post(world, peer, n)?;
-            last = wait_all(reqs)?.pop();
+            last = world.scope(|s| -> Result<_, P2pError> {
+                Ok(wait_all(self.post(s, peer, n)?)?.pop())
+            })?;
         }
         Ok(last)
     }
@@ -471,11 +472,14 @@ fn unidirectional(
         if me == 0 {
             stamp(&mut sbuf[..size], w);
             let data = &sbuf[..size];
-            let reqs = (0..window)
-                .map(|_| world.isend(data, peer, TAG_DATA))
-                .collect::<Result<Vec<_>, _>>()
+            world
+                .scope(|s| {
+                    let reqs = (0..window)
+                        .map(|_| s.isend(data, peer, TAG_DATA))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(reqs)
+                })
                 .map_err(p2p)?;
-            wait_all(reqs).map_err(p2p)?;
             world
                 .recv(&mut ack, Source::Rank(peer), TAG_ACK)
                 .map_err(p2p)?;
@@ -520,15 +524,23 @@ fn bidirectional(
         }
         let mut groups = groups(window, slots.slots);
         let first = groups.next().unwrap_or(0);
-        let recvs = slots.post(world, peer, first)?;
-        let sends = (0..window)
-            .map(|_| world.isend(data, peer, TAG_DATA))
-            .collect::<Result<Vec<_>, _>>()?;
-        wait_all(recvs)?;
-        for n in groups {
-            wait_all(slots.post(world, peer, n)?)?;
-        }
-        wait_all(sends)?;
+        world.scope(|s| -> Result<(), P2pError> {
+            let sends = (0..window)
+                .map(|_| s.isend(data, peer, TAG_DATA))
+                .collect::<Result<Vec<_>, _>>()?;
+            world.scope(|r| -> Result<(), P2pError> {
+                wait_all(slots.post(r, peer, first)?)?;
+                Ok(())
+            })?;
+            for n in groups {
+                world.scope(|r| -> Result<(), P2pError> {
+                    wait_all(slots.post(r, peer, n)?)?;
+                    Ok(())
+                })?;
+            }
+            wait_all(sends)?;
+            Ok(())
+        })?;
     }
     Ok(t0.elapsed())
 }

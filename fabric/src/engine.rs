@@ -415,6 +415,11 @@ impl Engine {
         r
     }
 
+    /// Whether request `id` is still held by the engine (running, or done but not taken).
+    pub(crate) fn is_live(&self, id: u32) -> bool {
+        self.st.reqs.get(id as usize).is_some_and(|r| r.is_some())
+    }
+
     /// The peer a request waits on (for failure detection), if one.
     pub(crate) fn waits_on(&self, id: u32) -> Option<u32> {
         match &self.st.reqs.get(id as usize)?.as_ref()?.kind {

@@ -597,8 +597,43 @@ impl Communicator {
         self.wait_id(id)
     }
 
-    /// Starts a send; `buf` stays borrowed until the request completes.
-    pub fn isend<'a, T: Pod>(
+    /// Runs `f` with a [`Scope`] in which non-blocking operations may borrow buffers.
+    /// Every operation started in the scope is complete when `scope` returns (receives
+    /// that never matched are cancelled), even if its [`Request`] was leaked with
+    /// `std::mem::forget`: so the transports never touch a buffer after its borrow ends.
+    ///
+    /// ```no_run
+    /// # use weft_fabric::{Fabric, Source, Tag, wait_all};
+    /// # let fabric = Fabric::init()?;
+    /// let world = fabric.world();
+    /// let (out, mut inb) = ([1u64; 4], [0u64; 4]);
+    /// world.scope(|s| {
+    ///     let r = s.irecv(&mut inb, Source::Any, Tag(1))?;
+    ///     let w = s.isend(&out, (world.rank() + 1) % world.size(), Tag(1))?;
+    ///     wait_all(vec![r, w])
+    /// })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scope<'env, F, R>(&'env self, f: F) -> R
+    where
+        F: for<'scope> FnOnce(&'scope RequestScope<'scope, 'env>) -> R,
+    {
+        let scope = RequestScope {
+            comm: self,
+            started: RefCell::new(Vec::new()),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&scope)));
+        scope.complete_all();
+        match out {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    /// Starts a send (through [`RequestScope::isend`]).
+    fn isend_in<'a, T: Pod>(
         &'a self,
         buf: &'a [T],
         dest: u32,
@@ -626,8 +661,8 @@ impl Communicator {
         })
     }
 
-    /// Starts a receive; `buf` stays borrowed until the request completes.
-    pub fn irecv<'a, T: Pod>(
+    /// Starts a receive (through [`RequestScope::irecv`]).
+    fn irecv_in<'a, T: Pod>(
         &'a self,
         buf: &'a mut [T],
         src: Source,
@@ -687,6 +722,64 @@ impl Communicator {
                         return Err(P2pError::PeerGone { rank: r, reason });
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The region of [`Communicator::scope`]: non-blocking operations started here may borrow
+/// buffers that outlive the scope, and are all complete when it ends.
+pub struct RequestScope<'scope, 'env: 'scope> {
+    comm: &'env Communicator,
+    started: RefCell<Vec<u32>>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl std::fmt::Debug for RequestScope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestScope")
+            .field("started", &self.started.borrow().len())
+            .finish()
+    }
+}
+
+impl<'scope, 'env> RequestScope<'scope, 'env> {
+    /// Starts a send of `buf` to `dest`; `buf` stays borrowed until the scope ends.
+    pub fn isend<T: Pod>(
+        &'scope self,
+        buf: &'scope [T],
+        dest: u32,
+        tag: Tag,
+    ) -> Result<Request<'scope>, P2pError> {
+        let r = self.comm.isend_in(buf, dest, tag)?;
+        self.started.borrow_mut().push(r.id);
+        Ok(r)
+    }
+
+    /// Starts a receive into `buf`; `buf` stays borrowed until the scope ends.
+    pub fn irecv<T: Pod>(
+        &'scope self,
+        buf: &'scope mut [T],
+        src: Source,
+        tag: Tag,
+    ) -> Result<Request<'scope>, P2pError> {
+        let r = self.comm.irecv_in(buf, src, tag)?;
+        self.started.borrow_mut().push(r.id);
+        Ok(r)
+    }
+}
+
+impl RequestScope<'_, '_> {
+    fn complete_all(&self) {
+        // Requests that were waited on are gone from the engine; the rest (dropped
+        // requests complete in their own Drop, leaked ones here) are cancelled if they are
+        // unmatched receives, otherwise waited for.
+        let ids = std::mem::take(&mut *self.started.borrow_mut());
+        for id in ids {
+            let live = self.comm.inner.engine.borrow().is_live(id);
+            if live && !self.comm.inner.engine.borrow_mut().cancel_recv(id) {
+                let _ = self.comm.wait_id(id);
             }
         }
     }

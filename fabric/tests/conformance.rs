@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Barrier};
 
-use weft_fabric::{wait_all, wait_any, Communicator, Fabric, P2pError, Source, Tag};
+use weft_fabric::{wait_all, wait_any, Communicator, Fabric, P2pError, RequestScope, Source, Tag};
 use weft_shm::{Inbox, InboxConfig};
 
 /// Runs `case(comm, peer)` on two endpoints in two threads of this process.
@@ -110,9 +110,11 @@ fn small_after_large_does_not_overtake(c: &Communicator, peer: u32) {
     // path must not take the small one first.
     if c.rank() == 0 {
         let big = pattern(100_000, 7);
-        let r = c.isend(&big, peer, Tag(1)).unwrap();
-        c.send(&[9u64], peer, Tag(1)).unwrap();
-        r.wait().unwrap();
+        c.scope(|s| {
+            let r = s.isend(&big, peer, Tag(1)).unwrap();
+            c.send(&[9u64], peer, Tag(1)).unwrap();
+            r.wait().unwrap();
+        });
     } else {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let mut buf = vec![0u8; 100_000];
@@ -132,14 +134,16 @@ fn test_then_wait(c: &Communicator, peer: u32) {
         c.send(&[5u32], peer, Tag(3)).unwrap();
     } else {
         let mut x = [0u32];
-        let mut r = c.irecv(&mut x, Source::Rank(peer), Tag(3)).unwrap();
-        let st = loop {
-            if let Some(s) = r.test() {
-                break s.unwrap();
-            }
-        };
-        // wait() after a successful test() returns the same result, at once.
-        assert_eq!(r.wait().unwrap(), st);
+        c.scope(|s| {
+            let mut r = s.irecv(&mut x, Source::Rank(peer), Tag(3)).unwrap();
+            let st = loop {
+                if let Some(s) = r.test() {
+                    break s.unwrap();
+                }
+            };
+            // wait() after a successful test() returns the same result, at once.
+            assert_eq!(r.wait().unwrap(), st);
+        });
         assert_eq!(x[0], 5);
     }
 }
@@ -150,12 +154,14 @@ fn tags_out_of_order(c: &Communicator, peer: u32) {
         let one = [1u64];
         let two = pattern(50000, 3);
         let three = [3u64];
-        let reqs = vec![
-            c.isend(&one, peer, Tag(1)).unwrap(),
-            c.isend(&two, peer, Tag(2)).unwrap(),
-            c.isend(&three, peer, Tag(3)).unwrap(),
-        ];
-        wait_all(reqs).unwrap();
+        c.scope(|s| {
+            let reqs = vec![
+                s.isend(&one, peer, Tag(1)).unwrap(),
+                s.isend(&two, peer, Tag(2)).unwrap(),
+                s.isend(&three, peer, Tag(3)).unwrap(),
+            ];
+            wait_all(reqs).unwrap();
+        });
     } else {
         // Receive tag 3 first: 1 and 2 go to the unexpected queue (2 as a rendezvous).
         let mut x = [0u64];
@@ -216,13 +222,28 @@ fn nonblocking(c: &Communicator, peer: u32) {
         .map(|i| vec![i as u32 + 1000 * c.rank(); 1 + (i % 7) * 3000])
         .collect();
     let mut ins: Vec<Vec<u32>> = (0..n).map(|i| vec![0u32; 1 + (i % 7) * 3000]).collect();
+    c.scope(|s| nonblocking_in(s, &mut ins, &outs, peer));
+    for (i, b) in ins.iter().enumerate() {
+        assert!(
+            b.iter().all(|&v| v == i as u32 + 1000 * peer),
+            "irecv {i} got wrong data"
+        );
+    }
+}
+
+fn nonblocking_in<'s>(
+    s: &'s RequestScope<'s, '_>,
+    ins: &'s mut [Vec<u32>],
+    outs: &'s [Vec<u32>],
+    peer: u32,
+) {
     let mut reqs = Vec::new();
     for (i, b) in ins.iter_mut().enumerate() {
-        reqs.push(c.irecv(b, Source::Rank(peer), Tag(i as u32)).unwrap());
+        reqs.push(s.irecv(b, Source::Rank(peer), Tag(i as u32)).unwrap());
     }
     let mut sends = Vec::new();
     for (i, b) in outs.iter().enumerate().rev() {
-        sends.push(c.isend(b, peer, Tag(i as u32)).unwrap());
+        sends.push(s.isend(b, peer, Tag(i as u32)).unwrap());
     }
     // wait_any drains a few, test polls one, wait_all the rest.
     for _ in 0..5 {
@@ -239,22 +260,18 @@ fn nonblocking(c: &Communicator, peer: u32) {
     drop(one);
     wait_all(reqs).unwrap();
     wait_all(sends).unwrap();
-    for (i, b) in ins.iter().enumerate() {
-        assert!(
-            b.iter().all(|&v| v == i as u32 + 1000 * peer),
-            "irecv {i} got wrong data"
-        );
-    }
 }
 
 fn probing(c: &Communicator, peer: u32) {
     if c.rank() == 0 {
         let (a, b) = (pattern(777, 5), pattern(99999, 6));
-        wait_all(vec![
-            c.isend(&a, peer, Tag(11)).unwrap(),
-            c.isend(&b, peer, Tag(12)).unwrap(),
-        ])
-        .unwrap();
+        c.scope(|s| {
+            wait_all(vec![
+                s.isend(&a, peer, Tag(11)).unwrap(),
+                s.isend(&b, peer, Tag(12)).unwrap(),
+            ])
+            .unwrap();
+        });
     } else {
         let st = c.probe(Source::Any, Tag(12)).unwrap();
         assert_eq!((st.source, st.tag, st.count), (peer, 12, 99999));
@@ -301,16 +318,45 @@ fn self_sends(c: &Communicator, me: u32) {
     assert_eq!(x, [7, 8]);
     let big = pattern(1 << 20, 9);
     let mut got = vec![0u8; 1 << 20];
-    let r = c.irecv(&mut got, Source::Any, Tag(2)).unwrap();
-    c.send(&big, me, Tag(2)).unwrap();
-    assert_eq!(r.wait().unwrap().count, 1 << 20);
+    c.scope(|s| {
+        let r = s.irecv(&mut got, Source::Any, Tag(2)).unwrap();
+        c.send(&big, me, Tag(2)).unwrap();
+        assert_eq!(r.wait().unwrap().count, 1 << 20);
+    });
     assert!(got == big);
     // isend first, then recv.
-    let s = c.isend(&big, me, Tag(3)).unwrap();
     let mut got2 = vec![0u8; 1 << 20];
-    c.recv(&mut got2, Source::Rank(me), Tag(3)).unwrap();
-    s.wait().unwrap();
+    c.scope(|s| {
+        let snd = s.isend(&big, me, Tag(3)).unwrap();
+        c.recv(&mut got2, Source::Rank(me), Tag(3)).unwrap();
+        snd.wait().unwrap();
+    });
     assert!(got2 == big);
+}
+
+fn leaked_requests_are_completed_by_the_scope(c: &Communicator, peer: u32) {
+    // A forgotten receive cannot outlive its buffer: the scope cancels it (as dropping it
+    // would), so the engine never writes into `leaked` after the scope, and the message it
+    // would have matched goes to the next receive instead.
+    if c.rank() == 0 {
+        let mut go = [0u8];
+        c.recv(&mut go, Source::Rank(peer), Tag(5)).unwrap();
+        c.send(&pattern(50_000, 8), peer, Tag(4)).unwrap();
+    } else {
+        let mut leaked = vec![0u8; 50_000];
+        c.scope(|s| {
+            let r = s.irecv(&mut leaked, Source::Rank(peer), Tag(4)).unwrap();
+            std::mem::forget(r);
+        });
+        c.send(&[1u8], peer, Tag(5)).unwrap();
+        let mut buf = vec![0u8; 50_000];
+        c.recv(&mut buf, Source::Rank(peer), Tag(4)).unwrap();
+        assert!(buf == pattern(50_000, 8));
+        assert!(
+            leaked.iter().all(|&b| b == 0),
+            "a cancelled receive wrote its buffer"
+        );
+    }
 }
 
 macro_rules! suite {
@@ -396,6 +442,15 @@ macro_rules! suite {
                     $eager,
                     $cma,
                     test_then_wait,
+                );
+            }
+            #[test]
+            fn leaked_requests_are_completed_by_their_scope() {
+                pair(
+                    concat!(stringify!($modname), "-leak"),
+                    $eager,
+                    $cma,
+                    leaked_requests_are_completed_by_the_scope,
                 );
             }
         }
