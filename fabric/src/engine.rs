@@ -840,10 +840,11 @@ impl State {
                 self.on_rts(h, addr, pid)
             }
             FIN => {
+                // Only the peer a pending send went to may complete it.
                 if let Some(Some(Req {
                     kind: Kind::Send { dest, len, .. },
-                    ..
-                })) = self.reqs.get(h.aux as usize)
+                    result: None,
+                })) = self.reqs.get(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     let s = Status {
                         source: *dest,
@@ -856,9 +857,9 @@ impl State {
             CTS if payload.len() >= 4 => {
                 let rreq = u32::from_le_bytes(payload[..4].try_into().unwrap_or([0; 4]));
                 if let Some(Some(Req {
-                    kind: Kind::Send { stream, dest, .. },
-                    ..
-                })) = self.reqs.get_mut(h.aux as usize)
+                    kind: Kind::Send { stream: stream @ None, dest, .. },
+                    result: None,
+                })) = self.reqs.get_mut(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     *stream = Some((rreq, 0));
                     let d = *dest;
@@ -868,7 +869,11 @@ impl State {
                 }
             }
             DATA => self.on_data(h, payload),
-            k => tracing::error!("dropping a frame of unknown kind {k} from rank {}", h.src),
+            k => tracing::error!(
+                "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",
+                frame.len(),
+                h.src
+            ),
         }
     }
 
@@ -887,6 +892,13 @@ impl State {
         else {
             return;
         };
+        if *src != h.src {
+            tracing::error!(
+                "dropping a data chunk from rank {} for a receive from rank {src}",
+                h.src
+            );
+            return;
+        }
         let off = h.len as usize;
         if off < *cap {
             let n = chunk.len().min(*cap - off);
