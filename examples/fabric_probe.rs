@@ -55,6 +55,15 @@ fn dead_peer() -> Res {
             }
             other => return Err(format!("expected PeerGone naming rank 1, got {other:?}").into()),
         }
+        // A wildcard receive fails too: with rank 1 gone no sender is left.
+        match w.recv(&mut x, Source::Any, Tag::ANY) {
+            Err(P2pError::PeerGone { rank: 1, .. }) => {
+                println!("rank 0: wildcard receive failed too")
+            }
+            other => {
+                return Err(format!("wildcard receive: expected PeerGone, got {other:?}").into())
+            }
+        }
     }
     // Exit 0 without finalizing, so that the launcher reports the killed rank as the
     // first failure (a non-zero exit here could race with it).

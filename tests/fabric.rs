@@ -93,6 +93,13 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
             .first()
             .unwrap_or_else(|| panic!("rank 0 did not see the death\n{}", done.dump()));
         assert!(ms < 2000, "{scenario}: {ms} ms\n{}", done.dump());
+        if scenario == "dead-peer" {
+            assert!(
+                done.stdout.contains("wildcard receive failed too"),
+                "{}",
+                done.dump()
+            );
+        }
     }
 }
 

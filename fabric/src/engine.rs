@@ -434,14 +434,18 @@ impl Engine {
 
     /// Fails request `id` because `rank` is gone (after one more progress pass).
     pub(crate) fn fail_if_gone(&mut self, id: u32) {
-        let Some(peer) = self.waits_on(id) else {
-            return;
-        };
-        if peer == self.st.me {
-            return;
-        }
-        let Some(reason) = (self.st.gone)(peer) else {
-            return;
+        let (peer, reason) = match self.waits_on(id) {
+            Some(peer) if peer == self.st.me => return,
+            Some(peer) => match (self.st.gone)(peer) {
+                Some(reason) => (peer, reason),
+                None => return,
+            },
+            // A wildcard receive can only fail when every possible sender is gone.
+            None if self.is_recv(id) => match self.all_others_gone() {
+                Some(found) => found,
+                None => return,
+            },
+            None => return,
         };
         self.progress();
         let still = self
@@ -455,6 +459,27 @@ impl Engine {
             self.st
                 .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
+    }
+
+    fn is_recv(&self, id: u32) -> bool {
+        matches!(
+            self.st.reqs.get(id as usize),
+            Some(Some(Req {
+                kind: Kind::Recv { .. },
+                ..
+            }))
+        )
+    }
+
+    /// If every rank but this one is gone, the lowest of them and why (else `None`).
+    pub(crate) fn all_others_gone(&self) -> Option<(u32, String)> {
+        let me = self.st.me;
+        let mut first = None;
+        for r in (0..self.st.peers.len() as u32).filter(|&r| r != me) {
+            let why = (self.st.gone)(r)?;
+            first.get_or_insert((r, format!("{why} (and so is every other possible sender)")));
+        }
+        first
     }
 
     /// Cancels a receive that has not matched yet; returns false if it is already

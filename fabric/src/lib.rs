@@ -577,17 +577,18 @@ impl Communicator {
                 Direct::NotYet => {}
             }
             if backoff.snooze() {
-                if let Some(reason) = s.filter(|&r| r != self.rank).and_then(|r| e.gone_reason(r)) {
+                let gone = match s {
+                    Some(r) if r == self.rank => None,
+                    Some(r) => e.gone_reason(r).map(|why| (r, why)),
+                    None if self.size > 1 => e.all_others_gone(),
+                    None => None,
+                };
+                if let Some((rank, reason)) = gone {
                     // One more pass: its last messages may have arrived before it died.
                     match e.recv_direct(p, n, self.ctx, s, t) {
                         Direct::Done(r) => return r,
                         Direct::Queue => break,
-                        Direct::NotYet => {
-                            return Err(P2pError::PeerGone {
-                                rank: s.unwrap_or(0),
-                                reason,
-                            });
-                        }
+                        Direct::NotYet => return Err(P2pError::PeerGone { rank, reason }),
                     }
                 }
             }
