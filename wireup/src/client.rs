@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use weft_shm::{SegmentError, StoreReader};
 
-use crate::frame::{self, FrameError, MAX_PEER_FRAME};
+use crate::frame::{self, MAX_PEER_FRAME};
 use crate::job::JobInfo;
 use crate::proto::{
     ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION,
@@ -22,6 +22,9 @@ use crate::{env, Rank};
 pub(crate) const MAX_KEY: usize = 1024;
 /// Largest value accepted by `put`.
 pub(crate) const MAX_VALUE: usize = 16 << 20;
+
+/// How long one read (or a follower's wait) lasts before the caller checks its deadline.
+const READ_SLICE: Duration = Duration::from_millis(200);
 
 /// How long the client waits beyond an operation's own timeout before it declares the
 /// server unresponsive (the server enforces the timeout itself and names who is missing).
@@ -301,7 +304,9 @@ struct Rx {
 #[derive(Debug)]
 struct Conn {
     writer: Mutex<UnixStream>,
-    reader: Mutex<UnixStream>,
+    /// The read side and the bytes of a frame not yet complete (reads resume after a
+    /// timeout without losing them).
+    reader: Mutex<(UnixStream, Vec<u8>)>,
     rx: Mutex<Rx>,
     cv: Condvar,
     next_req: AtomicU64,
@@ -342,6 +347,11 @@ impl Conn {
         // A huge timeout (Duration::MAX as "no limit") means no deadline.
         let deadline =
             timeout.and_then(|t| Instant::now().checked_add(t)?.checked_add(SERVER_SLACK));
+        let late = |op| ConnError {
+            op,
+            reason: "the server did not answer in time".into(),
+            source: None,
+        };
         let mut rx = lock(&self.rx);
         loop {
             if let Some(m) = rx.replies.remove(&req) {
@@ -354,17 +364,27 @@ impl Conn {
                     source: None,
                 });
             }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // Only this call gives up; the connection stays usable for the others.
+                return Err(late(op));
+            }
             if rx.reading {
-                rx = self.cv.wait(rx).unwrap_or_else(|p| p.into_inner());
+                // A follower wakes up now and then to check its own deadline.
+                rx = self
+                    .cv
+                    .wait_timeout(rx, READ_SLICE)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
                 continue;
             }
             rx.reading = true;
             drop(rx);
-            let got = self.read_one(deadline);
+            let got = self.read_one();
             rx = lock(&self.rx);
             rx.reading = false;
             match got {
-                Ok(m) => {
+                Ok(None) => {}
+                Ok(Some(m)) => {
                     let id = match &m {
                         ServerMsg::Done { req }
                         | ServerMsg::Value { req, .. }
@@ -384,25 +404,41 @@ impl Conn {
         }
     }
 
-    fn read_one(&self, deadline: Option<Instant>) -> Result<ServerMsg, String> {
-        let mut r = lock(&self.reader);
-        let t = deadline.map(|d| {
-            d.saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1))
-        });
-        r.set_read_timeout(t).map_err(|e| e.to_string())?;
-        match frame::read_sync::<ServerMsg>(&mut *r, MAX_PEER_FRAME) {
-            Ok(m) => Ok(m),
-            Err(FrameError::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err("the server did not answer in time".into())
+    /// Reads for at most [`READ_SLICE`]: `Ok(Some)` a frame, `Ok(None)` nothing complete
+    /// yet (the partial frame is kept), `Err` the connection is broken.
+    fn read_one(&self) -> Result<Option<ServerMsg>, String> {
+        let mut guard = lock(&self.reader);
+        let (sock, buf) = &mut *guard;
+        loop {
+            if buf.len() >= 4 {
+                let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                if len > MAX_PEER_FRAME {
+                    return Err(format!(
+                        "the server sent a frame of {len} bytes (limit {MAX_PEER_FRAME})"
+                    ));
+                }
+                if buf.len() >= 4 + len {
+                    let m = postcard::from_bytes::<ServerMsg>(&buf[4..4 + len])
+                        .map_err(|e| format!("undecodable frame from the server: {e}"));
+                    buf.drain(..4 + len);
+                    return m.map(Some);
+                }
             }
-            Err(FrameError::Closed) => Err("the server closed the connection".into()),
-            Err(e) => Err(e.to_string()),
+            let mut chunk = [0u8; 64 << 10];
+            match io::Read::read(sock, &mut chunk) {
+                Ok(0) => return Err("the server closed the connection".into()),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(None)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
 }
@@ -496,6 +532,10 @@ impl Client {
         })?;
         let local_peers = job.ranks_on(node);
         let reader = s.try_clone().map_err(|e| hs(e.to_string()))?;
+        // Reads return every READ_SLICE so that callers can check their own deadlines.
+        reader
+            .set_read_timeout(Some(READ_SLICE))
+            .map_err(|e| hs(e.to_string()))?;
         Ok(Client {
             rank,
             node,
@@ -504,7 +544,7 @@ impl Client {
             store,
             conn: Conn {
                 writer: Mutex::new(s),
-                reader: Mutex::new(reader),
+                reader: Mutex::new((reader, Vec::new())),
                 rx: Mutex::new(Rx::default()),
                 cv: Condvar::new(),
                 next_req: AtomicU64::new(1),
@@ -786,5 +826,85 @@ impl Drop for Client {
         if let Err(e) = self.finalize_inner() {
             tracing::debug!("finalize on drop: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn_pair() -> (Conn, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let reader = a.try_clone().unwrap();
+        reader.set_read_timeout(Some(READ_SLICE)).unwrap();
+        let conn = Conn {
+            writer: Mutex::new(a),
+            reader: Mutex::new((reader, Vec::new())),
+            rx: Mutex::new(Rx::default()),
+            cv: Condvar::new(),
+            next_req: AtomicU64::new(1),
+        };
+        (conn, b)
+    }
+
+    fn read_req(server: &mut UnixStream) -> u64 {
+        match frame::read_sync::<ClientMsg>(server, MAX_PEER_FRAME).unwrap() {
+            ClientMsg::Finalize { req } => req,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reply_split_across_read_slices_is_not_lost() {
+        let (conn, mut server) = conn_pair();
+        let t = std::thread::spawn(move || {
+            let req = read_req(&mut server);
+            let f = frame::encode(&ServerMsg::Done { req });
+            io::Write::write_all(&mut server, &f[..3]).unwrap();
+            std::thread::sleep(READ_SLICE * 3);
+            io::Write::write_all(&mut server, &f[3..]).unwrap();
+            server
+        });
+        let m = conn
+            .call("test", |req| ClientMsg::Finalize { req }, None)
+            .unwrap();
+        assert!(matches!(m, ServerMsg::Done { .. }));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn one_callers_timeout_leaves_the_connection_usable() {
+        let (conn, mut server) = conn_pair();
+        let conn = std::sync::Arc::new(conn);
+        // The first request is never answered; its caller gives up after its deadline.
+        let c2 = conn.clone();
+        let slow = std::thread::spawn(move || {
+            c2.call(
+                "slow",
+                |req| ClientMsg::Finalize { req },
+                Some(Duration::from_millis(1)),
+            )
+        });
+        let first = read_req(&mut server);
+        // While it waits, another thread's request is answered normally.
+        let c3 = conn.clone();
+        let fast =
+            std::thread::spawn(move || c3.call("fast", |req| ClientMsg::Finalize { req }, None));
+        let second = read_req(&mut server);
+        frame::write_sync(&mut server, &ServerMsg::Done { req: second }).unwrap();
+        assert!(matches!(fast.join().unwrap(), Ok(ServerMsg::Done { .. })));
+        let e = slow.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("did not answer in time"), "{e}");
+        // And the connection still works afterwards.
+        let t = std::thread::spawn(move || {
+            let req = read_req(&mut server);
+            frame::write_sync(&mut server, &ServerMsg::Done { req }).unwrap();
+            let _ = first;
+            server
+        });
+        assert!(conn
+            .call("after", |req| ClientMsg::Finalize { req }, None)
+            .is_ok());
+        t.join().unwrap();
     }
 }
