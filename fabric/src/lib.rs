@@ -309,7 +309,17 @@ impl Fabric {
         });
         let w3 = wire.clone();
         let gone = Box::new(move |rank: u32| w3.gone_reason(rank));
-        let engine = Engine::new(me, size, inbox, local, config()?, resolve, gone);
+        let cfg = config()?;
+        let shm_cfg = InboxConfig::from_env()?;
+        let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
+        if cfg.eager_limit > largest {
+            tracing::warn!(
+                "WEFT_SHM_EAGER_LIMIT={} exceeds the largest eager payload a fastbox frame holds ({largest} with WEFT_SHM_FASTBOX_BYTES={}); messages above {largest} bytes use rendezvous",
+                cfg.eager_limit,
+                shm_cfg.fastbox_bytes
+            );
+        }
+        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone);
         let world_ctx = wire.job().world_pgcid;
         Ok(Fabric {
             inner: Rc::new(Inner {
