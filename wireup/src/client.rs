@@ -41,6 +41,19 @@ pub(crate) mod keys {
         k.extend_from_slice(key.as_bytes());
         k
     }
+    /// Calls `f` with the key of [`data`], built on the stack when it is short (the
+    /// client's `get` path: no allocation for a lookup in shared memory).
+    #[inline]
+    pub(crate) fn with_data<R>(rank: Rank, key: &str, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = [0u8; 128];
+        let n = 5 + key.len();
+        if n > buf.len() {
+            return f(&data(rank, key));
+        }
+        buf[1..5].copy_from_slice(&rank.to_le_bytes());
+        buf[5..n].copy_from_slice(key.as_bytes());
+        f(&buf[..n])
+    }
     /// Present when the node holds every key of `rank` visible here.
     pub(crate) fn complete(rank: Rank) -> [u8; 5] {
         let r = rank.to_le_bytes();
@@ -136,12 +149,6 @@ pub enum CommitError {
         len: usize,
         /// The limit.
         max: usize,
-    },
-    /// The server rejected the commit.
-    #[error("commit rejected by the server: {reason}")]
-    Rejected {
-        /// The server's reason.
-        reason: String,
     },
     /// The connection failed.
     #[error(transparent)]
@@ -665,8 +672,7 @@ impl Client {
         // No reply is awaited: the server handles a connection's frames in order, so any
         // fence or get sent after this sees the data, and a commit cannot fail on a
         // healthy connection (keys and sizes were checked by `put`).
-        self.conn
-            .send("commit", &ClientMsg::Commit { req: 0, entries })?;
+        self.conn.send("commit", &ClientMsg::Commit { entries })?;
         Ok(())
     }
 
@@ -739,12 +745,17 @@ impl Client {
         }
         let on_node = self.job.procs[rank as usize].node == self.node;
         if !opts.refresh && !self.store.overflowed() {
-            if let Some(bytes) = self.store.get(&keys::data(rank, key)) {
-                return postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
-                    rank,
-                    key: key.to_owned(),
-                    reason: e.to_string(),
-                });
+            let found = keys::with_data(rank, key, |k| {
+                self.store.get(k).map(|bytes| {
+                    postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
+                        rank,
+                        key: key.to_owned(),
+                        reason: e.to_string(),
+                    })
+                })
+            });
+            if let Some(r) = found {
+                return r;
             }
             if self.store.get(&keys::complete(rank)).is_some() || (opts.local_only && !on_node) {
                 return Err(GetError::NotFound {
@@ -851,6 +862,20 @@ mod tests {
         match frame::read_sync::<ClientMsg>(server, MAX_PEER_FRAME).unwrap() {
             ClientMsg::Finalize { req } => req,
             other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stack_keys_equal_heap_keys() {
+        for key in [
+            "",
+            "k",
+            "weft.shm.inbox",
+            &"x".repeat(123),
+            &"y".repeat(124),
+            &"z".repeat(500),
+        ] {
+            keys::with_data(7, key, |k| assert_eq!(k, keys::data(7, key).as_slice()));
         }
     }
 

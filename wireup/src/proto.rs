@@ -122,8 +122,8 @@ pub(crate) enum ClientMsg {
         rank: Rank,
         token: u64,
     },
+    /// Not acknowledged: the server handles a connection's frames in order.
     Commit {
-        req: u64,
         entries: Vec<(Scope, String, Value)>,
     },
     Fence {

@@ -1065,13 +1065,7 @@ impl State {
             ClientMsg::Hello { .. } => {
                 tracing::warn!("rank {rank} sent a second hello; ignored");
             }
-            ClientMsg::Commit { req, entries } => {
-                self.commit(rank, entries);
-                // req 0: the client does not wait for an acknowledgement.
-                if req != 0 {
-                    self.send_client(conn, &ServerMsg::Done { req });
-                }
-            }
+            ClientMsg::Commit { entries } => self.commit(rank, entries),
             ClientMsg::Fence {
                 req,
                 id,
