@@ -935,7 +935,8 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
     Ok(code)
 }
 
-fn kill(pid: u32, sig: rustix::process::Signal) {
+/// Sends `sig` to process `pid` (best effort: it may have exited already).
+pub(crate) fn kill(pid: u32, sig: rustix::process::Signal) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(p, sig);
     }

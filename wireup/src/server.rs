@@ -1023,9 +1023,7 @@ impl State {
     fn kill_all(&mut self, sig: rustix::process::Signal) {
         for p in self.procs.values() {
             if let (Some(pid), false) = (p.pid, p.exited) {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ = rustix::process::kill_process(pid, sig);
-                }
+                crate::launcher::kill(pid, sig);
             }
         }
     }
