@@ -309,7 +309,7 @@ struct Rx {
 /// A request/response connection usable from many threads: whichever waiter finds no
 /// reader becomes the reader and files replies for the others (leader/follower).
 #[derive(Debug)]
-struct Conn {
+pub(crate) struct Conn {
     writer: Mutex<UnixStream>,
     /// The read side and the bytes of a frame not yet complete (reads resume after a
     /// timeout without losing them).
@@ -319,7 +319,7 @@ struct Conn {
     next_req: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -335,22 +335,64 @@ impl Conn {
         })
     }
 
-    fn call(
+    /// Sends a request; its reply is collected with [`Conn::wait`] or [`Conn::poll`].
+    pub(crate) fn start(
+        &self,
+        op: &'static str,
+        build: impl FnOnce(u64) -> ClientMsg,
+    ) -> Result<u64, ConnError> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let frame = frame::encode(&build(req));
+        let mut w = lock(&self.writer);
+        io::Write::write_all(&mut *w, &frame).map_err(|e| ConnError {
+            op,
+            reason: "cannot send the request".into(),
+            source: Some(e),
+        })?;
+        Ok(req)
+    }
+
+    pub(crate) fn call(
         &self,
         op: &'static str,
         build: impl FnOnce(u64) -> ClientMsg,
         timeout: Option<Duration>,
     ) -> Result<ServerMsg, ConnError> {
-        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-        let frame = frame::encode(&build(req));
-        {
-            let mut w = lock(&self.writer);
-            io::Write::write_all(&mut *w, &frame).map_err(|e| ConnError {
-                op,
-                reason: "cannot send the request".into(),
-                source: Some(e),
-            })?;
+        let req = self.start(op, build)?;
+        self.wait(op, req, timeout)
+    }
+
+    /// Files one frame read from the server (or the reason the connection broke).
+    fn file(&self, rx: &mut Rx, got: Result<Option<ServerMsg>, String>) {
+        match got {
+            Ok(None) => {}
+            Ok(Some(m)) => {
+                let id = match &m {
+                    ServerMsg::Done { req }
+                    | ServerMsg::Value { req, .. }
+                    | ServerMsg::Failed { req, .. }
+                    | ServerMsg::Group { req, .. }
+                    | ServerMsg::Groups { req, .. } => *req,
+                    other => {
+                        rx.broken = Some(format!("unexpected message from the server: {other:?}"));
+                        self.cv.notify_all();
+                        return;
+                    }
+                };
+                rx.replies.insert(id, m);
+            }
+            Err(why) => rx.broken = Some(why),
         }
+        self.cv.notify_all();
+    }
+
+    /// Waits for the reply to request `req`.
+    pub(crate) fn wait(
+        &self,
+        op: &'static str,
+        req: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ServerMsg, ConnError> {
         // A huge timeout (Duration::MAX as "no limit") means no deadline.
         let deadline =
             timeout.and_then(|t| Instant::now().checked_add(t)?.checked_add(SERVER_SLACK));
@@ -386,36 +428,54 @@ impl Conn {
             }
             rx.reading = true;
             drop(rx);
-            let got = self.read_one();
+            let got = self.read_one(false);
             rx = lock(&self.rx);
             rx.reading = false;
-            match got {
-                Ok(None) => {}
-                Ok(Some(m)) => {
-                    let id = match &m {
-                        ServerMsg::Done { req }
-                        | ServerMsg::Value { req, .. }
-                        | ServerMsg::Failed { req, .. } => *req,
-                        other => {
-                            rx.broken =
-                                Some(format!("unexpected message from the server: {other:?}"));
-                            self.cv.notify_all();
-                            continue;
-                        }
-                    };
-                    rx.replies.insert(id, m);
-                }
-                Err(why) => rx.broken = Some(why),
-            }
-            self.cv.notify_all();
+            self.file(&mut rx, got);
         }
     }
 
-    /// Reads for at most [`READ_SLICE`]: `Ok(Some)` a frame, `Ok(None)` nothing complete
-    /// yet (the partial frame is kept), `Err` the connection is broken.
-    fn read_one(&self) -> Result<Option<ServerMsg>, String> {
+    /// The reply to request `req` if it has arrived; never blocks.
+    pub(crate) fn poll(&self, op: &'static str, req: u64) -> Result<Option<ServerMsg>, ConnError> {
+        let mut rx = lock(&self.rx);
+        if !rx.reading && !rx.replies.contains_key(&req) && rx.broken.is_none() {
+            rx.reading = true;
+            drop(rx);
+            let got = self.read_one(true);
+            rx = lock(&self.rx);
+            rx.reading = false;
+            self.file(&mut rx, got);
+        }
+        if let Some(m) = rx.replies.remove(&req) {
+            return Ok(Some(m));
+        }
+        match &rx.broken {
+            Some(why) => Err(ConnError {
+                op,
+                reason: why.clone(),
+                source: None,
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads for at most [`READ_SLICE`] (or only what is there, with `nonblocking`):
+    /// `Ok(Some)` a frame, `Ok(None)` nothing complete yet (the partial frame is kept),
+    /// `Err` the connection is broken.
+    fn read_one(&self, nonblocking: bool) -> Result<Option<ServerMsg>, String> {
         let mut guard = lock(&self.reader);
         let (sock, buf) = &mut *guard;
+        if nonblocking {
+            sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+        }
+        let got = Self::read_frame(sock, buf);
+        if nonblocking {
+            sock.set_nonblocking(false).map_err(|e| e.to_string())?;
+        }
+        got
+    }
+
+    fn read_frame(sock: &mut UnixStream, buf: &mut Vec<u8>) -> Result<Option<ServerMsg>, String> {
         loop {
             if buf.len() >= 4 {
                 let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
@@ -462,7 +522,9 @@ pub struct Client {
     store: StoreReader,
     conn: Conn,
     pending: Mutex<Vec<(Scope, String, Value)>>,
-    seqs: Mutex<HashMap<(CollKind, Procs), u64>>,
+    seqs: Mutex<HashMap<(CollKind, Procs, String), u64>>,
+    /// The groups this process constructed and has not destructed, by id.
+    pub(crate) my_groups: Mutex<HashMap<String, crate::GroupInfo>>,
     finalized: AtomicBool,
 }
 
@@ -558,6 +620,7 @@ impl Client {
             },
             pending: Mutex::new(Vec::new()),
             seqs: Mutex::new(HashMap::new()),
+            my_groups: Mutex::new(HashMap::new()),
             finalized: AtomicBool::new(false),
         })
     }
@@ -701,17 +764,7 @@ impl Client {
                 });
             }
         }
-        let seq = {
-            let mut seqs = lock(&self.seqs);
-            let s = seqs.entry((CollKind::Fence, procs.clone())).or_insert(0);
-            *s += 1;
-            *s
-        };
-        let id = CollId {
-            kind: CollKind::Fence,
-            procs,
-            seq,
-        };
+        let id = self.coll_id(CollKind::Fence, procs, "");
         let timeout_ms = ms(timeout);
         match self.conn.call(
             "fence",
@@ -734,6 +787,30 @@ impl Client {
                 reason: format!("unexpected reply {other:?}"),
             }),
         }
+    }
+
+    /// The next collective id of `kind` over `procs` (and group `name`): every
+    /// participant counts its own calls, so theirs agree.
+    pub(crate) fn coll_id(&self, kind: CollKind, procs: Procs, name: &str) -> CollId {
+        let seq = {
+            let mut seqs = lock(&self.seqs);
+            let s = seqs
+                .entry((kind, procs.clone(), name.to_owned()))
+                .or_insert(0);
+            *s += 1;
+            *s
+        };
+        CollId {
+            kind,
+            procs,
+            seq,
+            name: name.to_owned(),
+        }
+    }
+
+    /// The connection to the server.
+    pub(crate) fn conn(&self) -> &Conn {
+        &self.conn
     }
 
     /// Reads `key` of `rank`: from this node's datastore when it is there (no message to

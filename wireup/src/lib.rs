@@ -22,6 +22,7 @@
 
 mod client;
 mod frame;
+mod group;
 mod job;
 pub mod launcher;
 mod proto;
@@ -30,8 +31,9 @@ pub mod topology;
 mod value;
 
 pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
+pub use group::{GroupError, PendingConstruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
-pub use proto::{FenceMode, Procs, PROTOCOL_VERSION};
+pub use proto::{FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
 pub use topology::{CpuList, CpuListError};
 pub use value::{Scope, Value};
 

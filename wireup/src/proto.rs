@@ -13,7 +13,7 @@ use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// First bytes of every hello.
 pub(crate) const MAGIC: [u8; 4] = *b"WEFT";
 
@@ -75,14 +75,109 @@ pub enum FenceMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum CollKind {
     Fence,
+    /// A group construct (the collective's `name` is the group id).
+    GroupConstruct,
+    /// A group destruct (the collective's `name` is the group id).
+    GroupDestruct,
 }
 
-/// Identity of one collective: (kind, sorted participants, sequence number).
+/// Identity of one collective: (kind, sorted participants, sequence number, and for
+/// group operations the group id), so a fence and a group construct over the same
+/// processes never collide.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct CollId {
     pub(crate) kind: CollKind,
     pub(crate) procs: Procs,
     pub(crate) seq: u64,
+    /// The group id (empty for fences).
+    pub(crate) name: String,
+}
+
+impl CollId {
+    /// Whether this is a group construct or destruct.
+    pub(crate) fn is_group(&self) -> bool {
+        matches!(
+            self.kind,
+            CollKind::GroupConstruct | CollKind::GroupDestruct
+        )
+    }
+    /// The operation's name in errors.
+    pub(crate) fn op(&self) -> &'static str {
+        match self.kind {
+            CollKind::Fence => "fence",
+            CollKind::GroupConstruct => "group construct",
+            CollKind::GroupDestruct => "group destruct",
+        }
+    }
+}
+
+/// The directives of a group construct (PMIx's `PMIX_GROUP_*` attributes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupDirectives {
+    /// The group's leader (it receives the group's events, may be replaced on failure).
+    pub leader: Option<Rank>,
+    /// Members that never join (timeout) or die first are left out: the construct
+    /// succeeds with the final membership instead of failing.
+    pub optional: bool,
+    /// Only processes of the caller's node take part: no inter-node collective (except
+    /// the request of a context id from the root server, when one is asked for).
+    pub local_only: bool,
+    /// A member that dies during the construct (or later, instead of destructing) is
+    /// an event and leaves the membership, not an error.
+    pub notify_termination: bool,
+    /// Fault-tolerant collective: a member that dies mid-construct is dropped and the
+    /// construct completes among the others.
+    pub ft_collective: bool,
+    /// Ask the root server for a PGCID (unique within the job, never reused).
+    pub assign_context_id: bool,
+    /// Skip the exchange of the members' committed Remote/Global data. By default a
+    /// construct moves it as a Full fence would, so that `get`s of members' cards never
+    /// leave the node afterwards.
+    pub no_data: bool,
+}
+
+impl GroupDirectives {
+    /// Whether a member's death or absence shrinks the group instead of failing it.
+    pub(crate) fn tolerant(&self) -> bool {
+        self.optional || self.notify_termination || self.ft_collective
+    }
+}
+
+/// What the servers know of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// The group id.
+    pub id: String,
+    /// Its members, ascending.
+    pub members: Vec<Rank>,
+    /// Its PGCID, if one was assigned.
+    pub pgcid: Option<u64>,
+    /// Its leader, if one was named.
+    pub leader: Option<Rank>,
+    /// Requested members that are not in the group (never joined, or died first):
+    /// empty when the construct was a full success.
+    pub left_out: Vec<Rank>,
+    /// The directives it was constructed with.
+    pub directives: GroupDirectives,
+}
+
+/// One node's contribution to a group construct's all-gather.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct GroupBlock {
+    /// The node's members that joined.
+    pub(crate) joined: Vec<Rank>,
+    /// Their committed Remote/Global data (empty with `no_data`).
+    pub(crate) data: ProcData,
+    /// The PGCID, in the root server's block when one was asked for.
+    pub(crate) pgcid: Option<u64>,
+}
+
+/// What a server learns of a group collective from the first message about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GroupSpec {
+    pub(crate) directives: GroupDirectives,
+    /// Time left until the construct's deadline when the message was sent.
+    pub(crate) timeout_ms: Option<u64>,
 }
 
 impl CollId {
@@ -143,6 +238,17 @@ pub(crate) enum ClientMsg {
     Finalize {
         req: u64,
     },
+    /// A group construct or destruct (`id.kind` tells which).
+    Group {
+        req: u64,
+        id: CollId,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    },
+    /// The groups this node's server knows.
+    GroupQuery {
+        req: u64,
+    },
 }
 
 /// Server to client.
@@ -167,6 +273,16 @@ pub(crate) enum ServerMsg {
         req: u64,
         error: WireError,
     },
+    /// A group construct completed.
+    Group {
+        req: u64,
+        group: GroupInfo,
+    },
+    /// The answer to a group query.
+    Groups {
+        req: u64,
+        groups: Vec<GroupInfo>,
+    },
 }
 
 /// Data of some processes as it travels between servers: rank -> (key, value).
@@ -187,6 +303,8 @@ pub(crate) enum PeerMsg {
         mode: FenceMode,
         step: u32,
         blocks: Vec<(u32, Vec<u8>)>,
+        /// For group collectives: their directives and deadline.
+        group: Option<GroupSpec>,
     },
     Abort {
         id: CollId,
@@ -301,7 +419,19 @@ mod tests {
             kind: CollKind::Fence,
             procs: Procs::All,
             seq: 0,
+            name: String::new(),
         };
+        let g = CollId {
+            kind: CollKind::GroupConstruct,
+            name: "g".into(),
+            ..a.clone()
+        };
+        let h = CollId {
+            name: "h".into(),
+            ..g.clone()
+        };
+        assert_ne!(a.digest(), g.digest());
+        assert_ne!(g.digest(), h.digest());
         let b = CollId {
             seq: 1,
             ..a.clone()

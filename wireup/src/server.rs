@@ -27,8 +27,9 @@ use weft_shm::StoreWriter;
 use crate::client::keys;
 use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use crate::proto::{
-    AppSpec, ClientMsg, CollId, ExitKind, FenceMode, JobPlan, PeerMsg, ProcData, Procs, ServerMsg,
-    ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+    AppSpec, ClientMsg, CollId, CollKind, ExitKind, FenceMode, GroupBlock, GroupDirectives,
+    GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs, ServerMsg, ToLauncher, ToServer,
+    WireError, MAGIC, PROTOCOL_VERSION,
 };
 use crate::topology;
 use crate::value::{Scope, Value};
@@ -245,6 +246,9 @@ struct Coll {
     inbox: HashMap<u32, Vec<(u32, Vec<u8>)>>,
     deadline: Option<Instant>,
     timing_out: bool,
+    /// For group collectives: directives and timeout (sent along with every Gather so
+    /// that a server that learns of the collective from a peer knows them too).
+    group: Option<GroupSpec>,
 }
 
 struct Query {
@@ -291,6 +295,10 @@ struct State {
     live_children: usize,
     terminating: bool,
     done: bool,
+    /// Groups with members on this node, by id.
+    groups: BTreeMap<String, GroupInfo>,
+    /// The next PGCID to hand out (the root server, node 0, is the only allocator).
+    next_pgcid: u64,
 }
 
 async fn serve(args: ServerArgs) -> Result<(), ServerError> {
@@ -463,6 +471,8 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
         modex_serving: HashMap::new(),
         terminating: false,
         done: false,
+        groups: BTreeMap::new(),
+        next_pgcid: plan.job.world_pgcid + 1,
     };
     // 3. Start the node's processes.
     let ranks: Vec<Rank> = st.procs.keys().copied().collect();
@@ -761,6 +771,8 @@ fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::Fence { .. } => "fence",
         ClientMsg::Get { .. } => "get",
         ClientMsg::Finalize { .. } => "finalize",
+        ClientMsg::Group { .. } => "group",
+        ClientMsg::GroupQuery { .. } => "group query",
     }
 }
 
@@ -1069,7 +1081,26 @@ impl State {
                 id,
                 mode,
                 timeout_ms,
-            } => self.fence_arrive(rank, conn, req, id, mode, timeout_ms),
+            } => {
+                if id.kind != CollKind::Fence {
+                    let error = WireError::Invalid {
+                        op: "fence".into(),
+                        reason: "a fence request carried a group collective id".into(),
+                    };
+                    return self.send_client(conn, &ServerMsg::Failed { req, error });
+                }
+                self.coll_arrive(rank, conn, req, id, mode, timeout_ms, None)
+            }
+            ClientMsg::Group {
+                req,
+                id,
+                directives,
+                timeout_ms,
+            } => self.group_arrive(rank, conn, req, id, directives, timeout_ms),
+            ClientMsg::GroupQuery { req } => {
+                let groups = self.groups.values().cloned().collect();
+                self.send_client(conn, &ServerMsg::Groups { req, groups });
+            }
             ClientMsg::Get {
                 req,
                 rank: target,
@@ -1247,13 +1278,22 @@ impl State {
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
         self.store_put(&gone_key, reason.as_bytes());
-        // Collectives the rank never joined can no longer complete.
-        let doomed: Vec<CollId> = self
-            .colls
-            .iter()
-            .filter(|(id, c)| id.procs.contains(rank) && !joined.contains(&c.digest))
-            .map(|(id, _)| id.clone())
-            .collect();
+        // Collectives the rank never joined can no longer complete, except tolerant
+        // groups, which go on without it.
+        let mut doomed = Vec::new();
+        let mut shrunk = Vec::new();
+        for (id, c) in &mut self.colls {
+            if !id.procs.contains(rank) || joined.contains(&c.digest) {
+                continue;
+            }
+            if c.group.as_ref().is_some_and(|g| g.directives.tolerant()) {
+                if c.local_expected.remove(&rank) {
+                    shrunk.push(id.clone());
+                }
+            } else {
+                doomed.push(id.clone());
+            }
+        }
         self.gone.insert(
             rank,
             Gone {
@@ -1263,11 +1303,20 @@ impl State {
         );
         for id in doomed {
             let error = WireError::ProcGone {
-                op: "fence".into(),
+                op: id.op().into(),
                 rank,
                 reason: reason.clone(),
             };
             self.fail_coll(&id, error, false);
+        }
+        for id in shrunk {
+            self.maybe_start(&id);
+        }
+        // Groups with notify-termination lose the member.
+        for g in self.groups.values_mut() {
+            if g.directives.notify_termination {
+                g.members.retain(|&r| r != rank);
+            }
         }
         // Getters waiting for data the rank never committed.
         let committed = self.procs.get(&rank).is_some_and(|p| p.committed);
@@ -1309,19 +1358,32 @@ impl State {
         }
     }
 
-    fn new_coll(&self, id: &CollId) -> Coll {
+    fn new_coll(&self, id: &CollId, group: Option<GroupSpec>) -> Coll {
         let job = &self.plan.job;
         let ranks = id.procs.ranks(job.size());
         let mut nodes: Vec<u32> = ranks.iter().map(|&r| job.procs[r as usize].node).collect();
+        let assign = group
+            .as_ref()
+            .is_some_and(|g| g.directives.assign_context_id);
+        if id.kind == CollKind::GroupConstruct && assign {
+            // The root server takes part to hand out the PGCID in its block.
+            nodes.push(0);
+        }
         nodes.sort_unstable();
         nodes.dedup();
         let me = nodes.iter().position(|&n| n == self.node).unwrap_or(0);
+        let tolerant = group.as_ref().is_some_and(|g| g.directives.tolerant());
+        let digest = id.digest();
         Coll {
-            digest: id.digest(),
+            digest,
             mode: None,
             local_expected: ranks
                 .into_iter()
                 .filter(|r| self.procs.contains_key(r))
+                // A tolerant group does not wait for members that are already gone.
+                .filter(|r| {
+                    !tolerant || self.gone.get(r).is_none_or(|g| g.joined.contains(&digest))
+                })
                 .collect(),
             arrived: BTreeSet::new(),
             waiters: Vec::new(),
@@ -1334,6 +1396,7 @@ impl State {
             inbox: HashMap::new(),
             deadline: None,
             timing_out: false,
+            group,
         }
     }
 
@@ -1347,7 +1410,120 @@ impl State {
         }
     }
 
-    fn fence_arrive(
+    /// Checks a group construct or destruct request, then joins it like a fence.
+    fn group_arrive(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: CollId,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    ) {
+        let op = id.op();
+        let fail = |st: &Self, reason: String| {
+            let error = WireError::Invalid {
+                op: format!("{op} of {:?}", id.name),
+                reason,
+            };
+            st.send_client(conn, &ServerMsg::Failed { req, error });
+        };
+        let job = &self.plan.job;
+        match id.kind {
+            CollKind::Fence => return fail(self, "a group request carried a fence id".into()),
+            CollKind::GroupConstruct => {
+                if id.name.is_empty() {
+                    return fail(self, "the group id is empty".into());
+                }
+                if id.name == job.nspace || id.name.starts_with("weft://") {
+                    return fail(
+                        self,
+                        format!(
+                            "the group id collides with a namespace ({} or the reserved weft:// prefix)",
+                            job.nspace
+                        ),
+                    );
+                }
+                if let Some(g) = self.groups.get(&id.name) {
+                    return fail(
+                        self,
+                        format!(
+                            "the group id is already in use (members {:?}); destruct it first",
+                            g.members
+                        ),
+                    );
+                }
+                let busy = self.colls.keys().any(|other| {
+                    other.kind == CollKind::GroupConstruct && other.name == id.name && *other != id
+                });
+                if busy {
+                    return fail(
+                        self,
+                        "the group id is already in use by another construct in progress (the same tag used twice concurrently?)".into(),
+                    );
+                }
+                if directives.local_only {
+                    let elsewhere: Vec<Rank> = id
+                        .procs
+                        .ranks(job.size())
+                        .into_iter()
+                        .filter(|r| !self.procs.contains_key(r))
+                        .collect();
+                    if !elsewhere.is_empty() {
+                        return fail(
+                            self,
+                            format!(
+                                "local-only, but ranks {elsewhere:?} are not on node {}",
+                                self.node
+                            ),
+                        );
+                    }
+                }
+                if let Some(l) = directives.leader {
+                    if !id.procs.contains(l) {
+                        return fail(self, format!("the leader {l} is not a member"));
+                    }
+                }
+            }
+            CollKind::GroupDestruct => match self.groups.get(&id.name) {
+                None => return fail(self, "no such group on this node".into()),
+                Some(g) if !g.members.contains(&rank) => {
+                    return fail(self, format!("rank {rank} is not a member"))
+                }
+                // Members that died since the construct may still be listed (every survivor
+                // lists the membership the construct returned, so their ids agree).
+                Some(g)
+                    if g.members.iter().any(|&m| !id.procs.contains(m))
+                        || id.procs.ranks(job.size()).iter().any(|r| {
+                            g.members.binary_search(r).is_err() && !self.gone.contains_key(r)
+                        }) =>
+                {
+                    return fail(
+                        self,
+                        format!(
+                            "the membership {:?} does not match the group's {:?}",
+                            id.procs, g.members
+                        ),
+                    )
+                }
+                Some(_) => {}
+            },
+        }
+        let mode = if id.kind == CollKind::GroupConstruct && !directives.no_data {
+            FenceMode::Full
+        } else {
+            FenceMode::SyncOnly
+        };
+        let spec = GroupSpec {
+            directives,
+            timeout_ms,
+        };
+        self.coll_arrive(rank, conn, req, id, mode, timeout_ms, Some(spec));
+    }
+
+    /// A local process joins collective `id` (a fence or a group operation).
+    #[allow(clippy::too_many_arguments)]
+    fn coll_arrive(
         &mut self,
         rank: Rank,
         conn: ConnId,
@@ -1355,8 +1531,10 @@ impl State {
         id: CollId,
         mode: FenceMode,
         timeout_ms: Option<u64>,
+        group: Option<GroupSpec>,
     ) {
         let size = self.plan.job.size();
+        let op = id.op();
         let bad = match &id.procs {
             Procs::List(v) if v.windows(2).any(|w| w[0] >= w[1]) => {
                 Some(format!("participants {v:?} are not sorted and distinct"))
@@ -1373,39 +1551,67 @@ impl State {
                 &ServerMsg::Failed {
                     req,
                     error: WireError::Invalid {
-                        op: "fence".into(),
+                        op: op.into(),
                         reason,
                     },
                 },
             );
         }
-        if let Some(Some(error)) = self.finished.get(&id) {
-            let error = error.clone();
-            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        match self.finished.get(&id) {
+            Some(Some(error)) => {
+                let error = error.clone();
+                return self.send_client(conn, &ServerMsg::Failed { req, error });
+            }
+            Some(None) if id.is_group() => {
+                let error = WireError::Invalid {
+                    op: op.into(),
+                    reason: format!(
+                        "group {:?}: this operation already completed without rank {rank} (it arrived after the deadline)",
+                        id.name
+                    ),
+                };
+                return self.send_client(conn, &ServerMsg::Failed { req, error });
+            }
+            _ => {}
         }
         if !self.colls.contains_key(&id) {
-            let c = self.new_coll(&id);
+            let c = self.new_coll(&id, group.clone());
             self.colls.insert(id.clone(), c);
         }
-        let digest = self.colls[&id].digest;
+        let c = &self.colls[&id];
+        if c.arrived.contains(&rank) || (c.started && !c.local_expected.contains(&rank)) {
+            let reason = if c.arrived.contains(&rank) {
+                format!("rank {rank} joined it twice (the same id used twice concurrently?)")
+            } else {
+                format!("this node's part completed without rank {rank} (it arrived after the deadline)")
+            };
+            let error = WireError::Invalid {
+                op: format!("{op} {:?}", id.name),
+                reason,
+            };
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        let digest = c.digest;
+        let tolerant = c.group.as_ref().is_some_and(|g| g.directives.tolerant());
         if let Some(p) = self.procs.get_mut(&rank) {
             p.joined.push_back(digest);
             if p.joined.len() > JOINED_HISTORY {
                 p.joined.pop_front();
             }
         }
-        // A participant that is gone and never joined dooms the fence.
+        // A participant that is gone and never joined dooms the collective (unless the
+        // group tolerates it: then it was left out of `local_expected`).
         let dead = self
             .gone
             .iter()
-            .filter(|(r, g)| id.procs.contains(**r) && !g.joined.contains(&digest))
+            .filter(|(r, g)| !tolerant && id.procs.contains(**r) && !g.joined.contains(&digest))
             .map(|(r, g)| (*r, g.reason.clone()))
             .min();
         let c = self.colls.get_mut(&id).expect("just inserted");
         c.waiters.push((conn, req));
         if let Some((dead_rank, reason)) = dead {
             let error = WireError::ProcGone {
-                op: "fence".into(),
+                op: op.into(),
                 rank: dead_rank,
                 reason,
             };
@@ -1414,9 +1620,21 @@ impl State {
         if let Some(m) = c.mode {
             if m != mode {
                 let error = WireError::Invalid {
-                    op: "fence".into(),
+                    op: op.into(),
                     reason: format!(
                         "rank {rank} asked for mode {mode:?} but others asked for {m:?}"
+                    ),
+                };
+                return self.fail_coll(&id, error, true);
+            }
+        }
+        if let (Some(mine), Some(theirs)) = (&group, &c.group) {
+            if mine.directives != theirs.directives {
+                let error = WireError::Invalid {
+                    op: format!("{op} {:?}", id.name),
+                    reason: format!(
+                        "rank {rank} gave directives {:?} but others gave {:?}",
+                        mine.directives, theirs.directives
                     ),
                 };
                 return self.fail_coll(&id, error, true);
@@ -1425,30 +1643,77 @@ impl State {
         c.mode = Some(mode);
         c.arrived.insert(rank);
         if let Some(ms) = timeout_ms {
-            let d = Instant::now() + Duration::from_millis(ms);
-            if c.deadline.is_none_or(|old| d < old) {
-                c.deadline = Some(d);
-                let ev = self.ev.clone();
-                let id2 = id.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(d).await;
-                    let _ = ev.send(Event::CollTimeout { id: id2 });
-                });
-            }
+            self.arm_deadline(&id, ms);
         }
-        if c.arrived == c.local_expected && !c.started {
-            let expected: Vec<Rank> = c.local_expected.iter().copied().collect();
-            let block = if mode == FenceMode::Full {
-                let data: ProcData = expected.iter().map(|&r| (r, self.remote_view(r))).collect();
+        self.maybe_start(&id);
+    }
+
+    /// Sets collective `id`'s deadline `ms` from now, if that is earlier than its own.
+    fn arm_deadline(&mut self, id: &CollId, ms: u64) {
+        let Some(c) = self.colls.get_mut(id) else {
+            return;
+        };
+        let Some(d) = Instant::now().checked_add(Duration::from_millis(ms)) else {
+            return;
+        };
+        if c.deadline.is_none_or(|old| d < old) {
+            c.deadline = Some(d);
+            let ev = self.ev.clone();
+            let id2 = id.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(d).await;
+                let _ = ev.send(Event::CollTimeout { id: id2 });
+            });
+        }
+    }
+
+    /// Starts the inter-node part of `id` once every expected local process has joined.
+    fn maybe_start(&mut self, id: &CollId) {
+        let Some(c) = self.colls.get(id) else {
+            return;
+        };
+        if c.started || !c.local_expected.is_subset(&c.arrived) {
+            return;
+        }
+        let mode = c.mode.unwrap_or(FenceMode::SyncOnly);
+        let block = match id.kind {
+            CollKind::Fence if mode == FenceMode::Full => {
+                let data: ProcData = c
+                    .local_expected
+                    .iter()
+                    .map(|&r| (r, self.remote_view(r)))
+                    .collect();
                 postcard::to_stdvec(&data).expect("encode")
-            } else {
-                Vec::new()
-            };
-            let c = self.colls.get_mut(&id).expect("exists");
-            c.blocks.insert(self.node, block);
-            c.started = true;
-            self.advance(&id);
-        }
+            }
+            CollKind::Fence | CollKind::GroupDestruct => Vec::new(),
+            CollKind::GroupConstruct => {
+                let joined: Vec<Rank> = c.arrived.iter().copied().collect();
+                let data: ProcData = if mode == FenceMode::Full {
+                    joined.iter().map(|&r| (r, self.remote_view(r))).collect()
+                } else {
+                    Vec::new()
+                };
+                let assign = c
+                    .group
+                    .as_ref()
+                    .is_some_and(|g| g.directives.assign_context_id);
+                let pgcid = (assign && self.node == 0).then(|| {
+                    let p = self.next_pgcid;
+                    self.next_pgcid += 1;
+                    p
+                });
+                postcard::to_stdvec(&GroupBlock {
+                    joined,
+                    data,
+                    pgcid,
+                })
+                .expect("encode")
+            }
+        };
+        let c = self.colls.get_mut(id).expect("exists");
+        c.blocks.insert(self.node, block);
+        c.started = true;
+        self.advance(id);
     }
 
     /// Drives the Bruck all-gather of collective `id` as far as received data allows.
@@ -1476,11 +1741,19 @@ impl State {
                     .collect();
                 c.sent_step = Some(c.step);
                 let mode = c.mode.unwrap_or(FenceMode::SyncOnly);
+                let group = c.group.as_ref().map(|g| GroupSpec {
+                    directives: g.directives.clone(),
+                    timeout_ms: c.deadline.map(|d| {
+                        let left = d.saturating_duration_since(Instant::now());
+                        u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+                    }),
+                });
                 let msg = PeerMsg::Gather {
                     id: id.clone(),
                     mode,
                     step: c.step,
                     blocks,
+                    group,
                 };
                 self.send_peer(to, &msg);
                 continue;
@@ -1500,39 +1773,104 @@ impl State {
             return;
         };
         let mut err = None;
-        if c.mode == Some(FenceMode::Full) {
-            for (node, b) in &c.blocks {
-                if *node == self.node {
-                    continue;
-                }
-                match postcard::from_bytes::<ProcData>(b) {
-                    Ok(data) => {
-                        for (rank, entries) in data {
-                            self.learn_remote(rank, entries);
+        let mut record = None;
+        match id.kind {
+            CollKind::Fence if c.mode == Some(FenceMode::Full) => {
+                for (node, b) in &c.blocks {
+                    if *node == self.node {
+                        continue;
+                    }
+                    match postcard::from_bytes::<ProcData>(b) {
+                        Ok(data) => {
+                            for (rank, entries) in data {
+                                self.learn_remote(rank, entries);
+                            }
+                        }
+                        Err(e) => {
+                            err = Some(WireError::Invalid {
+                                op: "fence".into(),
+                                reason: format!("corrupt data block from node {node}: {e}"),
+                            })
                         }
                     }
-                    Err(e) => {
-                        err = Some(WireError::Invalid {
-                            op: "fence".into(),
-                            reason: format!("corrupt data block from node {node}: {e}"),
-                        })
-                    }
                 }
+            }
+            CollKind::Fence => {}
+            CollKind::GroupConstruct => match self.group_result(id, &c) {
+                Ok(r) => record = Some(r),
+                Err(e) => err = Some(e),
+            },
+            CollKind::GroupDestruct => {
+                self.groups.remove(&id.name);
             }
         }
         for (conn, req) in &c.waiters {
-            match &err {
-                None => self.send_client(*conn, &ServerMsg::Done { req: *req }),
-                Some(e) => self.send_client(
-                    *conn,
-                    &ServerMsg::Failed {
-                        req: *req,
-                        error: e.clone(),
-                    },
-                ),
-            }
+            let msg = match (&err, &record) {
+                (Some(e), _) => ServerMsg::Failed {
+                    req: *req,
+                    error: e.clone(),
+                },
+                (None, Some(g)) => ServerMsg::Group {
+                    req: *req,
+                    group: g.clone(),
+                },
+                (None, None) => ServerMsg::Done { req: *req },
+            };
+            self.send_client(*conn, &msg);
         }
         self.remember_finished(id.clone(), err);
+    }
+
+    /// The group a completed construct made, from every node's block; records it here
+    /// when it has members on this node.
+    fn group_result(&mut self, id: &CollId, c: &Coll) -> Result<GroupInfo, WireError> {
+        let op = || format!("group construct of {:?}", id.name);
+        let mut members = Vec::new();
+        let mut pgcid = None;
+        for (node, b) in &c.blocks {
+            let block: GroupBlock = postcard::from_bytes(b).map_err(|e| WireError::Invalid {
+                op: op(),
+                reason: format!("corrupt block from node {node}: {e}"),
+            })?;
+            members.extend(block.joined);
+            pgcid = pgcid.or(block.pgcid);
+            if *node != self.node {
+                for (rank, entries) in block.data {
+                    self.learn_remote(rank, entries);
+                }
+            }
+        }
+        members.sort_unstable();
+        members.dedup();
+        let directives = c
+            .group
+            .as_ref()
+            .map(|g| g.directives.clone())
+            .unwrap_or_default();
+        if directives.assign_context_id && pgcid.is_none() {
+            return Err(WireError::Invalid {
+                op: op(),
+                reason: "the root server's block carried no PGCID".into(),
+            });
+        }
+        let left_out = id
+            .procs
+            .ranks(self.plan.job.size())
+            .into_iter()
+            .filter(|r| members.binary_search(r).is_err())
+            .collect();
+        let record = GroupInfo {
+            id: id.name.clone(),
+            members,
+            pgcid,
+            leader: directives.leader,
+            left_out,
+            directives,
+        };
+        if record.members.iter().any(|r| self.procs.contains_key(r)) {
+            self.groups.insert(id.name.clone(), record.clone());
+        }
+        Ok(record)
     }
 
     fn learn_remote(&mut self, rank: Rank, entries: Vec<(String, Value)>) {
@@ -1569,7 +1907,7 @@ impl State {
                 }
             }
         } else if broadcast {
-            let nodes = self.new_coll(id).nodes;
+            let nodes = self.new_coll(id, None).nodes;
             let me = self.node;
             for n in nodes.into_iter().filter(|&n| n != me) {
                 self.send_peer(
@@ -1589,6 +1927,15 @@ impl State {
             return;
         };
         if c.timing_out || c.deadline.is_none_or(|d| d > Instant::now()) {
+            return;
+        }
+        if c.group.as_ref().is_some_and(|g| g.directives.optional) {
+            // An optional group goes on with the members that joined in time.
+            if !c.started {
+                c.local_expected = c.arrived.clone();
+                let id2 = id.clone();
+                self.maybe_start(&id2);
+            }
             return;
         }
         c.timing_out = true;
@@ -1649,7 +1996,7 @@ impl State {
             return;
         }
         let error = WireError::Timeout {
-            op: "fence".into(),
+            op: q.id.op().into(),
             missing: q.missing.into_iter().collect(),
         };
         tracing::debug!("{}", wire_to_text(&error));
@@ -1683,13 +2030,19 @@ impl State {
                 mode,
                 step,
                 blocks,
+                group,
             } => {
                 if self.finished.contains_key(&id) {
                     return;
                 }
-                if !self.colls.contains_key(&id) {
-                    let c = self.new_coll(&id);
+                let fresh = !self.colls.contains_key(&id);
+                if fresh {
+                    let timeout = group.as_ref().and_then(|g| g.timeout_ms);
+                    let c = self.new_coll(&id, group.clone());
                     self.colls.insert(id.clone(), c);
+                    if let Some(ms) = timeout {
+                        self.arm_deadline(&id, ms);
+                    }
                 }
                 let Some(c) = self.colls.get_mut(&id) else {
                     return;
@@ -1700,7 +2053,7 @@ impl State {
                         return self.fail_coll(
                             &id,
                             WireError::Invalid {
-                                op: "fence".into(),
+                                op: id.op().into(),
                                 reason,
                             },
                             true,
@@ -1708,7 +2061,27 @@ impl State {
                     }
                     _ => c.mode = Some(mode),
                 }
+                let theirs = group.as_ref().map(|g| &g.directives);
+                if !fresh && c.group.as_ref().map(|g| &g.directives) != theirs {
+                    let reason = format!(
+                        "participants gave different directives ({:?} here, {theirs:?} on another node)",
+                        c.group.as_ref().map(|g| &g.directives)
+                    );
+                    return self.fail_coll(
+                        &id,
+                        WireError::Invalid {
+                            op: id.op().into(),
+                            reason,
+                        },
+                        true,
+                    );
+                }
                 c.inbox.insert(step, blocks);
+                if fresh {
+                    // A node with no process left to wait for (the root server handing
+                    // out a PGCID, or one whose members are gone) starts right away.
+                    self.maybe_start(&id);
+                }
                 self.advance(&id);
             }
             PeerMsg::Abort { id, error } => {
