@@ -21,7 +21,8 @@ pub use weft_wireup as wireup;
 /// The names most programs need.
 pub mod prelude {
     pub use weft_fabric::{
-        wait_all, wait_any, Communicator, Fabric, P2pError, Request, Source, Status, Tag,
+        wait_all, wait_any, Communicator, ErrHandler, Fabric, Group, GroupCompare, Info, P2pError,
+        Request, Session, Source, Status, Tag, ThreadLevel,
     };
-    pub use weft_wireup::{Client, FenceMode, GetOpts, Procs, Scope};
+    pub use weft_wireup::{Client, FenceMode, GetOpts, GroupDirectives, Procs, Scope};
 }

@@ -19,6 +19,12 @@
 //! ```
 
 mod engine;
+mod session;
+
+pub use session::{
+    CommError, ErrHandler, Group, GroupCompare, Info, PsetInfo, Session, SessionError, ThreadLevel,
+    MPI_PSET_SELF, MPI_PSET_WORLD, PROVIDED_THREAD_LEVEL,
+};
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -155,6 +161,12 @@ pub enum P2pError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InitError {
+    /// The process's fabric belongs to another thread.
+    #[error("fabric init: this process's fabric (and its sessions) belong to thread {owner}; a process's sessions and communicators live on one thread")]
+    OtherThread {
+        /// The owning thread.
+        owner: String,
+    },
     /// The wire-up client could not start.
     #[error("fabric init: {0}")]
     Wire(#[from] weft_wireup::InitError),
@@ -199,6 +211,46 @@ fn bytes_of_mut<T: Pod>(s: &mut [T]) -> (*mut u8, usize) {
     (s.as_mut_ptr().cast(), std::mem::size_of_val(s))
 }
 
+thread_local! {
+    /// The process's fabric, on the thread that owns it.
+    static SHARED: RefCell<Option<Rc<Inner>>> = const { RefCell::new(None) };
+}
+
+/// The thread that owns the process's fabric.
+static OWNER: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+/// The process's wire-up client: one connection to the node's server, shared by the
+/// fabric, every session and every thread, finalized when the process exits.
+static WIRE: std::sync::Mutex<Option<Arc<Client>>> = std::sync::Mutex::new(None);
+
+extern "C" fn finalize_wire_at_exit() {
+    // try_lock: never block the exit path on a thread that died holding the lock.
+    if let Ok(w) = WIRE.try_lock() {
+        if let Some(c) = w.as_ref() {
+            if let Err(e) = c.finalize_shared() {
+                tracing::debug!("finalize at exit: {e}");
+            }
+        }
+    }
+}
+
+/// Connects the process to its wire-up server once.
+pub(crate) fn process_wire() -> Result<Arc<Client>, weft_wireup::InitError> {
+    let mut w = WIRE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = w.as_ref() {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(Client::init()?);
+    *w = Some(c.clone());
+    // SAFETY: atexit records a plain `extern "C"` function with no captured state; it
+    // runs during exit and only touches the static WIRE (through try_lock).
+    let rc = unsafe { libc::atexit(finalize_wire_at_exit) };
+    if rc != 0 {
+        tracing::warn!("atexit failed: the wire-up client will not finalize at exit");
+    }
+    Ok(c)
+}
+
 struct Inner {
     engine: RefCell<Engine>,
     wire: Option<Arc<Client>>,
@@ -210,6 +262,7 @@ struct Inner {
 /// One process's fabric: the wire-up client plus the transports.
 ///
 /// Not `Send`: a fabric and its communicators live on the thread that made them.
+#[derive(Clone)]
 pub struct Fabric {
     inner: Rc<Inner>,
 }
@@ -263,8 +316,36 @@ impl Fabric {
     /// Joins the job: connects to the wire-up server, creates this process's
     /// shared-memory inbox and publishes its card (no fence: peers fetch it on first
     /// send, waiting for it if needed).
+    ///
+    /// A process has one fabric: later calls on the same thread (and every
+    /// [`Session::init`]) share it. Its sessions and communicators live on the thread
+    /// that made it; `init` from another thread is an error.
     pub fn init() -> Result<Fabric, InitError> {
-        let wire = Arc::new(Client::init()?);
+        SHARED.with(|shared| {
+            if let Some(inner) = shared.borrow().as_ref() {
+                return Ok(Fabric {
+                    inner: inner.clone(),
+                });
+            }
+            {
+                let mut owner = OWNER.lock().unwrap_or_else(|p| p.into_inner());
+                let me = std::thread::current().id();
+                match *owner {
+                    Some(t) if t != me => {
+                        return Err(InitError::OtherThread {
+                            owner: format!("{t:?}"),
+                        })
+                    }
+                    _ => *owner = Some(me),
+                }
+            }
+            let inner = Rc::new(Self::build(process_wire()?)?);
+            *shared.borrow_mut() = Some(inner.clone());
+            Ok(Fabric { inner })
+        })
+    }
+
+    fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
         let me = wire.rank();
         let size = wire.size();
         let local = wire.local_peers().to_vec();
@@ -321,14 +402,12 @@ impl Fabric {
         }
         let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone);
         let world_ctx = wire.job().world_pgcid;
-        Ok(Fabric {
-            inner: Rc::new(Inner {
-                engine: RefCell::new(engine),
-                wire: Some(wire),
-                me,
-                size,
-                world_ctx,
-            }),
+        Ok(Inner {
+            engine: RefCell::new(engine),
+            wire: Some(wire),
+            me,
+            size,
+            world_ctx,
         })
     }
 
@@ -339,6 +418,8 @@ impl Fabric {
             ctx: self.inner.world_ctx,
             rank: self.inner.me,
             size: self.inner.size,
+            map: None,
+            origin: None,
         }
     }
 
@@ -457,6 +538,30 @@ pub struct Communicator {
     ctx: u64,
     rank: u32,
     size: u32,
+    /// Communicator rank <-> job rank; `None` for the world (the identity).
+    map: Option<Rc<RankMap>>,
+    /// What a communicator made from a session group needs for free/disconnect.
+    pub(crate) origin: Option<Rc<session::CommOrigin>>,
+}
+
+/// How a communicator's ranks map to job ranks.
+#[derive(Debug)]
+pub(crate) struct RankMap {
+    pub(crate) to_job: Vec<u32>,
+    pub(crate) to_comm: std::collections::HashMap<u32, u32>,
+}
+
+impl RankMap {
+    pub(crate) fn new(members: &[u32]) -> RankMap {
+        RankMap {
+            to_job: members.to_vec(),
+            to_comm: members
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| (r, i as u32))
+                .collect(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -512,7 +617,68 @@ impl Communicator {
         self.ctx
     }
 
-    fn check_dest(&self, dest: u32, tag: Tag) -> Result<(), P2pError> {
+    /// The job rank of communicator rank `r` (`r < size`).
+    #[inline]
+    pub fn job_rank(&self, r: u32) -> u32 {
+        match &self.map {
+            None => r,
+            Some(m) => m.to_job[r as usize],
+        }
+    }
+
+    /// The communicator rank of job rank `job`, if it is a member.
+    #[inline]
+    fn comm_rank(&self, job: u32) -> Option<u32> {
+        match &self.map {
+            None => Some(job),
+            Some(m) => m.to_comm.get(&job).copied(),
+        }
+    }
+
+    /// Translates the job ranks of an engine result into communicator ranks.
+    #[inline]
+    fn fix(&self, r: Result<Status, P2pError>) -> Result<Status, P2pError> {
+        if self.map.is_none() {
+            return r;
+        }
+        match r {
+            Ok(mut st) => {
+                st.source = self.comm_rank(st.source).unwrap_or(st.source);
+                Ok(st)
+            }
+            Err(e) => Err(self.fix_err(e)),
+        }
+    }
+
+    /// Translates the job ranks an error names into communicator ranks.
+    fn fix_err(&self, e: P2pError) -> P2pError {
+        let c = |job: u32| self.comm_rank(job).unwrap_or(job);
+        match e {
+            P2pError::Truncated {
+                sender,
+                tag,
+                size,
+                capacity,
+            } => P2pError::Truncated {
+                sender: c(sender),
+                tag,
+                size,
+                capacity,
+            },
+            P2pError::PeerGone { rank, reason } => P2pError::PeerGone {
+                rank: c(rank),
+                reason,
+            },
+            P2pError::NoPath { rank, reason } => P2pError::NoPath {
+                rank: c(rank),
+                reason,
+            },
+            e => e,
+        }
+    }
+
+    /// Checks a destination and returns its job rank.
+    fn check_dest(&self, dest: u32, tag: Tag) -> Result<u32, P2pError> {
         if dest >= self.size {
             return Err(P2pError::InvalidRank {
                 rank: dest,
@@ -522,17 +688,37 @@ impl Communicator {
         if tag == Tag::ANY {
             return Err(P2pError::InvalidTag(tag.0));
         }
-        Ok(())
+        Ok(self.job_rank(dest))
     }
 
+    /// The job rank a receive selects, if any.
     fn source(&self, src: Source) -> Result<Option<u32>, P2pError> {
         match src {
             Source::Any => Ok(None),
-            Source::Rank(r) if r < self.size => Ok(Some(r)),
+            Source::Rank(r) if r < self.size => Ok(Some(self.job_rank(r))),
             Source::Rank(r) => Err(P2pError::InvalidRank {
                 rank: r,
                 size: self.size,
             }),
+        }
+    }
+
+    /// A member other than this process that is gone, if every other member is.
+    fn all_others_gone(&self, e: &Engine) -> Option<(u32, String)> {
+        match &self.map {
+            None => e.all_others_gone(),
+            Some(m) => {
+                let me = self.inner.me;
+                let mut first = None;
+                for &r in m.to_job.iter().filter(|&&r| r != me) {
+                    let why = e.gone_reason(r)?;
+                    first.get_or_insert((
+                        r,
+                        format!("{why} (and so is every other possible sender)"),
+                    ));
+                }
+                first
+            }
         }
     }
 
@@ -560,16 +746,17 @@ impl Communicator {
 
     /// Sends `buf` to `dest` with `tag`; returns when `buf` may be reused.
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
-        self.check_dest(dest, tag)?;
+        let job = self.check_dest(dest, tag)?;
         let (p, n) = bytes_of(buf);
         let pending = self
             .inner
             .engine
             .borrow_mut()
-            .send(p, n, dest, self.ctx, tag.0)?;
+            .send(p, n, job, self.ctx, tag.0);
         match pending {
-            None => Ok(()),
-            Some(id) => self.wait_id(id).map(|_| ()),
+            Ok(None) => Ok(()),
+            Ok(Some(id)) => self.fix(self.wait_id(id)).map(|_| ()),
+            Err(e) => Err(self.fix_err(e)),
         }
     }
 
@@ -582,30 +769,32 @@ impl Communicator {
         let mut backoff = Backoff::default();
         loop {
             match e.recv_direct(p, n, self.ctx, s, t) {
-                Direct::Done(r) => return r,
+                Direct::Done(r) => return self.fix(r),
                 Direct::Queue => break,
                 Direct::NotYet => {}
             }
             if backoff.snooze() {
                 let gone = match s {
-                    Some(r) if r == self.rank => None,
+                    Some(r) if r == self.inner.me => None,
                     Some(r) => e.gone_reason(r).map(|why| (r, why)),
-                    None if self.size > 1 => e.all_others_gone(),
+                    None if self.size > 1 => self.all_others_gone(&e),
                     None => None,
                 };
                 if let Some((rank, reason)) = gone {
                     // One more pass: its last messages may have arrived before it died.
                     match e.recv_direct(p, n, self.ctx, s, t) {
-                        Direct::Done(r) => return r,
+                        Direct::Done(r) => return self.fix(r),
                         Direct::Queue => break,
-                        Direct::NotYet => return Err(P2pError::PeerGone { rank, reason }),
+                        Direct::NotYet => {
+                            return self.fix(Err(P2pError::PeerGone { rank, reason }))
+                        }
                     }
                 }
             }
         }
         let id = e.recv(p, n, self.ctx, s, t);
         drop(e);
-        self.wait_id(id)
+        self.fix(self.wait_id(id))
     }
 
     /// Runs `f` with a [`Scope`] in which non-blocking operations may borrow buffers.
@@ -650,16 +839,17 @@ impl Communicator {
         dest: u32,
         tag: Tag,
     ) -> Result<Request<'a>, P2pError> {
-        self.check_dest(dest, tag)?;
+        let job = self.check_dest(dest, tag)?;
         let (p, n) = bytes_of(buf);
         let mut e = self.inner.engine.borrow_mut();
-        let id = match e.send(p, n, dest, self.ctx, tag.0)? {
-            Some(id) => id,
-            None => e.completed(Status {
-                source: dest,
+        let id = match e.send(p, n, job, self.ctx, tag.0) {
+            Ok(Some(id)) => id,
+            Ok(None) => e.completed(Status {
+                source: job,
                 tag: tag.0,
                 count: n,
             }),
+            Err(err) => return Err(self.fix_err(err)),
         };
         drop(e);
         Ok(Request {
@@ -699,11 +889,12 @@ impl Communicator {
     /// The status of a message that has arrived and matches, without receiving it.
     pub fn iprobe(&self, src: Source, tag: Tag) -> Result<Option<Status>, P2pError> {
         let s = self.source(src)?;
-        Ok(self
+        let st = self
             .inner
             .engine
             .borrow_mut()
-            .iprobe(self.ctx, s, Self::tag_sel(tag)))
+            .iprobe(self.ctx, s, Self::tag_sel(tag));
+        st.map(|st| self.fix(Ok(st))).transpose()
     }
 
     /// Waits until a matching message has arrived and returns its status.
@@ -717,7 +908,7 @@ impl Communicator {
                 .borrow_mut()
                 .iprobe(self.ctx, s, Self::tag_sel(tag))
             {
-                return Ok(st);
+                return self.fix(Ok(st));
             }
             if backoff.snooze() {
                 if let (Some(r), Some(w)) = (s, &self.inner.wire) {
@@ -728,9 +919,9 @@ impl Communicator {
                                 .borrow_mut()
                                 .iprobe(self.ctx, s, Self::tag_sel(tag))
                         {
-                            return Ok(st);
+                            return self.fix(Ok(st));
                         }
-                        return Err(P2pError::PeerGone { rank: r, reason });
+                        return self.fix(Err(P2pError::PeerGone { rank: r, reason }));
                     }
                 }
             }
@@ -824,6 +1015,8 @@ impl Request<'_> {
             e.fail_if_gone(self.id);
             r = e.take(self.id);
         }
+        drop(e);
+        let r = r.map(|r| self.comm.fix(r));
         self.done = r.is_some();
         self.result.clone_from(&r);
         r
@@ -835,7 +1028,7 @@ impl Request<'_> {
             return r;
         }
         self.done = true;
-        self.comm.wait_id(self.id)
+        self.comm.fix(self.comm.wait_id(self.id))
     }
 }
 

@@ -170,6 +170,31 @@ impl PendingConstruct<'_> {
     }
 }
 
+/// A group destruct in progress ([`Client::group_destruct_nb`]).
+#[derive(Debug)]
+pub struct PendingDestruct<'a> {
+    client: &'a Client,
+    id: String,
+    req: u64,
+    timeout: Option<Duration>,
+}
+
+impl PendingDestruct<'_> {
+    /// Waits for the destruct to complete.
+    pub fn wait(self) -> Result<(), GroupError> {
+        let op = "group destruct";
+        let id = self.id.as_str();
+        match self.client.conn().wait(op, self.req, self.timeout)? {
+            ServerMsg::Done { .. } => {
+                lock(&self.client.my_groups).remove(id);
+                Ok(())
+            }
+            ServerMsg::Failed { error, .. } => Err(GroupError::from_wire(op, id, error)),
+            other => Err(GroupError::unexpected(op, id, &other)),
+        }
+    }
+}
+
 fn check_members(client: &Client, id: &str, procs: &[Rank]) -> Result<Procs, GroupError> {
     let invalid = |reason: String| GroupError::Invalid {
         op: "group construct",
@@ -261,6 +286,16 @@ impl Client {
     /// waited for when the group was made with `notify_termination`). The id may be
     /// used again afterwards; its PGCID never is.
     pub fn group_destruct(&self, id: &str, timeout: Option<Duration>) -> Result<(), GroupError> {
+        self.group_destruct_nb(id, timeout)?.wait()
+    }
+
+    /// Starts a group destruct; complete it with [`PendingDestruct::wait`]. Several
+    /// destructs may be in progress at once (a session finalize runs them concurrently).
+    pub fn group_destruct_nb(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<PendingDestruct<'_>, GroupError> {
         let op = "group destruct";
         let Some(g) = lock(&self.my_groups).get(id).cloned() else {
             return Err(GroupError::Invalid {
@@ -272,24 +307,18 @@ impl Client {
         let procs = Procs::List(g.members.clone()).normalize(self.size());
         let cid = self.coll_id(CollKind::GroupDestruct, procs, id);
         let timeout_ms = ms(timeout);
-        let m = self.conn().call(
-            op,
-            |req| ClientMsg::Group {
-                req,
-                id: cid,
-                directives: g.directives.clone(),
-                timeout_ms,
-            },
+        let req = self.conn().start(op, |req| ClientMsg::Group {
+            req,
+            id: cid,
+            directives: g.directives.clone(),
+            timeout_ms,
+        })?;
+        Ok(PendingDestruct {
+            client: self,
+            id: id.to_owned(),
+            req,
             timeout,
-        )?;
-        match m {
-            ServerMsg::Done { .. } => {
-                lock(&self.my_groups).remove(id);
-                Ok(())
-            }
-            ServerMsg::Failed { error, .. } => Err(GroupError::from_wire(op, id, error)),
-            other => Err(GroupError::unexpected(op, id, &other)),
-        }
+        })
     }
 
     /// Every group with members on this node, as this node's server knows them (after a

@@ -31,7 +31,7 @@ pub mod topology;
 mod value;
 
 pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
-pub use group::{GroupError, PendingConstruct};
+pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use proto::{FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
 pub use topology::{CpuList, CpuListError};

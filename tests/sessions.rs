@@ -1,0 +1,139 @@
+//! Sessions, groups and communicators from groups, through the real launcher and servers.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{example, run, Done};
+
+const T: Duration = Duration::from_secs(60);
+
+fn probe(name: &str, n: &str, scenario: &str) -> Done {
+    let p = example("session_probe");
+    run(name, &["-n", n, &p, scenario], T)
+}
+
+/// The number after `key ` on the line of `rank`.
+fn num(done: &Done, rank: u32, key: &str) -> u64 {
+    let line = done
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("rank {rank} ")))
+        .unwrap_or_else(|| panic!("no line of rank {rank}: {}", done.dump()));
+    line.split(&format!("{key} "))
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+#[test]
+fn sessions_demo_rings_on_two_communicators_with_distinct_pgcids() {
+    let demo = example("sessions_demo");
+    let done = run("sess-demo", &["-n", "4", &demo], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let mut pgcids = BTreeSet::new();
+    for tag in ["org.weft.demo.ring-a", "org.weft.demo.ring-b"] {
+        let lines: Vec<&str> = done
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("comm {tag} rank ")))
+            .collect();
+        assert_eq!(lines.len(), 4, "{}", done.dump());
+        let ranks: BTreeSet<&str> = lines.iter().map(|l| l.split(' ').nth(3).unwrap()).collect();
+        assert_eq!(ranks.len(), 4, "{}", done.dump());
+        let p: BTreeSet<&str> = lines
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap())
+            .collect();
+        assert_eq!(p.len(), 1, "one PGCID per communicator: {}", done.dump());
+        assert!(lines.iter().all(|l| l.contains(" size 4 pgcid ")));
+        pgcids.extend(p);
+    }
+    assert_eq!(pgcids.len(), 2, "{}", done.dump());
+    assert!(
+        !pgcids.contains("1"),
+        "the world's PGCID reused: {}",
+        done.dump()
+    );
+}
+
+#[test]
+fn psets_and_group_operations_follow_mpi() {
+    let done = probe("sess-groups", "4", "groups");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("groups ok"), 4, "{}", done.dump());
+}
+
+#[test]
+fn two_sessions_side_by_side_keep_their_messages_apart() {
+    let done = probe("sess-two", "4", "two-sessions");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(
+        done.lines_with("two sessions ok levels funneled funneled"),
+        4,
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn the_standards_three_process_example_finalizes_concurrently() {
+    let done = probe("sess-std", "3", "standard-example");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("standard example ok"), 3, "{}", done.dump());
+    // Rank 2 synchronised with rank 0 alone: rank 0's finalize waited on A (rank 1, late
+    // by 600 ms) and B at once, so B finished without waiting for rank 1.
+    let r2 = num(&done, 2, "took");
+    assert!(r2 < 400, "rank 2's finalize took {r2} ms: {}", done.dump());
+    let r0 = num(&done, 0, "after");
+    assert!(r0 >= 500, "rank 0 did not wait for rank 1: {}", done.dump());
+}
+
+#[test]
+fn subcommunicators_speak_in_their_own_ranks() {
+    let done = probe("sess-sub", "4", "subcomm");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("subcomm ok"), 4, "{}", done.dump());
+}
+
+#[test]
+fn finalize_is_local_after_disconnect_and_synchronises_after_free() {
+    let done = probe("sess-fin", "2", "finalize-sync");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(num(&done, 0, "local") < 300, "{}", done.dump());
+    assert!(num(&done, 0, "sync") >= 400, "{}", done.dump());
+}
+
+#[test]
+fn sessions_report_thread_levels_and_stay_on_one_thread() {
+    let done = probe("sess-thread", "2", "thread");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(
+        done.lines_with("provided funneled requested multiple other thread: session init: fabric init: this process's fabric"),
+        2,
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn a_fatal_error_handler_ends_the_process_with_a_message() {
+    let done = probe("sess-fatal", "2", "fatal");
+    assert_eq!(done.code(), Some(1), "{}", done.dump());
+    assert!(
+        done.stderr
+            .contains("weft: fatal error: communicator: the tag is empty"),
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn disjoint_groups_may_use_one_tag_at_once() {
+    let done = probe("sess-split", "4", "split");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("split ok"), 4, "{}", done.dump());
+}
