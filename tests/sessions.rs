@@ -137,3 +137,42 @@ fn disjoint_groups_may_use_one_tag_at_once() {
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(done.lines_with("split ok"), 4, "{}", done.dump());
 }
+
+#[test]
+fn bench_group_prints_one_json_row_per_operation_and_job() {
+    let tmp = std::env::temp_dir().join(format!("weft-tests/bench-group-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = std::process::Command::new(common::weft())
+        .args([
+            "bench", "group", "-n", "4", "--nodes", "1,2", "--iters", "3", "--warmup", "1",
+            "--json",
+        ])
+        .env("TMPDIR", &tmp)
+        .output()
+        .expect("run weft bench group");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for nodes in [1, 2] {
+        for op in ["construct", "construct+data", "comm_create"] {
+            let r = rows
+                .iter()
+                .find(|r| r["op"] == op && r["nodes"] == nodes)
+                .unwrap_or_else(|| panic!("no {op} on {nodes} nodes: {stdout}"));
+            assert_eq!(r["bench"], "group");
+            assert_eq!(r["procs"], 4);
+            assert_eq!(r["samples"], 3);
+            let m = r["median_us"].as_f64().unwrap();
+            assert!(m > 0.0 && m <= r["max_us"].as_f64().unwrap(), "{r}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -109,7 +109,7 @@ impl Mode {
 
 /// `--map-by`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Placement {
+pub(crate) enum Placement {
     /// Fill a node before the next.
     Slot,
     /// Round robin over nodes.
@@ -117,7 +117,7 @@ enum Placement {
 }
 
 impl Placement {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Placement::Slot => "slot",
             Placement::Node => "node",
@@ -152,7 +152,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
         eprintln!("weft bench fence: {e}");
         return 2;
     }
-    match launch(&opts, args) {
+    match launch("fence", opts.procs, opts.nodes, opts.map_by, args) {
         Ok(0) => 0,
         Ok(code) => {
             eprintln!("weft bench fence: the benchmark job failed (exit status {code})");
@@ -187,7 +187,7 @@ fn nodes_used(procs: u32, nodes: u32, map_by: Placement) -> u32 {
 
 /// Refuses a layout that leaves a logical node without a process: it would time a
 /// server that has nothing to contribute and report the job as K nodes.
-fn check_layout(procs: u32, nodes: u32, map_by: Placement) -> Result<(), String> {
+pub(crate) fn check_layout(procs: u32, nodes: u32, map_by: Placement) -> Result<(), String> {
     let used = nodes_used(procs, nodes, map_by);
     if used < nodes {
         return Err(format!(
@@ -200,21 +200,28 @@ fn check_layout(procs: u32, nodes: u32, map_by: Placement) -> Result<(), String>
     Ok(())
 }
 
-/// Launches the benchmark as a job of `opts.procs` copies of this executable.
-fn launch(opts: &Args, args: &[String]) -> Result<i32, String> {
+/// Launches benchmark `bench` as a job of `procs` copies of this executable on `nodes`
+/// logical nodes, each running `bench BENCH ARGS...`.
+pub(crate) fn launch(
+    bench: &str,
+    procs: u32,
+    nodes: u32,
+    map_by: Placement,
+    args: &[String],
+) -> Result<i32, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot locate this executable to launch the job: {e}"))?;
-    let mut child_args = vec!["bench".to_owned(), "fence".to_owned()];
+    let mut child_args = vec!["bench".to_owned(), bench.to_owned()];
     child_args.extend(args.iter().cloned());
     let spec = LaunchSpec {
         apps: vec![AppContext {
-            n: opts.procs,
+            n: procs,
             pset: None,
             program: exe.display().to_string(),
             args: child_args,
         }],
-        nodes: opts.nodes,
-        map_by: match opts.map_by {
+        nodes,
+        map_by: match map_by {
             Placement::Slot => MapBy::Slot,
             Placement::Node => MapBy::Node,
         },

@@ -9,6 +9,7 @@
 //! | `bibw`    | the same in both directions at once (osu_bibw)                          |
 //! | `mr`      | message rate of windows of 64 isends (osu_mbw_mr with one pair)         |
 //! | `fence`   | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
+//! | `group`   | group construct with a PGCID; communicator creation from a group        |
 //! | `limit`   | the floor: cache-line ping-pong one-way time, single-core memcpy        |
 //!
 //! `latency`, `bw`, `bibw`, `mr` and `limit` run between two processes: started alone they
@@ -20,6 +21,7 @@
 //! OSU-style tables, a progress bar) through the crate-internal `osu` module.
 
 mod fence;
+mod group;
 mod limit;
 mod osu;
 mod p2p;
@@ -36,6 +38,10 @@ const BENCHES: &[(&str, &str)] = &[
     (
         "fence",
         "put + commit + fence (Full, Sparse, SyncOnly) and get latency",
+    ),
+    (
+        "group",
+        "group construct with a PGCID, communicator creation from a session group",
     ),
     (
         "limit",
@@ -66,6 +72,7 @@ pub fn main(args: &[String]) -> i32 {
         Some("bibw") => p2p::main(Bench::Bibw, &args[1..]),
         Some("mr") => p2p::main(Bench::Mr, &args[1..]),
         Some("fence") => fence::main(&args[1..]),
+        Some("group") => group::main(&args[1..]),
         Some("limit") => limit::main(&args[1..]),
         None => {
             eprint!("{}", usage());
