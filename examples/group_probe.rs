@@ -4,7 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use weft_wireup::{Client, GetOpts, GroupDirectives, GroupError, Scope};
+use std::sync::{Arc, Mutex};
+
+use weft_wireup::{
+    Client, Event, EventCode, EventCodes, EventFlow, GetOpts, GroupDirectives, GroupError, Scope,
+};
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
@@ -22,6 +26,10 @@ fn main() {
         "nonblocking" => nonblocking(),
         "mismatch" => mismatch(),
         "destruct-dead" => destruct_dead(),
+        "member-failed" => member_failed(),
+        "leader" => leader(),
+        "leave" => leave(),
+        "psets" => psets(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -300,5 +308,189 @@ fn destruct_dead() -> Res {
     }
     w.group_destruct("nt", t(10))?;
     println!("rank {r} destructed without {last}");
+    Ok(())
+}
+
+/// Collects the events of `codes` in a shared list.
+fn collect(w: &Client, codes: EventCodes) -> Arc<Mutex<Vec<Event>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    w.register_event_handler(codes, move |e, _| {
+        s2.lock().unwrap().push(e.clone());
+        EventFlow::Continue
+    });
+    seen
+}
+
+/// A barrier among the ranks below `last` (the survivors), so that none finalizes (a
+/// termination its groups would report) while another still waits for events.
+fn survivors_fence(w: &Client, last: u32) -> Res {
+    let procs = weft_wireup::Procs::List((0..last).collect());
+    w.fence(procs, weft_wireup::FenceMode::SyncOnly, t(30))?;
+    Ok(())
+}
+
+/// Processes events until `done` holds or `secs` pass.
+fn wait_for(w: &Client, secs: u64, mut done: impl FnMut() -> bool) -> Res {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        if Instant::now() > deadline {
+            return Err("timed out waiting for events".into());
+        }
+        w.process_events(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The last rank dies in two notify-termination groups: one without a leader (every
+/// member hears of it), one led by rank 0 (only the leader does). Also checks the order
+/// of the handler chain: single-code, multi-code, default, results passed down.
+fn member_failed() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let last = w.size() - 1;
+    // Handlers first: events may arrive while the second construct is still completing.
+    let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    // Registered in reverse of the order they must run in.
+    for (name, codes) in [
+        ("default", EventCodes::All),
+        (
+            "multi",
+            EventCodes::Many(vec![EventCode::MemberFailed, EventCode::MemberLeft]),
+        ),
+        ("single", EventCodes::One(EventCode::MemberFailed)),
+    ] {
+        let o = order.clone();
+        w.register_event_handler(codes, move |e, results| {
+            let seen: Vec<String> = results.iter().map(|(k, _)| k.clone()).collect();
+            o.lock().unwrap().push(format!(
+                "{name}{seen:?}@{}",
+                e.group.clone().unwrap_or_default()
+            ));
+            results.push((name.to_owned(), String::new()));
+            EventFlow::Continue
+        });
+    }
+    let failed = collect(&w, EventCodes::One(EventCode::MemberFailed));
+    let nt = GroupDirectives::default().notify_termination();
+    w.group_construct("all-hear", &all(&w), &nt, t(30))?;
+    w.group_construct("leader-hears", &all(&w), &nt.clone().leader(0), t(30))?;
+    if r == last {
+        std::process::abort();
+    }
+    let want = if r == 0 { 2 } else { 1 };
+    wait_for(&w, 10, || failed.lock().unwrap().len() >= want)?;
+    // Nothing more arrives.
+    w.process_events(Duration::from_millis(200));
+    let got = failed.lock().unwrap().clone();
+    let mut groups: Vec<String> = got.iter().filter_map(|e| e.group.clone()).collect();
+    groups.sort();
+    if got.iter().any(|e| e.rank != Some(last)) {
+        return Err(format!("events name the wrong rank: {got:?}").into());
+    }
+    let chain = order.lock().unwrap().clone();
+    println!("rank {r} member-failed groups {groups:?} chain {chain:?}");
+    survivors_fence(&w, last)
+}
+
+/// The leader (last rank) of a notify-termination group dies. The survivors' leader-failed
+/// events are cached until a handler registers; then ranks 0 and 1 both claim the
+/// leadership: the root server accepts one, and every survivor hears who.
+fn leader() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let last = w.size() - 1;
+    let d = GroupDirectives::default().notify_termination().leader(last);
+    w.group_construct("led", &all(&w), &d, t(30))?;
+    if r == last {
+        std::process::abort();
+    }
+    // No leader-failed handler yet: that event is cached. The server sends it before
+    // member-failed, so once member-failed was handled, leader-failed is in the cache.
+    let member = collect(&w, EventCodes::One(EventCode::MemberFailed));
+    wait_for(&w, 10, || !member.lock().unwrap().is_empty())?;
+    let failed = collect(&w, EventCodes::One(EventCode::LeaderFailed));
+    let from_cache = failed.lock().unwrap().len();
+    let selected = collect(&w, EventCodes::One(EventCode::LeaderSelected));
+    // Everyone has seen the failure before anyone claims.
+    survivors_fence(&w, last)?;
+    let won = if r <= 1 {
+        match w.group_claim_leadership("led") {
+            Ok(()) => "won",
+            Err(_) => "lost",
+        }
+    } else {
+        "none"
+    };
+    wait_for(&w, 10, || !selected.lock().unwrap().is_empty())?;
+    let who = selected.lock().unwrap()[0].rank.ok_or("no rank")?;
+    println!("rank {r} leader-failed from cache {from_cache} claim {won} selected {who}");
+    survivors_fence(&w, last)
+}
+
+/// Rank 1 leaves a group; the others get a member-left event and the new membership.
+fn leave() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    w.group_construct("lv", &all(&w), &GroupDirectives::default(), t(30))?;
+    let left = collect(&w, EventCodes::One(EventCode::MemberLeft));
+    if r == 1 {
+        w.group_leave("lv")?;
+        if w.group_destruct("lv", t(1)).is_ok() {
+            return Err("a process that left could still destruct".into());
+        }
+        println!("rank {r} left");
+        return Ok(());
+    }
+    wait_for(&w, 10, || !left.lock().unwrap().is_empty())?;
+    let e = left.lock().unwrap()[0].clone();
+    let g = w.group("lv")?.ok_or("group gone")?;
+    println!(
+        "rank {r} member-left rank {:?} members {:?} query {:?}",
+        e.rank, e.members, g.members
+    );
+    Ok(())
+}
+
+/// Process sets defined and deleted while the job runs.
+fn psets() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let defined = collect(&w, EventCodes::One(EventCode::PsetDefined));
+    let deleted = collect(&w, EventCodes::One(EventCode::PsetDeleted));
+    w.fence(
+        weft_wireup::Procs::All,
+        weft_wireup::FenceMode::SyncOnly,
+        t(30),
+    )?;
+    if r == 0 {
+        w.define_pset("dyn", &[2, 1])?;
+        let again = w.define_pset("dyn", &[0]).is_err();
+        let builtin = w.define_pset("weft://world", &[0]).is_err();
+        let outside = w.define_pset("big", &[99]).is_err();
+        let unknown = w.delete_pset("never").is_err();
+        println!(
+            "rank 0 refused twice {again} builtin {builtin} outside {outside} unknown {unknown}"
+        );
+    }
+    wait_for(&w, 10, || !defined.lock().unwrap().is_empty())?;
+    let members = w.pset_members("dyn");
+    let listed = w.pset_names().iter().any(|n| n == "dyn");
+    let ev = defined.lock().unwrap()[0].clone();
+    w.fence(
+        weft_wireup::Procs::All,
+        weft_wireup::FenceMode::SyncOnly,
+        t(30),
+    )?;
+    if r == 0 {
+        w.delete_pset("dyn")?;
+    }
+    wait_for(&w, 10, || !deleted.lock().unwrap().is_empty())?;
+    println!(
+        "rank {r} defined {:?} {:?} members {members:?} listed {listed} after delete {:?}",
+        ev.pset,
+        ev.members,
+        w.pset_members("dyn")
+    );
     Ok(())
 }

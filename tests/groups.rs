@@ -204,3 +204,99 @@ fn members_that_disagree_on_directives_get_an_error() {
         assert_eq!(done.lines_with("mismatch error"), 4, "{}", done.dump());
     }
 }
+
+#[test]
+fn member_failed_events_go_to_the_leader_or_every_member_through_the_handler_chain() {
+    for (name, nodes) in [("grp-mf1", "1"), ("grp-mf2", "2")] {
+        let done = probe(name, nodes, "4", "member-failed");
+        assert_eq!(done.code(), Some(134), "{}", done.dump());
+        let line = |r: u32| {
+            done.stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r} member-failed")))
+                .unwrap_or_else(|| panic!("no line of rank {r}: {}", done.dump()))
+                .to_owned()
+        };
+        assert!(
+            line(0).contains(r#"groups ["all-hear", "leader-hears"]"#),
+            "{}",
+            line(0)
+        );
+        for r in [1, 2] {
+            assert!(line(r).contains(r#"groups ["all-hear"] "#), "{}", line(r));
+        }
+        // single-code, then multi-code, then default, each seeing the results before it.
+        assert!(
+            line(1).contains(r#""single[]@all-hear", "multi[\"single\"]@all-hear", "default[\"single\", \"multi\"]@all-hear""#),
+            "{}",
+            line(1)
+        );
+    }
+}
+
+#[test]
+fn a_failed_leader_is_replaced_by_the_first_claimant() {
+    for (name, nodes) in [("grp-ld1", "1"), ("grp-ld2", "2")] {
+        let done = probe(name, nodes, "4", "leader");
+        assert_eq!(done.code(), Some(134), "{}", done.dump());
+        // The leader-failed event reached each survivor before its handler existed.
+        assert_eq!(
+            done.lines_with("leader-failed from cache 1"),
+            3,
+            "{}",
+            done.dump()
+        );
+        assert_eq!(done.lines_with("claim won"), 1, "{}", done.dump());
+        assert_eq!(done.lines_with("claim lost"), 1, "{}", done.dump());
+        let winners: BTreeSet<&str> = field(&done, "selected").into_iter().collect();
+        assert_eq!(winners.len(), 1, "{}", done.dump());
+        let w = winners.iter().next().unwrap();
+        assert!(*w == "0" || *w == "1", "{}", done.dump());
+        let won_line = done
+            .stdout
+            .lines()
+            .find(|l| l.contains("claim won"))
+            .unwrap();
+        assert!(
+            won_line.starts_with(&format!("rank {w} ")),
+            "{}",
+            done.dump()
+        );
+    }
+}
+
+#[test]
+fn a_member_that_leaves_is_an_event_for_the_others() {
+    for (name, nodes) in [("grp-lv1", "1"), ("grp-lv2", "2")] {
+        let done = probe(name, nodes, "4", "leave");
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert_eq!(
+            done.lines_with("member-left rank Some(1) members [0, 2, 3] query [0, 2, 3]"),
+            3,
+            "{}",
+            done.dump()
+        );
+    }
+}
+
+#[test]
+fn psets_defined_and_deleted_while_the_job_runs_reach_every_process() {
+    for (name, nodes) in [("grp-ps1", "1"), ("grp-ps2", "2")] {
+        let done = probe(name, nodes, "4", "psets");
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert_eq!(
+            done.lines_with("refused twice true builtin true outside true unknown true"),
+            1,
+            "{}",
+            done.dump()
+        );
+        assert_eq!(
+            done.lines_with(
+                r#"defined Some("dyn") [1, 2] members Some([1, 2]) listed true after delete None"#
+            ),
+            4,
+            "{}",
+            done.dump()
+        );
+    }
+}

@@ -66,6 +66,16 @@ pub(crate) mod keys {
     }
     /// The job's [`crate::JobInfo`].
     pub(crate) const JOB_INFO: &[u8] = &[2];
+    /// The names of the process sets defined while the job runs (postcard `Vec<String>`).
+    pub(crate) const RUNTIME_PSETS: &[u8] = &[4];
+    /// The members of runtime process set `name` (postcard `Option<Vec<Rank>>`; `None`
+    /// once deleted).
+    pub(crate) fn pset(name: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(1 + name.len());
+        k.push(5);
+        k.extend_from_slice(name.as_bytes());
+        k
+    }
 }
 
 /// The connection to the server was lost or misbehaved.
@@ -302,6 +312,8 @@ fn ms(d: Option<Duration>) -> Option<u64> {
 #[derive(Debug, Default)]
 struct Rx {
     replies: HashMap<u64, ServerMsg>,
+    /// Events read from the server, not yet dispatched.
+    events: Vec<crate::Event>,
     reading: bool,
     broken: Option<String>,
 }
@@ -366,6 +378,7 @@ impl Conn {
     fn file(&self, rx: &mut Rx, got: Result<Option<ServerMsg>, String>) {
         match got {
             Ok(None) => {}
+            Ok(Some(ServerMsg::Event(e))) => rx.events.push(e),
             Ok(Some(m)) => {
                 let id = match &m {
                     ServerMsg::Done { req }
@@ -433,6 +446,28 @@ impl Conn {
             rx.reading = false;
             self.file(&mut rx, got);
         }
+    }
+
+    /// Reads whatever the server has sent (never blocks) and returns the events read so
+    /// far.
+    pub(crate) fn take_events(&self) -> Vec<crate::Event> {
+        let mut rx = lock(&self.rx);
+        if !rx.reading && rx.broken.is_none() {
+            rx.reading = true;
+            drop(rx);
+            let got = self.read_one(true);
+            rx = lock(&self.rx);
+            rx.reading = false;
+            self.file(&mut rx, got);
+        }
+        std::mem::take(&mut rx.events)
+    }
+
+    /// Puts back events that could not be dispatched yet.
+    pub(crate) fn requeue_events(&self, mut events: Vec<crate::Event>) {
+        let mut rx = lock(&self.rx);
+        events.append(&mut rx.events);
+        rx.events = events;
     }
 
     /// The reply to request `req` if it has arrived; never blocks.
@@ -525,6 +560,8 @@ pub struct Client {
     seqs: Mutex<HashMap<(CollKind, Procs, String), u64>>,
     /// The groups this process constructed and has not destructed, by id.
     pub(crate) my_groups: Mutex<HashMap<String, crate::GroupInfo>>,
+    /// Event handlers and events cached for handlers not registered yet.
+    pub(crate) events: Mutex<crate::event::Registry>,
     finalized: AtomicBool,
 }
 
@@ -621,6 +658,7 @@ impl Client {
             pending: Mutex::new(Vec::new()),
             seqs: Mutex::new(HashMap::new()),
             my_groups: Mutex::new(HashMap::new()),
+            events: Mutex::new(crate::event::Registry::default()),
             finalized: AtomicBool::new(false),
         })
     }
@@ -665,13 +703,21 @@ impl Client {
     pub fn app_num(&self) -> u32 {
         self.job.procs[self.rank as usize].app
     }
-    /// Names of all process sets visible to this process.
+    /// Names of all process sets visible to this process: the launch ones, then those
+    /// defined while the job runs.
     pub fn pset_names(&self) -> Vec<String> {
-        self.job.pset_names()
+        let mut names = self.job.pset_names();
+        if let Some(b) = self.store.get(keys::RUNTIME_PSETS) {
+            names.extend(postcard::from_bytes::<Vec<String>>(b).unwrap_or_default());
+        }
+        names
     }
-    /// Members of process set `name`.
+    /// Members of process set `name` (a launch set, or one defined while the job runs).
     pub fn pset_members(&self, name: &str) -> Option<Vec<Rank>> {
-        self.job.pset_members(name, self.rank)
+        self.job.pset_members(name, self.rank).or_else(|| {
+            let b = self.store.get(&keys::pset(name))?;
+            postcard::from_bytes::<Option<Vec<Rank>>>(b).ok().flatten()
+        })
     }
     /// The process sets `rank` belongs to.
     pub fn psets_of(&self, rank: Rank) -> Vec<String> {
@@ -766,7 +812,7 @@ impl Client {
         }
         let id = self.coll_id(CollKind::Fence, procs, "");
         let timeout_ms = ms(timeout);
-        match self.conn.call(
+        let reply = self.conn.call(
             "fence",
             |req| ClientMsg::Fence {
                 req,
@@ -775,7 +821,9 @@ impl Client {
                 timeout_ms,
             },
             timeout,
-        )? {
+        );
+        self.dispatch_events();
+        match reply? {
             ServerMsg::Done { .. } => Ok(()),
             ServerMsg::Failed { error, .. } => Err(match error {
                 WireError::Timeout { missing, .. } => FenceError::Timeout { missing },

@@ -153,7 +153,9 @@ pub struct PendingConstruct<'a> {
 impl PendingConstruct<'_> {
     /// The construct's result if it has completed; never blocks.
     pub fn test(&self) -> Option<Result<GroupInfo, GroupError>> {
-        match self.client.conn().poll("group construct", self.req) {
+        let polled = self.client.conn().poll("group construct", self.req);
+        self.client.dispatch_events();
+        match polled {
             Ok(None) => None,
             Ok(Some(m)) => Some(self.client.construct_reply(&self.id, m)),
             Err(e) => Some(Err(e.into())),
@@ -165,8 +167,9 @@ impl PendingConstruct<'_> {
         let m = self
             .client
             .conn()
-            .wait("group construct", self.req, self.timeout)?;
-        self.client.construct_reply(&self.id, m)
+            .wait("group construct", self.req, self.timeout);
+        self.client.dispatch_events();
+        self.client.construct_reply(&self.id, m?)
     }
 }
 
@@ -184,7 +187,9 @@ impl PendingDestruct<'_> {
     pub fn wait(self) -> Result<(), GroupError> {
         let op = "group destruct";
         let id = self.id.as_str();
-        match self.client.conn().wait(op, self.req, self.timeout)? {
+        let m = self.client.conn().wait(op, self.req, self.timeout);
+        self.client.dispatch_events();
+        match m? {
             ServerMsg::Done { .. } => {
                 lock(&self.client.my_groups).remove(id);
                 Ok(())

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod event;
 mod frame;
 mod group;
 mod job;
@@ -31,9 +32,10 @@ pub mod topology;
 mod value;
 
 pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
+pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
-pub use proto::{FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
+pub use proto::{Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
 pub use topology::{CpuList, CpuListError};
 pub use value::{Scope, Value};
 

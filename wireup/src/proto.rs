@@ -249,6 +249,61 @@ pub(crate) enum ClientMsg {
     GroupQuery {
         req: u64,
     },
+    /// Leave group `id` (the others get a member-left event).
+    GroupLeave {
+        req: u64,
+        id: String,
+    },
+    /// Declare oneself the leader of group `id` after its leader failed.
+    LeaderClaim {
+        req: u64,
+        id: String,
+    },
+    /// Define a process set while the job runs.
+    PsetDefine {
+        req: u64,
+        name: String,
+        members: Vec<Rank>,
+    },
+    /// Delete a process set defined while the job runs.
+    PsetDelete {
+        req: u64,
+        name: String,
+    },
+}
+
+/// What an event is about (PMIx event codes of groups and process sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum EventCode {
+    /// A member of a notify-termination group died (to the leader, or every member).
+    MemberFailed,
+    /// A member left a group.
+    MemberLeft,
+    /// A group's leader died.
+    LeaderFailed,
+    /// A member declared itself the group's new leader.
+    LeaderSelected,
+    /// A process set was defined while the job runs.
+    PsetDefined,
+    /// A process set defined while the job ran was deleted.
+    PsetDeleted,
+}
+
+/// An event delivered to a process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened.
+    pub code: EventCode,
+    /// The group it concerns.
+    pub group: Option<String>,
+    /// The process it concerns (the failed, departed or new leader process).
+    pub rank: Option<Rank>,
+    /// The process set it concerns.
+    pub pset: Option<String>,
+    /// The members of the group or set afterwards.
+    pub members: Vec<Rank>,
+    /// A human-readable reason.
+    pub reason: String,
 }
 
 /// Server to client.
@@ -283,6 +338,8 @@ pub(crate) enum ServerMsg {
         req: u64,
         groups: Vec<GroupInfo>,
     },
+    /// An event (unsolicited).
+    Event(Event),
 }
 
 /// Data of some processes as it travels between servers: rank -> (key, value).
@@ -333,6 +390,44 @@ pub(crate) enum PeerMsg {
         rank: Rank,
         reason: String,
         joined: Vec<u64>,
+    },
+    /// `rank` left group `id`.
+    GroupLeft {
+        id: String,
+        rank: Rank,
+    },
+    /// To the root server: `rank` (on `from`) claims the leadership of group `id`, whose
+    /// members live on `nodes`.
+    LeaderClaim {
+        id: String,
+        rank: Rank,
+        from: u32,
+        nodes: Vec<u32>,
+    },
+    /// From the root server: the decision on a claim (`winner` leads group `id`).
+    LeaderDecision {
+        id: String,
+        claimant: Rank,
+        winner: Rank,
+    },
+    /// From the root server: `rank` now leads group `id`.
+    LeaderSelected {
+        id: String,
+        rank: Rank,
+    },
+    /// To the root server: define (`members: Some`) or delete a runtime process set.
+    PsetChange {
+        name: String,
+        members: Option<Vec<Rank>>,
+        from: u32,
+        qid: u64,
+    },
+    /// From the root server: the outcome of a process-set change, applied everywhere.
+    PsetChanged {
+        name: String,
+        members: Option<Vec<Rank>>,
+        qid: u64,
+        error: Option<String>,
     },
 }
 

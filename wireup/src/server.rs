@@ -27,9 +27,9 @@ use weft_shm::StoreWriter;
 use crate::client::keys;
 use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use crate::proto::{
-    AppSpec, ClientMsg, CollId, CollKind, ExitKind, FenceMode, GroupBlock, GroupDirectives,
-    GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs, ServerMsg, ToLauncher, ToServer,
-    WireError, MAGIC, PROTOCOL_VERSION,
+    AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
+    GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
+    ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use crate::topology;
 use crate::value::{Scope, Value};
@@ -299,6 +299,14 @@ struct State {
     groups: BTreeMap<String, GroupInfo>,
     /// The next PGCID to hand out (the root server, node 0, is the only allocator).
     next_pgcid: u64,
+    /// Root server: the leader it selected last for each group.
+    selected_leaders: HashMap<String, Rank>,
+    /// Leadership claims of local processes waiting for the root's decision.
+    claims: HashMap<(String, Rank), Vec<(ConnId, u64)>>,
+    /// Process sets defined while the job runs (every server holds the same).
+    runtime_psets: BTreeMap<String, Vec<Rank>>,
+    /// Local requests of process-set changes waiting for the root's answer, by query id.
+    pset_waiters: HashMap<u64, (ConnId, u64)>,
 }
 
 async fn serve(args: ServerArgs) -> Result<(), ServerError> {
@@ -473,6 +481,10 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
         done: false,
         groups: BTreeMap::new(),
         next_pgcid: plan.job.world_pgcid + 1,
+        selected_leaders: HashMap::new(),
+        claims: HashMap::new(),
+        runtime_psets: BTreeMap::new(),
+        pset_waiters: HashMap::new(),
     };
     // 3. Start the node's processes.
     let ranks: Vec<Rank> = st.procs.keys().copied().collect();
@@ -773,6 +785,10 @@ fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::Finalize { .. } => "finalize",
         ClientMsg::Group { .. } => "group",
         ClientMsg::GroupQuery { .. } => "group query",
+        ClientMsg::GroupLeave { .. } => "group leave",
+        ClientMsg::LeaderClaim { .. } => "leader claim",
+        ClientMsg::PsetDefine { .. } => "pset define",
+        ClientMsg::PsetDelete { .. } => "pset delete",
     }
 }
 
@@ -1101,6 +1117,12 @@ impl State {
                 let groups = self.groups.values().cloned().collect();
                 self.send_client(conn, &ServerMsg::Groups { req, groups });
             }
+            ClientMsg::GroupLeave { req, id } => self.group_leave(rank, conn, req, id),
+            ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
+            ClientMsg::PsetDefine { req, name, members } => {
+                self.pset_request(conn, req, name, Some(members))
+            }
+            ClientMsg::PsetDelete { req, name } => self.pset_request(conn, req, name, None),
             ClientMsg::Get {
                 req,
                 rank: target,
@@ -1312,12 +1334,7 @@ impl State {
         for id in shrunk {
             self.maybe_start(&id);
         }
-        // Groups with notify-termination lose the member.
-        for g in self.groups.values_mut() {
-            if g.directives.notify_termination {
-                g.members.retain(|&r| r != rank);
-            }
-        }
+        self.groups_lose(rank, &reason);
         // Getters waiting for data the rank never committed.
         let committed = self.procs.get(&rank).is_some_and(|p| p.committed);
         if !committed {
@@ -2150,6 +2167,401 @@ impl State {
                 reason,
                 joined,
             } => self.proc_gone(rank, reason, joined.into_iter().collect()),
+            PeerMsg::GroupLeft { id, rank } => self.member_left(&id, rank),
+            PeerMsg::LeaderClaim {
+                id,
+                rank,
+                from,
+                nodes,
+            } => self.decide_leader(id, rank, from, nodes),
+            PeerMsg::LeaderDecision {
+                id,
+                claimant,
+                winner,
+            } => {
+                for (conn, req) in self
+                    .claims
+                    .remove(&(id.clone(), claimant))
+                    .unwrap_or_default()
+                {
+                    let msg = if winner == claimant {
+                        ServerMsg::Done { req }
+                    } else {
+                        ServerMsg::Failed {
+                            req,
+                            error: WireError::Invalid {
+                                op: format!("leader claim of {id:?}"),
+                                reason: format!("rank {winner} leads the group (selected first)"),
+                            },
+                        }
+                    };
+                    self.send_client(conn, &msg);
+                }
+            }
+            PeerMsg::LeaderSelected { id, rank } => self.leader_selected(&id, rank),
+            PeerMsg::PsetChange {
+                name,
+                members,
+                from,
+                qid,
+            } => self.decide_pset(name, members, from, qid),
+            PeerMsg::PsetChanged {
+                name,
+                members,
+                qid,
+                error,
+            } => self.pset_changed(name, members, qid, error),
+        }
+    }
+
+    /// Sends `event` to local process `rank`, if it is connected.
+    fn emit(&self, rank: Rank, event: &WireEvent) {
+        if let Some(conn) = self.procs.get(&rank).and_then(|p| p.conn) {
+            self.send_client(conn, &ServerMsg::Event(event.clone()));
+        }
+    }
+
+    /// The groups `rank` was in learn of its death: notify-termination groups drop it
+    /// and tell their leader (or every member), groups it led tell every member.
+    fn groups_lose(&mut self, rank: Rank, reason: &str) {
+        let mut out = Vec::new();
+        for g in self.groups.values_mut() {
+            if !g.members.contains(&rank) {
+                continue;
+            }
+            let mut events = Vec::new();
+            let led = g.leader == Some(rank);
+            if g.directives.notify_termination {
+                g.members.retain(|&r| r != rank);
+            }
+            // Leader-failed first: a process that reacts to member-failed has seen it.
+            if led {
+                g.leader = None;
+                events.push((g.members.clone(), EventCode::LeaderFailed));
+            }
+            if g.directives.notify_termination {
+                let to: Vec<Rank> = match g.leader {
+                    Some(l) => vec![l],
+                    None => g.members.clone(),
+                };
+                events.push((to, EventCode::MemberFailed));
+            }
+            for (to, code) in events {
+                let e = WireEvent {
+                    code,
+                    group: Some(g.id.clone()),
+                    rank: Some(rank),
+                    pset: None,
+                    members: g.members.clone(),
+                    reason: format!("rank {rank} {reason}"),
+                };
+                out.extend(
+                    to.into_iter()
+                        .filter(|&r| r != rank)
+                        .map(|r| (r, e.clone())),
+                );
+            }
+        }
+        for (r, e) in out {
+            self.emit(r, &e);
+        }
+    }
+
+    /// The nodes that hold members of `members`.
+    fn nodes_of(&self, members: &[Rank]) -> Vec<u32> {
+        let mut nodes: Vec<u32> = members
+            .iter()
+            .filter_map(|&r| self.plan.job.node_of(r))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    fn group_invalid(&self, conn: ConnId, req: u64, op: &str, id: &str, reason: String) {
+        let error = WireError::Invalid {
+            op: format!("{op} of {id:?}"),
+            reason,
+        };
+        self.send_client(conn, &ServerMsg::Failed { req, error });
+    }
+
+    fn group_leave(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
+        let Some(g) = self.groups.get(&id) else {
+            return self.group_invalid(
+                conn,
+                req,
+                "group leave",
+                &id,
+                "no such group on this node".into(),
+            );
+        };
+        if !g.members.contains(&rank) {
+            return self.group_invalid(
+                conn,
+                req,
+                "group leave",
+                &id,
+                format!("rank {rank} is not a member"),
+            );
+        }
+        let me = self.node;
+        for n in self.nodes_of(&g.members).into_iter().filter(|&n| n != me) {
+            self.send_peer(
+                n,
+                &PeerMsg::GroupLeft {
+                    id: id.clone(),
+                    rank,
+                },
+            );
+        }
+        self.member_left(&id, rank);
+        self.send_client(conn, &ServerMsg::Done { req });
+    }
+
+    /// `rank` left group `id`: the remaining local members get a member-left event.
+    fn member_left(&mut self, id: &str, rank: Rank) {
+        let Some(g) = self.groups.get_mut(id) else {
+            return;
+        };
+        g.members.retain(|&r| r != rank);
+        if g.leader == Some(rank) {
+            g.leader = None;
+        }
+        let e = WireEvent {
+            code: EventCode::MemberLeft,
+            group: Some(id.to_owned()),
+            rank: Some(rank),
+            pset: None,
+            members: g.members.clone(),
+            reason: format!("rank {rank} left the group"),
+        };
+        let to = g.members.clone();
+        if !to.iter().any(|r| self.procs.contains_key(r)) {
+            self.groups.remove(id);
+        }
+        for r in to {
+            self.emit(r, &e);
+        }
+    }
+
+    fn leader_claim(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
+        let Some(g) = self.groups.get(&id) else {
+            return self.group_invalid(
+                conn,
+                req,
+                "leader claim",
+                &id,
+                "no such group on this node".into(),
+            );
+        };
+        if !g.members.contains(&rank) {
+            return self.group_invalid(
+                conn,
+                req,
+                "leader claim",
+                &id,
+                format!("rank {rank} is not a member"),
+            );
+        }
+        if let Some(l) = g.leader.filter(|l| !self.gone.contains_key(l)) {
+            return self.group_invalid(
+                conn,
+                req,
+                "leader claim",
+                &id,
+                format!("rank {l} still leads the group"),
+            );
+        }
+        let nodes = self.nodes_of(&g.members);
+        self.claims
+            .entry((id.clone(), rank))
+            .or_default()
+            .push((conn, req));
+        let msg = PeerMsg::LeaderClaim {
+            id: id.clone(),
+            rank,
+            from: self.node,
+            nodes: nodes.clone(),
+        };
+        if self.node == 0 {
+            self.decide_leader(id, rank, 0, nodes);
+        } else {
+            self.send_peer(0, &msg);
+        }
+    }
+
+    /// Root server: the first claim after the leader's failure wins.
+    fn decide_leader(&mut self, id: String, rank: Rank, from: u32, nodes: Vec<u32>) {
+        let current = self.selected_leaders.get(&id).copied();
+        let winner = match current {
+            Some(l) if !self.gone.contains_key(&l) => l,
+            _ => rank,
+        };
+        if winner == rank && current != Some(rank) {
+            self.selected_leaders.insert(id.clone(), rank);
+            for n in nodes {
+                let m = PeerMsg::LeaderSelected {
+                    id: id.clone(),
+                    rank,
+                };
+                if n == self.node {
+                    self.leader_selected(&id, rank);
+                } else {
+                    self.send_peer(n, &m);
+                }
+            }
+        }
+        let d = PeerMsg::LeaderDecision {
+            id: id.clone(),
+            claimant: rank,
+            winner,
+        };
+        if from == self.node {
+            self.on_peer(d);
+        } else {
+            self.send_peer(from, &d);
+        }
+    }
+
+    fn leader_selected(&mut self, id: &str, rank: Rank) {
+        let Some(g) = self.groups.get_mut(id) else {
+            return;
+        };
+        g.leader = Some(rank);
+        let e = WireEvent {
+            code: EventCode::LeaderSelected,
+            group: Some(id.to_owned()),
+            rank: Some(rank),
+            pset: None,
+            members: g.members.clone(),
+            reason: format!("rank {rank} declared itself the leader"),
+        };
+        for r in g.members.clone() {
+            self.emit(r, &e);
+        }
+    }
+
+    fn pset_request(&mut self, conn: ConnId, req: u64, name: String, members: Option<Vec<Rank>>) {
+        let qid = self.next_qid;
+        self.next_qid += 1;
+        self.pset_waiters.insert(qid, (conn, req));
+        let from = self.node;
+        if self.node == 0 {
+            self.decide_pset(name, members, from, qid);
+        } else {
+            self.send_peer(
+                0,
+                &PeerMsg::PsetChange {
+                    name,
+                    members,
+                    from,
+                    qid,
+                },
+            );
+        }
+    }
+
+    /// Root server: checks a process-set change and applies it on every server.
+    fn decide_pset(&mut self, name: String, members: Option<Vec<Rank>>, from: u32, qid: u64) {
+        let size = self.plan.job.size();
+        let launch = self.plan.job.psets.iter().any(|p| p.name == name)
+            || name == crate::PSET_SELF
+            || name.starts_with("mpi://");
+        let error = match &members {
+            _ if name.is_empty() => Some("the name is empty".to_owned()),
+            _ if launch => Some(format!("{name:?} is a built-in or launch process set")),
+            Some(_) if self.runtime_psets.contains_key(&name) => {
+                Some(format!("process set {name:?} already exists"))
+            }
+            Some(m) if m.is_empty() => Some("no members".to_owned()),
+            Some(m) if m.iter().any(|&r| r >= size) => Some(format!(
+                "members {m:?} name ranks outside the job (size {size})"
+            )),
+            None if !self.runtime_psets.contains_key(&name) => Some(format!(
+                "no process set {name:?} was defined while the job runs"
+            )),
+            _ => None,
+        };
+        let members = members.map(|mut m| {
+            m.sort_unstable();
+            m.dedup();
+            m
+        });
+        let msg = PeerMsg::PsetChanged {
+            name,
+            members,
+            qid,
+            error: error.clone(),
+        };
+        if error.is_some() {
+            // Only the asker needs to know.
+            if from == self.node {
+                self.on_peer(msg);
+            } else {
+                self.send_peer(from, &msg);
+            }
+            return;
+        }
+        for n in 0..self.plan.job.num_nodes() {
+            if n == self.node {
+                self.on_peer(msg.clone());
+            } else {
+                self.send_peer(n, &msg);
+            }
+        }
+    }
+
+    /// Applies a process-set change decided by the root server (and answers the asker).
+    fn pset_changed(
+        &mut self,
+        name: String,
+        members: Option<Vec<Rank>>,
+        qid: u64,
+        error: Option<String>,
+    ) {
+        if let Some((conn, req)) = self.pset_waiters.remove(&qid) {
+            let msg = match &error {
+                None => ServerMsg::Done { req },
+                Some(reason) => ServerMsg::Failed {
+                    req,
+                    error: WireError::Invalid {
+                        op: format!("pset change of {name:?}"),
+                        reason: reason.clone(),
+                    },
+                },
+            };
+            self.send_client(conn, &msg);
+        }
+        if error.is_some() {
+            return;
+        }
+        let code = match &members {
+            Some(m) => {
+                self.runtime_psets.insert(name.clone(), m.clone());
+                EventCode::PsetDefined
+            }
+            None => {
+                self.runtime_psets.remove(&name);
+                EventCode::PsetDeleted
+            }
+        };
+        let names: Vec<String> = self.runtime_psets.keys().cloned().collect();
+        let enc = postcard::to_stdvec(&members).expect("encode");
+        self.store_put(&keys::pset(&name), &enc);
+        let enc = postcard::to_stdvec(&names).expect("encode");
+        self.store_put(keys::RUNTIME_PSETS, &enc);
+        let e = WireEvent {
+            code,
+            group: None,
+            rank: None,
+            pset: Some(name),
+            members: members.unwrap_or_default(),
+            reason: String::new(),
+        };
+        let local: Vec<Rank> = self.procs.keys().copied().collect();
+        for r in local {
+            self.emit(r, &e);
         }
     }
 
