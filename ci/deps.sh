@@ -2,7 +2,13 @@
 # Installs the Debian packages Weft needs to build and test (idempotent; quick when
 # everything is already there). Needs root or sudo when something is missing.
 set -euo pipefail
-PKGS=(build-essential pkg-config libhwloc-dev libudev-dev)
+PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
+  # weft-verbs: rdma-mummy-sys builds its stub libibverbs with cmake and bindgen (libclang)
+  cmake libclang1-14 libclang-common-14-dev
+  # the verbs run time and tools (libibverbs1 and the rxe provider come with rdma-core)
+  rdma-core ibverbs-utils perftest libibverbs-dev iproute2
+  # ci/softroce.sh: the soft-RoCE VM
+  qemu-system-x86 busybox-static cpio kmod)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
