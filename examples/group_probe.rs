@@ -30,6 +30,8 @@ fn main() {
         "leader" => leader(),
         "leave" => leave(),
         "psets" => psets(),
+        "invite" => invite(),
+        "invite-abort" => invite_abort(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -491,6 +493,104 @@ fn psets() -> Res {
         ev.pset,
         ev.members,
         w.pset_members("dyn")
+    );
+    Ok(())
+}
+
+/// Rank 0 invites ranks 1, 2 and 3 with a 1 s timeout: 1 accepts, 2 declines, 3 never
+/// answers. The group is {0, 1} with one PGCID; the leader heard of each answer.
+fn invite() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let invited = collect(&w, EventCodes::One(EventCode::Invited));
+    let complete = collect(&w, EventCodes::One(EventCode::ConstructComplete));
+    let answers = collect(
+        &w,
+        EventCodes::Many(vec![
+            EventCode::InviteAccepted,
+            EventCode::InviteDeclined,
+            EventCode::InviteFailed,
+        ]),
+    );
+    let d = GroupDirectives::default().assign_context_id();
+    match r {
+        0 => {
+            let g = w.group_invite("inv", &[1, 2, 3], &d, Some(Duration::from_secs(1)))?;
+            let mut seen: Vec<String> = answers
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|e| format!("{:?}:{}", e.code, e.rank.unwrap_or(99)))
+                .collect();
+            seen.sort();
+            wait_for(&w, 10, || !complete.lock().unwrap().is_empty())?;
+            println!(
+                "rank 0 formed members {:?} left_out {:?} pgcid {} answers {seen:?}",
+                g.members,
+                g.left_out,
+                g.pgcid.ok_or("no pgcid")?
+            );
+        }
+        1 | 2 => {
+            wait_for(&w, 10, || !invited.lock().unwrap().is_empty())?;
+            let e = invited.lock().unwrap()[0].clone();
+            let leader = e.rank.ok_or("no leader")?;
+            let got = w.group_join("inv", leader, r == 1, t(10))?;
+            match got {
+                Some(g) => {
+                    wait_for(&w, 10, || !complete.lock().unwrap().is_empty())?;
+                    println!(
+                        "rank {r} joined members {:?} pgcid {}",
+                        g.members,
+                        g.pgcid.ok_or("no pgcid")?
+                    );
+                }
+                None => println!("rank {r} declined"),
+            }
+        }
+        _ => {
+            wait_for(&w, 10, || !invited.lock().unwrap().is_empty())?;
+            std::thread::sleep(Duration::from_millis(1500));
+            let late = w.group_join("inv", 0, true, t(5));
+            println!("rank {r} late join refused {}", late.is_err());
+        }
+    }
+    Ok(())
+}
+
+/// The leader dies after rank 1 accepted: rank 1's join fails and it, like rank 2 that
+/// never answered, gets a construct-abort event.
+fn invite_abort() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    let invited = collect(&w, EventCodes::One(EventCode::Invited));
+    let aborted = collect(&w, EventCodes::One(EventCode::ConstructAbort));
+    let accepted = collect(&w, EventCodes::One(EventCode::InviteAccepted));
+    if r == 0 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _ = w.group_invite("doomed", &[1, 2], &GroupDirectives::default(), t(30));
+            });
+            // Dispatch events read by the inviting thread until rank 1 accepted.
+            let _ = wait_for(&w, 10, || !accepted.lock().unwrap().is_empty());
+            std::process::abort();
+        });
+        return Ok(());
+    }
+    wait_for(&w, 10, || !invited.lock().unwrap().is_empty())?;
+    let start = Instant::now();
+    let joined = if r == 1 {
+        match w.group_join("doomed", 0, true, t(10)) {
+            Err(GroupError::ProcGone { rank: 0, .. }) => "failed",
+            other => return Err(format!("join should fail, got {other:?}").into()),
+        }
+    } else {
+        "none"
+    };
+    wait_for(&w, 10, || !aborted.lock().unwrap().is_empty())?;
+    println!(
+        "rank {r} join {joined} abort after {} ms",
+        start.elapsed().as_millis()
     );
     Ok(())
 }

@@ -300,3 +300,59 @@ fn psets_defined_and_deleted_while_the_job_runs_reach_every_process() {
         );
     }
 }
+
+#[test]
+fn invitations_form_a_group_of_those_that_accept() {
+    for (name, nodes) in [("grp-inv1", "1"), ("grp-inv2", "2")] {
+        let done = probe(name, nodes, "4", "invite");
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        let leader = done
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("rank 0 formed"))
+            .unwrap_or_else(|| panic!("{}", done.dump()));
+        assert!(
+            leader.contains(r#"members [0, 1] left_out [2, 3]"#)
+                && leader.contains(
+                    r#"answers ["InviteAccepted:1", "InviteDeclined:2", "InviteFailed:3"]"#
+                ),
+            "{leader}"
+        );
+        let p0 = field(&done, "pgcid");
+        assert_eq!(p0.len(), 2, "{}", done.dump());
+        assert_eq!(p0[0], p0[1], "{}", done.dump());
+        assert_eq!(
+            done.lines_with("rank 1 joined members [0, 1]"),
+            1,
+            "{}",
+            done.dump()
+        );
+        assert_eq!(done.lines_with("rank 2 declined"), 1, "{}", done.dump());
+        assert_eq!(
+            done.lines_with("rank 3 late join refused true"),
+            1,
+            "{}",
+            done.dump()
+        );
+    }
+}
+
+#[test]
+fn a_leader_that_dies_during_invitations_aborts_the_construct() {
+    for (name, nodes) in [("grp-ia1", "1"), ("grp-ia2", "2")] {
+        let done = probe(name, nodes, "3", "invite-abort");
+        assert_eq!(done.code(), Some(134), "{}", done.dump());
+        assert_eq!(
+            done.lines_with("rank 1 join failed abort after"),
+            1,
+            "{}",
+            done.dump()
+        );
+        assert_eq!(
+            done.lines_with("rank 2 join none abort after"),
+            1,
+            "{}",
+            done.dump()
+        );
+    }
+}

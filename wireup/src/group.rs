@@ -326,6 +326,78 @@ impl Client {
         })
     }
 
+    /// As leader, forms group `id` by invitation (PMIx_Group_invite): each of `procs`
+    /// gets an invited event and answers with [`Client::group_join`]; the leader gets
+    /// invite-accepted, invite-declined and invite-failed (death, or no answer within
+    /// `timeout`) events. Returns the group (the leader and those that accepted) once
+    /// every invitee answered or failed; every member gets a construct-complete event.
+    pub fn group_invite(
+        &self,
+        id: &str,
+        procs: &[Rank],
+        directives: &GroupDirectives,
+        timeout: Option<Duration>,
+    ) -> Result<GroupInfo, GroupError> {
+        let op = "group invite";
+        let (idc, procs, directives) = (id.to_owned(), procs.to_vec(), directives.clone());
+        let timeout_ms = ms(timeout);
+        // The server answers by the timeout at the latest (then the late ones failed).
+        let m = self.conn().call(
+            op,
+            |req| ClientMsg::GroupInvite {
+                req,
+                id: idc,
+                procs,
+                directives,
+                timeout_ms,
+            },
+            timeout,
+        );
+        self.dispatch_events();
+        match m? {
+            ServerMsg::Group { group, .. } => {
+                lock(&self.my_groups).insert(id.to_owned(), group.clone());
+                Ok(group)
+            }
+            ServerMsg::Failed { error, .. } => Err(GroupError::from_wire(op, id, error)),
+            other => Err(GroupError::unexpected(op, id, &other)),
+        }
+    }
+
+    /// Answers an invitation of `leader` into group `id` (after an invited event).
+    /// Declining returns `None` at once; accepting waits until the group is formed and
+    /// returns it, or fails if the leader dies first (a construct-abort event).
+    pub fn group_join(
+        &self,
+        id: &str,
+        leader: Rank,
+        accept: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Option<GroupInfo>, GroupError> {
+        let op = "group join";
+        let idc = id.to_owned();
+        let m = self.conn().call(
+            op,
+            |req| ClientMsg::GroupJoin {
+                req,
+                id: idc,
+                leader,
+                accept,
+            },
+            timeout,
+        );
+        self.dispatch_events();
+        match m? {
+            ServerMsg::Done { .. } => Ok(None),
+            ServerMsg::Group { group, .. } => {
+                lock(&self.my_groups).insert(id.to_owned(), group.clone());
+                Ok(Some(group))
+            }
+            ServerMsg::Failed { error, .. } => Err(GroupError::from_wire(op, id, error)),
+            other => Err(GroupError::unexpected(op, id, &other)),
+        }
+    }
+
     /// Every group with members on this node, as this node's server knows them (after a
     /// member's death, groups made with `notify_termination` no longer list it).
     pub fn groups(&self) -> Result<Vec<GroupInfo>, GroupError> {

@@ -270,6 +270,23 @@ pub(crate) enum ClientMsg {
         req: u64,
         name: String,
     },
+    /// As leader, invite `procs` into new group `id`; answered with the group once every
+    /// invitee accepted, declined, failed or timed out.
+    GroupInvite {
+        req: u64,
+        id: String,
+        procs: Vec<Rank>,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    },
+    /// Answer an invitation of `leader` into group `id`; when accepting, answered with
+    /// the group once it is formed.
+    GroupJoin {
+        req: u64,
+        id: String,
+        leader: Rank,
+        accept: bool,
+    },
 }
 
 /// What an event is about (PMIx event codes of groups and process sets).
@@ -287,6 +304,18 @@ pub enum EventCode {
     PsetDefined,
     /// A process set defined while the job ran was deleted.
     PsetDeleted,
+    /// The process is invited into a group (`rank` is the leader).
+    Invited,
+    /// To the leader: an invitee accepted.
+    InviteAccepted,
+    /// To the leader: an invitee declined.
+    InviteDeclined,
+    /// To the leader: an invitee died or did not answer in time.
+    InviteFailed,
+    /// To every member: an invite-formed group is complete (its members in `members`).
+    ConstructComplete,
+    /// To the invitees that accepted: the construct was abandoned (the leader died).
+    ConstructAbort,
 }
 
 /// An event delivered to a process.
@@ -421,6 +450,33 @@ pub(crate) enum PeerMsg {
         members: Option<Vec<Rank>>,
         from: u32,
         qid: u64,
+    },
+    /// To an invitee's server: `leader` (on `from`) invites `rank` into group `id`.
+    Invite {
+        id: String,
+        leader: Rank,
+        rank: Rank,
+        procs: Vec<Rank>,
+    },
+    /// To the leader's server: `rank` answered the invitation into group `id`.
+    InviteReply {
+        id: String,
+        rank: Rank,
+        accept: bool,
+    },
+    /// To the root server: a PGCID, please (answered with `PgcidResp` to `from`).
+    PgcidReq {
+        qid: u64,
+        from: u32,
+    },
+    /// From the root server.
+    PgcidResp {
+        qid: u64,
+        pgcid: u64,
+    },
+    /// An invite-formed group is complete (to every member's node).
+    GroupFormed {
+        group: GroupInfo,
     },
     /// From the root server: the outcome of a process-set change, applied everywhere.
     PsetChanged {

@@ -207,6 +207,9 @@ enum Event {
     QueryTimeout {
         qid: u64,
     },
+    InviteTimeout {
+        id: String,
+    },
     GetTimeout {
         rank: Rank,
         conn: ConnId,
@@ -224,6 +227,8 @@ struct LocalProc {
     joined: VecDeque<u64>,
     pid: Option<u32>,
     exited: bool,
+    /// Events for the process that arrived before it connected (delivered at hello).
+    early_events: Vec<WireEvent>,
 }
 
 struct Gone {
@@ -249,6 +254,22 @@ struct Coll {
     /// For group collectives: directives and timeout (sent along with every Gather so
     /// that a server that learns of the collective from a peer knows them too).
     group: Option<GroupSpec>,
+}
+
+/// A local invitee: its leader, and its accepting join request once made.
+type Invitee = (Rank, Option<(ConnId, u64)>);
+
+/// A group being formed by invitation, at its leader's server.
+struct Invitation {
+    leader: Rank,
+    conn: ConnId,
+    req: u64,
+    invitees: Vec<Rank>,
+    directives: GroupDirectives,
+    answered: BTreeSet<Rank>,
+    accepted: BTreeSet<Rank>,
+    /// The root server was asked for a PGCID.
+    asked_pgcid: bool,
 }
 
 struct Query {
@@ -307,6 +328,13 @@ struct State {
     runtime_psets: BTreeMap<String, Vec<Rank>>,
     /// Local requests of process-set changes waiting for the root's answer, by query id.
     pset_waiters: HashMap<u64, (ConnId, u64)>,
+    /// Groups being formed by invitation, led by a local process.
+    invitations: HashMap<String, Invitation>,
+    /// Local invitees of groups being formed, by (id, invitee): the leader, and the join
+    /// request waiting for the group once accepted.
+    invited: HashMap<(String, Rank), Invitee>,
+    /// PGCID requests to the root server, by query id: the invitation they are for.
+    pgcid_waiters: HashMap<u64, String>,
 }
 
 async fn serve(args: ServerArgs) -> Result<(), ServerError> {
@@ -485,6 +513,9 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
         claims: HashMap::new(),
         runtime_psets: BTreeMap::new(),
         pset_waiters: HashMap::new(),
+        invitations: HashMap::new(),
+        invited: HashMap::new(),
+        pgcid_waiters: HashMap::new(),
     };
     // 3. Start the node's processes.
     let ranks: Vec<Rank> = st.procs.keys().copied().collect();
@@ -789,6 +820,8 @@ fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::LeaderClaim { .. } => "leader claim",
         ClientMsg::PsetDefine { .. } => "pset define",
         ClientMsg::PsetDelete { .. } => "pset delete",
+        ClientMsg::GroupInvite { .. } => "group invite",
+        ClientMsg::GroupJoin { .. } => "group join",
     }
 }
 
@@ -1027,6 +1060,20 @@ impl State {
             }
             Event::CollTimeout { id } => self.coll_timeout(id),
             Event::QueryTimeout { qid } => self.finish_query(qid),
+            Event::InviteTimeout { id } => {
+                let late: Vec<Rank> = match self.invitations.get(&id) {
+                    Some(inv) => inv
+                        .invitees
+                        .iter()
+                        .copied()
+                        .filter(|r| !inv.answered.contains(r))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                for r in late {
+                    self.invite_failed(&id, r, "did not answer before the timeout".into());
+                }
+            }
             Event::GetTimeout { rank, conn, req } => {
                 let mut found = false;
                 for map in [&mut self.local_get_waiters, &mut self.modex_waiters] {
@@ -1075,11 +1122,15 @@ impl State {
             return refuse(format!("rank {rank} has already finalized or died"));
         }
         p.conn = Some(conn);
+        let early = std::mem::take(&mut p.early_events);
         let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
             version: PROTOCOL_VERSION,
             datastore: self.store.name().to_owned(),
             nspace: self.plan.job.nspace.clone(),
         })));
+        for e in early {
+            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
+        }
         self.conns.insert(conn, (Some(rank), tx));
     }
 
@@ -1123,6 +1174,19 @@ impl State {
                 self.pset_request(conn, req, name, Some(members))
             }
             ClientMsg::PsetDelete { req, name } => self.pset_request(conn, req, name, None),
+            ClientMsg::GroupInvite {
+                req,
+                id,
+                procs,
+                directives,
+                timeout_ms,
+            } => self.group_invite(rank, conn, req, id, procs, directives, timeout_ms),
+            ClientMsg::GroupJoin {
+                req,
+                id,
+                leader,
+                accept,
+            } => self.group_join(rank, conn, req, id, leader, accept),
             ClientMsg::Get {
                 req,
                 rank: target,
@@ -1335,6 +1399,7 @@ impl State {
             self.maybe_start(&id);
         }
         self.groups_lose(rank, &reason);
+        self.invitations_lose(rank, &reason);
         // Getters waiting for data the rank never committed.
         let committed = self.procs.get(&rank).is_some_and(|p| p.committed);
         if !committed {
@@ -2205,6 +2270,24 @@ impl State {
                 from,
                 qid,
             } => self.decide_pset(name, members, from, qid),
+            PeerMsg::Invite {
+                id,
+                leader,
+                rank,
+                procs,
+            } => self.invite_arrived(id, leader, rank, procs),
+            PeerMsg::InviteReply { id, rank, accept } => self.invite_reply(&id, rank, accept),
+            PeerMsg::PgcidReq { qid, from } => {
+                let pgcid = self.next_pgcid;
+                self.next_pgcid += 1;
+                self.send_peer(from, &PeerMsg::PgcidResp { qid, pgcid });
+            }
+            PeerMsg::PgcidResp { qid, pgcid } => {
+                if let Some(id) = self.pgcid_waiters.remove(&qid) {
+                    self.form_invited(&id, Some(pgcid));
+                }
+            }
+            PeerMsg::GroupFormed { group } => self.group_formed(group),
             PeerMsg::PsetChanged {
                 name,
                 members,
@@ -2214,10 +2297,17 @@ impl State {
         }
     }
 
-    /// Sends `event` to local process `rank`, if it is connected.
-    fn emit(&self, rank: Rank, event: &WireEvent) {
-        if let Some(conn) = self.procs.get(&rank).and_then(|p| p.conn) {
-            self.send_client(conn, &ServerMsg::Event(event.clone()));
+    /// Sends `event` to local process `rank`; one that has not connected yet gets it
+    /// when it does (one that is gone, never).
+    fn emit(&mut self, rank: Rank, event: &WireEvent) {
+        let gone = self.gone.contains_key(&rank);
+        let Some(p) = self.procs.get_mut(&rank) else {
+            return;
+        };
+        match p.conn {
+            Some(conn) => self.send_client(conn, &ServerMsg::Event(event.clone())),
+            None if !gone && !p.exited => p.early_events.push(event.clone()),
+            None => {}
         }
     }
 
@@ -2439,6 +2529,327 @@ impl State {
         };
         for r in g.members.clone() {
             self.emit(r, &e);
+        }
+    }
+
+    fn event(
+        code: EventCode,
+        group: &str,
+        rank: Rank,
+        members: Vec<Rank>,
+        reason: String,
+    ) -> WireEvent {
+        WireEvent {
+            code,
+            group: Some(group.to_owned()),
+            rank: Some(rank),
+            pset: None,
+            members,
+            reason,
+        }
+    }
+
+    /// Sends a message to the server of `node`, or handles it here when that is us.
+    fn send_node(&mut self, node: u32, msg: PeerMsg) {
+        if node == self.node {
+            self.on_peer(msg);
+        } else {
+            self.send_peer(node, &msg);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn group_invite(
+        &mut self,
+        leader: Rank,
+        conn: ConnId,
+        req: u64,
+        id: String,
+        procs: Vec<Rank>,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    ) {
+        let size = self.plan.job.size();
+        let mut invitees = procs;
+        invitees.sort_unstable();
+        invitees.dedup();
+        invitees.retain(|&r| r != leader);
+        let bad = if id.is_empty() || id == self.plan.job.nspace || id.starts_with("weft://") {
+            Some("the group id is empty, the namespace or reserved".to_owned())
+        } else if self.groups.contains_key(&id) || self.invitations.contains_key(&id) {
+            Some("the group id is already in use".to_owned())
+        } else if invitees.is_empty() {
+            Some("nobody to invite".to_owned())
+        } else {
+            invitees
+                .iter()
+                .find(|&&r| r >= size)
+                .map(|r| format!("rank {r} is not in the job (size {size})"))
+        };
+        if let Some(reason) = bad {
+            return self.group_invalid(conn, req, "group invite", &id, reason);
+        }
+        self.invitations.insert(
+            id.clone(),
+            Invitation {
+                leader,
+                conn,
+                req,
+                invitees: invitees.clone(),
+                directives,
+                answered: BTreeSet::new(),
+                accepted: BTreeSet::new(),
+                asked_pgcid: false,
+            },
+        );
+        if let Some(ms) = timeout_ms {
+            after(
+                &self.ev,
+                Duration::from_millis(ms),
+                Event::InviteTimeout { id: id.clone() },
+            );
+        }
+        for &r in &invitees {
+            if let Some(g) = self.gone.get(&r) {
+                let why = g.reason.clone();
+                self.invite_failed(&id, r, why);
+                continue;
+            }
+            let node = self.plan.job.node_of(r).unwrap_or(0);
+            let msg = PeerMsg::Invite {
+                id: id.clone(),
+                leader,
+                rank: r,
+                procs: invitees.clone(),
+            };
+            self.send_node(node, msg);
+        }
+    }
+
+    /// At an invitee's server: tell it, and remember the invitation for its answer.
+    fn invite_arrived(&mut self, id: String, leader: Rank, rank: Rank, procs: Vec<Rank>) {
+        if !self.procs.contains_key(&rank) {
+            return;
+        }
+        self.invited.insert((id.clone(), rank), (leader, None));
+        let reason = format!("rank {leader} invites you into group {id:?}");
+        self.emit(
+            rank,
+            &Self::event(EventCode::Invited, &id, leader, procs, reason),
+        );
+    }
+
+    fn group_join(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: String,
+        leader: Rank,
+        accept: bool,
+    ) {
+        match self.invited.get_mut(&(id.clone(), rank)) {
+            Some((l, waiting)) if *l == leader && waiting.is_none() => {
+                if accept {
+                    *waiting = Some((conn, req));
+                } else {
+                    self.invited.remove(&(id.clone(), rank));
+                    self.send_client(conn, &ServerMsg::Done { req });
+                }
+            }
+            _ => {
+                return self.group_invalid(
+                    conn,
+                    req,
+                    "group join",
+                    &id,
+                    format!("rank {rank} has no pending invitation from rank {leader}"),
+                )
+            }
+        }
+        let node = self.plan.job.node_of(leader).unwrap_or(0);
+        self.send_node(node, PeerMsg::InviteReply { id, rank, accept });
+    }
+
+    /// At the leader's server: an invitee answered.
+    fn invite_reply(&mut self, id: &str, rank: Rank, accept: bool) {
+        let Some(inv) = self.invitations.get_mut(id) else {
+            return;
+        };
+        if !inv.invitees.contains(&rank) || !inv.answered.insert(rank) {
+            return;
+        }
+        if accept {
+            inv.accepted.insert(rank);
+        }
+        let (code, what) = if accept {
+            (EventCode::InviteAccepted, "accepted")
+        } else {
+            (EventCode::InviteDeclined, "declined")
+        };
+        let leader = inv.leader;
+        let e = Self::event(
+            code,
+            id,
+            rank,
+            inv.invitees.clone(),
+            format!("rank {rank} {what}"),
+        );
+        self.emit(leader, &e);
+        self.maybe_form(id);
+    }
+
+    /// At the leader's server: an invitee died or timed out.
+    fn invite_failed(&mut self, id: &str, rank: Rank, why: String) {
+        let Some(inv) = self.invitations.get_mut(id) else {
+            return;
+        };
+        if !inv.answered.insert(rank) {
+            return;
+        }
+        let leader = inv.leader;
+        let e = Self::event(
+            EventCode::InviteFailed,
+            id,
+            rank,
+            inv.invitees.clone(),
+            format!("rank {rank} {why}"),
+        );
+        self.emit(leader, &e);
+        self.maybe_form(id);
+    }
+
+    fn maybe_form(&mut self, id: &str) {
+        let Some(inv) = self.invitations.get_mut(id) else {
+            return;
+        };
+        if inv.answered.len() < inv.invitees.len() || inv.asked_pgcid {
+            return;
+        }
+        if !inv.directives.assign_context_id {
+            return self.form_invited(id, None);
+        }
+        if self.node == 0 {
+            let p = self.next_pgcid;
+            self.next_pgcid += 1;
+            return self.form_invited(id, Some(p));
+        }
+        inv.asked_pgcid = true;
+        let qid = self.next_qid;
+        self.next_qid += 1;
+        self.pgcid_waiters.insert(qid, id.to_owned());
+        let from = self.node;
+        self.send_peer(0, &PeerMsg::PgcidReq { qid, from });
+    }
+
+    fn form_invited(&mut self, id: &str, pgcid: Option<u64>) {
+        let Some(inv) = self.invitations.remove(id) else {
+            return;
+        };
+        let mut members: Vec<Rank> = inv.accepted.iter().copied().collect();
+        members.push(inv.leader);
+        members.sort_unstable();
+        let group = GroupInfo {
+            id: id.to_owned(),
+            left_out: inv
+                .invitees
+                .iter()
+                .copied()
+                .filter(|r| !inv.accepted.contains(r))
+                .collect(),
+            members: members.clone(),
+            pgcid,
+            leader: Some(inv.leader),
+            directives: inv.directives,
+        };
+        for n in self.nodes_of(&members) {
+            self.send_node(
+                n,
+                PeerMsg::GroupFormed {
+                    group: group.clone(),
+                },
+            );
+        }
+        self.send_client(
+            inv.conn,
+            &ServerMsg::Group {
+                req: inv.req,
+                group,
+            },
+        );
+    }
+
+    /// At every member's server: the invite-formed group exists.
+    fn group_formed(&mut self, group: GroupInfo) {
+        let local: Vec<Rank> = group
+            .members
+            .iter()
+            .copied()
+            .filter(|r| self.procs.contains_key(r))
+            .collect();
+        if local.is_empty() {
+            return;
+        }
+        self.groups.insert(group.id.clone(), group.clone());
+        let e = WireEvent {
+            code: EventCode::ConstructComplete,
+            group: Some(group.id.clone()),
+            rank: group.leader,
+            pset: None,
+            members: group.members.clone(),
+            reason: match group.pgcid {
+                Some(p) => format!("group {:?} formed with PGCID {p}", group.id),
+                None => format!("group {:?} formed", group.id),
+            },
+        };
+        for r in local {
+            if let Some((_, Some((conn, req)))) = self.invited.remove(&(group.id.clone(), r)) {
+                self.send_client(
+                    conn,
+                    &ServerMsg::Group {
+                        req,
+                        group: group.clone(),
+                    },
+                );
+            }
+            self.emit(r, &e);
+        }
+    }
+
+    /// A death seen by this server: invitations it led are dropped (their local
+    /// invitees get construct-abort), and invitees of local leaders count as failed.
+    fn invitations_lose(&mut self, rank: Rank, reason: &str) {
+        let ids: Vec<String> = self.invitations.keys().cloned().collect();
+        for id in ids {
+            if self.invitations[&id].leader == rank {
+                self.invitations.remove(&id);
+            } else if self.invitations[&id].invitees.contains(&rank) {
+                self.invite_failed(&id, rank, reason.to_owned());
+            }
+        }
+        let aborted: Vec<(String, Rank)> = self
+            .invited
+            .iter()
+            .filter(|(_, (leader, _))| *leader == rank)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (id, r) in aborted {
+            let Some((_, waiting)) = self.invited.remove(&(id.clone(), r)) else {
+                continue;
+            };
+            let why = format!("the leader, rank {rank}, {reason}");
+            if let Some((conn, req)) = waiting {
+                let error = WireError::ProcGone {
+                    op: format!("group join of {id:?}"),
+                    rank,
+                    reason: reason.to_owned(),
+                };
+                self.send_client(conn, &ServerMsg::Failed { req, error });
+            }
+            self.emit(
+                r,
+                &Self::event(EventCode::ConstructAbort, &id, rank, Vec::new(), why),
+            );
         }
     }
 
