@@ -12,9 +12,13 @@ if [[ ${1:-} != --inside ]]; then
   # Host side: build, list the test binaries, hand over to the VM.
   list=$(mktemp /var/tmp/weft-verbs-tests.XXXXXX)
   trap 'rm -f "$list"' EXIT
-  # Test binaries are the artifacts with an executable (the crate has no bin targets).
-  cargo test -p weft-verbs --no-run --message-format=json |
+  # Test binaries: artifacts of the test profile that have an executable.
+  cargo test -p weft-verbs --no-run --message-format=json | grep '"test":true' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >"$list"
+  # The latency smoke next to ib_send_lat (release build: what a benchmark measures).
+  cargo build --release -p weft-verbs --example pingpong
+  echo "${CARGO_TARGET_DIR:-$PWD/target}/release/examples/pingpong" >"$list.pingpong"
+  trap 'rm -f "$list" "$list.pingpong"' EXIT
   [[ -s $list ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
   echo "verbs-vm: built $(wc -l <"$list") test binaries in $(($(date +%s) - start)) s"
   rc=0
@@ -31,16 +35,27 @@ step "ibv_devinfo"
 ibv_devinfo -d rxe0 || fail=1
 step "rdma link"
 rdma link show
-step "perftest smoke: ib_send_lat -d rxe0 -x 1 at 127.0.0.2"
-ib_send_lat -d rxe0 -x 1 -n 200 >/tmp/perf-server.log 2>&1 &
+step "perftest smoke: ib_send_lat -d rxe0 -x 1 -s 32 at 127.0.0.2"
+ib_send_lat -d rxe0 -x 1 -s 32 -n 2000 >/tmp/perf-server.log 2>&1 &
 server=$!
 sleep 2
-if timeout 120 ib_send_lat -d rxe0 -x 1 -n 200 127.0.0.2; then
+perf=""
+if perf=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s 32 -n 2000 127.0.0.2); then
+  echo "$perf"
   echo "perftest: ok"
 else
-  echo "perftest: ib_send_lat client failed"; fail=1
+  echo "$perf"; echo "perftest: ib_send_lat client failed"; fail=1
 fi
 wait "$server" || { echo "perftest: server failed:"; cat /tmp/perf-server.log; fail=1; }
+step "weft-verbs pingpong, 32-byte frames (same device, same run)"
+if weft=$(timeout 120 "$(cat "$list.pingpong")" 32 2000); then
+  echo "$weft"
+  p=$(echo "$perf" | awk '$1 == 32 {print $6}')
+  w=$(echo "$weft" | awk '$1 == 32 {print $3}')
+  [[ -n $p && -n $w ]] && echo "latency: weft-verbs $w us, ib_send_lat $p us, ratio $(awk "BEGIN {printf \"%.2f\", $w / $p}")"
+else
+  echo "pingpong failed"; fail=1
+fi
 export WEFT_VERBS_REQUIRE_DEVICE=1 RUST_BACKTRACE=1
 while read -r bin; do
   step "$(basename "$bin")"

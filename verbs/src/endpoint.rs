@@ -140,6 +140,8 @@ struct Wr {
     buf: Option<u32>,
     /// A probe (clears `probe_out` when retired).
     probe: bool,
+    /// Asked for a completion.
+    signaled: bool,
     /// RDMA read: its token and the local registration it writes into.
     read: Option<(u64, Arc<Mr>)>,
 }
@@ -206,6 +208,15 @@ pub struct Endpoint {
     read_done: VecDeque<(ReadToken, Result<(), Error>)>,
     errors: VecDeque<Error>,
     next_token: u64,
+    /// Work completions of one poll (kept to avoid initialising an array per poll).
+    wc_buf: Box<[Wc]>,
+    /// Signaled send-queue work requests not yet completed (the send CQ is polled on every
+    /// `poll` while there are any, else every 32nd).
+    signaled_out: usize,
+    /// Calls of `poll`.
+    polls: u32,
+    /// Connections that owe the peer an explicit credit message.
+    credit_queue: Vec<u32>,
     /// Connections connecting or starved of credits (timers to check in `poll`).
     timed: usize,
     stats: Stats,
@@ -311,6 +322,10 @@ impl Endpoint {
             read_done: VecDeque::new(),
             errors: VecDeque::new(),
             next_token: 1,
+            credit_queue: Vec::new(),
+            wc_buf: vec![Wc::default(); POLL_BATCH].into_boxed_slice(),
+            signaled_out: 0,
+            polls: 0,
             timed: 0,
             stats: Stats::default(),
             cfg,
@@ -654,9 +669,14 @@ impl Endpoint {
     }
 
     fn poll_ud(&mut self) {
-        let mut wcs = [Wc::default(); POLL_BATCH];
+        let mut wcs = std::mem::take(&mut self.wc_buf);
+        self.poll_ud_into(&mut wcs);
+        self.wc_buf = wcs;
+    }
+
+    fn poll_ud_into(&mut self, wcs: &mut [Wc]) {
         loop {
-            let n = match self.ud_cq.poll(&mut wcs) {
+            let n = match self.ud_cq.poll(wcs) {
                 Ok(n) => n,
                 Err(source) => {
                     self.errors.push_back(Error::PollCq { source });
@@ -764,13 +784,14 @@ impl Endpoint {
                     )
                 }
             } else {
-                let sges: Vec<sys::Sge> = parts
-                    .iter()
-                    .map(|p| (p.as_ptr() as u64, p.len() as u32, 0))
-                    .collect();
+                let mut sges: [sys::Sge; 2] = [(0, 0, 0); 2];
+                for (s, p) in sges.iter_mut().zip(parts) {
+                    *s = (p.as_ptr() as u64, p.len() as u32, 0);
+                }
+                let n = parts.len().min(2);
                 // SAFETY: inline: the bytes are copied during the call (total length <=
                 // max inline, checked by the caller); no memory is referenced after it.
-                unsafe { qp.post_send(wr_id, &sges, op, signaled, true) }
+                unsafe { qp.post_send(wr_id, &sges[..n], op, signaled, true) }
             }
         };
         match r {
@@ -780,10 +801,12 @@ impl Endpoint {
                 }
                 c.seq = c.seq.wrapping_add(1);
                 c.unsignaled = if signaled { 0 } else { c.unsignaled + 1 };
+                self.signaled_out += usize::from(signaled);
                 c.inflight.push_back(Wr {
                     seq,
                     buf,
                     probe: false,
+                    signaled,
                     read: read.map(|(t, mr, ..)| (t, mr)),
                 });
                 Ok(())
@@ -912,10 +935,12 @@ impl Endpoint {
                 c.seq = c.seq.wrapping_add(1);
                 c.unsignaled = 0;
                 c.probe_out = true;
+                self.signaled_out += 1;
                 c.inflight.push_back(Wr {
                     seq,
                     buf: None,
                     probe: true,
+                    signaled: true,
                     read: None,
                 });
                 self.stats.probes += 1;
@@ -929,9 +954,14 @@ impl Endpoint {
 
     /// Retires completed send-queue work requests; reports failures.
     fn poll_send(&mut self) {
-        let mut wcs = [Wc::default(); POLL_BATCH];
+        let mut wcs = std::mem::take(&mut self.wc_buf);
+        self.poll_send_into(&mut wcs);
+        self.wc_buf = wcs;
+    }
+
+    fn poll_send_into(&mut self, wcs: &mut [Wc]) {
         loop {
-            let n = match self.send_cq.poll(&mut wcs) {
+            let n = match self.send_cq.poll(wcs) {
                 Ok(n) => n,
                 Err(source) => {
                     self.errors.push_back(Error::PollCq { source });
@@ -953,6 +983,9 @@ impl Endpoint {
                         c.probe_out = false;
                     }
                     let done = wr.seq == seq;
+                    if done && wr.signaled {
+                        self.signaled_out = self.signaled_out.saturating_sub(1);
+                    }
                     if let Some((token, _mr)) = wr.read {
                         what = "rdma-read";
                         let result = if done && wc.status == sys::WC_SUCCESS {
@@ -995,8 +1028,16 @@ impl Endpoint {
     /// connection: the error names the peer and the completion status).
     pub fn poll(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> Result<usize, Error> {
         let delivered = self.poll_recv(deliver);
-        self.poll_send();
-        self.poll_ud();
+        self.polls = self.polls.wrapping_add(1);
+        // Unsignaled sends that fail still complete (with an error), so the send CQ is
+        // drained now and then even with nothing signaled outstanding.
+        if self.signaled_out > 0 || self.polls % 32 == 0 {
+            self.poll_send();
+        }
+        // Handshakes: every poll while connecting, else often enough to accept quickly.
+        if self.timed > 0 || self.polls % 32 == 0 {
+            self.poll_ud();
+        }
         if self.timed > 0 {
             self.check_timers();
         }
@@ -1007,11 +1048,16 @@ impl Endpoint {
     }
 
     fn poll_recv(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
-        let mut wcs = [Wc::default(); POLL_BATCH];
+        let mut wcs = std::mem::take(&mut self.wc_buf);
+        let n = self.poll_recv_into(&mut wcs, deliver);
+        self.wc_buf = wcs;
+        n
+    }
+
+    fn poll_recv_into(&mut self, wcs: &mut [Wc], deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
         let mut delivered = 0;
-        let mut due: Vec<u32> = Vec::new();
         loop {
-            let n = match self.recv_cq.poll(&mut wcs) {
+            let n = match self.recv_cq.poll(wcs) {
                 Ok(n) => n,
                 Err(source) => {
                     self.errors.push_back(Error::PollCq { source });
@@ -1055,7 +1101,7 @@ impl Endpoint {
                             c.to_return += 1;
                             if c.to_return >= (self.cfg.credits / 2).max(1) && !c.credit_due {
                                 c.credit_due = true;
-                                due.push(idx);
+                                self.credit_queue.push(idx);
                             }
                         }
                     }
@@ -1073,31 +1119,33 @@ impl Endpoint {
             }
         }
         self.stats.frames_received += delivered as u64;
-        for idx in due {
-            let c = &self.conns[idx as usize];
-            if !c.credit_due || !matches!(c.state, State::Ready) || c.inflight.len() + 1 >= c.depth
-            {
-                continue; // a data frame carried the credits, or no room: next poll
-            }
-            match self.post(idx, &[], KIND_CREDIT, None, None, false) {
-                Ok(()) => {
-                    self.conns[idx as usize].credit_due = false;
-                    self.stats.credit_messages += 1;
-                }
-                Err(e) => self.fail(idx, e),
-            }
-        }
-        // Credits that could not be returned above are retried on the next poll.
-        for idx in 0..self.conns.len() as u32 {
-            let c = &self.conns[idx as usize];
-            if c.credit_due && matches!(c.state, State::Ready) && c.inflight.len() + 1 < c.depth {
-                if let Ok(()) = self.post(idx, &[], KIND_CREDIT, None, None, false) {
-                    self.conns[idx as usize].credit_due = false;
-                    self.stats.credit_messages += 1;
-                }
-            }
+        // Explicit credit messages for the connections that owe some (kept when the send
+        // queue is full: retried on the next poll).
+        if !self.credit_queue.is_empty() {
+            let mut queue = std::mem::take(&mut self.credit_queue);
+            queue.retain(|&idx| !self.return_credits(idx));
+            self.credit_queue = queue;
         }
         delivered
+    }
+
+    /// Sends an explicit credit message if `idx` still owes one; false: no room now.
+    fn return_credits(&mut self, idx: u32) -> bool {
+        let c = &self.conns[idx as usize];
+        if !c.credit_due || !matches!(c.state, State::Ready) {
+            return true; // a frame carried the credits, or the connection is gone
+        }
+        if c.inflight.len() + 1 >= c.depth {
+            return false;
+        }
+        match self.post(idx, &[], KIND_CREDIT, None, None, false) {
+            Ok(()) => {
+                self.conns[idx as usize].credit_due = false;
+                self.stats.credit_messages += 1;
+            }
+            Err(e) => self.fail(idx, e),
+        }
+        true
     }
 
     fn check_timers(&mut self) {

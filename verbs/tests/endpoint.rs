@@ -372,3 +372,9 @@ fn a_peer_that_never_answers_is_a_handshake_timeout() {
     }
     assert!(a.connect(3, &card[..5]).is_err(), "a short card is refused");
 }
+
+/// The engine may move its endpoint to the progress thread.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<weft_verbs::Endpoint>();
+};

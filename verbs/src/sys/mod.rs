@@ -557,16 +557,18 @@ impl Cq {
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions into `out`.
     pub(crate) fn poll(&self, out: &mut [Wc]) -> io::Result<usize> {
-        // SAFETY: ibv_wc is plain C data; all-zero is valid.
-        let mut raw: [ffi::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let mut raw = [const { std::mem::MaybeUninit::<ffi::ibv_wc>::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH) as c_int;
-        // SAFETY: the CQ is alive; `raw` has room for `want` entries.
-        let n = unsafe { ffi::ibv_poll_cq(self.ptr.as_ptr(), want, raw.as_mut_ptr()) };
+        // SAFETY: the CQ is alive; `raw` has room for `want` entries, which the provider
+        // writes (the first `n` of them) before returning `n`.
+        let n = unsafe { ffi::ibv_poll_cq(self.ptr.as_ptr(), want, raw.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(io::Error::other(format!("ibv_poll_cq returned {n}")));
         }
         let n = n as usize;
         for (o, w) in out.iter_mut().zip(&raw[..n]) {
+            // SAFETY: the provider initialised the first `n` entries.
+            let w = unsafe { w.assume_init_ref() };
             let with_imm = w.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             *o = Wc {
                 wr_id: w.wr_id,
