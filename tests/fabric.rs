@@ -104,14 +104,47 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
 }
 
 #[test]
-fn a_process_on_another_node_is_a_clear_no_path_error() {
+fn a_process_on_another_node_without_verbs_is_a_clear_no_path_error() {
     let probe = example("fabric_probe");
-    let done = run("nopath", &["--nodes", "2", "-n", "2", &probe, "errors"], T);
+    // Without verbs (excluded, or no device outside the soft-RoCE VM) another node is
+    // unreachable, and the error says why.
+    let done = run(
+        "nopath",
+        &[
+            "-x",
+            "WEFT_TRANSPORTS=shm",
+            "--nodes",
+            "2",
+            "-n",
+            "2",
+            &probe,
+            "errors",
+        ],
+        T,
+    );
     assert_ne!(done.code(), Some(0));
     assert!(
-        done.stderr.contains(
-            "no path to rank 1: it runs on node 1 and the verbs transport is not available yet"
-        ),
+        done.stderr
+            .contains("no path to rank 1: it runs on node 1 and WEFT_TRANSPORTS excludes verbs"),
+        "{}",
+        done.dump()
+    );
+    let done = run(
+        "nopath-bad",
+        &[
+            "-x",
+            "WEFT_TRANSPORTS=shm,carrier-pigeon",
+            "-n",
+            "2",
+            &probe,
+            "errors",
+        ],
+        T,
+    );
+    assert_ne!(done.code(), Some(0));
+    assert!(
+        done.stderr.contains("WEFT_TRANSPORTS")
+            && done.stderr.contains("unknown transport \"carrier-pigeon\""),
         "{}",
         done.dump()
     );

@@ -4,9 +4,10 @@
 //! Everything here runs on the caller's thread inside `progress()`; there is no hidden
 //! thread. Frames are `header ++ payload`, the header a fixed 32-byte little-endian record.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use weft_shm::{Inbox, Outbox};
+use weft_verbs::{ConnId, Endpoint, ReadToken};
 
 use crate::{P2pError, Status};
 
@@ -18,6 +19,9 @@ const RTS: u8 = 2;
 const FIN: u8 = 3;
 const CTS: u8 = 4;
 const DATA: u8 = 5;
+/// Rendezvous over verbs: the payload is the sender's registered region (addr, rkey);
+/// the receiver RDMA-reads it and answers FIN.
+const RTS_RDMA: u8 = 6;
 
 /// The frame header: what every message carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +115,19 @@ pub(crate) enum Path {
     Loopback,
     /// A peer on this node: its inbox.
     Shm(Box<Outbox>),
+    /// A peer reached over verbs: its RC connection.
+    Verbs(ConnId),
+    /// No way to reach it, and why.
+    Unreachable(String),
+}
+
+/// What the resolver finds for a peer on first contact.
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    /// Its shared-memory inbox, connected.
+    Shm(Box<Outbox>),
+    /// Its verbs card: the engine connects to it.
+    VerbsCard(Vec<u8>),
     /// No way to reach it, and why.
     Unreachable(String),
 }
@@ -120,6 +137,9 @@ pub(crate) enum Path {
 pub(crate) struct Config {
     pub(crate) eager_limit: usize,
     pub(crate) single_copy: SingleCopy,
+    /// Keep verbs registrations of user buffers between messages (the user promises not
+    /// to free and reuse them); otherwise each is released when its message completes.
+    pub(crate) keep_registrations: bool,
 }
 
 struct Peer {
@@ -134,6 +154,12 @@ enum Body {
         sreq: u32,
         addr: u64,
         pid: i32,
+        len: u64,
+    },
+    RtsRdma {
+        sreq: u32,
+        addr: u64,
+        rkey: u32,
         len: u64,
     },
 }
@@ -162,7 +188,29 @@ enum Kind {
         dest: u32,
         /// Pipelined rendezvous: the receiver's request and the next offset to stream.
         stream: Option<(u32, usize)>,
+        /// The buffer is registered with the verbs endpoint (released on FIN).
+        registered: bool,
     },
+}
+
+/// An RDMA read of a rendezvous in flight: the receive it fills.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    id: u32,
+    src: u32,
+    tag: u32,
+    sreq: u32,
+    len: usize,
+    cap: usize,
+    buf: *mut u8,
+}
+
+/// An RDMA read waiting for room on its connection.
+#[derive(Debug, Clone, Copy)]
+struct PendingRead {
+    read: Read,
+    addr: u64,
+    rkey: u32,
 }
 
 #[derive(Debug)]
@@ -171,8 +219,8 @@ struct Req {
     result: Option<Result<Status, P2pError>>,
 }
 
-/// Resolves a peer's path (first send): returns the path for `rank`.
-pub(crate) type Resolver = Box<dyn FnMut(u32) -> Path>;
+/// Resolves a peer's path (first send): what reaches `rank`.
+pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved>;
 /// Tells why a rank is gone, if it is.
 pub(crate) type GoneCheck = Box<dyn Fn(u32) -> Option<String>>;
 
@@ -192,6 +240,14 @@ struct State {
     resolve: Resolver,
     gone: GoneCheck,
     cma_warned: bool,
+    /// The verbs endpoint, when the process has one.
+    verbs: Option<Endpoint>,
+    /// RDMA reads in flight.
+    reads: HashMap<ReadToken, Read>,
+    /// RDMA reads waiting for room.
+    pending_reads: VecDeque<PendingRead>,
+    /// Peers whose verbs connection failed, and why.
+    failed: HashMap<u32, String>,
 }
 
 /// One process's engine.
@@ -224,6 +280,7 @@ fn matches(
 impl Engine {
     /// An engine for rank `me` of a job of `size`, receiving on `inbox` (none for a
     /// single-process job), with `sender_rank` mapping inbox sender ids to ranks.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         me: u32,
         size: u32,
@@ -232,6 +289,7 @@ impl Engine {
         cfg: Config,
         resolve: Resolver,
         gone: GoneCheck,
+        verbs: Option<Endpoint>,
     ) -> Engine {
         let mut peers: Vec<Peer> = (0..size)
             .map(|_| Peer {
@@ -256,18 +314,26 @@ impl Engine {
                 resolve,
                 gone,
                 cma_warned: false,
+                verbs,
+                reads: HashMap::new(),
+                pending_reads: VecDeque::new(),
+                failed: HashMap::new(),
             },
         }
     }
 
-    /// Polls the inbox and pushes pending output; returns the number of frames handled.
+    /// Polls the inbox and the verbs endpoint and pushes pending output; returns the
+    /// number of frames handled.
     #[inline]
     pub(crate) fn progress(&mut self) -> usize {
         let st = &mut self.st;
-        let n = match &mut self.inbox {
+        let mut n = match &mut self.inbox {
             Some(inbox) => inbox.poll(&mut |sid, frame| st.on_frame(sid, frame)),
             None => 0,
         };
+        if st.verbs.is_some() {
+            n += st.progress_verbs();
+        }
         if !st.busy.is_empty() {
             st.flush();
         }
@@ -294,6 +360,7 @@ impl Engine {
             len: status.count,
             dest: status.source,
             stream: None,
+            registered: false,
         });
         self.st.complete(id, Ok(status));
         id
@@ -313,6 +380,9 @@ impl Engine {
         tag: Option<u32>,
     ) -> Direct {
         let st = &mut self.st;
+        if st.verbs.is_some() {
+            st.progress_verbs();
+        }
         if !st.posted.is_empty()
             || st
                 .unexpected
@@ -398,7 +468,7 @@ impl Engine {
                 tag: u.tag,
                 count: match &u.body {
                     Body::Eager(d) => d.len(),
-                    Body::Rts { len, .. } => *len as usize,
+                    Body::Rts { len, .. } | Body::RtsRdma { len, .. } => *len as usize,
                 },
             })
     }
@@ -434,9 +504,17 @@ impl Engine {
 
     /// Fails request `id` because `rank` is gone (after one more progress pass).
     pub(crate) fn fail_if_gone(&mut self, id: u32) {
+        if self.st.reads.values().any(|r| r.id == id)
+            || self.st.pending_reads.iter().any(|p| p.read.id == id)
+        {
+            // The NIC may still write into its buffer: its read's completion (success or
+            // error) completes it.
+            return;
+        }
         let (peer, reason) = match self.waits_on(id) {
             Some(peer) if peer == self.st.me => return,
-            Some(peer) => match (self.st.gone)(peer) {
+            Some(peer) => match (self.st.gone)(peer).or_else(|| self.st.failed.get(&peer).cloned())
+            {
                 Some(reason) => (peer, reason),
                 None => return,
             },
@@ -545,7 +623,17 @@ impl State {
             return Err(P2pError::InvalidRank { rank: dest, size });
         };
         if let Path::Unresolved = peer.path {
-            peer.path = (self.resolve)(dest);
+            peer.path = match (self.resolve)(dest) {
+                Resolved::Shm(o) => Path::Shm(o),
+                Resolved::Unreachable(why) => Path::Unreachable(why),
+                Resolved::VerbsCard(card) => match &mut self.verbs {
+                    None => Path::Unreachable("the verbs transport is not open".into()),
+                    Some(ep) => match ep.connect(dest, &card) {
+                        Ok(c) => Path::Verbs(c),
+                        Err(e) => Path::Unreachable(format!("verbs connection failed: {e}")),
+                    },
+                },
+            };
         }
         match &self.peers[dest as usize].path {
             Path::Unreachable(why) => Err(P2pError::NoPath {
@@ -568,10 +656,18 @@ impl State {
         }
         let peer = &mut self.peers[dest as usize];
         if peer.backlog.is_empty() {
-            if let Path::Shm(out) = &mut peer.path {
-                if out.try_send(hdr, payload) {
-                    return;
-                }
+            let sent = match &mut peer.path {
+                Path::Shm(out) => Ok(out.try_send(hdr, payload)),
+                Path::Verbs(conn) => match &mut self.verbs {
+                    Some(ep) => ep.try_send(*conn, hdr, payload),
+                    None => Ok(false),
+                },
+                _ => Ok(false),
+            };
+            match sent {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => return self.verbs_failed(dest, &e),
             }
         }
         let mut f = Vec::with_capacity(HDR + payload.len());
@@ -586,6 +682,10 @@ impl State {
     fn max_payload(&self, dest: u32) -> usize {
         match &self.peers[dest as usize].path {
             Path::Shm(o) => o.max_frame().saturating_sub(HDR),
+            Path::Verbs(c) => self
+                .verbs
+                .as_ref()
+                .map_or(0, |ep| ep.max_frame(*c).saturating_sub(HDR)),
             _ => usize::MAX,
         }
     }
@@ -633,11 +733,15 @@ impl State {
             self.push(dest, &hdr, data);
             return Ok(None);
         }
+        if let Path::Verbs(_) = self.peers[dest as usize].path {
+            return self.send_rdma(buf, len, dest, ctx, tag).map(Some);
+        }
         let id = self.alloc(Kind::Send {
             buf,
             len,
             dest,
             stream: None,
+            registered: false,
         });
         let hdr = Hdr {
             kind: RTS,
@@ -685,6 +789,12 @@ impl State {
                     pid,
                     len,
                 } => self.rts_matched(id, u.src, u.tag, sreq, addr, pid, len),
+                Body::RtsRdma {
+                    sreq,
+                    addr,
+                    rkey,
+                    len,
+                } => self.rdma_matched(id, u.src, u.tag, sreq, addr, rkey, len),
             }
         } else {
             self.posted.push_back(id);
@@ -840,18 +950,26 @@ impl State {
         }
     }
 
+    /// A frame from the inbox, from local sender `sid`.
     fn on_frame(&mut self, sid: u32, frame: &[u8]) {
+        match self.sender_rank.get(sid as usize) {
+            Some(&rank) => self.on_frame_from(rank, frame),
+            None => tracing::error!("dropping a frame from unknown local sender {sid}"),
+        }
+    }
+
+    /// A frame from job rank `from` (as the transport knows it).
+    fn on_frame_from(&mut self, from: u32, frame: &[u8]) {
         let Some(h) = Hdr::decode(frame) else {
             tracing::error!(
-                "dropping a frame of {} bytes from local sender {sid}: shorter than a header",
+                "dropping a frame of {} bytes from rank {from}: shorter than a header",
                 frame.len()
             );
             return;
         };
-        if h.src as usize >= self.peers.len() || self.sender_rank.get(sid as usize) != Some(&h.src)
-        {
+        if h.src as usize >= self.peers.len() || h.src != from {
             tracing::error!(
-                "dropping a frame from local sender {sid} that claims rank {}",
+                "dropping a frame from rank {from} that claims rank {}",
                 h.src
             );
             return;
@@ -864,10 +982,35 @@ impl State {
                 let pid = i32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
                 self.on_rts(h, addr, pid)
             }
+            RTS_RDMA if payload.len() >= 12 => {
+                let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                let rkey = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+                match self.match_posted(h.ctx, h.src, h.tag) {
+                    Some(id) => self.rdma_matched(id, h.src, h.tag, h.aux, addr, rkey, h.len),
+                    None => self.unexpected.push_back(Unexpected {
+                        ctx: h.ctx,
+                        src: h.src,
+                        tag: h.tag,
+                        body: Body::RtsRdma {
+                            sreq: h.aux,
+                            addr,
+                            rkey,
+                            len: h.len,
+                        },
+                    }),
+                }
+            }
             FIN => {
                 // Only the peer a pending send went to may complete it.
                 if let Some(Some(Req {
-                    kind: Kind::Send { dest, len, .. },
+                    kind:
+                        Kind::Send {
+                            dest,
+                            len,
+                            buf,
+                            registered,
+                            ..
+                        },
                     result: None,
                 })) = self.reqs.get(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
@@ -876,6 +1019,12 @@ impl State {
                         tag: h.tag,
                         count: *len,
                     };
+                    let (buf, len, registered) = (*buf, *len, *registered);
+                    if registered && !self.cfg.keep_registrations {
+                        if let Some(ep) = &mut self.verbs {
+                            ep.invalidate(buf, len);
+                        }
+                    }
                     self.complete(h.aux, Ok(s));
                 }
             }
@@ -938,11 +1087,254 @@ impl State {
         }
     }
 
+    /// A rendezvous send over verbs: registers the buffer and offers it with RTS_RDMA;
+    /// the receiver reads it and answers FIN.
+    fn send_rdma(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> Result<u32, P2pError> {
+        let Some(ep) = &mut self.verbs else {
+            return Err(P2pError::NoPath {
+                rank: dest,
+                reason: "the verbs transport is not open".into(),
+            });
+        };
+        let region = ep.register(buf, len).map_err(|e| P2pError::Transport {
+            rank: dest,
+            reason: format!("registering the {len}-byte send buffer: {e}"),
+        })?;
+        let id = self.alloc(Kind::Send {
+            buf,
+            len,
+            dest,
+            stream: None,
+            registered: true,
+        });
+        let hdr = Hdr {
+            kind: RTS_RDMA,
+            src: self.me,
+            ctx,
+            tag,
+            aux: id,
+            len: len as u64,
+        }
+        .encode();
+        let mut p = [0u8; 12];
+        p[..8].copy_from_slice(&region.addr.to_le_bytes());
+        p[8..].copy_from_slice(&region.rkey.to_le_bytes());
+        self.push(dest, &hdr, &p);
+        Ok(id)
+    }
+
+    /// A receive matched an RTS_RDMA: read the data straight into its buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn rdma_matched(
+        &mut self,
+        id: u32,
+        src: u32,
+        tag: u32,
+        sreq: u32,
+        addr: u64,
+        rkey: u32,
+        len: u64,
+    ) {
+        let Some(Some(Req {
+            kind: Kind::Recv { buf, cap, .. },
+            ..
+        })) = self.reqs.get(id as usize)
+        else {
+            return;
+        };
+        let read = Read {
+            id,
+            src,
+            tag,
+            sreq,
+            len: len as usize,
+            cap: *cap,
+            buf: *buf,
+        };
+        self.pending_reads
+            .push_back(PendingRead { read, addr, rkey });
+        self.start_reads();
+    }
+
+    /// Starts the RDMA reads waiting for room, in order.
+    fn start_reads(&mut self) {
+        while let Some(p) = self.pending_reads.front().copied() {
+            let r = p.read;
+            let n = r.len.min(r.cap);
+            if n == 0 {
+                self.pending_reads.pop_front();
+                self.read_done(r, Ok(()));
+                continue;
+            }
+            let Path::Verbs(conn) = self.peers[r.src as usize].path else {
+                self.pending_reads.pop_front();
+                let reason = "a verbs rendezvous from a peer not reached over verbs".into();
+                self.complete(
+                    r.id,
+                    Err(P2pError::Transport {
+                        rank: r.src,
+                        reason,
+                    }),
+                );
+                continue;
+            };
+            let Some(ep) = &mut self.verbs else { return };
+            // SAFETY: `r.buf` is the buffer of a live receive request, valid for `cap` >= n
+            // bytes; the request cannot complete (and so release the buffer) before this
+            // read is reported by `poll_reads`: `fail_if_gone` skips requests with reads
+            // in flight, and only `read_done` completes it.
+            match unsafe { ep.rdma_read(conn, r.buf, n, p.addr, p.rkey) } {
+                Ok(Some(token)) => {
+                    self.pending_reads.pop_front();
+                    self.reads.insert(token, r);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    self.pending_reads.pop_front();
+                    self.read_done(r, Err(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// An RDMA read finished: complete the receive, tell the sender.
+    fn read_done(&mut self, r: Read, res: Result<(), String>) {
+        if !self.cfg.keep_registrations {
+            if let Some(ep) = &mut self.verbs {
+                ep.invalidate(r.buf, r.len.min(r.cap));
+            }
+        }
+        match res {
+            Ok(()) => {
+                let fin = Hdr {
+                    kind: FIN,
+                    src: self.me,
+                    ctx: 0,
+                    tag: r.tag,
+                    aux: r.sreq,
+                    len: 0,
+                }
+                .encode();
+                self.push(r.src, &fin, &[]);
+                self.complete(r.id, outcome(r.src, r.tag, r.len, r.cap));
+            }
+            Err(reason) => {
+                self.failed.entry(r.src).or_insert_with(|| reason.clone());
+                self.complete(
+                    r.id,
+                    Err(P2pError::PeerGone {
+                        rank: r.src,
+                        reason: format!("RDMA read failed: {reason}"),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Polls the verbs endpoint: frames, finished reads, waiting reads.
+    fn progress_verbs(&mut self) -> usize {
+        let Some(mut ep) = self.verbs.take() else {
+            return 0;
+        };
+        let mut frames = 0;
+        let polled = ep.poll(&mut |peer, frame| {
+            frames += 1;
+            self.on_frame_from(peer, frame);
+        });
+        let mut done = Vec::new();
+        ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
+        self.verbs = Some(ep);
+        if let Err(e) = polled {
+            match e.peer() {
+                Some(peer) => self.verbs_failed(peer, &e),
+                None => tracing::error!("verbs: {e}"),
+            }
+        }
+        for (token, res) in done {
+            if let Some(r) = self.reads.remove(&token) {
+                self.read_done(r, res);
+            }
+        }
+        if !self.pending_reads.is_empty() {
+            self.start_reads();
+        }
+        frames
+    }
+
+    /// The verbs connection to `peer` failed: everything waiting on it fails, naming the
+    /// completion status.
+    fn verbs_failed(&mut self, peer: u32, e: &weft_verbs::Error) {
+        let reason = e.to_string();
+        tracing::error!("verbs connection to rank {peer} failed: {reason}");
+        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.peers[peer as usize].backlog.clear();
+        let ids: Vec<u32> = self
+            .reqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let r = r.as_ref()?;
+                if r.result.is_some() {
+                    return None;
+                }
+                let waits = match &r.kind {
+                    Kind::Send { dest, .. } => *dest == peer,
+                    Kind::Recv { src, .. } => *src == Some(peer),
+                };
+                let reading = self.reads.values().any(|x| x.id == i as u32);
+                (waits && !reading).then_some(i as u32)
+            })
+            .collect();
+        for id in ids {
+            self.posted.retain(|&p| p != id);
+            self.complete(
+                id,
+                Err(P2pError::PeerGone {
+                    rank: peer,
+                    reason: reason.clone(),
+                }),
+            );
+        }
+    }
+
     /// Pushes backlogs and pipelined streams as far as the rings allow.
     fn flush(&mut self) {
         let busy = std::mem::take(&mut self.busy);
         for dest in busy {
             let peer = &mut self.peers[dest as usize];
+            if let Path::Verbs(conn) = peer.path {
+                let Some(ep) = &mut self.verbs else {
+                    // The endpoint is busy polling: try again on the next progress.
+                    self.busy.push(dest);
+                    continue;
+                };
+                let mut failure = None;
+                while let Some(f) = peer.backlog.front() {
+                    match ep.try_send(conn, &f[..HDR], &f[HDR..]) {
+                        Ok(true) => {
+                            peer.backlog.pop_front();
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if let Some(e) = failure {
+                    self.verbs_failed(dest, &e);
+                } else if !self.peers[dest as usize].backlog.is_empty() {
+                    self.busy.push(dest);
+                }
+                continue;
+            }
             let Path::Shm(out) = &mut peer.path else {
                 continue;
             };
@@ -965,6 +1357,7 @@ impl State {
                                 len,
                                 dest: d,
                                 stream,
+                                ..
                             },
                         result,
                     }) = slot

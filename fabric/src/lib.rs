@@ -32,12 +32,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{Config, Direct, Engine, Path, SingleCopy};
+use engine::{Config, Direct, Engine, Resolved, SingleCopy};
 use weft_shm::{Inbox, InboxConfig, Outbox};
 use weft_wireup::{Client, GetOpts, Scope};
 
 /// The key under which a process publishes its shared-memory inbox (Local scope).
 pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
+/// The key under which a process publishes its verbs card (Global scope, so that
+/// `WEFT_TRANSPORTS=verbs` works between processes of one node too).
+pub const VERBS_CARD_KEY: &str = "weft.verbs.card";
 
 /// The shared-memory card: the inbox segment's name and the layout version it speaks.
 fn shm_card(name: &str) -> String {
@@ -60,6 +63,16 @@ fn parse_shm_card(card: &str) -> Result<&str, String> {
 
 /// Tunables of the fabric, listed by `weft info`.
 pub const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        "WEFT_TRANSPORTS",
+        "shm,verbs",
+        "transports to use: shm for peers on the node, verbs for the others; `verbs` alone sends to every peer over verbs, `shm` alone refuses other nodes",
+    ),
+    (
+        "WEFT_VERBS_KEEP_REGISTRATIONS",
+        "0",
+        "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes",
+    ),
     (
         "WEFT_SHM_EAGER_LIMIT",
         "8192",
@@ -155,6 +168,15 @@ pub enum P2pError {
         /// Why.
         reason: String,
     },
+    /// The transport refused the operation (a buffer it cannot register, a message
+    /// beyond the device's limits).
+    #[error("transport error with rank {rank}: {reason}")]
+    Transport {
+        /// The peer.
+        rank: u32,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Errors of [`Fabric::init`].
@@ -176,6 +198,9 @@ pub enum InitError {
     /// The card could not be published.
     #[error("fabric init: publishing the shared-memory card: {0}")]
     Card(#[from] weft_wireup::CommitError),
+    /// The verbs transport was asked for (`WEFT_TRANSPORTS=verbs`) but cannot open.
+    #[error("fabric init: WEFT_TRANSPORTS asks for verbs only, but the verbs transport cannot open: {0}")]
+    Verbs(#[source] weft_verbs::Error),
     /// A tunable has a bad value.
     #[error("fabric init: {var}={value:?}: {reason}")]
     Tunable {
@@ -306,10 +331,58 @@ fn config() -> Result<Config, InitError> {
             })
         }
     };
+    let keep_registrations = match std::env::var("WEFT_VERBS_KEEP_REGISTRATIONS").as_deref() {
+        Err(_) | Ok("0") => false,
+        Ok("1") => true,
+        Ok(other) => {
+            return Err(InitError::Tunable {
+                var: "WEFT_VERBS_KEEP_REGISTRATIONS",
+                value: other.into(),
+                reason: "must be 0 or 1".into(),
+            })
+        }
+    };
     Ok(Config {
         eager_limit,
         single_copy,
+        keep_registrations,
     })
+}
+
+/// Which transports `WEFT_TRANSPORTS` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Transports {
+    shm: bool,
+    verbs: bool,
+}
+
+fn transports() -> Result<Transports, InitError> {
+    let value = std::env::var("WEFT_TRANSPORTS").unwrap_or_else(|_| "shm,verbs".into());
+    let mut t = Transports {
+        shm: false,
+        verbs: false,
+    };
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "shm" => t.shm = true,
+            "verbs" => t.verbs = true,
+            other => {
+                return Err(InitError::Tunable {
+                    var: "WEFT_TRANSPORTS",
+                    value: value.clone(),
+                    reason: format!("unknown transport {other:?} (shm, verbs)"),
+                })
+            }
+        }
+    }
+    if !t.shm && !t.verbs {
+        return Err(InitError::Tunable {
+            var: "WEFT_TRANSPORTS",
+            value,
+            reason: "names no transport".into(),
+        });
+    }
+    Ok(t)
 }
 
 impl Fabric {
@@ -349,7 +422,9 @@ impl Fabric {
         let me = wire.rank();
         let size = wire.size();
         let local = wire.local_peers().to_vec();
-        let inbox = if local.len() > 1 {
+        let t = transports()?;
+        let remote_peers = size as usize > local.len();
+        let inbox = if t.shm && local.len() > 1 {
             let name = format!("{}r{me}", wire.segment_prefix());
             let inbox = Inbox::create(&name, &InboxConfig::from_env()?)?;
             wire.put(Scope::Local, SHM_CARD_KEY, shm_card(&name))?;
@@ -357,35 +432,69 @@ impl Fabric {
         } else {
             None
         };
+        // Verbs when some peer needs it: another node, or every peer when shm is off.
+        let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
+        let mut verbs_down = None;
+        let verbs = if want_verbs {
+            match weft_verbs::Config::from_env(me).and_then(weft_verbs::Endpoint::open) {
+                Ok(ep) => {
+                    wire.put(Scope::Global, VERBS_CARD_KEY, ep.card())?;
+                    Some(ep)
+                }
+                Err(e) if !t.shm => return Err(InitError::Verbs(e)),
+                Err(e) => {
+                    tracing::warn!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
+                    verbs_down = Some(e.to_string());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let verbs_open = verbs.is_some();
         wire.commit()?;
         let my_local = wire.local_rank();
         let w2 = wire.clone();
-        let resolve = Box::new(move |rank: u32| -> Path {
-            if w2.job().node_of(rank) != Some(w2.node()) {
-                let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
-                return Path::Unreachable(format!(
-                    "it runs on node {node} and the verbs transport is not available yet"
+        let resolve = Box::new(move |rank: u32| -> Resolved {
+            let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
+            let on_node = node == w2.node();
+            let timeout = GetOpts::default().timeout(Duration::from_secs(60));
+            if on_node && t.shm {
+                return match w2.get(rank, SHM_CARD_KEY, timeout) {
+                    Ok(v) => match v.as_str().map(parse_shm_card) {
+                        Some(Err(why)) => Resolved::Unreachable(why),
+                        Some(Ok(name)) => match Outbox::connect(name, my_local) {
+                            Ok(o) => Resolved::Shm(Box::new(o)),
+                            Err(e) => Resolved::Unreachable(format!(
+                                "cannot connect to its inbox {name}: {e}"
+                            )),
+                        },
+                        None => Resolved::Unreachable(format!(
+                            "its card {SHM_CARD_KEY} is not a string: {v:?}"
+                        )),
+                    },
+                    Err(e) => Resolved::Unreachable(format!("no shared-memory card: {e}")),
+                };
+            }
+            if !t.verbs {
+                return Resolved::Unreachable(format!(
+                    "it runs on node {node} and WEFT_TRANSPORTS excludes verbs"
                 ));
             }
-            let card = w2.get(
-                rank,
-                SHM_CARD_KEY,
-                GetOpts::default().timeout(Duration::from_secs(60)),
-            );
-            match card {
-                Ok(v) => match v.as_str().map(parse_shm_card) {
-                    Some(Err(why)) => Path::Unreachable(why),
-                    Some(Ok(name)) => match Outbox::connect(name, my_local) {
-                        Ok(o) => Path::Shm(Box::new(o)),
-                        Err(e) => {
-                            Path::Unreachable(format!("cannot connect to its inbox {name}: {e}"))
-                        }
-                    },
+            if !verbs_open {
+                let why = verbs_down.as_deref().unwrap_or("not opened");
+                return Resolved::Unreachable(format!(
+                    "it runs on node {node} and the verbs transport cannot open: {why}"
+                ));
+            }
+            match w2.get(rank, VERBS_CARD_KEY, timeout) {
+                Ok(v) => match v.into_bytes() {
+                    Some(card) => Resolved::VerbsCard(card),
                     None => {
-                        Path::Unreachable(format!("its card {SHM_CARD_KEY} is not a string: {v:?}"))
+                        Resolved::Unreachable(format!("its card {VERBS_CARD_KEY} is not bytes"))
                     }
                 },
-                Err(e) => Path::Unreachable(format!("no shared-memory card: {e}")),
+                Err(e) => Resolved::Unreachable(format!("no verbs card: {e}")),
             }
         });
         let w3 = wire.clone();
@@ -400,7 +509,7 @@ impl Fabric {
                 shm_cfg.fastbox_bytes
             );
         }
-        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone);
+        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs);
         let world_ctx = wire.job().world_pgcid;
         Ok(Inner {
             engine: RefCell::new(engine),
@@ -480,13 +589,13 @@ impl Fabric {
         cma: bool,
     ) -> Fabric {
         let my_local = local.iter().position(|&r| r == me).unwrap_or(0) as u32;
-        let resolve = Box::new(move |rank: u32| -> Path {
+        let resolve = Box::new(move |rank: u32| -> Resolved {
             match peers.get(rank as usize).cloned().flatten() {
                 Some(name) => match Outbox::connect(&name, my_local) {
-                    Ok(o) => Path::Shm(Box::new(o)),
-                    Err(e) => Path::Unreachable(e.to_string()),
+                    Ok(o) => Resolved::Shm(Box::new(o)),
+                    Err(e) => Resolved::Unreachable(e.to_string()),
                 },
-                None => Path::Unreachable("no card".into()),
+                None => Resolved::Unreachable("no card".into()),
             }
         });
         let cfg = Config {
@@ -496,8 +605,18 @@ impl Fabric {
             } else {
                 SingleCopy::None
             },
+            keep_registrations: false,
         };
-        let engine = Engine::new(me, size, inbox, local, cfg, resolve, Box::new(|_| None));
+        let engine = Engine::new(
+            me,
+            size,
+            inbox,
+            local,
+            cfg,
+            resolve,
+            Box::new(|_| None),
+            None,
+        );
         Fabric {
             inner: Rc::new(Inner {
                 engine: RefCell::new(engine),
@@ -670,6 +789,10 @@ impl Communicator {
                 reason,
             },
             P2pError::NoPath { rank, reason } => P2pError::NoPath {
+                rank: c(rank),
+                reason,
+            },
+            P2pError::Transport { rank, reason } => P2pError::Transport {
                 rank: c(rank),
                 reason,
             },
