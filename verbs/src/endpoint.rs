@@ -203,8 +203,8 @@ pub struct Endpoint {
     send_free: Vec<u32>,
     ud_next: u32,
     ud_outstanding: u32,
-    by_peer: HashMap<u32, u32>,
-    by_qpn: HashMap<u32, u32>,
+    by_peer: U32Map<u32>,
+    by_qpn: U32Map<u32>,
     read_done: VecDeque<(ReadToken, Result<(), Error>)>,
     errors: VecDeque<Error>,
     next_token: u64,
@@ -231,6 +231,29 @@ impl std::fmt::Debug for Endpoint {
             .finish_non_exhaustive()
     }
 }
+
+/// Hashes a `u32` key (QP number, peer id) with one multiplication: the maps on the
+/// receive path need no DoS-resistant hashing.
+#[derive(Default)]
+struct U32Hasher(u64);
+
+impl Hasher for U32Hasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type U32Map<V> = HashMap<u32, V, std::hash::BuildHasherDefault<U32Hasher>>;
 
 fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -317,8 +340,8 @@ impl Endpoint {
             recv_slots: Vec::new(),
             ud_next: 0,
             ud_outstanding: 0,
-            by_peer: HashMap::new(),
-            by_qpn: HashMap::new(),
+            by_peer: U32Map::default(),
+            by_qpn: U32Map::default(),
             read_done: VecDeque::new(),
             errors: VecDeque::new(),
             next_token: 1,
@@ -481,17 +504,19 @@ impl Endpoint {
         let size = self.cfg.eager_size;
         let mem = RawBuf::new(size * n as usize);
         let mr = Mr::register(&self.pd, mem.ptr.as_ptr(), mem.len())?;
-        for i in 0..n as usize {
-            let slot = self.recv_slots.len() as u64;
-            let addr = mem.addr() + (i * size) as u64;
-            self.recv_slots.push((addr, mr.lkey()));
-            // SAFETY: the slot lies in `mr`; it is read only after its completion; the
-            // memory outlives the SRQ (field order).
-            unsafe { self.srq.post_recv(slot, addr, size as u32, mr.lkey()) }
-                .map_err(|source| Error::PostRecv { source })?;
-        }
+        let (base, lkey) = (mem.addr(), mr.lkey());
+        // Kept before anything is posted: a failed post below must not free posted memory.
         self.recv_mrs.push(mr);
         self.recv_mem.push(mem);
+        for i in 0..n as usize {
+            let slot = self.recv_slots.len() as u64;
+            let addr = base + (i * size) as u64;
+            self.recv_slots.push((addr, lkey));
+            // SAFETY: the slot lies in the registration just kept; it is read only after
+            // its completion; the memory outlives the SRQ (field order).
+            unsafe { self.srq.post_recv(slot, addr, size as u32, lkey) }
+                .map_err(|source| Error::PostRecv { source })?;
+        }
         Ok(())
     }
 

@@ -117,7 +117,7 @@ pub(crate) fn device_names() -> Result<Vec<String>, Error> {
         let reason = if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
             "libibverbs.so.1 could not be loaded (install rdma-core / libibverbs1)".to_string()
         } else {
-            format!("ibv_get_device_list failed: {e} (no RDMA support in this kernel?)")
+            format!("libibverbs finds no RDMA subsystem in this kernel (ibv_get_device_list: {e})")
         };
         return Err(Error::NoDevice { reason });
     }
