@@ -215,6 +215,8 @@ pub struct Endpoint {
     signaled_out: usize,
     /// Calls of `poll`.
     polls: u32,
+    /// Exposed registrations not yet released: rkey -> cache key.
+    exposed: U32Map<(u64, u64)>,
     /// Connections that owe the peer an explicit credit message.
     credit_queue: Vec<u32>,
     /// Connections connecting or starved of credits (timers to check in `poll`).
@@ -346,6 +348,7 @@ impl Endpoint {
             errors: VecDeque::new(),
             next_token: 1,
             credit_queue: Vec::new(),
+            exposed: U32Map::default(),
             wc_buf: vec![Wc::default(); POLL_BATCH].into_boxed_slice(),
             signaled_out: 0,
             polls: 0,
@@ -1222,14 +1225,18 @@ impl Endpoint {
         }
     }
 
-    /// Registers `[ptr, ptr + len)` so peers can RDMA-read it, through the registration
-    /// cache; returns what a peer needs. The memory is only pinned, never accessed here;
-    /// an unmapped range is an error (`Error::RegMr`, EFAULT).
+    /// Registers `[ptr, ptr + len)` so a peer can RDMA-read it (rendezvous send), through
+    /// the registration cache; returns what the peer needs. The memory is only pinned, never
+    /// accessed here; an unmapped range is an error (`Error::RegMr`, EFAULT).
     ///
-    /// The registration stays valid until [`Endpoint::invalidate`] covers the range (or the
-    /// cache evicts it): memory that is freed and reused must be invalidated first.
+    /// The registration stays in place (its cache entry pinned) until
+    /// [`Endpoint::release`] of the returned region, which the sender calls once the peer
+    /// reported its read done; after that it stays cached for reuse until evicted. Memory
+    /// that is freed or reused must be [`Endpoint::invalidate`]d first.
     pub fn register(&mut self, ptr: *const u8, len: usize) -> Result<RemoteRegion, Error> {
-        let mr = self.mr_for(ptr as u64, len)?;
+        let (key, mr) = self.mr_for(ptr as u64, len)?;
+        self.rcache.pin(key);
+        self.exposed.insert(mr.rkey(), key);
         Ok(RemoteRegion {
             addr: ptr as u64,
             len,
@@ -1237,7 +1244,22 @@ impl Endpoint {
         })
     }
 
-    fn mr_for(&mut self, addr: u64, len: usize) -> Result<Arc<Mr>, Error> {
+    /// Ends one exposure made by [`Endpoint::register`] (the peer finished reading). With
+    /// `WEFT_VERBS_RCACHE=0` this deregisters it.
+    pub fn release(&mut self, region: RemoteRegion) {
+        if let Some(&key) = self.exposed.get(&region.rkey) {
+            self.rcache.unpin(key);
+            if !self.rcache.is_pinned(key) {
+                self.exposed.remove(&region.rkey);
+                if !self.cfg.rcache {
+                    self.rcache.remove(key);
+                }
+            }
+        }
+    }
+
+    /// The registration covering `[addr, addr + len)`: from the cache, or made and cached.
+    fn mr_for(&mut self, addr: u64, len: usize) -> Result<((u64, u64), Arc<Mr>), Error> {
         if len as u64 > self.info.max_mr_size {
             return Err(Error::MessageTooLarge {
                 what: "registration",
@@ -1247,8 +1269,8 @@ impl Endpoint {
         }
         let (start, end) = page_range(addr, len);
         if self.cfg.rcache {
-            if let Some(mr) = self.rcache.lookup(start, end) {
-                return Ok(mr);
+            if let Some(hit) = self.rcache.lookup(start, end) {
+                return Ok(hit);
             }
         }
         let mr = match Mr::register(&self.pd, start as *const u8, (end - start) as usize) {
@@ -1260,17 +1282,19 @@ impl Endpoint {
             Err(e) => return Err(e),
         };
         let mr = Arc::new(mr);
-        let (s, e) = (mr.addr(), mr.addr() + mr.len() as u64);
-        self.rcache.insert(s, e, mr.clone());
-        Ok(mr)
+        let key = (mr.addr(), mr.addr() + mr.len() as u64);
+        self.rcache.insert(key.0, key.1, mr.clone());
+        Ok((key, mr))
     }
 
-    /// Drops cached registrations overlapping `[ptr, ptr + len)` (call before the memory is
-    /// freed or reused); an RDMA read in flight keeps its registration until it completes.
-    /// Returns how many registrations were dropped.
+    /// Drops cached registrations overlapping `[ptr, ptr + len)`, exposed ones included
+    /// (call it before that memory is freed or reused); an RDMA read in flight keeps its
+    /// registration until it completes. Returns how many registrations were dropped.
     pub fn invalidate(&mut self, ptr: *const u8, len: usize) -> usize {
         let (start, end) = page_range(ptr as u64, len);
-        self.rcache.invalidate(start, end)
+        let n = self.rcache.invalidate(start, end);
+        self.exposed.retain(|_, k| !(k.0 < end && k.1 > start));
+        n
     }
 
     /// Starts an RDMA read of `len` bytes from the peer's `(remote_addr, rkey)` into
@@ -1319,7 +1343,7 @@ impl Endpoint {
                 return Ok(None);
             }
         }
-        let mr = self.mr_for(local as u64, len)?;
+        let (_, mr) = self.mr_for(local as u64, len)?;
         self.next_token += 1;
         let read = (token, mr, local as u64, len as u32, remote_addr, rkey);
         self.post(idx, &[], 0, None, Some(read), true)

@@ -88,19 +88,23 @@
 //! ### Rendezvous: RDMA read and the registration cache
 //!
 //! The sender exposes its buffer with [`Endpoint::register`] (address and rkey for the
-//! peer); the receiver pulls it with [`Endpoint::rdma_read`] into its own buffer (zero copy
-//! on both sides) and learns of completion from [`Endpoint::poll_reads`]. Both register
-//! through the registration cache: regions are registered page-aligned and kept, keyed by
-//! their virtual address range, so a buffer used again costs nothing.
+//! peer) and calls [`Endpoint::release`] once the peer reported its read done; the receiver
+//! pulls the data with [`Endpoint::rdma_read`] into its own buffer (zero copy on both sides)
+//! and learns of completion from [`Endpoint::poll_reads`]. Both register through the
+//! registration cache: regions are registered page-aligned and kept, keyed by their virtual
+//! address range, so a buffer used again costs nothing.
 //!
 //! **Correctness rule:** a cached registration pins the physical pages that backed the range
 //! when it was made. If that memory is freed (or unmapped) and the address range reused, the
 //! cached registration would still point at the old pages, so whoever frees or reuses memory
 //! that went through `register`/`rdma_read` must first call [`Endpoint::invalidate`] on it
-//! (the cache does not intercept `free`/`munmap`). Invalidation (and eviction by the size
-//! limit or by an overlapping registration) only drops the cache's reference: an RDMA read in
-//! flight keeps its registration alive until it completes. `WEFT_VERBS_RCACHE=0` registers on
-//! every use (the previous registration of an overlapping range is dropped then).
+//! (the cache does not intercept `free`/`munmap`; the fabric calls it from the paths that
+//! free such memory). Within that rule the cache keeps registrations alive exactly as long
+//! as they are needed: an RDMA read in flight holds its local registration; an exposure is
+//! pinned from `register` to `release`, so neither the size limit (`WEFT_VERBS_RCACHE_MAX`,
+//! least recently used first) nor a new overlapping registration can pull it from under a
+//! reading peer; unpinned entries that a new registration overlaps are replaced by it.
+//! `WEFT_VERBS_RCACHE=0` registers on every use and deregisters exposures on `release`.
 //!
 //! ### Errors
 //!

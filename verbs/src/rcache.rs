@@ -1,19 +1,25 @@
 //! The registration cache: registered regions keyed by their page-aligned virtual address
-//! range.
+//! range `[start, end)`.
 //!
 //! Correctness rule: an entry is valid only while the same pages back its range. Memory that
 //! is unmapped or freed and then reused must be invalidated ([`crate::Endpoint::invalidate`])
 //! before it is used with verbs again; the cache does not intercept `munmap`/`free`.
-//! Entries are disjoint: inserting a range first evicts every entry that overlaps it, so a
-//! lookup only has to check the closest entry starting at or below the address. An evicted
-//! region is deregistered when its last user lets go of it (an in-flight RDMA read keeps its
-//! `Arc`).
+//!
+//! Lifetimes: the cache holds an `Arc` of each registration. An RDMA read in flight holds
+//! another, so dropping a cache entry never pulls a registration from under the local NIC.
+//! A region exposed to a peer ([`crate::Endpoint::register`]) is *pinned* until
+//! [`crate::Endpoint::release`]: neither the size limit nor a new overlapping registration
+//! evicts a pinned entry (the peer may be reading through its rkey); only `invalidate`
+//! does, because it means the memory itself is gone.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Page size used for alignment (registrations cover whole pages).
 pub(crate) const PAGE: u64 = 4096;
+
+/// How many entries starting at or below an address a lookup examines.
+const LOOKUP_DEPTH: usize = 16;
 
 /// Page-aligned `[start, end)` covering `[addr, addr + len)`.
 pub(crate) fn page_range(addr: u64, len: usize) -> (u64, u64) {
@@ -24,12 +30,12 @@ pub(crate) fn page_range(addr: u64, len: usize) -> (u64, u64) {
 
 #[derive(Debug)]
 struct Entry<T> {
-    end: u64,
     value: Arc<T>,
     last_use: u64,
+    pins: u32,
 }
 
-/// Cache counters.
+/// Registration cache counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RcacheStats {
     /// Lookups served from the cache.
@@ -40,12 +46,14 @@ pub struct RcacheStats {
     pub evictions: u64,
     /// Entries now.
     pub entries: usize,
+    /// Entries pinned by exposures not yet released.
+    pub pinned: usize,
 }
 
 /// The cache (generic over the registration so the index logic is testable alone).
 #[derive(Debug)]
 pub(crate) struct RegCache<T> {
-    map: BTreeMap<u64, Entry<T>>,
+    map: BTreeMap<(u64, u64), Entry<T>>,
     max: usize,
     clock: u64,
     stats: RcacheStats,
@@ -61,59 +69,116 @@ impl<T> RegCache<T> {
         }
     }
 
-    /// The entry covering `[start, end)`, if any.
-    pub(crate) fn lookup(&mut self, start: u64, end: u64) -> Option<Arc<T>> {
+    /// An entry covering `[start, end)`: its key and value.
+    pub(crate) fn lookup(&mut self, start: u64, end: u64) -> Option<((u64, u64), Arc<T>)> {
         self.clock += 1;
         let clock = self.clock;
-        match self.map.range_mut(..=start).next_back() {
-            Some((_, e)) if e.end >= end => {
+        let hit = self
+            .map
+            .range_mut(..=(start, u64::MAX))
+            .rev()
+            .take(LOOKUP_DEPTH)
+            .find(|(k, _)| k.1 >= end);
+        match hit {
+            Some((k, e)) => {
                 e.last_use = clock;
                 self.stats.hits += 1;
-                Some(e.value.clone())
+                Some((*k, e.value.clone()))
             }
-            _ => {
+            None => {
                 self.stats.misses += 1;
                 None
             }
         }
     }
 
-    /// Inserts a registration of `[start, end)`, evicting overlapping entries and, beyond
-    /// the size limit, the least recently used one.
+    /// Inserts a registration of `[start, end)`, evicting the unpinned entries it overlaps
+    /// and, beyond the size limit, the least recently used unpinned ones (never the new
+    /// one, which its caller is about to use or pin).
     pub(crate) fn insert(&mut self, start: u64, end: u64, value: Arc<T>) {
-        self.invalidate(start, end);
+        let doomed: Vec<(u64, u64)> = self
+            .map
+            .range(..(end, 0))
+            .filter(|(k, e)| k.1 > start && e.pins == 0)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &doomed {
+            self.map.remove(k);
+        }
+        self.stats.evictions += doomed.len() as u64;
         self.clock += 1;
-        self.map.insert(
-            start,
+        let old = self.map.insert(
+            (start, end),
             Entry {
-                end,
                 value,
                 last_use: self.clock,
+                pins: 0,
             },
         );
+        if let Some(old) = old {
+            // Same range, pinned: keep the pins on the new registration's entry.
+            if let Some(e) = self.map.get_mut(&(start, end)) {
+                e.pins = old.pins;
+                e.value = old.value;
+            }
+        }
         while self.map.len() > self.max {
             let oldest = self
                 .map
                 .iter()
+                .filter(|(k, e)| e.pins == 0 && **k != (start, end))
                 .min_by_key(|(_, e)| e.last_use)
                 .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                self.map.remove(&k);
-                self.stats.evictions += 1;
+            match oldest {
+                Some(k) => {
+                    self.map.remove(&k);
+                    self.stats.evictions += 1;
+                }
+                None => break, // everything else is pinned
             }
         }
     }
 
-    /// Removes every entry overlapping `[start, end)`; returns how many.
+    /// Pins the entry `key` (an exposure in progress).
+    pub(crate) fn pin(&mut self, key: (u64, u64)) {
+        if let Some(e) = self.map.get_mut(&key) {
+            e.pins += 1;
+        }
+    }
+
+    /// Unpins the entry `key`; false if it is gone (invalidated meanwhile).
+    pub(crate) fn unpin(&mut self, key: (u64, u64)) -> bool {
+        match self.map.get_mut(&key) {
+            Some(e) => {
+                e.pins = e.pins.saturating_sub(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the entry `key` is pinned.
+    pub(crate) fn is_pinned(&self, key: (u64, u64)) -> bool {
+        self.map.get(&key).is_some_and(|e| e.pins > 0)
+    }
+
+    /// Removes the entry `key`.
+    pub(crate) fn remove(&mut self, key: (u64, u64)) {
+        if self.map.remove(&key).is_some() {
+            self.stats.evictions += 1;
+        }
+    }
+
+    /// Removes every entry overlapping `[start, end)`, pinned or not; returns how many.
     pub(crate) fn invalidate(&mut self, start: u64, end: u64) -> usize {
-        let doomed: Vec<u64> = self
+        let doomed: Vec<(u64, u64)> = self
             .map
-            .range(..end)
-            .filter(|(s, e)| **s < end && e.end > start)
-            .map(|(s, _)| *s)
+            .range(..(end, 0))
+            .filter(|(k, _)| k.1 > start)
+            .map(|(k, _)| *k)
             .collect();
-        for s in &doomed {
-            self.map.remove(s);
+        for k in &doomed {
+            self.map.remove(k);
         }
         self.stats.evictions += doomed.len() as u64;
         doomed.len()
@@ -122,6 +187,7 @@ impl<T> RegCache<T> {
     pub(crate) fn stats(&self) -> RcacheStats {
         RcacheStats {
             entries: self.map.len(),
+            pinned: self.map.values().filter(|e| e.pins > 0).count(),
             ..self.stats
         }
     }
@@ -143,8 +209,8 @@ mod tests {
     fn hits_inside_misses_outside() {
         let mut c = RegCache::new(8);
         c.insert(4096, 16384, Arc::new(1));
-        assert_eq!(c.lookup(4096, 8192).as_deref(), Some(&1));
-        assert_eq!(c.lookup(8192, 16384).as_deref(), Some(&1));
+        assert_eq!(c.lookup(4096, 8192).map(|h| *h.1), Some(1));
+        assert_eq!(c.lookup(8192, 16384).map(|h| h.0), Some((4096, 16384)));
         assert!(c.lookup(8192, 20480).is_none(), "extends past the entry");
         assert!(c.lookup(0, 4096).is_none(), "below the entry");
         let s = c.stats();
@@ -152,34 +218,44 @@ mod tests {
     }
 
     #[test]
-    fn invalidate_removes_overlapping_entries_only() {
+    fn invalidate_removes_overlapping_entries_only_pinned_or_not() {
         let mut c = RegCache::new(8);
         c.insert(0, 4096, Arc::new(0));
         c.insert(8192, 16384, Arc::new(1));
         c.insert(16384, 20480, Arc::new(2));
+        c.pin((8192, 16384));
         assert_eq!(c.invalidate(12288, 16385), 2);
         assert!(c.lookup(8192, 12288).is_none());
         assert!(c.lookup(16384, 20480).is_none());
-        assert_eq!(c.lookup(0, 4096).as_deref(), Some(&0));
+        assert_eq!(c.lookup(0, 4096).map(|h| *h.1), Some(0));
         assert_eq!(
             c.invalidate(4096, 8192),
             0,
             "touching ranges do not overlap"
         );
+        assert!(!c.unpin((8192, 16384)), "the pinned entry was invalidated");
     }
 
     #[test]
-    fn insert_replaces_overlaps_and_keeps_entries_disjoint() {
+    fn insert_replaces_unpinned_overlaps_and_keeps_pinned_ones() {
         let mut c = RegCache::new(8);
         c.insert(0, 8192, Arc::new(0));
         c.insert(4096, 12288, Arc::new(1));
         assert!(c.lookup(0, 4096).is_none(), "the overlapped entry is gone");
-        assert_eq!(c.lookup(4096, 12288).as_deref(), Some(&1));
-        assert_eq!(c.stats().entries, 1);
+        assert_eq!(c.lookup(4096, 12288).map(|h| *h.1), Some(1));
+        // A pinned entry (exposed to a peer) survives an overlapping registration.
+        c.pin((4096, 12288));
+        c.insert(8192, 16384, Arc::new(2));
+        assert_eq!(c.lookup(4096, 8192).map(|h| *h.1), Some(1));
+        assert_eq!(c.lookup(12288, 16384).map(|h| *h.1), Some(2));
+        assert_eq!(c.stats().pinned, 1);
+        assert!(c.unpin((4096, 12288)));
+        c.insert(0, 20480, Arc::new(3));
+        assert_eq!(c.stats().entries, 1, "unpinned overlaps are replaced");
     }
 
     #[test]
-    fn lru_eviction_beyond_the_limit_keeps_users_alive() {
+    fn lru_eviction_skips_pinned_entries_and_keeps_users_alive() {
         let mut c = RegCache::new(2);
         let a = Arc::new(10);
         c.insert(0, 4096, a.clone());
@@ -191,6 +267,14 @@ mod tests {
             "least recently used evicted"
         );
         assert!(c.lookup(0, 4096).is_some());
+        c.pin((8192, 12288));
+        c.pin((0, 4096));
+        c.insert(12288, 16384, Arc::new(13));
+        assert_eq!(
+            c.stats().entries,
+            3,
+            "pinned entries are not evicted by the limit"
+        );
         c.invalidate(0, 4096);
         assert_eq!(
             Arc::strong_count(&a),

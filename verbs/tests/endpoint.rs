@@ -273,6 +273,47 @@ fn registration_cache_reuses_and_invalidation_sees_new_pages() {
 }
 
 #[test]
+fn an_exposed_region_stays_registered_until_released() {
+    let Some((mut a, mut b)) = pair(|_| {}) else {
+        return;
+    };
+    let (ab, _) = connect(&mut a, &mut b);
+    let src: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    let x = b.register(src.as_ptr(), 16 << 10).unwrap();
+    // A second exposure overlapping the first one's pages does not evict it: the peer may be
+    // reading through the first rkey.
+    let y = b
+        .register(src.as_ptr().wrapping_add(12 << 10), 32 << 10)
+        .unwrap();
+    assert_ne!(x.rkey, y.rkey);
+    assert_eq!(b.stats().rcache.pinned, 2);
+    let mut dst = vec![0u8; 16 << 10];
+    read_into(&mut a, &mut b, ab, &mut dst, x);
+    assert!(
+        dst[..] == src[..16 << 10],
+        "read through the first exposure"
+    );
+    b.release(x);
+    b.release(y);
+    assert_eq!(b.stats().rcache.pinned, 0);
+    // Released entries stay cached for reuse...
+    assert_eq!(b.register(src.as_ptr(), 1000).unwrap().rkey, x.rkey);
+    b.release(x);
+    // ...until a new registration overlapping them replaces them.
+    let z = b
+        .register(src.as_ptr().wrapping_add(8 << 10), 56 << 10)
+        .unwrap();
+    assert!(z.rkey != x.rkey && z.rkey != y.rkey);
+    assert_eq!(b.stats().rcache.entries, 1);
+    let mut dst = vec![0u8; 56 << 10];
+    read_into(&mut a, &mut b, ab, &mut dst, z);
+    assert!(
+        dst[..] == src[8 << 10..],
+        "read through the replacing exposure"
+    );
+}
+
+#[test]
 fn max_message_size_and_invalid_buffers_are_clear_errors() {
     let Some((mut a, mut b)) = pair(|_| {}) else {
         return;
