@@ -16,9 +16,9 @@ if [[ ${1:-} != --inside ]]; then
   cargo test -p weft-verbs --no-run --message-format=json | grep '"test":true' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >"$list"
   # The latency smoke next to ib_send_lat (release build: what a benchmark measures).
-  cargo build --release -p weft-verbs --example pingpong
-  echo "${CARGO_TARGET_DIR:-$PWD/target}/release/examples/pingpong" >"$list.pingpong"
-  trap 'rm -f "$list" "$list.pingpong"' EXIT
+  cargo build --release -p weft-verbs --example pingpong --example readbw
+  echo "${CARGO_TARGET_DIR:-$PWD/target}/release/examples" >"$list.examples"
+  trap 'rm -f "$list" "$list.examples"' EXIT
   [[ -s $list ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
   echo "verbs-vm: built $(wc -l <"$list") test binaries in $(($(date +%s) - start)) s"
   rc=0
@@ -48,7 +48,8 @@ else
 fi
 wait "$server" || { echo "perftest: server failed:"; cat /tmp/perf-server.log; fail=1; }
 step "weft-verbs pingpong, 32-byte frames (same device, same run)"
-if weft=$(timeout 120 "$(cat "$list.pingpong")" 32 2000); then
+examples=$(cat "$list.examples")
+if weft=$(timeout 120 "$examples/pingpong" 32 2000); then
   echo "$weft"
   p=$(echo "$perf" | awk '$1 == 32 {print $6}')
   w=$(echo "$weft" | awk '$1 == 32 {print $3}')
@@ -56,6 +57,26 @@ if weft=$(timeout 120 "$(cat "$list.pingpong")" 32 2000); then
 else
   echo "pingpong failed"; fail=1
 fi
+step "bandwidth at 1 MiB: ib_write_bw and weft-verbs RDMA write/read (window 16)"
+ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 >/tmp/perf-server.log 2>&1 &
+server=$!
+sleep 2
+if perf=$(timeout 120 ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 127.0.0.2); then
+  echo "$perf"
+else
+  echo "$perf"; echo "perftest: ib_write_bw client failed"; fail=1
+fi
+wait "$server" || { echo "perftest: ib_write_bw server failed:"; cat /tmp/perf-server.log; fail=1; }
+p=$(echo "$perf" | awk '$1 == 1048576 {print $4}')
+for op in write read; do
+  if weft=$(timeout 120 "$examples/readbw" 1048576 200 16 "$op"); then
+    echo "$weft"
+    w=$(echo "$weft" | awk '$1 == 1048576 {print $5}')
+    [[ -n $p && -n $w ]] && echo "bandwidth: weft-verbs RDMA $op $w MB/s, ib_write_bw $p MB/s, ratio $(awk "BEGIN {printf \"%.2f\", $w / $p}")"
+  else
+    echo "readbw $op failed"; fail=1
+  fi
+done
 export WEFT_VERBS_REQUIRE_DEVICE=1 RUST_BACKTRACE=1
 while read -r bin; do
   step "$(basename "$bin")"

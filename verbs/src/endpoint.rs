@@ -40,9 +40,9 @@ const STARVED_PROBE_AFTER: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnId(u32);
 
-/// An RDMA read started by [`Endpoint::rdma_read`].
+/// An RDMA read or write started by [`Endpoint::rdma_read`] or [`Endpoint::rdma_write`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ReadToken(u64);
+pub struct RdmaToken(u64);
 
 /// A registered region as a peer needs it to RDMA-read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +79,8 @@ pub struct Stats {
     pub srq_buffers: u32,
     /// RDMA reads completed.
     pub reads: u64,
+    /// RDMA writes completed.
+    pub writes: u64,
     /// Registration cache counters.
     pub rcache: RcacheStats,
 }
@@ -133,6 +135,17 @@ enum State {
     Failed(Error),
 }
 
+/// An RDMA read or write to post.
+struct RdmaOp {
+    token: u64,
+    mr: Arc<Mr>,
+    local: u64,
+    len: u32,
+    remote_addr: u64,
+    rkey: u32,
+    write: bool,
+}
+
 /// One outstanding send-queue work request.
 struct Wr {
     seq: u32,
@@ -142,8 +155,8 @@ struct Wr {
     probe: bool,
     /// Asked for a completion.
     signaled: bool,
-    /// RDMA read: its token and the local registration it writes into.
-    read: Option<(u64, Arc<Mr>)>,
+    /// RDMA read or write: its token, the local registration it uses, whether a write.
+    read: Option<(u64, Arc<Mr>, bool)>,
 }
 
 struct Conn {
@@ -205,7 +218,7 @@ pub struct Endpoint {
     ud_outstanding: u32,
     by_peer: U32Map<u32>,
     by_qpn: U32Map<u32>,
-    read_done: VecDeque<(ReadToken, Result<(), Error>)>,
+    rdma_done: VecDeque<(RdmaToken, Result<(), Error>)>,
     errors: VecDeque<Error>,
     next_token: u64,
     /// Work completions of one poll (kept to avoid initialising an array per poll).
@@ -344,7 +357,7 @@ impl Endpoint {
             ud_outstanding: 0,
             by_peer: U32Map::default(),
             by_qpn: U32Map::default(),
-            read_done: VecDeque::new(),
+            rdma_done: VecDeque::new(),
             errors: VecDeque::new(),
             next_token: 1,
             credit_queue: Vec::new(),
@@ -752,7 +765,7 @@ impl Endpoint {
         parts: &[&[u8]],
         kind: u32,
         buf: Option<u32>,
-        read: Option<(u64, Arc<Mr>, u64, u32, u64, u32)>,
+        read: Option<RdmaOp>,
         force_signal: bool,
     ) -> Result<(), Error> {
         let low_bufs = self.send_free.len() < self.cfg.signal_every as usize;
@@ -766,22 +779,17 @@ impl Endpoint {
             || (buf.is_some() && low_bufs);
         let wr_id = (u64::from(idx) << 32) | u64::from(seq);
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let r = if let Some((_, mr, local, len, remote_addr, rkey)) = &read {
-            // SAFETY: the destination lies in `mr` (registered by the cache), which the
-            // work-request entry keeps alive until completion; `rdma_read`'s caller
-            // guarantees nobody accesses it meanwhile.
-            unsafe {
-                qp.post_send(
-                    wr_id,
-                    &[(*local, *len, mr.lkey())],
-                    SendOp::Read {
-                        remote_addr: *remote_addr,
-                        rkey: *rkey,
-                    },
-                    true,
-                    false,
-                )
-            }
+        let r = if let Some(o) = &read {
+            let (remote_addr, rkey) = (o.remote_addr, o.rkey);
+            let op = if o.write {
+                SendOp::Write { remote_addr, rkey }
+            } else {
+                SendOp::Read { remote_addr, rkey }
+            };
+            // SAFETY: the local range lies in `mr` (registered by the cache), which the
+            // work-request entry keeps alive until completion; the caller of `rdma_read`
+            // (`rdma_write`) guarantees nobody accesses (modifies) it meanwhile.
+            unsafe { qp.post_send(wr_id, &[(o.local, o.len, o.mr.lkey())], op, true, false) }
         } else {
             let imm = (kind << 24) | c.to_return.min(CREDIT_MASK);
             let op = SendOp::SendImm { imm };
@@ -835,7 +843,7 @@ impl Endpoint {
                     buf,
                     probe: false,
                     signaled,
-                    read: read.map(|(t, mr, ..)| (t, mr)),
+                    read: read.map(|o| (o.token, o.mr, o.write)),
                 });
                 Ok(())
             }
@@ -1014,21 +1022,25 @@ impl Endpoint {
                     if done && wr.signaled {
                         self.signaled_out = self.signaled_out.saturating_sub(1);
                     }
-                    if let Some((token, _mr)) = wr.read {
-                        what = "rdma-read";
+                    if let Some((token, _mr, write)) = wr.read {
+                        what = if write { "rdma-write" } else { "rdma-read" };
                         let result = if done && wc.status == sys::WC_SUCCESS {
-                            self.stats.reads += 1;
+                            if write {
+                                self.stats.writes += 1;
+                            } else {
+                                self.stats.reads += 1;
+                            }
                             Ok(())
                         } else if let State::Failed(e) = &c.state {
                             Err(e.duplicate())
                         } else {
                             Err(Error::WorkCompletion {
                                 peer: c.peer,
-                                opcode: "rdma-read",
+                                opcode: what,
                                 status: sys::wc_status_str(wc.status),
                             })
                         };
-                        self.read_done.push_back((ReadToken(token), result));
+                        self.rdma_done.push_back((RdmaToken(token), result));
                     }
                     if done {
                         break;
@@ -1299,11 +1311,11 @@ impl Endpoint {
 
     /// Starts an RDMA read of `len` bytes from the peer's `(remote_addr, rkey)` into
     /// `[local, local + len)`; `Ok(None)`: no room now (connection not ready, send queue
-    /// full), retry after `poll`. Its completion is reported by [`Endpoint::poll_reads`].
+    /// full), retry after `poll`. Its completion is reported by [`Endpoint::poll_rdma`].
     ///
     /// # Safety
     /// `[local, local + len)` must be valid for writes and must not be read or written by
-    /// anyone until `poll_reads` reports this token (success or error), or the endpoint is
+    /// anyone until `poll_rdma` reports this token (success or error), or the endpoint is
     /// dropped.
     pub unsafe fn rdma_read(
         &mut self,
@@ -1312,7 +1324,40 @@ impl Endpoint {
         len: usize,
         remote_addr: u64,
         rkey: u32,
-    ) -> Result<Option<ReadToken>, Error> {
+    ) -> Result<Option<RdmaToken>, Error> {
+        self.rdma(conn, local as u64, len, remote_addr, rkey, false)
+    }
+
+    /// Starts an RDMA write of `[local, local + len)` to the peer's `(remote_addr, rkey)`
+    /// (a region the peer exposed with [`Endpoint::register`]); `Ok(None)`: no room now.
+    /// Its completion (the data is placed in the peer's memory) is reported by
+    /// [`Endpoint::poll_rdma`]. On rxe under emulation writes measured faster than reads
+    /// (`ib_write_bw` vs `ib_read_bw`), so a receiver-driven rendezvous (the receiver
+    /// exposes its buffer, the sender writes, then says so) may prefer it.
+    ///
+    /// # Safety
+    /// `[local, local + len)` must be valid for reads and must not be modified by anyone
+    /// until `poll_rdma` reports this token, or the endpoint is dropped.
+    pub unsafe fn rdma_write(
+        &mut self,
+        conn: ConnId,
+        local: *const u8,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<Option<RdmaToken>, Error> {
+        self.rdma(conn, local as u64, len, remote_addr, rkey, true)
+    }
+
+    fn rdma(
+        &mut self,
+        conn: ConnId,
+        local: u64,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        write: bool,
+    ) -> Result<Option<RdmaToken>, Error> {
         let idx = conn.0;
         let c = self
             .conns
@@ -1325,7 +1370,7 @@ impl Endpoint {
         }
         if len as u64 > self.info.max_msg_size {
             return Err(Error::MessageTooLarge {
-                what: "RDMA read",
+                what: if write { "RDMA write" } else { "RDMA read" },
                 len,
                 max: self.info.max_msg_size as usize,
             });
@@ -1333,8 +1378,8 @@ impl Endpoint {
         let token = self.next_token;
         if len == 0 {
             self.next_token += 1;
-            self.read_done.push_back((ReadToken(token), Ok(())));
-            return Ok(Some(ReadToken(token)));
+            self.rdma_done.push_back((RdmaToken(token), Ok(())));
+            return Ok(Some(RdmaToken(token)));
         }
         if c.inflight.len() + 2 >= c.depth {
             self.poll_send();
@@ -1343,20 +1388,28 @@ impl Endpoint {
                 return Ok(None);
             }
         }
-        let (_, mr) = self.mr_for(local as u64, len)?;
+        let (_, mr) = self.mr_for(local, len)?;
         self.next_token += 1;
-        let read = (token, mr, local as u64, len as u32, remote_addr, rkey);
-        self.post(idx, &[], 0, None, Some(read), true)
+        let op = RdmaOp {
+            token,
+            mr,
+            local,
+            len: len as u32,
+            remote_addr,
+            rkey,
+            write,
+        };
+        self.post(idx, &[], 0, None, Some(op), true)
             .inspect_err(|e| self.fail(idx, e.duplicate()))?;
-        Ok(Some(ReadToken(token)))
+        Ok(Some(RdmaToken(token)))
     }
 
-    /// Reports finished RDMA reads: `done(token, Ok(()))`, or an error naming the peer.
+    /// Reports finished RDMA reads and writes: `done(token, Ok(()))`, or an error naming the peer.
     /// Returns how many were reported.
-    pub fn poll_reads(&mut self, done: &mut dyn FnMut(ReadToken, Result<(), Error>)) -> usize {
+    pub fn poll_rdma(&mut self, done: &mut dyn FnMut(RdmaToken, Result<(), Error>)) -> usize {
         self.poll_send();
-        let n = self.read_done.len();
-        while let Some((t, r)) = self.read_done.pop_front() {
+        let n = self.rdma_done.len();
+        while let Some((t, r)) = self.rdma_done.pop_front() {
             done(t, r);
         }
         n

@@ -90,7 +90,7 @@
 //! The sender exposes its buffer with [`Endpoint::register`] (address and rkey for the
 //! peer) and calls [`Endpoint::release`] once the peer reported its read done; the receiver
 //! pulls the data with [`Endpoint::rdma_read`] into its own buffer (zero copy on both sides)
-//! and learns of completion from [`Endpoint::poll_reads`]. Both register through the
+//! and learns of completion from [`Endpoint::poll_rdma`]. Both register through the
 //! registration cache: regions are registered page-aligned and kept, keyed by their virtual
 //! address range, so a buffer used again costs nothing.
 //!
@@ -126,7 +126,7 @@ mod sys;
 
 pub use card::CARD_LEN;
 pub use device::{describe, query_device, Config, DeviceInfo, GidEntry, TUNABLES};
-pub use endpoint::{ConnId, Endpoint, ReadToken, RemoteRegion, Stats};
+pub use endpoint::{ConnId, Endpoint, RdmaToken, RemoteRegion, Stats};
 pub use error::Error;
 pub use rcache::RcacheStats;
 pub use sys::{

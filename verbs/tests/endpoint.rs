@@ -153,14 +153,14 @@ fn read_into(
     dst: &mut [u8],
     src: weft_verbs::RemoteRegion,
 ) {
-    // SAFETY: `dst` is not touched until poll_reads reports the token below.
+    // SAFETY: `dst` is not touched until poll_rdma reports the token below.
     let token = unsafe { a.rdma_read(ab, dst.as_mut_ptr(), dst.len(), src.addr, src.rkey) }
         .expect("rdma_read")
         .expect("room for a read");
     let mut done = None;
     let t = Instant::now();
     while done.is_none() {
-        a.poll_reads(&mut |t, r| {
+        a.poll_rdma(&mut |t, r| {
             assert_eq!(t, token);
             done = Some(r);
         });
@@ -191,6 +191,46 @@ fn rdma_read_of_1_and_4_mib() {
         assert!(dst == src, "{mib} MiB read differs");
     }
     assert_eq!(a.stats().reads, 2);
+}
+
+#[test]
+fn rdma_write_of_1_and_4_mib() {
+    let Some((mut a, mut b)) = pair(|_| {}) else {
+        return;
+    };
+    let (ab, _) = connect(&mut a, &mut b);
+    for mib in [1usize, 4] {
+        let len = mib << 20;
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 + mib) as u8).collect();
+        let dst = vec![0u8; len];
+        let region = b.register(dst.as_ptr(), len).expect("register");
+        // SAFETY: `src` is not modified until the write is reported.
+        let token = unsafe { a.rdma_write(ab, src.as_ptr(), len, region.addr, region.rkey) }
+            .expect("rdma_write")
+            .expect("room for a write");
+        let mut done = None;
+        let t = Instant::now();
+        while done.is_none() {
+            a.poll_rdma(&mut |tok, r| {
+                assert_eq!(tok, token);
+                done = Some(r);
+            });
+            b.poll(&mut |_, _| {}).expect("poll b");
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "write never completed"
+            );
+        }
+        done.unwrap().expect("write succeeded");
+        println!("rdma_write {mib} MiB: {:?}", t.elapsed());
+        b.release(region);
+        // The NIC placed the data before the write completed.
+        // SAFETY: `dst` is live; the write completed, nothing writes to it any more.
+        let landed =
+            unsafe { std::slice::from_raw_parts(std::ptr::read_volatile(&dst.as_ptr()), len) };
+        assert!(landed == &src[..], "{mib} MiB write differs");
+    }
+    assert_eq!(a.stats().writes, 2);
 }
 
 #[test]
@@ -255,7 +295,7 @@ fn registration_cache_reuses_and_invalidation_sees_new_pages() {
     let mut res = None;
     let start = Instant::now();
     while res.is_none() {
-        a.poll_reads(&mut |tok, r| {
+        a.poll_rdma(&mut |tok, r| {
             assert_eq!(tok, t);
             res = Some(r);
         });
@@ -326,6 +366,11 @@ fn max_message_size_and_invalid_buffers_are_clear_errors() {
         Err(Error::MessageTooLarge { what, len, max: m }) => {
             assert_eq!((what, len, m), ("RDMA read", max + 1, max));
         }
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    // SAFETY: refused before anything is posted.
+    match unsafe { a.rdma_write(ab, small.as_ptr(), max + 1, 0, 0) } {
+        Err(Error::MessageTooLarge { what, .. }) => assert_eq!(what, "RDMA write"),
         other => panic!("expected MessageTooLarge, got {other:?}"),
     }
     // Memory that is not mapped cannot be registered.

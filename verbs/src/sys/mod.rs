@@ -1067,6 +1067,8 @@ pub(crate) enum SendOp<'a> {
     SendImm { imm: u32 },
     /// RDMA READ from `(remote_addr, rkey)` into the (single) local SGE.
     Read { remote_addr: u64, rkey: u32 },
+    /// RDMA WRITE of the (single) local SGE to `(remote_addr, rkey)`.
+    Write { remote_addr: u64, rkey: u32 },
     /// SEND on a UD queue pair to `(ah, qpn, qkey)`.
     UdSend {
         ah: &'a Ah,
@@ -1126,6 +1128,10 @@ impl Qp<Rts> {
             }
             SendOp::Read { remote_addr, rkey } => {
                 wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
                 wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
             }
             SendOp::UdSend {
