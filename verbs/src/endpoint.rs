@@ -44,6 +44,9 @@ pub struct ConnId(u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RdmaToken(u64);
 
+/// The name the fabric engine uses for [`RdmaToken`] (reads were the first RDMA operation).
+pub type ReadToken = RdmaToken;
+
 /// A registered region as a peer needs it to RDMA-read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteRegion {
@@ -1402,6 +1405,11 @@ impl Endpoint {
         self.post(idx, &[], 0, None, Some(op), true)
             .inspect_err(|e| self.fail(idx, e.duplicate()))?;
         Ok(Some(RdmaToken(token)))
+    }
+
+    /// Same as [`Endpoint::poll_rdma`] (the name the fabric engine uses).
+    pub fn poll_reads(&mut self, done: &mut dyn FnMut(RdmaToken, Result<(), Error>)) -> usize {
+        self.poll_rdma(done)
     }
 
     /// Reports finished RDMA reads and writes: `done(token, Ok(()))`, or an error naming the peer.
