@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::card::{Card, Handshake, HsKind, CARD_LEN, HS_LEN};
 use crate::device::{discover, Config, DeviceInfo};
-use crate::rcache::{page_range, RcacheStats, RegCache};
+use crate::rcache::{page_range, Key, RcacheStats, RegCache};
 use crate::sys::{
     self, AddrVec, Ah, Context, Cq, Init, Mr, Pd, Qp, QpCaps, QpType, RtrAttr, Rts, RtsAttr,
     SendOp, Srq, Wc, POLL_BATCH,
@@ -149,6 +149,13 @@ struct RdmaOp {
     write: bool,
 }
 
+/// Exposures of one registration (one rkey): its cache entry and the `(addr, len)` of each
+/// `register` not yet released (one pin each).
+struct Exposure {
+    key: Key,
+    spans: Vec<(u64, usize)>,
+}
+
 /// One outstanding send-queue work request.
 struct Wr {
     seq: u32,
@@ -231,8 +238,8 @@ pub struct Endpoint {
     signaled_out: usize,
     /// Calls of `poll`.
     polls: u32,
-    /// Exposed registrations not yet released: rkey -> cache key.
-    exposed: U32Map<(u64, u64)>,
+    /// Exposed registrations not yet released, by rkey.
+    exposed: U32Map<Exposure>,
     /// Connections that owe the peer an explicit credit message.
     credit_queue: Vec<u32>,
     /// Connections connecting or starved of credits (timers to check in `poll`).
@@ -1251,7 +1258,11 @@ impl Endpoint {
     pub fn register(&mut self, ptr: *const u8, len: usize) -> Result<RemoteRegion, Error> {
         let (key, mr) = self.mr_for(ptr as u64, len)?;
         self.rcache.pin(key);
-        self.exposed.insert(mr.rkey(), key);
+        let x = self.exposed.entry(mr.rkey()).or_insert(Exposure {
+            key,
+            spans: Vec::new(),
+        });
+        x.spans.push((ptr as u64, len));
         Ok(RemoteRegion {
             addr: ptr as u64,
             len,
@@ -1259,22 +1270,28 @@ impl Endpoint {
         })
     }
 
-    /// Ends one exposure made by [`Endpoint::register`] (the peer finished reading). With
-    /// `WEFT_VERBS_RCACHE=0` this deregisters it.
+    /// Ends one exposure made by [`Endpoint::register`] (the peer finished its transfer).
+    /// With `WEFT_VERBS_RCACHE=0` the registration goes with its last exposure.
     pub fn release(&mut self, region: RemoteRegion) {
-        if let Some(&key) = self.exposed.get(&region.rkey) {
-            self.rcache.unpin(key);
-            if !self.rcache.is_pinned(key) {
-                self.exposed.remove(&region.rkey);
-                if !self.cfg.rcache {
-                    self.rcache.remove(key);
-                }
-            }
+        let Some(x) = self.exposed.get_mut(&region.rkey) else {
+            return;
+        };
+        let Some(i) = x.spans.iter().position(|&s| s == (region.addr, region.len)) else {
+            return;
+        };
+        x.spans.swap_remove(i);
+        let key = x.key;
+        if x.spans.is_empty() {
+            self.exposed.remove(&region.rkey);
+        }
+        self.rcache.unpin(key);
+        if !self.cfg.rcache && !self.rcache.is_pinned(key) {
+            self.rcache.remove(key);
         }
     }
 
     /// The registration covering `[addr, addr + len)`: from the cache, or made and cached.
-    fn mr_for(&mut self, addr: u64, len: usize) -> Result<((u64, u64), Arc<Mr>), Error> {
+    fn mr_for(&mut self, addr: u64, len: usize) -> Result<(Key, Arc<Mr>), Error> {
         if len as u64 > self.info.max_mr_size {
             return Err(Error::MessageTooLarge {
                 what: "registration",
@@ -1297,19 +1314,41 @@ impl Endpoint {
             Err(e) => return Err(e),
         };
         let mr = Arc::new(mr);
-        let key = (mr.addr(), mr.addr() + mr.len() as u64);
-        self.rcache.insert(key.0, key.1, mr.clone());
+        let key = self
+            .rcache
+            .insert(mr.addr(), mr.addr() + mr.len() as u64, mr.clone());
         Ok((key, mr))
     }
 
-    /// Drops cached registrations overlapping `[ptr, ptr + len)`, exposed ones included
-    /// (call it before that memory is freed or reused); an RDMA read in flight keeps its
-    /// registration until it completes. Returns how many registrations were dropped.
+    /// Call before `[ptr, ptr + len)` is freed or reused (or when done with it, to
+    /// register afresh next time). Exposures of exactly this buffer end (as by `release`);
+    /// cached registrations overlapping its pages are dropped, except those still exposed
+    /// for other buffers sharing a page: those are never looked up again and go when their
+    /// own exposure ends. An RDMA operation in flight keeps its registration until it
+    /// completes. Returns how many cached registrations were affected.
     pub fn invalidate(&mut self, ptr: *const u8, len: usize) -> usize {
+        let span = (ptr as u64, len);
+        let mine: Vec<u32> = self
+            .exposed
+            .iter()
+            .filter(|(_, x)| x.spans.contains(&span))
+            .map(|(&rkey, _)| rkey)
+            .collect();
+        for rkey in mine {
+            while self
+                .exposed
+                .get(&rkey)
+                .is_some_and(|x| x.spans.contains(&span))
+            {
+                self.release(RemoteRegion {
+                    addr: span.0,
+                    len,
+                    rkey,
+                });
+            }
+        }
         let (start, end) = page_range(ptr as u64, len);
-        let n = self.rcache.invalidate(start, end);
-        self.exposed.retain(|_, k| !(k.0 < end && k.1 > start));
-        n
+        self.rcache.invalidate(start, end)
     }
 
     /// Starts an RDMA read of `len` bytes from the peer's `(remote_addr, rkey)` into

@@ -267,6 +267,8 @@ fn registration_cache_reuses_and_invalidation_sees_new_pages() {
     read_into(&mut a, &mut b, ab, &mut dst, r1);
     assert_eq!(a.stats().rcache.hits, before + 1);
 
+    // Both exposures are over (the peer finished reading).
+    b.release(r2);
     // Free the memory and map new pages at the same address: invalidate first (the rule).
     // SAFETY: `src` is our mapping; nothing reads it any more.
     unsafe { libc::munmap(src as *mut libc::c_void, len) };
@@ -337,8 +339,9 @@ fn an_exposed_region_stays_registered_until_released() {
     b.release(y);
     assert_eq!(b.stats().rcache.pinned, 0);
     // Released entries stay cached for reuse...
-    assert_eq!(b.register(src.as_ptr(), 1000).unwrap().rkey, x.rkey);
-    b.release(x);
+    let x2 = b.register(src.as_ptr(), 1000).unwrap();
+    assert_eq!(x2.rkey, x.rkey);
+    b.release(x2);
     // ...until a new registration overlapping them replaces them.
     let z = b
         .register(src.as_ptr().wrapping_add(8 << 10), 56 << 10)
@@ -351,6 +354,33 @@ fn an_exposed_region_stays_registered_until_released() {
         dst[..] == src[8 << 10..],
         "read through the replacing exposure"
     );
+}
+
+#[test]
+fn invalidating_one_buffer_spares_a_transfer_through_a_neighbour_sharing_its_page() {
+    let Some((mut a, mut b)) = pair(|_| {}) else {
+        return;
+    };
+    let (ab, _) = connect(&mut a, &mut b);
+    let mem: Vec<u8> = (0..64 << 10).map(|i| (i % 241) as u8).collect();
+    // Two send buffers that share the page at 4..8 KiB (the fabric registers per message).
+    let x_ptr = mem.as_ptr().wrapping_add(1000);
+    let y_ptr = mem.as_ptr().wrapping_add(6000);
+    let x = b.register(x_ptr, 5000).unwrap();
+    let y = b.register(y_ptr, 20000).unwrap();
+    // x's transfer is done: its owner invalidates it while y is still being read.
+    assert!(b.invalidate(x_ptr, 5000) >= 1);
+    let mut dst = vec![0u8; 20000];
+    read_into(&mut a, &mut b, ab, &mut dst, y);
+    assert!(
+        dst[..] == mem[6000..26000],
+        "the neighbour's registration survived"
+    );
+    assert_eq!(b.stats().rcache.pinned, 1);
+    b.invalidate(y_ptr, 20000);
+    let s = b.stats().rcache;
+    assert_eq!((s.pinned, s.entries), (0, 0), "{s:?}");
+    assert_ne!(x.rkey, y.rkey);
 }
 
 #[test]
