@@ -5,8 +5,8 @@ set -euo pipefail
 PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   # weft-verbs: rdma-mummy-sys builds its stub libibverbs with cmake and bindgen (libclang)
   cmake libclang1-14 libclang-common-14-dev
-  # the verbs run time and tools (libibverbs1 and the rxe provider come with rdma-core)
-  rdma-core ibverbs-utils perftest libibverbs-dev iproute2
+  # the verbs run time (libibverbs1, the rxe provider in ibverbs-providers) and tools
+  rdma-core libibverbs1 ibverbs-providers ibverbs-utils perftest libibverbs-dev iproute2
   # ci/softroce.sh: the soft-RoCE VM
   qemu-system-x86 busybox-static cpio kmod)
 missing=()
