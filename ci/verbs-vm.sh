@@ -16,7 +16,7 @@ if [[ ${1:-} != --inside ]]; then
   cargo test -p weft-verbs --no-run --message-format=json | grep '"test":true' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >"$list"
   # The latency smoke next to ib_send_lat (release build: what a benchmark measures).
-  cargo build --release -p weft-verbs --example pingpong --example readbw
+  cargo build --release -p weft-verbs --example verbs_pingpong --example verbs_readbw
   echo "${CARGO_TARGET_DIR:-$PWD/target}/release/examples" >"$list.examples"
   trap 'rm -f "$list" "$list.examples"' EXIT
   [[ -s $list ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
@@ -49,7 +49,7 @@ fi
 wait "$server" || { echo "perftest: server failed:"; cat /tmp/perf-server.log; fail=1; }
 step "weft-verbs pingpong, 32-byte frames (same device, same run)"
 examples=$(cat "$list.examples")
-if weft=$(timeout 120 "$examples/pingpong" 32 2000); then
+if weft=$(timeout 120 "$examples/verbs_pingpong" 32 2000); then
   echo "$weft"
   p=$(echo "$perf" | awk '$1 == 32 {print $6}')
   w=$(echo "$weft" | awk '$1 == 32 {print $3}')
@@ -69,7 +69,7 @@ fi
 wait "$server" || { echo "perftest: ib_write_bw server failed:"; cat /tmp/perf-server.log; fail=1; }
 p=$(echo "$perf" | awk '$1 == 1048576 {print $4}')
 for op in write read; do
-  if weft=$(timeout 120 "$examples/readbw" 1048576 200 16 "$op"); then
+  if weft=$(timeout 120 "$examples/verbs_readbw" 1048576 200 16 "$op"); then
     echo "$weft"
     w=$(echo "$weft" | awk '$1 == 1048576 {print $5}')
     [[ -n $p && -n $w ]] && echo "bandwidth: weft-verbs RDMA $op $w MB/s, ib_write_bw $p MB/s, ratio $(awk "BEGIN {printf \"%.2f\", $w / $p}")"

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use weft_shm::{Inbox, Outbox};
-use weft_verbs::{ConnId, Endpoint, ReadToken};
+use weft_verbs::{ConnId, Endpoint, ReadToken, RemoteRegion};
 
 use crate::{P2pError, Status};
 
@@ -188,8 +188,8 @@ enum Kind {
         dest: u32,
         /// Pipelined rendezvous: the receiver's request and the next offset to stream.
         stream: Option<(u32, usize)>,
-        /// The buffer is registered with the verbs endpoint (released on FIN).
-        registered: bool,
+        /// The buffer's registration with the verbs endpoint (released on FIN).
+        registered: Option<RemoteRegion>,
     },
 }
 
@@ -248,6 +248,11 @@ struct State {
     pending_reads: VecDeque<PendingRead>,
     /// Peers whose verbs connection failed, and why.
     failed: HashMap<u32, String>,
+    /// Frames polled from the verbs endpoint, copied here so that handling them may use
+    /// the endpoint (reused: no allocation in the steady state).
+    scratch: Vec<u8>,
+    /// (peer, end offset in `scratch`) of each polled frame.
+    spans: Vec<(u32, usize)>,
 }
 
 /// One process's engine.
@@ -318,6 +323,8 @@ impl Engine {
                 reads: HashMap::new(),
                 pending_reads: VecDeque::new(),
                 failed: HashMap::new(),
+                scratch: Vec::new(),
+                spans: Vec::new(),
             },
         }
     }
@@ -360,7 +367,7 @@ impl Engine {
             len: status.count,
             dest: status.source,
             stream: None,
-            registered: false,
+            registered: None,
         });
         self.st.complete(id, Ok(status));
         id
@@ -622,6 +629,13 @@ impl State {
         let Some(peer) = self.peers.get_mut(dest as usize) else {
             return Err(P2pError::InvalidRank { rank: dest, size });
         };
+        if let (Path::Unresolved, Some(c)) = (
+            &peer.path,
+            self.verbs.as_ref().and_then(|ep| ep.conn_of(dest)),
+        ) {
+            // It connected to us first: answer on that connection.
+            peer.path = Path::Verbs(c);
+        }
         if let Path::Unresolved = peer.path {
             peer.path = match (self.resolve)(dest) {
                 Resolved::Shm(o) => Path::Shm(o),
@@ -741,7 +755,7 @@ impl State {
             len,
             dest,
             stream: None,
-            registered: false,
+            registered: None,
         });
         let hdr = Hdr {
             kind: RTS,
@@ -1020,8 +1034,11 @@ impl State {
                         count: *len,
                     };
                     let (buf, len, registered) = (*buf, *len, *registered);
-                    if registered && !self.cfg.keep_registrations {
-                        if let Some(ep) = &mut self.verbs {
+                    if let (Some(region), Some(ep)) = (registered, &mut self.verbs) {
+                        if self.cfg.keep_registrations {
+                            // The registration stays cached (evictable) for the next use.
+                            ep.release(region);
+                        } else {
                             ep.invalidate(buf, len);
                         }
                     }
@@ -1103,16 +1120,22 @@ impl State {
                 reason: "the verbs transport is not open".into(),
             });
         };
-        let region = ep.register(buf, len).map_err(|e| P2pError::Transport {
-            rank: dest,
-            reason: format!("registering the {len}-byte send buffer: {e}"),
-        })?;
+        // An empty message has nothing to read (and an empty buffer nothing to register).
+        let region = if len == 0 {
+            None
+        } else {
+            Some(ep.register(buf, len).map_err(|e| P2pError::Transport {
+                rank: dest,
+                reason: format!("registering the {len}-byte send buffer: {e}"),
+            })?)
+        };
+        let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
         let id = self.alloc(Kind::Send {
             buf,
             len,
             dest,
             stream: None,
-            registered: true,
+            registered: region,
         });
         let hdr = Hdr {
             kind: RTS_RDMA,
@@ -1124,8 +1147,8 @@ impl State {
         }
         .encode();
         let mut p = [0u8; 12];
-        p[..8].copy_from_slice(&region.addr.to_le_bytes());
-        p[8..].copy_from_slice(&region.rkey.to_le_bytes());
+        p[..8].copy_from_slice(&addr.to_le_bytes());
+        p[8..].copy_from_slice(&rkey.to_le_bytes());
         self.push(dest, &hdr, &p);
         Ok(id)
     }
@@ -1173,6 +1196,11 @@ impl State {
                 self.read_done(r, Ok(()));
                 continue;
             }
+            if let Err(e) = self.path(r.src) {
+                self.pending_reads.pop_front();
+                self.complete(r.id, Err(e));
+                continue;
+            }
             let Path::Verbs(conn) = self.peers[r.src as usize].path else {
                 self.pending_reads.pop_front();
                 let reason = "a verbs rendezvous from a peer not reached over verbs".into();
@@ -1206,7 +1234,7 @@ impl State {
 
     /// An RDMA read finished: complete the receive, tell the sender.
     fn read_done(&mut self, r: Read, res: Result<(), String>) {
-        if !self.cfg.keep_registrations {
+        if !self.cfg.keep_registrations && r.len.min(r.cap) > 0 {
             if let Some(ep) = &mut self.verbs {
                 ep.invalidate(r.buf, r.len.min(r.cap));
             }
@@ -1240,17 +1268,29 @@ impl State {
 
     /// Polls the verbs endpoint: frames, finished reads, waiting reads.
     fn progress_verbs(&mut self) -> usize {
-        let Some(mut ep) = self.verbs.take() else {
+        let Some(ep) = &mut self.verbs else {
             return 0;
         };
-        let mut frames = 0;
+        let (scratch, spans) = (&mut self.scratch, &mut self.spans);
+        scratch.clear();
+        spans.clear();
         let polled = ep.poll(&mut |peer, frame| {
-            frames += 1;
-            self.on_frame_from(peer, frame);
+            scratch.extend_from_slice(frame);
+            spans.push((peer, scratch.len()));
         });
         let mut done = Vec::new();
         ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
-        self.verbs = Some(ep);
+        let frames = self.spans.len();
+        let (scratch, spans) = (
+            std::mem::take(&mut self.scratch),
+            std::mem::take(&mut self.spans),
+        );
+        let mut start = 0;
+        for &(peer, end) in &spans {
+            self.on_frame_from(peer, &scratch[start..end]);
+            start = end;
+        }
+        (self.scratch, self.spans) = (scratch, spans);
         if let Err(e) = polled {
             match e.peer() {
                 Some(peer) => self.verbs_failed(peer, &e),
@@ -1311,8 +1351,6 @@ impl State {
             let peer = &mut self.peers[dest as usize];
             if let Path::Verbs(conn) = peer.path {
                 let Some(ep) = &mut self.verbs else {
-                    // The endpoint is busy polling: try again on the next progress.
-                    self.busy.push(dest);
                     continue;
                 };
                 let mut failure = None;

@@ -629,6 +629,50 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// A fabric over a verbs endpoint alone, for tests of the engine with several
+    /// endpoints in one process: `cards[r]` is rank r's verbs card.
+    #[doc(hidden)]
+    pub fn from_verbs(
+        me: u32,
+        size: u32,
+        endpoint: weft_verbs::Endpoint,
+        cards: Vec<Option<Vec<u8>>>,
+        eager_limit: usize,
+    ) -> Fabric {
+        let resolve = Box::new(move |rank: u32| -> Resolved {
+            match cards.get(rank as usize).cloned().flatten() {
+                Some(card) => Resolved::VerbsCard(card),
+                None => Resolved::Unreachable("no card".into()),
+            }
+        });
+        let cfg = Config {
+            eager_limit,
+            single_copy: SingleCopy::None,
+            keep_registrations: false,
+        };
+        let engine = Engine::new(
+            me,
+            size,
+            None,
+            vec![me],
+            cfg,
+            resolve,
+            Box::new(|_| None),
+            Some(endpoint),
+        );
+        Fabric {
+            inner: Rc::new(Inner {
+                engine: RefCell::new(engine),
+                wire: None,
+                me,
+                size,
+                world_ctx: 1,
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,32 +1,73 @@
 //! The conformance suite of point-to-point semantics, run over every path: shared memory
 //! between two endpoints (eager, rendezvous by CMA, rendezvous pipelined through the
-//! rings) and loopback. Multi-process runs through `weft run` are in the root package.
+//! rings), verbs (eager over the shared receive queue, rendezvous by RDMA read; skipped
+//! with a printed reason where there is no RDMA device) and loopback. Multi-process runs through `weft run` are in the root package.
 #![allow(missing_docs)]
 
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 
 use weft_fabric::{wait_all, wait_any, Communicator, Fabric, P2pError, RequestScope, Source, Tag};
 use weft_shm::{Inbox, InboxConfig};
 
+/// How the two endpoints of [`pair`] reach each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Shared memory, rendezvous by CMA.
+    Cma,
+    /// Shared memory, rendezvous pipelined through the rings.
+    Pipelined,
+    /// Verbs (RC connections, rendezvous by RDMA read): needs an RDMA device.
+    Verbs,
+}
+
+/// Opens a verbs endpoint for rank `me`, or says why the verbs suite is skipped.
+fn verbs_endpoint(me: u32) -> Option<weft_verbs::Endpoint> {
+    match weft_verbs::Endpoint::open(weft_verbs::Config::new(me)) {
+        Ok(ep) => Some(ep),
+        Err(e) => {
+            eprintln!("skipped: no RDMA device ({e}); the verbs suite runs in the soft-RoCE VM (ci/verbs-vm.sh)");
+            None
+        }
+    }
+}
+
 /// Runs `case(comm, peer)` on two endpoints in two threads of this process.
-fn pair(name: &str, eager: usize, cma: bool, case: fn(&Communicator, u32)) {
+fn pair(name: &str, eager: usize, via: Via, case: fn(&Communicator, u32)) {
+    if via == Via::Verbs && verbs_endpoint(9).is_none() {
+        return;
+    }
     let names: Vec<String> = (0..2)
         .map(|r| format!("/weft-conf-{}-{name}-{r}", std::process::id()))
         .collect();
+    let cards = Arc::new(Mutex::new(vec![None, None]));
     let barrier = Arc::new(Barrier::new(2));
     let handles: Vec<_> = (0..2u32)
         .map(|me| {
             let names = names.clone();
             let barrier = barrier.clone();
+            let cards = cards.clone();
             std::thread::spawn(move || {
-                let inbox =
-                    Inbox::create(&names[me as usize], &InboxConfig::default()).expect("inbox");
-                barrier.wait();
-                let peers = names.iter().cloned().map(Some).collect();
-                let f = Fabric::from_parts(me, 2, Some(inbox), vec![0, 1], peers, eager, cma);
+                let f = if via == Via::Verbs {
+                    let ep = verbs_endpoint(me).expect("a verbs endpoint");
+                    cards.lock().unwrap()[me as usize] = Some(ep.card());
+                    barrier.wait();
+                    let cards = cards.lock().unwrap().clone();
+                    Fabric::from_verbs(me, 2, ep, cards, eager)
+                } else {
+                    let inbox =
+                        Inbox::create(&names[me as usize], &InboxConfig::default()).expect("inbox");
+                    barrier.wait();
+                    let peers = names.iter().cloned().map(Some).collect();
+                    let cma = via == Via::Cma;
+                    Fabric::from_parts(me, 2, Some(inbox), vec![0, 1], peers, eager, cma)
+                };
                 let world = f.world();
                 case(&world, 1 - me);
-                // Both sides finish before the inboxes go away.
+                drop(world);
+                // A send may have returned with its frame buffered (a verbs connection
+                // still handshaking): finalize delivers it, as a program's would.
+                f.finalize().expect("finalize");
+                // Both sides finish before the endpoints go away.
                 barrier.wait();
             })
         })
@@ -360,7 +401,7 @@ fn leaked_requests_are_completed_by_the_scope(c: &Communicator, peer: u32) {
 }
 
 macro_rules! suite {
-    ($modname:ident, $eager:expr, $cma:expr) => {
+    ($modname:ident, $eager:expr, $via:expr) => {
         mod $modname {
             use super::*;
             #[test]
@@ -368,7 +409,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-pp"),
                     $eager,
-                    $cma,
+                    $via,
                     ping_pong,
                 );
             }
@@ -377,7 +418,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-ord"),
                     $eager,
-                    $cma,
+                    $via,
                     ordering,
                 );
             }
@@ -386,7 +427,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-tag"),
                     $eager,
-                    $cma,
+                    $via,
                     tags_out_of_order,
                 );
             }
@@ -395,7 +436,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-trunc"),
                     $eager,
-                    $cma,
+                    $via,
                     truncation,
                 );
             }
@@ -404,7 +445,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-nb"),
                     $eager,
-                    $cma,
+                    $via,
                     nonblocking,
                 );
             }
@@ -413,7 +454,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-probe"),
                     $eager,
-                    $cma,
+                    $via,
                     probing,
                 );
             }
@@ -422,7 +463,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-bad"),
                     $eager,
-                    $cma,
+                    $via,
                     bad_arguments,
                 );
             }
@@ -431,7 +472,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-over"),
                     $eager,
-                    $cma,
+                    $via,
                     small_after_large_does_not_overtake,
                 );
             }
@@ -440,7 +481,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-tw"),
                     $eager,
-                    $cma,
+                    $via,
                     test_then_wait,
                 );
             }
@@ -449,7 +490,7 @@ macro_rules! suite {
                 pair(
                     concat!(stringify!($modname), "-leak"),
                     $eager,
-                    $cma,
+                    $via,
                     leaked_requests_are_completed_by_the_scope,
                 );
             }
@@ -457,9 +498,11 @@ macro_rules! suite {
     };
 }
 
-suite!(shm_cma, 8192, true);
-suite!(shm_pipelined, 8192, false);
-suite!(shm_all_rendezvous, 0, true);
+suite!(shm_cma, 8192, Via::Cma);
+suite!(shm_pipelined, 8192, Via::Pipelined);
+suite!(shm_all_rendezvous, 0, Via::Cma);
+suite!(verbs_eager_and_rdma, 8192, Via::Verbs);
+suite!(verbs_all_rdma, 0, Via::Verbs);
 
 mod loopback {
     use super::*;

@@ -1305,13 +1305,16 @@ impl Endpoint {
                 return Ok(hit);
             }
         }
-        let mr = match Mr::register(&self.pd, start as *const u8, (end - start) as usize) {
+        let pages = (end - start) as usize;
+        let mr = match Mr::register(&self.pd, start as *const u8, pages) {
             Ok(mr) => mr,
-            // A range the page rounding made invalid: register the exact bytes.
-            Err(_) if (start, end) != (addr, addr + len as u64) => {
-                Mr::register(&self.pd, addr as *const u8, len)?
-            }
-            Err(e) => return Err(e),
+            // A range the page rounding made invalid: register the exact bytes. Memory
+            // that cannot be written (a send buffer in read-only data) is registered for
+            // remote reads only, which is all a rendezvous exposure needs.
+            Err(first) => Mr::register(&self.pd, addr as *const u8, len)
+                .or_else(|_| Mr::register_read_only(&self.pd, start as *const u8, pages))
+                .or_else(|_| Mr::register_read_only(&self.pd, addr as *const u8, len))
+                .map_err(|_| first)?,
         };
         let mr = Arc::new(mr);
         let key = self

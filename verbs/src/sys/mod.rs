@@ -447,6 +447,22 @@ impl Mr {
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        Self::register_access(pd, addr, len, access)
+    }
+
+    /// Registers `[addr, addr + len)` for remote reads only: memory the process cannot
+    /// write (read-only data) can be registered so. Local writes into it (an RDMA read's
+    /// destination) fail with a local protection error.
+    pub fn register_read_only(pd: &Arc<Pd>, addr: *const u8, len: usize) -> Result<Mr, Error> {
+        Self::register_access(pd, addr, len, ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+    }
+
+    fn register_access(
+        pd: &Arc<Pd>,
+        addr: *const u8,
+        len: usize,
+        access: ffi::ibv_access_flags,
+    ) -> Result<Mr, Error> {
         // SAFETY: ibv_reg_mr validates the range itself (EFAULT when unmapped) and keeps no
         // Rust reference to it; the PD is alive.
         let p = unsafe {

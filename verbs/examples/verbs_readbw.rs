@@ -4,7 +4,7 @@
 //! flight (an OSU-style bandwidth test has many rendezvous in flight at once):
 //!
 //! ```text
-//! cargo run --release -p weft-verbs --example readbw -- [SIZE] [ITERATIONS] [WINDOW] [write]
+//! cargo run --release -p weft-verbs --example verbs_readbw -- [SIZE] [ITERATIONS] [WINDOW] [write]
 //! ```
 //!
 //! With `write` the reading side RDMA-writes into the exposed buffer instead.

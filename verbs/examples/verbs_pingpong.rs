@@ -2,7 +2,7 @@
 //! with perftest's `ib_send_lat` on the same device:
 //!
 //! ```text
-//! cargo run --release -p weft-verbs --example pingpong -- [SIZE] [ITERATIONS]
+//! cargo run --release -p weft-verbs --example verbs_pingpong -- [SIZE] [ITERATIONS]
 //! ```
 //!
 //! Prints the half round-trip time (t_avg, like `ib_send_lat`) in microseconds.
