@@ -16,6 +16,10 @@ fi
 cargo test --workspace --doc
 # The fastbox publish/consume protocol under loom's model checker.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
+# Verbs for real: weft-verbs tests, the fabric conformance suite over verbs, jobs on 2 logical
+# nodes with verbs between them, and a benchmark smoke next to perftest, on soft-RoCE in a
+# qemu VM (~2-3 min; outside the VM the verbs tests above skip with a printed reason).
+ci/verbs-vm.sh
 after=$(ls /dev/shm | grep -c '^weft-' || true)
 if [ "$after" -gt "$before" ]; then
   echo "leaked shared-memory segments:"; ls -l /dev/shm | grep ' weft-'

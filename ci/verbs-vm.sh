@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The verbs tests on a real soft-RoCE device: builds the weft-verbs test binaries here, then
-# boots the VM (ci/softroce.sh) and runs, inside it: ibv_devinfo, a perftest smoke
-# (ib_send_lat server and client on rxe0 at 127.0.0.2), and every weft-verbs test binary with
-# WEFT_VERBS_REQUIRE_DEVICE=1 (a missing device fails instead of skipping).
+# The verbs tests on a real soft-RoCE device. Builds here, then boots the VM (ci/softroce.sh)
+# and runs inside it, each step with a time limit:
+#   1. ibv_devinfo and `weft info` (device, port, GIDs, MTU, inline, tunables);
+#   2. every weft-verbs test binary, with WEFT_VERBS_REQUIRE_DEVICE=1 (a missing device
+#      fails instead of skipping);
+#   3. the fabric's conformance suite over verbs (each test alone);
+#   4. multi-process jobs through `weft run` on 2 logical nodes, verbs between them: a ring
+#      with 1 MiB payloads, sessions_demo, and peers killed mid-transfer (the survivor's
+#      error must name the peer within 2 s); QPs and MRs are all released afterwards;
+#   5. a benchmark smoke: perftest (ib_send_lat, ib_write_bw) next to
+#      `WEFT_TRANSPORTS=verbs weft bench latency|bw`, and the raw endpoint examples.
 #
 #   ci/verbs-vm.sh            (from anywhere; exit status 0 when everything passed)
 set -euo pipefail
@@ -11,16 +18,17 @@ start=$(date +%s)
 if [[ ${1:-} != --inside ]]; then
   # Host side: build, list the test binaries, hand over to the VM.
   list=$(mktemp /var/tmp/weft-verbs-tests.XXXXXX)
-  trap 'rm -f "$list"' EXIT
-  # Test binaries: artifacts of the test profile that have an executable.
-  cargo test -p weft-verbs --no-run --message-format=json | grep '"test":true' |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >"$list"
-  # The latency smoke next to ib_send_lat (release build: what a benchmark measures).
+  trap 'rm -f "$list" "$list".*' EXIT
+  tests() { cargo test "$@" --no-run --message-format=json | grep '"test":true' |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
+  tests -p weft-verbs >"$list"
+  tests -p weft-fabric --test conformance >"$list.conformance"
+  # Jobs and benchmarks use the release build (what a user runs and measures).
+  cargo build --release --bins --examples
   cargo build --release -p weft-verbs --example verbs_pingpong --example verbs_readbw
-  echo "${CARGO_TARGET_DIR:-$PWD/target}/release/examples" >"$list.examples"
-  trap 'rm -f "$list" "$list.examples"' EXIT
-  [[ -s $list ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
-  echo "verbs-vm: built $(wc -l <"$list") test binaries in $(($(date +%s) - start)) s"
+  echo "${CARGO_TARGET_DIR:-$PWD/target}/release" >"$list.release"
+  [[ -s $list && -s $list.conformance ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
+  echo "verbs-vm: built in $(($(date +%s) - start)) s"
   rc=0
   ci/softroce.sh -t "${WEFT_VERBS_VM_TIMEOUT:-840}" -- ci/verbs-vm.sh --inside "$list" || rc=$?
   echo "verbs-vm: finished with status $rc after $(($(date +%s) - start)) s"
@@ -29,62 +37,86 @@ fi
 
 # Inside the VM (root, rxe0 up).
 list=$2
+R=$(cat "$list.release")
+examples=$R/examples
 fail=0
 step() { echo; echo "=== $*"; }
-step "ibv_devinfo"
-ibv_devinfo -d rxe0 || fail=1
-step "rdma link"
-rdma link show
-step "perftest smoke: ib_send_lat -d rxe0 -x 1 -s 32 at 127.0.0.2"
-ib_send_lat -d rxe0 -x 1 -s 32 -n 2000 >/tmp/perf-server.log 2>&1 &
-server=$!
-sleep 2
-perf=""
-if perf=$(timeout 120 ib_send_lat -d rxe0 -x 1 -s 32 -n 2000 127.0.0.2); then
-  echo "$perf"
-  echo "perftest: ok"
-else
-  echo "$perf"; echo "perftest: ib_send_lat client failed"; fail=1
-fi
-wait "$server" || { echo "perftest: server failed:"; cat /tmp/perf-server.log; fail=1; }
-step "weft-verbs pingpong, 32-byte frames (same device, same run)"
-examples=$(cat "$list.examples")
-if weft=$(timeout 120 "$examples/verbs_pingpong" 32 2000); then
-  echo "$weft"
-  p=$(echo "$perf" | awk '$1 == 32 {print $6}')
-  w=$(echo "$weft" | awk '$1 == 32 {print $3}')
-  [[ -n $p && -n $w ]] && echo "latency: weft-verbs $w us, ib_send_lat $p us, ratio $(awk "BEGIN {printf \"%.2f\", $w / $p}")"
-else
-  echo "pingpong failed"; fail=1
-fi
-step "bandwidth at 1 MiB: ib_write_bw and weft-verbs RDMA write/read (window 16)"
-ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 >/tmp/perf-server.log 2>&1 &
-server=$!
-sleep 2
-if perf=$(timeout 120 ib_write_bw -d rxe0 -x 1 -s 1048576 -n 200 127.0.0.2); then
-  echo "$perf"
-else
-  echo "$perf"; echo "perftest: ib_write_bw client failed"; fail=1
-fi
-wait "$server" || { echo "perftest: ib_write_bw server failed:"; cat /tmp/perf-server.log; fail=1; }
-p=$(echo "$perf" | awk '$1 == 1048576 {print $4}')
-for op in write read; do
-  if weft=$(timeout 120 "$examples/verbs_readbw" 1048576 200 16 "$op"); then
-    echo "$weft"
-    w=$(echo "$weft" | awk '$1 == 1048576 {print $5}')
-    [[ -n $p && -n $w ]] && echo "bandwidth: weft-verbs RDMA $op $w MB/s, ib_write_bw $p MB/s, ratio $(awk "BEGIN {printf \"%.2f\", $w / $p}")"
-  else
-    echo "readbw $op failed"; fail=1
-  fi
-done
+bad() { echo "verbs-vm: FAILED: $*"; fail=1; }
 export WEFT_VERBS_REQUIRE_DEVICE=1 RUST_BACKTRACE=1
+
+step "ibv_devinfo, weft info"
+ibv_devinfo -d rxe0 || bad "ibv_devinfo"
+timeout 30 "$R/weft" info || bad "weft info"
+
 while read -r bin; do
   step "$(basename "$bin")"
   # One test at a time: the VM has few (emulated) CPUs and some tests count verbs objects.
-  if ! timeout 600 "$bin" --test-threads=1; then
-    echo "verbs-vm: $(basename "$bin") FAILED"; fail=1
-  fi
+  timeout 600 "$bin" --test-threads=1 || bad "$(basename "$bin")"
 done <"$list"
+
+step "fabric conformance over verbs"
+conf=$(cat "$list.conformance")
+n=0
+for t in $("$conf" verbs --list 2>/dev/null | sed -n 's/: test$//p'); do
+  n=$((n + 1))
+  # Each test alone, so a hang shows as that test's failure and the others still run.
+  if out=$(timeout 120 "$conf" "$t" --exact --test-threads=1 2>&1); then
+    echo "ok   $t"
+  else
+    echo "$out" | tail -15; bad "conformance $t"
+  fi
+done
+[[ $n -ge 20 ]] || bad "only $n conformance tests over verbs were found"
+
+step "multi-process jobs on 2 logical nodes, verbs between them"
+baseline=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')
+job() { # NAME EXPECTED-EXIT ARGS...: runs weft run ARGS, shows its output
+  local name=$1 want=$2 rc=0; shift 2
+  out=$(timeout 120 "$R/weft" run --nodes 2 --map-by node "$@" 2>&1) || rc=$?
+  echo "$out" | sed "s/^/[$name] /"
+  [[ $rc == "$want" ]] || bad "$name: exit status $rc, expected $want"
+}
+job ring 0 -n 4 "$examples/ring"
+echo "$out" | grep -q "ring ok" || bad "ring did not complete"
+job sessions 0 -n 4 "$examples/sessions_demo"
+[[ $(echo "$out" | grep -c " size 4 pgcid ") == 8 ]] || bad "sessions_demo: expected 8 comm lines"
+# Rank 1 (node 1) dies while rank 0 (node 0) waits on it: in a receive, and in a 4 MiB
+# rendezvous send over verbs. The survivor's error names rank 1 within 2 s.
+for scenario in dead-peer dead-peer-rendezvous; do
+  job "$scenario" 137 -n 2 "$examples/fabric_probe" "$scenario"
+  ms=$(echo "$out" | sed -n 's/.* gone after \([0-9]*\) ms.*/\1/p' | head -1)
+  [[ -n $ms && $ms -lt 2000 ]] || bad "$scenario: the survivor did not report rank 1 gone within 2 s (${ms:-never})"
+done
+sleep 1
+after=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')
+echo "rdma resources before: $baseline"
+echo "rdma resources after:  $after"
+[[ $after == "$baseline" ]] || bad "verbs resources (QPs, MRs, ...) left behind by the jobs"
+
+step "benchmark smoke: perftest and weft on rxe0 (emulated: only ratios mean anything)"
+perf() { # TOOL ARGS...: server in the background, client against it at 127.0.0.2
+  local tool=$1; shift
+  "$tool" -d rxe0 -x 1 "$@" >/dev/null 2>&1 &
+  local srv=$!
+  sleep 1
+  timeout 120 "$tool" -d rxe0 -x 1 "$@" 127.0.0.2 || bad "$tool"
+  wait "$srv" || true
+}
+pl=$(perf ib_send_lat -s 8 -n 2000 | awk '$1 == 8 {print $6}')
+pb=$(perf ib_write_bw -s 1048576 -n 200 | awk '$1 == 1048576 {printf "%.1f", $4 * 1.048576}')
+wl=$(WEFT_TRANSPORTS=verbs timeout 120 "$R/weft" bench latency --sizes 8,65536 --no-limit --json) || bad "weft bench latency"
+wb=$(WEFT_TRANSPORTS=verbs timeout 120 "$R/weft" bench bw --sizes 8192,1048576 --no-limit --json) || bad "weft bench bw"
+echo "$wl"; echo "$wb"
+l8=$(echo "$wl" | sed -n 's/.*"size":8,"latency_us":\([0-9.]*\).*/\1/p')
+b1=$(echo "$wb" | sed -n 's/.*"size":1048576,"bandwidth_mbs":\([0-9.]*\).*/\1/p')
+[[ -n $l8 && -n $b1 ]] || bad "weft bench printed no 8 B latency or 1 MiB bandwidth"
+if [[ -n $pl && -n $l8 && -n $pb && -n $b1 ]]; then
+  echo "8 B latency: weft $l8 us, ib_send_lat $pl us, ratio $(awk "BEGIN {printf \"%.2f\", $l8 / $pl}")"
+  echo "1 MiB bandwidth: weft $b1 MB/s, ib_write_bw $pb MB/s, ratio $(awk "BEGIN {printf \"%.2f\", $b1 / $pb}")"
+fi
+timeout 120 "$examples/verbs_pingpong" 32 2000 || bad "verbs_pingpong"
+timeout 120 "$examples/verbs_readbw" 1048576 200 16 write || bad "verbs_readbw"
+
 echo
 echo "verbs-vm: inside the VM took $(($(date +%s) - start)) s; status $fail"
 exit "$fail"

@@ -121,11 +121,16 @@ fn main() -> ExitCode {
                 Ok(s) => println!("{s}"),
                 Err(e) => println!("topology: unavailable ({e})"),
             }
+            match weft_verbs::describe() {
+                Ok(d) => println!("verbs: {d}"),
+                Err(e) => println!("verbs: unavailable ({e})"),
+            }
             println!("tunables:");
             let all = TUNABLES
                 .iter()
                 .chain(weft_shm::TUNABLES)
-                .chain(weft_fabric::TUNABLES);
+                .chain(weft_fabric::TUNABLES)
+                .chain(weft_verbs::TUNABLES);
             for (name, default, what) in all {
                 let cur = std::env::var(name)
                     .map(|v| format!(" (set: {v})"))

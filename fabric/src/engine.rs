@@ -731,6 +731,9 @@ impl State {
             self.on_eager(hdr, data);
             return Ok(None);
         }
+        if let Path::Verbs(conn) = self.peers[dest as usize].path {
+            self.wait_connected(dest, conn)?;
+        }
         let eager = len <= self.cfg.eager_limit.min(self.max_payload(dest));
         if eager {
             let hdr = Hdr {
@@ -1035,13 +1038,13 @@ impl State {
                     };
                     let (buf, len, registered) = (*buf, *len, *registered);
                     if let (Some(region), Some(ep)) = (registered, &mut self.verbs) {
-                        if self.cfg.keep_registrations {
-                            // The registration stays cached (evictable) for the next use.
-                            ep.release(region);
-                        } else {
-                            ep.invalidate(buf, len);
-                        }
+                        // Ends this send's exposure only (other sends of the same buffer may
+                        // still be read). Without kept registrations the endpoint never looks
+                        // registrations up again (WEFT_VERBS_RCACHE off), so a buffer freed
+                        // and reused is registered afresh.
+                        ep.release(region);
                     }
+                    let _ = (buf, len);
                     self.complete(h.aux, Ok(s));
                 }
             }
@@ -1101,6 +1104,34 @@ impl State {
             let (src, tag, total, cap) = (*src, *tag, *total, *cap);
             let r = outcome(src, tag, total, cap);
             self.complete(id, r);
+        }
+    }
+
+    /// Waits until the verbs connection to `dest` is up (the first send to a peer pays
+    /// its handshake), so that a send that returns has handed its frame to the NIC
+    /// rather than left it waiting for a handshake the caller might never progress.
+    fn wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
+        let mut spins = 0u32;
+        loop {
+            match &self.verbs {
+                Some(ep) if ep.is_ready(conn) => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+            self.progress_verbs();
+            if let Some(reason) = self.failed.get(&dest) {
+                return Err(P2pError::PeerGone {
+                    rank: dest,
+                    reason: reason.clone(),
+                });
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if let Some(reason) = (self.gone)(dest) {
+                    return Err(P2pError::PeerGone { rank: dest, reason });
+                }
+                std::thread::yield_now();
+            }
         }
     }
 

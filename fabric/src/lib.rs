@@ -71,7 +71,7 @@ pub const TUNABLES: &[(&str, &str, &str)] = &[
     (
         "WEFT_VERBS_KEEP_REGISTRATIONS",
         "0",
-        "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes",
+        "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes (for the fabric this decides WEFT_VERBS_RCACHE)",
     ),
     (
         "WEFT_SHM_EAGER_LIMIT",
@@ -423,6 +423,7 @@ impl Fabric {
         let size = wire.size();
         let local = wire.local_peers().to_vec();
         let t = transports()?;
+        let cfg = config()?;
         let remote_peers = size as usize > local.len();
         let inbox = if t.shm && local.len() > 1 {
             let name = format!("{}r{me}", wire.segment_prefix());
@@ -436,7 +437,13 @@ impl Fabric {
         let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
         let mut verbs_down = None;
         let verbs = if want_verbs {
-            match weft_verbs::Config::from_env(me).and_then(weft_verbs::Endpoint::open) {
+            let vcfg = weft_verbs::Config::from_env(me).map(|mut c| {
+                // Registrations are looked up again only when the program promises not to
+                // free and reuse its buffers (WEFT_VERBS_KEEP_REGISTRATIONS=1).
+                c.rcache = cfg.keep_registrations;
+                c
+            });
+            match vcfg.and_then(weft_verbs::Endpoint::open) {
                 Ok(ep) => {
                     wire.put(Scope::Global, VERBS_CARD_KEY, ep.card())?;
                     Some(ep)
@@ -499,7 +506,6 @@ impl Fabric {
         });
         let w3 = wire.clone();
         let gone = Box::new(move |rank: u32| w3.gone_reason(rank));
-        let cfg = config()?;
         let shm_cfg = InboxConfig::from_env()?;
         let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
         if cfg.eager_limit > largest {

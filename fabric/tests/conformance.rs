@@ -24,6 +24,9 @@ enum Via {
 fn verbs_endpoint(me: u32) -> Option<weft_verbs::Endpoint> {
     match weft_verbs::Endpoint::open(weft_verbs::Config::new(me)) {
         Ok(ep) => Some(ep),
+        Err(e) if std::env::var_os("WEFT_VERBS_REQUIRE_DEVICE").is_some() => {
+            panic!("WEFT_VERBS_REQUIRE_DEVICE is set but the verbs endpoint cannot open: {e}")
+        }
         Err(e) => {
             eprintln!("skipped: no RDMA device ({e}); the verbs suite runs in the soft-RoCE VM (ci/verbs-vm.sh)");
             None
