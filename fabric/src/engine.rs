@@ -387,9 +387,6 @@ impl Engine {
         tag: Option<u32>,
     ) -> Direct {
         let st = &mut self.st;
-        if st.verbs.is_some() {
-            st.progress_verbs();
-        }
         if !st.posted.is_empty()
             || st
                 .unexpected
@@ -398,33 +395,48 @@ impl Engine {
         {
             return Direct::Queue;
         }
-        let Some(inbox) = &mut self.inbox else {
-            return Direct::Queue;
-        };
         let mut got = None;
         // Once a matching message had to be queued (a rendezvous), later matching frames
         // must queue behind it: messages never overtake each other.
         let mut blocked = false;
-        inbox.poll(&mut |sid, frame| {
-            if got.is_none() && !blocked {
-                if let Some(h) = Hdr::decode(frame) {
-                    let hit = matches(ctx, src, tag, h.ctx, h.src, h.tag)
-                        && st.sender_rank.get(sid as usize) == Some(&h.src);
-                    if hit && h.kind != EAGER {
-                        blocked = true;
-                    } else if hit {
-                        let data = &frame[HDR..];
-                        let n = data.len().min(cap);
-                        // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes,
-                        // borrowed mutably for the whole call; `data` is in the inbox.
-                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
-                        got = Some(outcome(h.src, h.tag, data.len(), cap));
+        // Takes a matching eager frame from rank `from` straight into `buf`.
+        let mut take = |from: u32, frame: &[u8]| -> bool {
+            if got.is_some() || blocked {
+                return false;
+            }
+            let Some(h) = Hdr::decode(frame) else {
+                return false;
+            };
+            if !(matches(ctx, src, tag, h.ctx, h.src, h.tag) && h.src == from) {
+                return false;
+            }
+            if h.kind != EAGER {
+                blocked = true;
+                return false;
+            }
+            let data = &frame[HDR..];
+            let n = data.len().min(cap);
+            // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes, borrowed
+            // mutably for the whole call; `data` is in the transport's receive memory.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
+            got = Some(outcome(h.src, h.tag, data.len(), cap));
+            true
+        };
+        if st.verbs.is_some() {
+            st.progress_verbs_with(&mut take);
+        }
+        if let Some(inbox) = &mut self.inbox {
+            inbox.poll(&mut |sid, frame| {
+                if let Some(&from) = st.sender_rank.get(sid as usize) {
+                    if take(from, frame) {
                         return;
                     }
                 }
-            }
-            st.on_frame(sid, frame)
-        });
+                st.on_frame(sid, frame)
+            });
+        } else if st.verbs.is_none() {
+            return Direct::Queue;
+        }
         if !st.busy.is_empty() {
             st.flush();
         }
@@ -436,7 +448,6 @@ impl Engine {
         }
     }
 
-    /// How rendezvous data is copied now (CMA may have fallen back to pipelined).
     pub(crate) fn single_copy(&self) -> SingleCopy {
         self.st.cfg.single_copy
     }
@@ -1299,19 +1310,30 @@ impl State {
 
     /// Polls the verbs endpoint: frames, finished reads, waiting reads.
     fn progress_verbs(&mut self) -> usize {
+        self.progress_verbs_with(&mut |_, _| false)
+    }
+
+    /// [`State::progress_verbs`], offering each frame to `take` first (a direct receive:
+    /// true when it consumed the frame).
+    fn progress_verbs_with(&mut self, take: &mut dyn FnMut(u32, &[u8]) -> bool) -> usize {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
         let (scratch, spans) = (&mut self.scratch, &mut self.spans);
         scratch.clear();
         spans.clear();
+        let mut taken = 0;
         let polled = ep.poll(&mut |peer, frame| {
+            if take(peer, frame) {
+                taken += 1;
+                return;
+            }
             scratch.extend_from_slice(frame);
             spans.push((peer, scratch.len()));
         });
         let mut done = Vec::new();
         ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
-        let frames = self.spans.len();
+        let frames = self.spans.len() + taken;
         let (scratch, spans) = (
             std::mem::take(&mut self.scratch),
             std::mem::take(&mut self.spans),
