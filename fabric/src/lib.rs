@@ -693,10 +693,21 @@ mod tests {
     }
 
     #[test]
-    fn backoff_reports_every_1024_calls() {
+    fn backoff_reports_every_1024_calls_then_by_the_clock() {
         let mut b = Backoff::default();
         let ticks = (0..4096).filter(|_| b.snooze()).count();
         assert_eq!(ticks, 4);
+        // Past the spin phase: the first yield reports, then not again within 5 ms.
+        b.spins = Backoff::SPIN;
+        assert!(b.snooze());
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < Duration::from_millis(2) {
+            n += usize::from(b.snooze());
+        }
+        assert_eq!(n, 0, "reported again within 2 ms");
+        std::thread::sleep(Backoff::CHECK_EVERY);
+        assert!(b.snooze(), "did not report after 5 ms");
     }
 }
 
@@ -749,6 +760,8 @@ impl std::fmt::Debug for Communicator {
 #[derive(Debug, Default)]
 struct Backoff {
     spins: u32,
+    /// When `snooze` last said to check for dead peers (once past the spin phase).
+    checked: Option<Instant>,
 }
 
 impl Backoff {
@@ -756,19 +769,33 @@ impl Backoff {
     const SPIN: u32 = 1 << 14;
     /// Polls before sleeping (roughly a second of yields).
     const YIELD: u32 = 1 << 20;
+    /// Once yielding or sleeping, how often to check for dead peers: by the clock, since a
+    /// yield on a loaded machine can take milliseconds.
+    const CHECK_EVERY: Duration = Duration::from_millis(5);
 
-    /// Waits a little; returns true every 1024 calls (time to check for dead peers).
+    /// Waits a little; returns true when it is time to check for dead peers: every 1024
+    /// calls while spinning, then every [`Backoff::CHECK_EVERY`].
     #[inline]
     fn snooze(&mut self) -> bool {
         self.spins = self.spins.saturating_add(1);
+        if self.spins <= Self::SPIN {
+            // No pause instruction while spinning: it costs up to ~140 cycles on recent
+            // x86, which would show directly in the latency of the next message.
+            return self.spins % 1024 == 0;
+        }
         if self.spins > Self::YIELD {
             std::thread::sleep(Duration::from_micros(50));
-        } else if self.spins > Self::SPIN {
+        } else {
             std::thread::yield_now();
         }
-        // No pause instruction while spinning: it costs up to ~140 cycles on recent x86,
-        // which would show directly in the latency of the next message.
-        self.spins % 1024 == 0
+        let now = Instant::now();
+        match self.checked {
+            Some(t) if now.duration_since(t) < Self::CHECK_EVERY => false,
+            _ => {
+                self.checked = Some(now);
+                true
+            }
+        }
     }
 }
 
