@@ -26,6 +26,7 @@
 //! **Same-job reference.** On a virtual machine the floor moves between jobs (the
 //! cache-line one-way time by up to 5x, with where the host runs the virtual CPUs), so
 //! only ratios measured in one job mean anything. Before the sweep, unless `--no-limit`:
+//! (and when the two ranks talk over verbs, where these shared-memory floors mean nothing)
 //! `latency` runs `weft bench limit`'s cache-line ping-pong between the same two
 //! processes, and `bw` the single-core memcpy in rank 0 at every size. They are printed
 //! as a second series (`"impl": "limit"` in JSON, `"impl": "weft"` for the fabric's rows),
@@ -611,6 +612,16 @@ fn reference_before(
     world: &Communicator,
 ) -> Result<Reference, String> {
     if opts.no_limit {
+        return Ok(Reference::None);
+    }
+    let peer = 1 - world.rank();
+    if !fabric.reaches_by_shm(world.job_rank(peer)) {
+        // The floors are shared-memory ones: no reference for a pair talking over verbs.
+        if world.rank() == 0 {
+            eprintln!(
+                "weft bench: the two ranks talk over verbs; no shared-memory floor is measured"
+            );
+        }
         return Ok(Reference::None);
     }
     match bench {

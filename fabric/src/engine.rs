@@ -830,6 +830,17 @@ impl State {
         id
     }
 
+    /// The buffer and capacity of live receive request `id`.
+    fn recv_buffer(&self, id: u32) -> Option<(*mut u8, usize)> {
+        match self.reqs.get(id as usize) {
+            Some(Some(Req {
+                kind: Kind::Recv { buf, cap, .. },
+                ..
+            })) => Some((*buf, *cap)),
+            _ => None,
+        }
+    }
+
     /// Removes and returns the first posted receive matching a message.
     #[inline]
     fn match_posted(&mut self, ctx: u64, src: u32, tag: u32) -> Option<u32> {
@@ -851,14 +862,9 @@ impl State {
     /// Copies an eager message into a receive and completes it.
     #[inline]
     fn fill(&mut self, id: u32, src: u32, tag: u32, data: &[u8]) {
-        let Some(Some(Req {
-            kind: Kind::Recv { buf, cap, .. },
-            ..
-        })) = self.reqs.get(id as usize)
-        else {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
             return;
         };
-        let (buf, cap) = (*buf, *cap);
         let n = data.len().min(cap);
         // SAFETY: `buf` is the receive buffer of a live request (borrowed mutably by it for
         // its whole life) with room for `cap` >= n bytes; `data` is a distinct buffer.
@@ -907,14 +913,10 @@ impl State {
         pid: i32,
         len: u64,
     ) {
-        let Some(Some(Req {
-            kind: Kind::Recv { buf, cap, .. },
-            ..
-        })) = self.reqs.get(id as usize)
-        else {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
             return;
         };
-        let (buf, cap, len) = (*buf, *cap, len as usize);
+        let len = len as usize;
         let n = len.min(cap);
         let done = |st: &mut State| {
             let r = outcome(src, tag, len, cap);
@@ -1207,11 +1209,7 @@ impl State {
         rkey: u32,
         len: u64,
     ) {
-        let Some(Some(Req {
-            kind: Kind::Recv { buf, cap, .. },
-            ..
-        })) = self.reqs.get(id as usize)
-        else {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
             return;
         };
         let read = Read {
@@ -1220,8 +1218,8 @@ impl State {
             tag,
             sreq,
             len: len as usize,
-            cap: *cap,
-            buf: *buf,
+            cap,
+            buf,
         };
         self.pending_reads
             .push_back(PendingRead { read, addr, rkey });

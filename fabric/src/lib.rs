@@ -282,6 +282,8 @@ struct Inner {
     me: u32,
     size: u32,
     world_ctx: u64,
+    /// Shared memory is among the transports (WEFT_TRANSPORTS).
+    shm: bool,
 }
 
 /// One process's fabric: the wire-up client plus the transports.
@@ -523,6 +525,7 @@ impl Fabric {
             me,
             size,
             world_ctx,
+            shm: t.shm,
         })
     }
 
@@ -536,6 +539,15 @@ impl Fabric {
             map: None,
             origin: None,
         }
+    }
+
+    /// Whether messages to job rank `rank` go through shared memory (a peer on this node,
+    /// with shm among `WEFT_TRANSPORTS`) rather than verbs.
+    pub fn reaches_by_shm(&self, rank: u32) -> bool {
+        let Some(w) = &self.inner.wire else {
+            return self.inner.shm;
+        };
+        self.inner.shm && w.job().node_of(rank) == Some(w.node())
     }
 
     /// The wire-up client (job info, psets, put/get).
@@ -623,6 +635,13 @@ impl Fabric {
             Box::new(|_| None),
             None,
         );
+        Fabric::without_wire(engine, me, size)
+    }
+}
+
+impl Fabric {
+    /// A fabric without a wire-up client (tests of the engine within one process).
+    fn without_wire(engine: Engine, me: u32, size: u32) -> Fabric {
         Fabric {
             inner: Rc::new(Inner {
                 engine: RefCell::new(engine),
@@ -630,12 +649,11 @@ impl Fabric {
                 me,
                 size,
                 world_ctx: 1,
+                shm: true,
             }),
         }
     }
-}
 
-impl Fabric {
     /// A fabric over a verbs endpoint alone, for tests of the engine with several
     /// endpoints in one process: `cards[r]` is rank r's verbs card.
     #[doc(hidden)]
@@ -667,15 +685,7 @@ impl Fabric {
             Box::new(|_| None),
             Some(endpoint),
         );
-        Fabric {
-            inner: Rc::new(Inner {
-                engine: RefCell::new(engine),
-                wire: None,
-                me,
-                size,
-                world_ctx: 1,
-            }),
-        }
+        Fabric::without_wire(engine, me, size)
     }
 }
 

@@ -451,8 +451,16 @@ impl Conn {
     /// Reads whatever the server has sent (never blocks) and returns the events read so
     /// far.
     pub(crate) fn take_events(&self) -> Vec<crate::Event> {
+        let mut rx = self.read_available(None);
+        std::mem::take(&mut rx.events)
+    }
+
+    /// Reads what the server has sent, without blocking, unless another thread is
+    /// reading, the connection is broken, or the reply to `req` is already here.
+    fn read_available(&self, req: Option<u64>) -> MutexGuard<'_, Rx> {
         let mut rx = lock(&self.rx);
-        if !rx.reading && rx.broken.is_none() {
+        let have = req.is_some_and(|r| rx.replies.contains_key(&r));
+        if !rx.reading && !have && rx.broken.is_none() {
             rx.reading = true;
             drop(rx);
             let got = self.read_one(true);
@@ -460,7 +468,7 @@ impl Conn {
             rx.reading = false;
             self.file(&mut rx, got);
         }
-        std::mem::take(&mut rx.events)
+        rx
     }
 
     /// Puts back events that could not be dispatched yet.
@@ -472,15 +480,7 @@ impl Conn {
 
     /// The reply to request `req` if it has arrived; never blocks.
     pub(crate) fn poll(&self, op: &'static str, req: u64) -> Result<Option<ServerMsg>, ConnError> {
-        let mut rx = lock(&self.rx);
-        if !rx.reading && !rx.replies.contains_key(&req) && rx.broken.is_none() {
-            rx.reading = true;
-            drop(rx);
-            let got = self.read_one(true);
-            rx = lock(&self.rx);
-            rx.reading = false;
-            self.file(&mut rx, got);
-        }
+        let mut rx = self.read_available(Some(req));
         if let Some(m) = rx.replies.remove(&req) {
             return Ok(Some(m));
         }

@@ -2376,25 +2376,20 @@ impl State {
         self.send_client(conn, &ServerMsg::Failed { req, error });
     }
 
-    fn group_leave(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
-        let Some(g) = self.groups.get(&id) else {
-            return self.group_invalid(
-                conn,
-                req,
-                "group leave",
-                &id,
-                "no such group on this node".into(),
-            );
-        };
-        if !g.members.contains(&rank) {
-            return self.group_invalid(
-                conn,
-                req,
-                "group leave",
-                &id,
-                format!("rank {rank} is not a member"),
-            );
+    /// Group `id` as this server knows it, if `rank` is one of its members.
+    fn member_group(&self, id: &str, rank: Rank) -> Result<&GroupInfo, String> {
+        match self.groups.get(id) {
+            None => Err("no such group on this node".into()),
+            Some(g) if !g.members.contains(&rank) => Err(format!("rank {rank} is not a member")),
+            Some(g) => Ok(g),
         }
+    }
+
+    fn group_leave(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
+        let g = match self.member_group(&id, rank) {
+            Ok(g) => g,
+            Err(reason) => return self.group_invalid(conn, req, "group leave", &id, reason),
+        };
         let me = self.node;
         for n in self.nodes_of(&g.members).into_iter().filter(|&n| n != me) {
             self.send_peer(
@@ -2436,24 +2431,10 @@ impl State {
     }
 
     fn leader_claim(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
-        let Some(g) = self.groups.get(&id) else {
-            return self.group_invalid(
-                conn,
-                req,
-                "leader claim",
-                &id,
-                "no such group on this node".into(),
-            );
+        let g = match self.member_group(&id, rank) {
+            Ok(g) => g,
+            Err(reason) => return self.group_invalid(conn, req, "leader claim", &id, reason),
         };
-        if !g.members.contains(&rank) {
-            return self.group_invalid(
-                conn,
-                req,
-                "leader claim",
-                &id,
-                format!("rank {rank} is not a member"),
-            );
-        }
         if let Some(l) = g.leader.filter(|l| !self.gone.contains_key(l)) {
             return self.group_invalid(
                 conn,
