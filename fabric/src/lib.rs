@@ -452,7 +452,9 @@ impl Fabric {
                 }
                 Err(e) if !t.shm => return Err(InitError::Verbs(e)),
                 Err(e) => {
-                    tracing::warn!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
+                    // Said once per process at info level: a send to another node fails
+                    // with this reason (NoPath), which is where a user needs it.
+                    tracing::info!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
                     verbs_down = Some(e.to_string());
                     None
                 }
