@@ -60,6 +60,8 @@ const TAG_ACK: Tag = Tag(2);
 const TAG_SYNC: Tag = Tag(3);
 /// Tag of rank 1's CPU list, sent to rank 0 at the start.
 const TAG_INFO: Tag = Tag(4);
+/// Rank 0 tells rank 1 the iterations of the next size (when a time budget caps them).
+const TAG_REPS: Tag = Tag(5);
 /// Sizes above this are "large" and get OSU's smaller iteration counts.
 const LARGE: usize = 8192;
 /// Most bytes of receive slots one group of a window's receives spans.
@@ -206,6 +208,12 @@ struct Args {
     /// Skip the same-job reference (latency: cache-line ping-pong; bw: single-core memcpy).
     #[arg(long)]
     no_limit: bool,
+    /// Seconds of timed iterations per size, at most: when the previous size predicts that
+    /// OSU's count would take longer (a slow link, an emulated device), fewer iterations
+    /// run (at least 10; rank 0 decides and tells rank 1). 0 always runs OSU's count; an
+    /// explicit --iters is never capped.
+    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    size_budget: f64,
     /// Binding of the two processes when started alone (auto: core when the machine has
     /// two or more cores).
     #[arg(long, value_enum, default_value_t = Bind::Auto)]
@@ -546,6 +554,35 @@ fn bidirectional(
     Ok(t0.elapsed())
 }
 
+/// The iterations of one size under a time budget: rank 0 fits OSU's count into
+/// `budget` seconds by its `estimate` of one iteration (at least 10 timed iterations,
+/// warm-up shrunk alike) and tells rank 1, so both run the same count.
+fn budgeted(
+    world: &Communicator,
+    base: Reps,
+    estimate: Option<f64>,
+    budget: f64,
+) -> Result<Reps, P2pError> {
+    let mut agreed = [base.iters, base.warmup];
+    if world.rank() == 0 {
+        if let Some(per) = estimate.filter(|&p| p > 0.0) {
+            let fit = (budget / per).floor().min(f64::from(base.iters)) as u32;
+            let iters = fit.max(10.min(base.iters));
+            if iters < base.iters {
+                let warmup = base.warmup.min((iters / 5).max(1));
+                agreed = [iters, warmup];
+            }
+        }
+        world.send(&agreed, 1, TAG_REPS)?;
+    } else {
+        world.recv(&mut agreed, Source::Rank(0), TAG_REPS)?;
+    }
+    Ok(Reps {
+        iters: agreed[0],
+        warmup: agreed[1],
+    })
+}
+
 /// Rank 1 sends its CPU list to rank 0 (which also connects the two); rank 0 returns it.
 fn peer_cpus(world: &Communicator) -> Result<Option<String>, P2pError> {
     if world.rank() == 1 {
@@ -832,12 +869,35 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
     let mut sbuf = AlignedBuf::filled(max, SEND_FILL);
     let mut rbuf = AlignedBuf::filled(if bench.windowed() { 0 } else { max }, RECV_FILL);
     let mut rows = Vec::with_capacity(sizes.len());
+    // Rank 0's (size, seconds per iteration) of the last size measured.
+    let mut prev: Option<(usize, f64)> = None;
+    let mut capped_said = false;
     for (k, &size) in sizes.iter().enumerate() {
         if k == 0 && matches!(reference, Reference::Memcpy { .. }) && me == 1 {
             // Rank 0 measured memcpy alone; wait for it without taking a core's share.
             idle_until_sync(&world).map_err(|e| format!("waiting for rank 0's memcpy: {e}"))?;
         }
-        let reps = bench.reps(size, opts.iters, opts.warmup);
+        let base = bench.reps(size, opts.iters, opts.warmup);
+        let reps = if opts.iters.is_some() || opts.size_budget <= 0.0 {
+            base
+        } else {
+            // The previous size's time per iteration, scaled up by the size ratio.
+            let estimate = prev.map(|(s, per): (usize, f64)| {
+                per * (size.max(1) as f64 / s.max(1) as f64).max(1.0)
+            });
+            budgeted(&world, base, estimate, opts.size_budget)
+                .map_err(|e| format!("size {size}: agreeing on iterations: {e}"))?
+        };
+        if reps != base && !capped_said {
+            capped_said = true;
+            if let Some(r) = &mut report {
+                r.comment(&format!(
+                    "from {size} B up, fewer iterations than OSU's so that each size takes about {} s (--size-budget)",
+                    opts.size_budget
+                ))
+                .map_err(io_err)?;
+            }
+        }
         let per_window = f64::from(opts.window) * f64::from(reps.iters);
         let value = match bench {
             Bench::Latency => latency(&world, size, reps, sbuf.as_slice(), rbuf.as_mut_slice())
@@ -871,6 +931,16 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         if let Some(r) = &mut report {
             r.row(size, value).map_err(io_err)?;
         }
+        // Seconds per iteration (a round trip, or a window) at this size.
+        let per = match bench {
+            Bench::Latency => 2.0 * value / 1e6,
+            Bench::Bw | Bench::Bibw => {
+                let bytes = if bench == Bench::Bibw { 2.0 } else { 1.0 } * size as f64;
+                bytes * f64::from(opts.window) / (value * 1e6).max(1.0)
+            }
+            Bench::Mr => f64::from(opts.window) / value.max(1.0),
+        };
+        prev = Some((size, per));
     }
 
     reference_after(&mut reference, &sizes, fabric, &world)?;
