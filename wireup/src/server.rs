@@ -234,6 +234,8 @@ struct LocalProc {
 struct Gone {
     reason: String,
     joined: HashSet<u64>,
+    /// The order in which this server learned of the deaths (0 first).
+    order: usize,
 }
 
 struct Coll {
@@ -1380,11 +1382,13 @@ impl State {
                 doomed.push(id.clone());
             }
         }
+        let order = self.gone.len();
         self.gone.insert(
             rank,
             Gone {
                 reason: reason.clone(),
                 joined,
+                order,
             },
         );
         for id in doomed {
@@ -1687,8 +1691,10 @@ impl State {
             .gone
             .iter()
             .filter(|(r, g)| !tolerant && id.procs.contains(**r) && !g.joined.contains(&digest))
-            .map(|(r, g)| (*r, g.reason.clone()))
-            .min();
+            // The first death this server learned of: the root cause (later ones, such as
+            // peers that finalized because of it, follow from it).
+            .min_by_key(|(_, g)| g.order)
+            .map(|(r, g)| (*r, g.reason.clone()));
         let c = self.colls.get_mut(&id).expect("just inserted");
         c.waiters.push((conn, req));
         if let Some((dead_rank, reason)) = dead {
