@@ -569,9 +569,14 @@ impl Engine {
 
     /// If every rank but this one is gone, the lowest of them and why (else `None`).
     pub(crate) fn all_others_gone(&self) -> Option<(u32, String)> {
+        self.all_gone_among(0..self.st.peers.len() as u32)
+    }
+
+    /// If every rank of `ranks` but this one is gone, the first of them and why.
+    pub(crate) fn all_gone_among(&self, ranks: impl Iterator<Item = u32>) -> Option<(u32, String)> {
         let me = self.st.me;
         let mut first = None;
-        for r in (0..self.st.peers.len() as u32).filter(|&r| r != me) {
+        for r in ranks.filter(|&r| r != me) {
             let why = (self.st.gone)(r)?;
             first.get_or_insert((r, format!("{why} (and so is every other possible sender)")));
         }

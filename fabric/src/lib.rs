@@ -919,18 +919,7 @@ impl Communicator {
     fn all_others_gone(&self, e: &Engine) -> Option<(u32, String)> {
         match &self.map {
             None => e.all_others_gone(),
-            Some(m) => {
-                let me = self.inner.me;
-                let mut first = None;
-                for &r in m.to_job.iter().filter(|&&r| r != me) {
-                    let why = e.gone_reason(r)?;
-                    first.get_or_insert((
-                        r,
-                        format!("{why} (and so is every other possible sender)"),
-                    ));
-                }
-                first
-            }
+            Some(m) => e.all_gone_among(m.to_job.iter().copied()),
         }
     }
 

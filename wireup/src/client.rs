@@ -305,7 +305,7 @@ impl GetOpts {
     }
 }
 
-fn ms(d: Option<Duration>) -> Option<u64> {
+pub(crate) fn ms(d: Option<Duration>) -> Option<u64> {
     d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 

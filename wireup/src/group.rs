@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use crate::client::{lock, Client, ConnError};
+use crate::client::{lock, ms, Client, ConnError};
 use crate::proto::{ClientMsg, CollKind, GroupDirectives, GroupInfo, Procs, ServerMsg, WireError};
 use crate::Rank;
 
@@ -222,10 +222,6 @@ fn check_members(client: &Client, id: &str, procs: &[Rank]) -> Result<Procs, Gro
         )));
     }
     Ok(Procs::List(procs.to_vec()).normalize(size))
-}
-
-fn ms(d: Option<Duration>) -> Option<u64> {
-    d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Client {
