@@ -299,29 +299,125 @@ fn finalize_sync() -> Res {
     Ok(())
 }
 
-/// A second thread cannot start a session on a fabric owned by the first; thread levels
-/// are reported.
+/// Threads: sessions made concurrently from several threads (the process's first
+/// fabric init among them), each at its own thread level; a communicator per thread with
+/// its own tag, rings on all of them at once; then every thread on one shared
+/// communicator at once; and a receive on one thread that only a later send on another
+/// thread of the same process can satisfy (a wait loop must let go of the engine).
 fn thread() -> Res {
-    let s = Session::init(
-        Info::new().thread_level(ThreadLevel::Multiple),
-        ErrHandler::Return,
-    )?;
-    let other = std::thread::spawn(|| match Session::init(Info::new(), ErrHandler::Return) {
-        Err(e) => e.to_string(),
-        Ok(_) => "ok".into(),
-    })
-    .join()
-    .map_err(|_| "thread panicked")?;
+    const THREADS: usize = 4;
+    const ROUNDS: u64 = 300;
+    let levels = [
+        ThreadLevel::Single,
+        ThreadLevel::Funneled,
+        ThreadLevel::Serialized,
+        ThreadLevel::Multiple,
+    ];
+    let start = std::sync::Barrier::new(THREADS);
+    let shared: std::sync::OnceLock<Communicator> = std::sync::OnceLock::new();
+    let made = std::sync::Barrier::new(THREADS);
+    let outcome: Vec<Result<String, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (start, made, shared) = (&start, &made, &shared);
+                let level = levels[t];
+                sc.spawn(move || -> Result<String, String> {
+                    let fail = |e: &dyn std::fmt::Display| format!("thread {t}: {e}");
+                    start.wait();
+                    let s = Session::init(Info::new().thread_level(level), ErrHandler::Return)
+                        .map_err(|e| fail(&e))?;
+                    if s.thread_level() != level {
+                        return Err(fail(&format!("provided {} for {level}", s.thread_level())));
+                    }
+                    let world = s.group_from_pset("weft://world").map_err(|e| fail(&e))?;
+                    let comm = Communicator::create_from_group(
+                        &world,
+                        &format!("thread-{t}"),
+                        ErrHandler::Return,
+                    )
+                    .map_err(|e| fail(&e))?;
+                    let (r, n) = (comm.rank(), comm.size());
+                    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+                    // A ring per thread, all at once, each on its own communicator.
+                    for i in 0..ROUNDS {
+                        let v = [u64::from(r) << 32 | i, t as u64];
+                        let mut got = [0u64; 2];
+                        comm.scope(|sc| {
+                            let rq = sc.irecv(&mut got, Source::Rank(left), Tag(5))?;
+                            comm.send(&v, right, Tag(5))?;
+                            rq.wait()
+                        })
+                        .map_err(|e| fail(&e))?;
+                        if got != [u64::from(left) << 32 | i, t as u64] {
+                            return Err(fail(&format!("round {i}: got {got:?} from rank {left}")));
+                        }
+                    }
+                    // One communicator, every thread at once, a message tag per thread.
+                    if t == 0 {
+                        let c = Communicator::create_from_group(
+                            &world,
+                            "thread-shared",
+                            ErrHandler::Return,
+                        )
+                        .map_err(|e| fail(&e))?;
+                        let _ = shared.set(c);
+                    }
+                    made.wait();
+                    let c = shared
+                        .get()
+                        .ok_or_else(|| fail(&"no shared communicator"))?;
+                    for i in 0..ROUNDS {
+                        c.send(&[i, t as u64], right, Tag(100 + t as u32))
+                            .map_err(|e| fail(&e))?;
+                        let mut got = [0u64; 2];
+                        let st = c
+                            .recv(&mut got, Source::Rank(left), Tag(100 + t as u32))
+                            .map_err(|e| fail(&e))?;
+                        if got != [i, t as u64] || st.source != left {
+                            return Err(fail(&format!("shared round {i}: got {got:?}")));
+                        }
+                    }
+                    // Thread 0 waits for a message to itself that thread 1 sends 100 ms
+                    // later: it must not hold the engine meanwhile.
+                    match t {
+                        0 => {
+                            let mut got = [0u64; 1];
+                            c.recv(&mut got, Source::Rank(r), Tag(99))
+                                .map_err(|e| fail(&e))?;
+                            if got[0] != 0x5e1f {
+                                return Err(fail(&format!("self message {got:?}")));
+                            }
+                        }
+                        1 => {
+                            std::thread::sleep(Duration::from_millis(100));
+                            c.send(&[0x5e1fu64], r, Tag(99)).map_err(|e| fail(&e))?;
+                        }
+                        _ => {}
+                    }
+                    comm.disconnect().map_err(|e| fail(&e))?;
+                    let provided = s.info().get("thread_level").unwrap_or("?").to_owned();
+                    s.finalize().map_err(|e| fail(&e))?;
+                    Ok(provided)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+            .collect()
+    });
+    let provided = outcome.into_iter().collect::<Result<Vec<_>, _>>()?;
     let bad = Session::init(Info::new().set("thread_level", "lots"), ErrHandler::Return);
     check(
         matches!(bad, Err(SessionError::BadInfo { .. })),
         "bad thread level refused",
     )?;
+    let s = session()?;
     println!(
-        "rank {} provided {} requested {} other thread: {other}",
+        "rank {} threads ok provided {} default {}",
         s.fabric().wire().rank(),
-        s.info().get("thread_level").unwrap_or("?"),
-        s.info().get("thread_level_requested").unwrap_or("?"),
+        provided.join(","),
+        s.thread_level(),
     );
     s.finalize()?;
     Ok(())

@@ -72,7 +72,7 @@ fn two_sessions_side_by_side_keep_their_messages_apart() {
     let done = probe("sess-two", "4", "two-sessions");
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(
-        done.lines_with("two sessions ok levels funneled funneled"),
+        done.lines_with("two sessions ok levels funneled multiple"),
         4,
         "{}",
         done.dump()
@@ -108,12 +108,12 @@ fn finalize_is_local_after_disconnect_and_synchronises_after_free() {
 }
 
 #[test]
-fn sessions_report_thread_levels_and_stay_on_one_thread() {
-    let done = probe("sess-thread", "2", "thread");
+fn sessions_made_concurrently_on_several_threads_work_side_by_side() {
+    let done = probe("sess-thread", "3", "thread");
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(
-        done.lines_with("provided funneled requested multiple other thread: session init: fabric init: this process's fabric"),
-        2,
+        done.lines_with("threads ok provided single,funneled,serialized,multiple default funneled"),
+        3,
         "{}",
         done.dump()
     );

@@ -217,12 +217,23 @@ struct PendingRead {
 struct Req {
     kind: Kind,
     result: Option<Result<Status, P2pError>>,
+    /// Which request this is, for ever: ids are reused once taken, serials never.
+    serial: u64,
 }
 
+// SAFETY: the raw pointers of `Kind` and `Read` are user buffers that the call or the
+// `Request` that posted them borrows (`&mut [T]` / `&[T]` of `Pod` data, themselves
+// `Send`) until the request completes or is cancelled; the engine that holds them is
+// only touched under its mutex, so moving it (or handing the mutex) to another thread
+// moves nothing that another thread could use at the same time.
+unsafe impl Send for Kind {}
+// SAFETY: as for `Kind`: `buf` is a receive buffer borrowed by its request.
+unsafe impl Send for Read {}
+
 /// Resolves a peer's path (first send): what reaches `rank`.
-pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved>;
+pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved + Send>;
 /// Tells why a rank is gone, if it is.
-pub(crate) type GoneCheck = Box<dyn Fn(u32) -> Option<String>>;
+pub(crate) type GoneCheck = Box<dyn Fn(u32) -> Option<String> + Send>;
 
 struct State {
     me: u32,
@@ -235,6 +246,8 @@ struct State {
     unexpected: VecDeque<Unexpected>,
     reqs: Vec<Option<Req>>,
     free: Vec<u32>,
+    /// The serial of the next request.
+    next_serial: u64,
     /// Peers with a backlog or a stream to push.
     busy: Vec<u32>,
     resolve: Resolver,
@@ -315,6 +328,7 @@ impl Engine {
                 unexpected: VecDeque::new(),
                 reqs: Vec::new(),
                 free: Vec::new(),
+                next_serial: 1,
                 busy: Vec::new(),
                 resolve,
                 gone,
@@ -503,9 +517,10 @@ impl Engine {
         r
     }
 
-    /// Whether request `id` is still held by the engine (running, or done but not taken).
-    pub(crate) fn is_live(&self, id: u32) -> bool {
-        self.st.reqs.get(id as usize).is_some_and(|r| r.is_some())
+    /// The serial of request `id` while the engine holds it (running, or done but not
+    /// taken): a request is still live when its id has the serial it was given.
+    pub(crate) fn serial(&self, id: u32) -> Option<u64> {
+        self.st.reqs.get(id as usize)?.as_ref().map(|r| r.serial)
     }
 
     /// The peer a request waits on (for failure detection), if one.
@@ -621,7 +636,12 @@ impl Engine {
 
 impl State {
     fn alloc(&mut self, kind: Kind) -> u32 {
-        let req = Req { kind, result: None };
+        let req = Req {
+            kind,
+            result: None,
+            serial: self.next_serial,
+        };
+        self.next_serial += 1;
         match self.free.pop() {
             Some(id) => {
                 self.reqs[id as usize] = Some(req);
@@ -1046,7 +1066,7 @@ impl State {
                             registered,
                             ..
                         },
-                    result: None,
+                    result: None, ..
                 })) = self.reqs.get(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     let s = Status {
@@ -1070,7 +1090,7 @@ impl State {
                 let rreq = u32::from_le_bytes(payload[..4].try_into().unwrap_or([0; 4]));
                 if let Some(Some(Req {
                     kind: Kind::Send { stream: stream @ None, dest, .. },
-                    result: None,
+                    result: None, ..
                 })) = self.reqs.get_mut(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     *stream = Some((rreq, 0));
@@ -1454,6 +1474,7 @@ impl State {
                                 ..
                             },
                         result,
+                        ..
                     }) = slot
                     else {
                         continue;

@@ -28,8 +28,8 @@ pub use session::{
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use engine::{Config, Direct, Engine, Resolved, SingleCopy};
@@ -183,12 +183,6 @@ pub enum P2pError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InitError {
-    /// The process's fabric belongs to another thread.
-    #[error("fabric init: this process's fabric (and its sessions) belong to thread {owner}; a process's sessions and communicators live on one thread")]
-    OtherThread {
-        /// The owning thread.
-        owner: String,
-    },
     /// The wire-up client could not start.
     #[error("fabric init: {0}")]
     Wire(#[from] weft_wireup::InitError),
@@ -236,13 +230,8 @@ fn bytes_of_mut<T: Pod>(s: &mut [T]) -> (*mut u8, usize) {
     (s.as_mut_ptr().cast(), std::mem::size_of_val(s))
 }
 
-thread_local! {
-    /// The process's fabric, on the thread that owns it.
-    static SHARED: RefCell<Option<Rc<Inner>>> = const { RefCell::new(None) };
-}
-
-/// The thread that owns the process's fabric.
-static OWNER: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+/// The process's fabric, shared by every thread and session.
+static SHARED: Mutex<Option<Arc<Inner>>> = Mutex::new(None);
 
 /// The process's wire-up client: one connection to the node's server, shared by the
 /// fabric, every session and every thread, finalized when the process exits.
@@ -277,7 +266,13 @@ pub(crate) fn process_wire() -> Result<Arc<Client>, weft_wireup::InitError> {
 }
 
 struct Inner {
-    engine: RefCell<Engine>,
+    /// The transports and the matching state. Every call takes it for as long as it
+    /// touches them; wait loops let go of it whenever another thread waits for it.
+    engine: Mutex<Engine>,
+    /// Threads blocked on `engine`: a thread that holds it in a wait loop lets go when
+    /// this is not zero, so that a receive on one thread never starves the send on
+    /// another that it waits for.
+    waiters: AtomicU32,
     wire: Option<Arc<Client>>,
     me: u32,
     size: u32,
@@ -286,12 +281,76 @@ struct Inner {
     shm: bool,
 }
 
+impl Inner {
+    fn new(
+        engine: Engine,
+        wire: Option<Arc<Client>>,
+        me: u32,
+        size: u32,
+        world_ctx: u64,
+        shm: bool,
+    ) -> Inner {
+        Inner {
+            engine: Mutex::new(engine),
+            waiters: AtomicU32::new(0),
+            wire,
+            me,
+            size,
+            world_ctx,
+            shm,
+        }
+    }
+
+    /// The engine, for this thread alone until the guard drops. Uncontended (one
+    /// thread, or threads taking turns), this is one atomic compare-and-swap.
+    #[inline]
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        match self.engine.try_lock() {
+            Ok(g) => g,
+            // A thread panicked while holding it (a bug, reported by its panic): the
+            // engine's queues are consistent between calls, so carry on.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // SYNC: a hint only, read by `pause`; the mutex orders the engine's data.
+                self.waiters.fetch_add(1, Ordering::Relaxed);
+                let g = self.engine.lock().unwrap_or_else(PoisonError::into_inner);
+                self.waiters.fetch_sub(1, Ordering::Relaxed);
+                g
+            }
+        }
+    }
+
+    /// One round of a wait loop: snoozes, letting go of the engine meanwhile when
+    /// another thread waits for it or when the backoff yields or sleeps. Returns the
+    /// engine again and whether it is time to check for dead peers.
+    #[inline]
+    fn pause<'a>(
+        &'a self,
+        g: MutexGuard<'a, Engine>,
+        backoff: &mut Backoff,
+    ) -> (MutexGuard<'a, Engine>, bool) {
+        // SYNC: a hint only (see `engine`).
+        if self.waiters.load(Ordering::Relaxed) == 0 && backoff.spinning() {
+            let check = backoff.snooze();
+            return (g, check);
+        }
+        drop(g);
+        let check = backoff.snooze();
+        if backoff.spinning() {
+            // Spinning, yet another thread wanted the engine: give it a turn.
+            std::thread::yield_now();
+        }
+        (self.engine(), check)
+    }
+}
+
 /// One process's fabric: the wire-up client plus the transports.
 ///
-/// Not `Send`: a fabric and its communicators live on the thread that made them.
+/// `Send` and `Sync`: every thread of the process shares it, and its communicators may
+/// be used from several threads at once (MPI's `MPI_THREAD_MULTIPLE`).
 #[derive(Clone)]
 pub struct Fabric {
-    inner: Rc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Fabric {
@@ -392,32 +451,19 @@ impl Fabric {
     /// shared-memory inbox and publishes its card (no fence: peers fetch it on first
     /// send, waiting for it if needed).
     ///
-    /// A process has one fabric: later calls on the same thread (and every
-    /// [`Session::init`]) share it. Its sessions and communicators live on the thread
-    /// that made it; `init` from another thread is an error.
+    /// A process has one fabric: later calls, from any thread (and every
+    /// [`Session::init`]), share it. Concurrent first calls from several threads make
+    /// one fabric: the others wait for it.
     pub fn init() -> Result<Fabric, InitError> {
-        SHARED.with(|shared| {
-            if let Some(inner) = shared.borrow().as_ref() {
-                return Ok(Fabric {
-                    inner: inner.clone(),
-                });
-            }
-            {
-                let mut owner = OWNER.lock().unwrap_or_else(|p| p.into_inner());
-                let me = std::thread::current().id();
-                match *owner {
-                    Some(t) if t != me => {
-                        return Err(InitError::OtherThread {
-                            owner: format!("{t:?}"),
-                        })
-                    }
-                    _ => *owner = Some(me),
-                }
-            }
-            let inner = Rc::new(Self::build(process_wire()?)?);
-            *shared.borrow_mut() = Some(inner.clone());
-            Ok(Fabric { inner })
-        })
+        let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(inner) = shared.as_ref() {
+            return Ok(Fabric {
+                inner: inner.clone(),
+            });
+        }
+        let inner = Arc::new(Self::build(process_wire()?)?);
+        *shared = Some(inner.clone());
+        Ok(Fabric { inner })
     }
 
     fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
@@ -521,14 +567,7 @@ impl Fabric {
         }
         let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs);
         let world_ctx = wire.job().world_pgcid;
-        Ok(Inner {
-            engine: RefCell::new(engine),
-            wire: Some(wire),
-            me,
-            size,
-            world_ctx,
-            shm: t.shm,
-        })
+        Ok(Inner::new(engine, Some(wire), me, size, world_ctx, t.shm))
     }
 
     /// The communicator of every process of the job (`weft://world`).
@@ -564,7 +603,7 @@ impl Fabric {
     /// `"pipelined"` (through the rings; the default, and the fallback when the kernel
     /// refuses CMA).
     pub fn rendezvous_copy(&self) -> &'static str {
-        match self.inner.engine.borrow().single_copy() {
+        match self.inner.engine().single_copy() {
             SingleCopy::Cma => "cma",
             SingleCopy::None => "pipelined",
         }
@@ -575,7 +614,7 @@ impl Fabric {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut backoff = Backoff::default();
         loop {
-            let mut e = self.inner.engine.borrow_mut();
+            let mut e = self.inner.engine();
             e.progress();
             if e.backlog() == 0 {
                 break;
@@ -645,14 +684,7 @@ impl Fabric {
     /// A fabric without a wire-up client (tests of the engine within one process).
     fn without_wire(engine: Engine, me: u32, size: u32) -> Fabric {
         Fabric {
-            inner: Rc::new(Inner {
-                engine: RefCell::new(engine),
-                wire: None,
-                me,
-                size,
-                world_ctx: 1,
-                shm: true,
-            }),
+            inner: Arc::new(Inner::new(engine, None, me, size, 1, true)),
         }
     }
 
@@ -726,14 +758,14 @@ mod tests {
 /// A communicator: a group of processes with a context id carried in every message.
 #[derive(Clone)]
 pub struct Communicator {
-    inner: Rc<Inner>,
+    inner: Arc<Inner>,
     ctx: u64,
     rank: u32,
     size: u32,
     /// Communicator rank <-> job rank; `None` for the world (the identity).
-    map: Option<Rc<RankMap>>,
+    map: Option<Arc<RankMap>>,
     /// What a communicator made from a session group needs for free/disconnect.
-    pub(crate) origin: Option<Rc<session::CommOrigin>>,
+    pub(crate) origin: Option<Arc<session::CommOrigin>>,
 }
 
 /// How a communicator's ranks map to job ranks.
@@ -784,6 +816,12 @@ impl Backoff {
     /// Once yielding or sleeping, how often to check for dead peers: by the clock, since a
     /// yield on a loaded machine can take milliseconds.
     const CHECK_EVERY: Duration = Duration::from_millis(5);
+
+    /// Whether the next `snooze` only spins (neither yields nor sleeps).
+    #[inline]
+    fn spinning(&self) -> bool {
+        self.spins < Self::SPIN
+    }
 
     /// Waits a little; returns true when it is time to check for dead peers: every 1024
     /// calls while spinning, then every [`Backoff::CHECK_EVERY`].
@@ -929,7 +967,7 @@ impl Communicator {
 
     /// Blocks until request `id` completes, failing it if its peer dies.
     fn wait_id(&self, id: u32) -> Result<Status, P2pError> {
-        let mut e = self.inner.engine.borrow_mut();
+        let mut e = self.inner.engine();
         if let Some(r) = e.take(id) {
             return r;
         }
@@ -939,7 +977,9 @@ impl Communicator {
             if let Some(r) = e.take(id) {
                 return r;
             }
-            if backoff.snooze() {
+            let (g, check) = self.inner.pause(e, &mut backoff);
+            e = g;
+            if check {
                 e.fail_if_gone(id);
             }
         }
@@ -949,11 +989,7 @@ impl Communicator {
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
         let job = self.check_dest(dest, tag)?;
         let (p, n) = bytes_of(buf);
-        let pending = self
-            .inner
-            .engine
-            .borrow_mut()
-            .send(p, n, job, self.ctx, tag.0);
+        let pending = self.inner.engine().send(p, n, job, self.ctx, tag.0);
         match pending {
             Ok(None) => Ok(()),
             Ok(Some(id)) => self.fix(self.wait_id(id)).map(|_| ()),
@@ -966,7 +1002,7 @@ impl Communicator {
         let s = self.source(src)?;
         let t = Self::tag_sel(tag);
         let (p, n) = bytes_of_mut(buf);
-        let mut e = self.inner.engine.borrow_mut();
+        let mut e = self.inner.engine();
         let mut backoff = Backoff::default();
         loop {
             match e.recv_direct(p, n, self.ctx, s, t) {
@@ -974,7 +1010,9 @@ impl Communicator {
                 Direct::Queue => break,
                 Direct::NotYet => {}
             }
-            if backoff.snooze() {
+            let (g, check) = self.inner.pause(e, &mut backoff);
+            e = g;
+            if check {
                 let gone = match s {
                     Some(r) if r == self.inner.me => None,
                     Some(r) => e.gone_reason(r).map(|why| (r, why)),
@@ -1042,7 +1080,7 @@ impl Communicator {
     ) -> Result<Request<'a>, P2pError> {
         let job = self.check_dest(dest, tag)?;
         let (p, n) = bytes_of(buf);
-        let mut e = self.inner.engine.borrow_mut();
+        let mut e = self.inner.engine();
         let id = match e.send(p, n, job, self.ctx, tag.0) {
             Ok(Some(id)) => id,
             Ok(None) => e.completed(Status {
@@ -1052,10 +1090,12 @@ impl Communicator {
             }),
             Err(err) => return Err(self.fix_err(err)),
         };
+        let serial = e.serial(id).unwrap_or(0);
         drop(e);
         Ok(Request {
             comm: self,
             id,
+            serial,
             recv: false,
             done: false,
             result: None,
@@ -1072,14 +1112,14 @@ impl Communicator {
     ) -> Result<Request<'a>, P2pError> {
         let s = self.source(src)?;
         let (p, n) = bytes_of_mut(buf);
-        let id = self
-            .inner
-            .engine
-            .borrow_mut()
-            .recv(p, n, self.ctx, s, Self::tag_sel(tag));
+        let mut e = self.inner.engine();
+        let id = e.recv(p, n, self.ctx, s, Self::tag_sel(tag));
+        let serial = e.serial(id).unwrap_or(0);
+        drop(e);
         Ok(Request {
             comm: self,
             id,
+            serial,
             recv: true,
             done: false,
             result: None,
@@ -1090,11 +1130,7 @@ impl Communicator {
     /// The status of a message that has arrived and matches, without receiving it.
     pub fn iprobe(&self, src: Source, tag: Tag) -> Result<Option<Status>, P2pError> {
         let s = self.source(src)?;
-        let st = self
-            .inner
-            .engine
-            .borrow_mut()
-            .iprobe(self.ctx, s, Self::tag_sel(tag));
+        let st = self.inner.engine().iprobe(self.ctx, s, Self::tag_sel(tag));
         st.map(|st| self.fix(Ok(st))).transpose()
     }
 
@@ -1102,24 +1138,17 @@ impl Communicator {
     pub fn probe(&self, src: Source, tag: Tag) -> Result<Status, P2pError> {
         let s = self.source(src)?;
         let mut backoff = Backoff::default();
+        let mut e = self.inner.engine();
         loop {
-            if let Some(st) = self
-                .inner
-                .engine
-                .borrow_mut()
-                .iprobe(self.ctx, s, Self::tag_sel(tag))
-            {
+            if let Some(st) = e.iprobe(self.ctx, s, Self::tag_sel(tag)) {
                 return self.fix(Ok(st));
             }
-            if backoff.snooze() {
+            let (g, check) = self.inner.pause(e, &mut backoff);
+            e = g;
+            if check {
                 if let (Some(r), Some(w)) = (s, &self.inner.wire) {
                     if let Some(reason) = w.gone_reason(r) {
-                        if let Some(st) =
-                            self.inner
-                                .engine
-                                .borrow_mut()
-                                .iprobe(self.ctx, s, Self::tag_sel(tag))
-                        {
+                        if let Some(st) = e.iprobe(self.ctx, s, Self::tag_sel(tag)) {
                             return self.fix(Ok(st));
                         }
                         return self.fix(Err(P2pError::PeerGone { rank: r, reason }));
@@ -1134,7 +1163,8 @@ impl Communicator {
 /// buffers that outlive the scope, and are all complete when it ends.
 pub struct RequestScope<'scope, 'env: 'scope> {
     comm: &'env Communicator,
-    started: RefCell<Vec<u32>>,
+    /// (id, serial) of every request started here.
+    started: RefCell<Vec<(u32, u64)>>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -1156,7 +1186,7 @@ impl<'scope, 'env> RequestScope<'scope, 'env> {
         tag: Tag,
     ) -> Result<Request<'scope>, P2pError> {
         let r = self.comm.isend_in(buf, dest, tag)?;
-        self.started.borrow_mut().push(r.id);
+        self.started.borrow_mut().push((r.id, r.serial));
         Ok(r)
     }
 
@@ -1168,7 +1198,7 @@ impl<'scope, 'env> RequestScope<'scope, 'env> {
         tag: Tag,
     ) -> Result<Request<'scope>, P2pError> {
         let r = self.comm.irecv_in(buf, src, tag)?;
-        self.started.borrow_mut().push(r.id);
+        self.started.borrow_mut().push((r.id, r.serial));
         Ok(r)
     }
 }
@@ -1178,10 +1208,13 @@ impl RequestScope<'_, '_> {
         // Requests that were waited on are gone from the engine; the rest (dropped
         // requests complete in their own Drop, leaked ones here) are cancelled if they are
         // unmatched receives, otherwise waited for.
+        // Ids are reused (by other threads' requests, too): the serial tells whether
+        // the id still names the request started here.
         let ids = std::mem::take(&mut *self.started.borrow_mut());
-        for id in ids {
-            let live = self.comm.inner.engine.borrow().is_live(id);
-            if live && !self.comm.inner.engine.borrow_mut().cancel_recv(id) {
+        for (id, serial) in ids {
+            let mut e = self.comm.inner.engine();
+            if e.serial(id) == Some(serial) && !e.cancel_recv(id) {
+                drop(e);
                 let _ = self.comm.wait_id(id);
             }
         }
@@ -1196,6 +1229,8 @@ impl RequestScope<'_, '_> {
 pub struct Request<'a> {
     comm: &'a Communicator,
     id: u32,
+    /// The engine's serial of `id` (see [`RequestScope`]).
+    serial: u64,
     recv: bool,
     done: bool,
     /// The result, once `test` has seen it (so that a later `wait` returns it).
@@ -1209,7 +1244,7 @@ impl Request<'_> {
         if let Some(r) = &self.result {
             return Some(r.clone());
         }
-        let mut e = self.comm.inner.engine.borrow_mut();
+        let mut e = self.comm.inner.engine();
         e.progress();
         let mut r = e.take(self.id);
         if r.is_none() {
@@ -1238,7 +1273,7 @@ impl Drop for Request<'_> {
         if self.done {
             return;
         }
-        if self.recv && self.comm.inner.engine.borrow_mut().cancel_recv(self.id) {
+        if self.recv && self.comm.inner.engine().cancel_recv(self.id) {
             return;
         }
         let _ = self.comm.wait_id(self.id);

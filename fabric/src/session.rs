@@ -18,12 +18,13 @@
 //!
 //! A process has one fabric (one shared-memory inbox, one wire-up connection); any
 //! number of sessions share it and cost a few allocations each. Sessions, groups and
-//! communicators live on the thread that made the process's fabric (the provided thread
-//! level is at most `funneled`; see [`Session::thread_level`]).
+//! communicators are `Send` and `Sync`: any thread may make them and use them, several
+//! at once (the provided thread level is the requested one, up to `multiple`; see
+//! [`Session::thread_level`]).
 
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use weft_wireup::{GroupDirectives, GroupError, PSET_SELF, PSET_WORLD};
@@ -75,9 +76,9 @@ impl std::fmt::Display for ThreadLevel {
     }
 }
 
-/// The highest thread level Weft's sessions provide today: all calls come from the thread
-/// that owns the process's fabric.
-pub const PROVIDED_THREAD_LEVEL: ThreadLevel = ThreadLevel::Funneled;
+/// The highest thread level Weft's sessions provide: any thread may call at any time,
+/// on any session or communicator (they are `Send` and `Sync`).
+pub const PROVIDED_THREAD_LEVEL: ThreadLevel = ThreadLevel::Multiple;
 
 /// Key/value hints for [`Session::init`] (MPI's info object).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -227,23 +228,44 @@ enum CommState {
 pub(crate) struct CommOrigin {
     /// The wire-up group behind it.
     group_id: String,
-    state: Cell<CommState>,
-    session: Rc<SessionState>,
+    state: Mutex<CommState>,
+    session: Arc<SessionState>,
+}
+
+impl CommOrigin {
+    fn state(&self) -> CommState {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn set_state(&self, s: CommState) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = s;
+    }
 }
 
 #[derive(Debug)]
 struct SessionState {
     id: u64,
-    finalized: Cell<bool>,
-    comms: RefCell<Vec<Rc<CommOrigin>>>,
+    finalized: AtomicBool,
+    comms: Mutex<Vec<Arc<CommOrigin>>>,
 }
 
-thread_local! {
-    static NEXT_SESSION: Cell<u64> = const { Cell::new(1) };
-    /// Per (tag, members): how many communicators this process made (the group id of
-    /// the next one; every member counts alike).
-    static COMM_SEQ: RefCell<HashMap<(String, Vec<u32>), u64>> = RefCell::new(HashMap::new());
+impl SessionState {
+    fn finalized(&self) -> bool {
+        // SYNC: pairs with the Release store in `finalize_inner`: a thread that sees the
+        // session finalized also sees its communicators taken.
+        self.finalized.load(Ordering::Acquire)
+    }
+    fn comms(&self) -> std::sync::MutexGuard<'_, Vec<Arc<CommOrigin>>> {
+        self.comms.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
+
+/// Session ids, unique within the process.
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Per (tag, members): how many communicators this process made (the group id of the
+/// next one; every member counts alike).
+static COMM_SEQ: Mutex<Option<CommCounts>> = Mutex::new(None);
+type CommCounts = HashMap<(String, Vec<u32>), u64>;
 
 /// An MPI-4-style session.
 #[derive(Debug)]
@@ -251,7 +273,7 @@ pub struct Session {
     fabric: Fabric,
     requested: ThreadLevel,
     errh: ErrHandler,
-    state: Rc<SessionState>,
+    state: Arc<SessionState>,
 }
 
 /// What [`Session::pset_info`] tells.
@@ -279,19 +301,16 @@ impl Session {
             })?,
         };
         let fabric = Fabric::init().map_err(|e| errh.raise(SessionError::Init(e)))?;
-        let id = NEXT_SESSION.with(|n| {
-            let id = n.get();
-            n.set(id + 1);
-            id
-        });
+        // SYNC: a counter only; no other data is published through it.
+        let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         Ok(Session {
             fabric,
             requested,
             errh,
-            state: Rc::new(SessionState {
+            state: Arc::new(SessionState {
                 id,
-                finalized: Cell::new(false),
-                comms: RefCell::new(Vec::new()),
+                finalized: AtomicBool::new(false),
+                comms: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -374,11 +393,12 @@ impl Session {
     }
 
     fn finalize_inner(self) -> Result<(), SessionError> {
-        self.state.finalized.set(true);
-        let comms: Vec<Rc<CommOrigin>> = std::mem::take(&mut *self.state.comms.borrow_mut());
-        let open: Vec<&Rc<CommOrigin>> = comms
+        let comms: Vec<Arc<CommOrigin>> = std::mem::take(&mut *self.state.comms());
+        // SYNC: pairs with the Acquire load in `SessionState::finalized`.
+        self.state.finalized.store(true, Ordering::Release);
+        let open: Vec<&Arc<CommOrigin>> = comms
             .iter()
-            .filter(|c| c.state.get() != CommState::Disconnected)
+            .filter(|c| c.state() != CommState::Disconnected)
             .collect();
         if open.is_empty() {
             return Ok(());
@@ -407,7 +427,7 @@ impl Session {
             }
         }
         for c in open {
-            c.state.set(CommState::Disconnected);
+            c.set_state(CommState::Disconnected);
         }
         match first_err {
             None => Ok(()),
@@ -421,7 +441,7 @@ fn flush(fabric: &Fabric, limit: Duration) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     let mut backoff = Backoff::default();
     loop {
-        let mut e = fabric.inner.engine.borrow_mut();
+        let mut e = fabric.inner.engine();
         e.progress();
         let left = e.backlog();
         if left == 0 {
@@ -452,9 +472,9 @@ pub enum GroupCompare {
 #[derive(Clone)]
 pub struct Group {
     me: u32,
-    members: Rc<[u32]>,
+    members: Arc<[u32]>,
     fabric: Fabric,
-    session: Rc<SessionState>,
+    session: Arc<SessionState>,
 }
 
 impl std::fmt::Debug for Group {
@@ -493,7 +513,7 @@ impl Group {
     }
 
     fn same_session(&self, other: &Group, op: &'static str) -> Result<(), SessionError> {
-        if Rc::ptr_eq(&self.session, &other.session) {
+        if Arc::ptr_eq(&self.session, &other.session) {
             Ok(())
         } else {
             Err(SessionError::DifferentSessions { op })
@@ -630,7 +650,7 @@ impl Communicator {
         if tag.is_empty() {
             return Err(CommError::EmptyTag);
         }
-        if group.session.finalized.get() {
+        if group.session.finalized() {
             return Err(CommError::SessionFinalized);
         }
         let Some(rank) = group.rank() else {
@@ -640,12 +660,15 @@ impl Communicator {
             });
         };
         let members = group.members.to_vec();
-        let seq = COMM_SEQ.with(|m| {
-            let mut m = m.borrow_mut();
-            let n = m.entry((tag.to_owned(), members.clone())).or_insert(0);
+        let seq = {
+            let mut m = COMM_SEQ.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = m
+                .get_or_insert_with(HashMap::new)
+                .entry((tag.to_owned(), members.clone()))
+                .or_insert(0);
             *n += 1;
             *n
-        });
+        };
         // Disjoint groups may use one tag at once (as a split does): the membership's
         // digest keeps their group ids apart.
         let digest = members.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &r| {
@@ -672,19 +695,19 @@ impl Communicator {
                 reason: "no PGCID was assigned".into(),
             },
         })?;
-        let origin = Rc::new(CommOrigin {
+        let origin = Arc::new(CommOrigin {
             group_id,
-            state: Cell::new(CommState::Active),
+            state: Mutex::new(CommState::Active),
             session: group.session.clone(),
         });
-        group.session.comms.borrow_mut().push(origin.clone());
+        group.session.comms().push(origin.clone());
         let identity = members.iter().enumerate().all(|(i, &r)| i as u32 == r);
         Ok(Communicator {
             inner: group.fabric.inner.clone(),
             ctx,
             rank,
             size: members.len() as u32,
-            map: (!identity).then(|| Rc::new(RankMap::new(&members))),
+            map: (!identity).then(|| Arc::new(RankMap::new(&members))),
             origin: Some(origin),
         })
     }
@@ -695,8 +718,9 @@ impl Communicator {
         let Some(o) = &self.origin else {
             return Err(CommError::Predefined);
         };
-        if o.state.get() == CommState::Active {
-            o.state.set(CommState::Freed);
+        let mut st = o.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if *st == CommState::Active {
+            *st = CommState::Freed;
         }
         Ok(())
     }
@@ -708,10 +732,10 @@ impl Communicator {
         let Some(o) = &self.origin else {
             return Err(CommError::Predefined);
         };
-        if o.session.finalized.get() {
+        if o.session.finalized() {
             return Err(CommError::SessionFinalized);
         }
-        if o.state.get() == CommState::Disconnected {
+        if o.state() == CommState::Disconnected {
             return Ok(());
         }
         let fabric = Fabric {
@@ -722,8 +746,8 @@ impl Communicator {
             .wire()
             .group_destruct(&o.group_id, None)
             .map_err(|e| CommError::Disconnect(e.to_string()))?;
-        o.state.set(CommState::Disconnected);
-        o.session.comms.borrow_mut().retain(|c| !Rc::ptr_eq(c, o));
+        o.set_state(CommState::Disconnected);
+        o.session.comms().retain(|c| !Arc::ptr_eq(c, o));
         Ok(())
     }
 }

@@ -154,18 +154,11 @@ impl Job {
                 break s;
             }
             if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let out = self
-                    .out
-                    .take()
-                    .map(|h| h.join().unwrap_or_default())
-                    .unwrap_or_default();
-                let err = self
-                    .err
-                    .take()
-                    .map(|h| h.join().unwrap_or_default())
-                    .unwrap_or_default();
+                stop(&mut child);
+                // The ranks of a launcher killed hard may still hold the pipes: read what
+                // came, without waiting for ever.
+                let out = join_within(self.out.take(), Duration::from_secs(5));
+                let err = join_within(self.err.take(), Duration::from_secs(5));
                 panic!(
                     "job {} hung for more than {timeout:?}\n--- stdout\n{out}\n--- stderr\n{err}",
                     self.name
@@ -198,9 +191,40 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            stop(&mut c);
         }
+    }
+}
+
+/// Stops a launcher: SIGTERM first (it terminates its job), SIGKILL after 5 s.
+fn stop(child: &mut Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A reader thread's text, if it ends within `limit`.
+fn join_within(h: Option<std::thread::JoinHandle<String>>, limit: Duration) -> String {
+    let Some(h) = h else {
+        return String::new();
+    };
+    let deadline = Instant::now() + limit;
+    while !h.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if h.is_finished() {
+        h.join().unwrap_or_default()
+    } else {
+        "(still held open by a process of the job)".into()
     }
 }
 
