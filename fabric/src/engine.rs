@@ -1355,7 +1355,9 @@ impl State {
             spans.push((peer, scratch.len()));
         });
         let mut done = Vec::new();
-        ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
+        if !self.reads.is_empty() {
+            ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
+        }
         let frames = self.spans.len() + taken;
         let (scratch, spans) = (
             std::mem::take(&mut self.scratch),
