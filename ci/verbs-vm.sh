@@ -6,7 +6,8 @@
 #      fails instead of skipping);
 #   3. the fabric's conformance suite over verbs (each test alone);
 #   4. multi-process jobs through `weft run` on 2 logical nodes, verbs between them: a ring
-#      with 1 MiB payloads, sessions_demo, and peers killed mid-transfer (the survivor's
+#      with 1 MiB payloads, sessions_demo, sessions on 4 threads per process, and peers
+#      killed mid-transfer (the survivor's
 #      error must name the peer within 2 s); QPs and MRs are all released afterwards;
 #   5. a benchmark smoke: perftest (ib_send_lat, ib_write_bw) next to
 #      `WEFT_TRANSPORTS=verbs weft bench latency|bw`, and the raw endpoint examples.
@@ -80,6 +81,10 @@ job ring 0 -n 4 "$examples/ring"
 echo "$out" | grep -q "ring ok" || bad "ring did not complete"
 job sessions 0 -n 4 "$examples/sessions_demo"
 [[ $(echo "$out" | grep -c " size 4 pgcid ") == 8 ]] || bad "sessions_demo: expected 8 comm lines"
+# Four threads per process make sessions and communicators at once and talk over them
+# (verbs between the nodes, shared memory within), also all on one communicator.
+job threads 0 -n 4 "$examples/session_probe" thread
+[[ $(echo "$out" | grep -c "threads ok provided single,funneled,serialized,multiple") == 4 ]] || bad "threads: expected 4 ok lines"
 # Rank 1 (node 1) dies while rank 0 (node 0) waits on it: in a receive, and in a 4 MiB
 # rendezvous send over verbs. The survivor's error names rank 1 within 2 s.
 for scenario in dead-peer dead-peer-rendezvous; do
