@@ -384,18 +384,26 @@ pub(crate) fn discover(
             ),
         });
     }
-    let mut gids = Vec::new();
-    for index in 0..port.gid_tbl_len {
-        if let Ok((gid, kind)) = ctx.query_gid(cfg.port, index) {
-            if gid != [0; 16] {
-                gids.push(GidEntry {
-                    index,
-                    gid,
-                    roce_v2: kind == GidKind::RoceV2,
-                });
-            }
-        }
-    }
+    let table = ctx
+        .query_gid_table(cfg.port, port.gid_tbl_len)
+        .unwrap_or_else(|| {
+            (0..port.gid_tbl_len)
+                .filter_map(|index| {
+                    let (gid, kind) = ctx.query_gid(cfg.port, index).ok()?;
+                    Some((index, gid, kind))
+                })
+                .collect()
+        });
+    let mut gids: Vec<GidEntry> = table
+        .into_iter()
+        .filter(|(_, gid, _)| *gid != [0; 16])
+        .map(|(index, gid, kind)| GidEntry {
+            index,
+            gid,
+            roce_v2: kind == GidKind::RoceV2,
+        })
+        .collect();
+    gids.sort_by_key(|g| g.index);
     let ib = port.link_layer == sys::LINK_LAYER_INFINIBAND;
     let gid_index = pick_gid(ctx.name(), cfg.port, ib, &gids, cfg.gid_index)?;
     let probed = probe_max_inline(ctx, pd)?;

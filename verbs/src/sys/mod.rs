@@ -327,6 +327,42 @@ impl Context {
         })
     }
 
+    /// Every valid GID of `port` (index, GID, kind) in one call (`ibv_query_gid_table`),
+    /// or `None` when the library cannot (then query index by index). A table of
+    /// `table_len` entries mostly empty costs two system calls per index otherwise.
+    pub(crate) fn query_gid_table(
+        &self,
+        port: u8,
+        table_len: u32,
+    ) -> Option<Vec<(u32, [u8; 16], GidKind)>> {
+        let n = table_len as usize;
+        if n == 0 {
+            return Some(Vec::new());
+        }
+        // SAFETY: ibv_gid_entry is plain data (a byte-array union and integers).
+        let mut entries: Vec<ffi::ibv_gid_entry> = vec![unsafe { std::mem::zeroed() }; n];
+        // SAFETY: the context is open; `entries` has room for `n` entries, the count passed.
+        let got =
+            unsafe { ffi::ibv_query_gid_table(self.ptr.as_ptr(), entries.as_mut_ptr(), n, 0) };
+        let got = usize::try_from(got).ok()?;
+        Some(
+            entries[..got.min(n)]
+                .iter()
+                .filter(|e| e.port_num == u32::from(port))
+                .map(|e| {
+                    // SAFETY: every bit pattern of the union is a valid byte array.
+                    let raw = unsafe { e.gid.raw };
+                    let kind = if e.gid_type == ffi::IBV_GID_TYPE_ROCE_V2 {
+                        GidKind::RoceV2
+                    } else {
+                        GidKind::IbOrRoceV1
+                    };
+                    (e.gid_index, raw, kind)
+                })
+                .collect(),
+        )
+    }
+
     /// GID `index` of `port` and its kind.
     pub(crate) fn query_gid(&self, port: u8, index: u32) -> Result<([u8; 16], GidKind), Error> {
         // SAFETY: ibv_gid is a union of byte arrays; all-zero is valid.
