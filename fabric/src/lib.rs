@@ -80,8 +80,8 @@ pub const TUNABLES: &[(&str, &str, &str)] = &[
     ),
     (
         "WEFT_SHM_SINGLE_COPY",
-        "none",
-        "rendezvous copy: none (pipelined through the rings; measured faster here) or cma (process_vm_readv)",
+        "cma",
+        "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
     ),
 ];
 
@@ -379,11 +379,13 @@ where
 fn config() -> Result<Config, InitError> {
     let eager_limit: usize = tunable("WEFT_SHM_EAGER_LIMIT", 8192)?;
     let single_copy = match std::env::var("WEFT_SHM_SINGLE_COPY").as_deref() {
-        Ok("cma") => SingleCopy::Cma,
-        // Measured default: on the machines this was tuned on, the pipelined copy through
-        // the rings (two copies on two cores) ran 3-4x faster than process_vm_readv, whose
-        // page pinning costs ~2 us per message and caps near 14 GB/s under virtualisation.
-        Err(_) | Ok("none") => SingleCopy::None,
+        // Measured default (weft bench bw/latency, 2 cores, 2026-11-22): process_vm_readv
+        // beat the pipelined copy through the rings at every rendezvous size, 1.4-4x at
+        // 16 KiB-1 MiB and 12.0 against 8.6 GB/s at 4 MiB; it is also what Open MPI and
+        // MPICH use when the kernel allows it. An earlier host, a VM where page pinning
+        // cost ~2 us per message, measured the opposite: set `none` on such machines.
+        Err(_) | Ok("cma") => SingleCopy::Cma,
+        Ok("none") => SingleCopy::None,
         Ok(other) => {
             return Err(InitError::Tunable {
                 var: "WEFT_SHM_SINGLE_COPY",
