@@ -17,6 +17,7 @@ fn main() {
         "all-to-all" => all_to_all(),
         "cma" => cma(false),
         "cma-refused" => cma(true),
+        "cma-split-refused" => cma_split_refused(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -154,6 +155,45 @@ fn all_to_all() -> Res {
         }
     }
     println!("rank {me} ok");
+    f.finalize()?;
+    Ok(())
+}
+
+/// A split single copy whose sender may not write: rank 1 reads 32 KiB from rank 0 by
+/// CMA (proving that it may), then makes itself non-dumpable, so that (without
+/// CAP_SYS_PTRACE) rank 0's process_vm_writev into it fails. Rank 0's 1 MiB + 4321 bytes
+/// must still arrive intact, rank 1 reading the tail itself.
+fn cma_split_refused() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let small: Vec<u8> = (0..32usize << 10).map(|i| (i * 7 % 253) as u8).collect();
+    let data: Vec<u8> = (0..(1usize << 20) + 4321)
+        .map(|i| (i * 13 % 251) as u8)
+        .collect();
+    if w.rank() == 0 {
+        w.send(&small, 1, Tag(0))?;
+        let mut go = [0u8];
+        w.recv(&mut go, Source::Rank(1), Tag(1))?;
+        w.send(&data, 1, Tag(2))?;
+    } else if w.rank() == 1 {
+        let mut got = vec![0u8; small.len()];
+        w.recv(&mut got, Source::Rank(0), Tag(0))?;
+        if got != small || f.rendezvous_copy() != "cma" {
+            return Err("the 32 KiB message did not arrive intact by cma".into());
+        }
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+        w.send(&[1u8], 0, Tag(1))?;
+        let mut got = vec![0u8; data.len()];
+        w.recv(&mut got, Source::Rank(0), Tag(2))?;
+        if got != data {
+            return Err("the split message arrived corrupted".into());
+        }
+        println!(
+            "rank 1 received {} bytes by {}",
+            data.len(),
+            f.rendezvous_copy()
+        );
+    }
     f.finalize()?;
     Ok(())
 }

@@ -213,4 +213,19 @@ fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
         "{}",
         done.dump()
     );
+    // A split single copy whose sender may not write into the receiver: the receiver
+    // reads that part itself.
+    let job = common::Job::start_as(
+        "cmasplitrefused",
+        &prefix,
+        &["-n", "2", &probe, "cma-split-refused"],
+        std::process::Stdio::null(),
+    );
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        done.stdout.contains("rank 1 received 1052897 bytes by cma"),
+        "{}",
+        done.dump()
+    );
 }

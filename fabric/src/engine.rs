@@ -22,6 +22,16 @@ const DATA: u8 = 5;
 /// Rendezvous over verbs: the payload is the sender's registered region (addr, rkey);
 /// the receiver RDMA-reads it and answers FIN.
 const RTS_RDMA: u8 = 6;
+/// Single-copy rendezvous split in two (receiver -> sender): the sender writes the tail
+/// of the message straight into the receiver's buffer (`process_vm_writev`) while the
+/// receiver reads the head (`process_vm_readv`). aux: the sender's request; payload:
+/// the receiver's request (u32), the destination address (u64), the receiver's pid
+/// (i32), the source offset (u64) and the byte count (u64).
+const CMA_WRITE: u8 = 7;
+/// The sender's part of a split rendezvous is done (sender -> receiver). aux: the
+/// receiver's request; len: bytes written, or 0 when the kernel refused the write (the
+/// receiver then reads them itself); payload: an error message, if the write failed.
+const CMA_DONE: u8 = 8;
 
 /// The frame header: what every message carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +150,10 @@ pub(crate) struct Config {
     /// Keep verbs registrations of user buffers between messages (the user promises not
     /// to free and reuse them); otherwise each is released when its message completes.
     pub(crate) keep_registrations: bool,
+    /// Single-copy rendezvous of at least this many bytes are split between the
+    /// receiver (reads the head) and the sender (writes the tail) once CMA has worked;
+    /// 0: never split.
+    pub(crate) cma_split: usize,
 }
 
 struct Peer {
@@ -181,6 +195,8 @@ enum Kind {
         tag: Option<u32>,
         /// Pipelined rendezvous in progress: (sender, tag, total, received so far).
         pipe: Option<(u32, u32, usize, usize)>,
+        /// A split single-copy rendezvous in progress.
+        split: Option<Box<Split>>,
     },
     Send {
         buf: *const u8,
@@ -191,6 +207,20 @@ enum Kind {
         /// The buffer's registration with the verbs endpoint (released on FIN).
         registered: Option<RemoteRegion>,
     },
+}
+
+/// A single-copy rendezvous split between the receiver (head) and the sender (tail).
+#[derive(Debug)]
+struct Split {
+    /// The sender's request.
+    sreq: u32,
+    /// The sender's buffer and pid (to read the tail if the sender may not write it).
+    addr: u64,
+    pid: i32,
+    head: usize,
+    tail: usize,
+    /// The first failure; the receive completes with it once both parts are over.
+    err: Option<String>,
 }
 
 /// An RDMA read of a rendezvous in flight: the receive it fills.
@@ -253,6 +283,9 @@ struct State {
     resolve: Resolver,
     gone: GoneCheck,
     cma_warned: bool,
+    /// A single-copy read has succeeded (so splitting a rendezvous cannot end with a
+    /// receiver that may not read).
+    cma_proven: bool,
     /// The verbs endpoint, when the process has one.
     verbs: Option<Endpoint>,
     /// RDMA reads in flight.
@@ -333,6 +366,7 @@ impl Engine {
                 resolve,
                 gone,
                 cma_warned: false,
+                cma_proven: false,
                 verbs,
                 reads: HashMap::new(),
                 pending_reads: VecDeque::new(),
@@ -827,6 +861,7 @@ impl State {
             src,
             tag,
             pipe: None,
+            split: None,
         });
         if let Some(i) = self
             .unexpected
@@ -947,11 +982,19 @@ impl State {
             let r = outcome(src, tag, len, cap);
             st.complete(id, r);
         };
+        if self.cfg.single_copy == SingleCopy::Cma
+            && self.cma_proven
+            && self.cfg.cma_split > 0
+            && n >= self.cfg.cma_split
+        {
+            return self.cma_split(id, src, tag, sreq, addr, pid, len, buf, n);
+        }
         if self.cfg.single_copy == SingleCopy::Cma {
             // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n bytes.
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, n) };
             match weft_shm::cma_read(pid, addr as usize, dst) {
                 Ok(()) => {
+                    self.cma_proven = true;
                     let fin = Hdr {
                         kind: FIN,
                         src: self.me,
@@ -1003,6 +1046,224 @@ impl State {
         if len == 0 {
             done(self);
         }
+    }
+
+    /// A split single-copy rendezvous (receiver side): asks the sender to write the
+    /// tail of the `n` bytes into `buf` while this process reads the head. The receive
+    /// completes, and FIN releases the sender's buffer, when both parts are in
+    /// (`split_progress`).
+    #[allow(clippy::too_many_arguments)]
+    fn cma_split(
+        &mut self,
+        id: u32,
+        src: u32,
+        tag: u32,
+        sreq: u32,
+        addr: u64,
+        pid: i32,
+        len: usize,
+        buf: *mut u8,
+        n: usize,
+    ) {
+        let head = (n / 2) & !4095;
+        let tail = n - head;
+        let mut p = [0u8; 32];
+        p[..4].copy_from_slice(&id.to_le_bytes());
+        p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
+        p[12..16].copy_from_slice(&self.pid.to_le_bytes());
+        p[16..24].copy_from_slice(&(head as u64).to_le_bytes());
+        p[24..32].copy_from_slice(&(tail as u64).to_le_bytes());
+        let ask = Hdr {
+            kind: CMA_WRITE,
+            src: self.me,
+            ctx: 0,
+            tag,
+            aux: sreq,
+            len: 0,
+        }
+        .encode();
+        self.push(src, &ask, &p);
+        if let Some(Some(Req {
+            kind: Kind::Recv { pipe, split, .. },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            // Counted in message bytes: what truncation drops is done already.
+            *pipe = Some((src, tag, len, len - n));
+            *split = Some(Box::new(Split {
+                sreq,
+                addr,
+                pid,
+                head,
+                tail,
+                err: None,
+            }));
+        }
+        // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
+        // sender writes only bytes head..n.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf, head) };
+        if let Err(e) = weft_shm::cma_read(pid, addr as usize, dst) {
+            self.split_error(id, format!("single-copy read from rank {src} failed: {e}"));
+        }
+        self.split_progress(id, src, head);
+    }
+
+    /// Records the first error of a split receive (it completes with it).
+    fn split_error(&mut self, id: u32, reason: String) {
+        if let Some(Some(Req {
+            kind: Kind::Recv {
+                split: Some(sp), ..
+            },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            sp.err.get_or_insert(reason);
+        }
+    }
+
+    /// Adds `bytes` (done, or failed for good) to split receive `id`; when every byte is
+    /// accounted for, tells the sender (FIN) and completes the receive.
+    fn split_progress(&mut self, id: u32, from: u32, bytes: usize) {
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    cap,
+                    pipe: Some((src, tag, total, got)),
+                    split,
+                    ..
+                },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        if *src != from || split.is_none() {
+            return;
+        }
+        *got += bytes;
+        if *got < *total {
+            return;
+        }
+        let (src, tag, total, cap) = (*src, *tag, *total, *cap);
+        let Some(sp) = split.take() else { return };
+        let fin = Hdr {
+            kind: FIN,
+            src: self.me,
+            ctx: 0,
+            tag,
+            aux: sp.sreq,
+            len: 0,
+        }
+        .encode();
+        self.push(src, &fin, &[]);
+        let r = match sp.err {
+            Some(reason) => Err(P2pError::Transport { rank: src, reason }),
+            None => outcome(src, tag, total, cap),
+        };
+        self.complete(id, r);
+    }
+
+    /// The sender side of a split rendezvous: writes its part into the receiver, then
+    /// says so (CMA_DONE: the byte count, 0 if the kernel refused, or an error).
+    fn on_cma_write(&mut self, h: Hdr, p: &[u8]) {
+        let word = |a: usize, b: usize| -> u64 {
+            let mut w = [0u8; 8];
+            w[..b - a].copy_from_slice(&p[a..b]);
+            u64::from_le_bytes(w)
+        };
+        let (rreq, dst, pid, off, count) = (
+            word(0, 4) as u32,
+            word(4, 12),
+            word(12, 16) as u32 as i32,
+            word(16, 24) as usize,
+            word(24, 32) as usize,
+        );
+        let done = |written: u64| {
+            Hdr {
+                kind: CMA_DONE,
+                src: self.me,
+                ctx: 0,
+                tag: h.tag,
+                aux: rreq,
+                len: written,
+            }
+            .encode()
+        };
+        let send = match self.reqs.get(h.aux as usize) {
+            Some(Some(Req {
+                kind: Kind::Send { buf, len, dest, .. },
+                result: None,
+                ..
+            })) if *dest == h.src => Some((*buf, *len)),
+            _ => None,
+        };
+        let Some((buf, len)) =
+            send.filter(|&(_, len)| off.checked_add(count).is_some_and(|e| e <= len))
+        else {
+            let why = format!(
+                "rank {} asked rank {} to write bytes {off}..{} of send {}, which it does not have",
+                h.src,
+                self.me,
+                off.saturating_add(count),
+                h.aux
+            );
+            tracing::error!("{why}");
+            let f = done(0);
+            return self.push(h.src, &f, why.as_bytes());
+        };
+        let _ = len;
+        // SAFETY: the send request is live (its FIN, which the receiver sends only after
+        // this part, has not come), so its buffer is borrowed; off + count <= len.
+        let part = unsafe { std::slice::from_raw_parts(buf.add(off), count) };
+        let (written, why) = match weft_shm::cma_write(pid, dst as usize, part) {
+            Ok(()) => (count as u64, String::new()),
+            // The receiver reads the part itself.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
+                ) =>
+            {
+                (0, String::new())
+            }
+            Err(e) => (
+                0,
+                format!("single-copy write to rank {} failed: {e}", h.src),
+            ),
+        };
+        let f = done(written);
+        self.push(h.src, &f, why.as_bytes());
+    }
+
+    /// The sender's part of a split rendezvous is done, refused or failed.
+    fn on_cma_done(&mut self, h: Hdr, why: &[u8]) {
+        let id = h.aux;
+        let (buf, sp_addr, sp_pid, head, tail) = match self.reqs.get(id as usize) {
+            Some(Some(Req {
+                kind:
+                    Kind::Recv {
+                        buf,
+                        pipe: Some((src, ..)),
+                        split: Some(sp),
+                        ..
+                    },
+                ..
+            })) if *src == h.src => (*buf, sp.addr, sp.pid, sp.head, sp.tail),
+            _ => return,
+        };
+        if !why.is_empty() {
+            self.split_error(id, String::from_utf8_lossy(why).into_owned());
+        } else if h.len == 0 {
+            // Refused: the sender's buffer is still ours to read (no FIN yet).
+            // SAFETY: bytes head..head+tail of this receive's buffer, which the sender
+            // did not write.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(head), tail) };
+            if let Err(e) = weft_shm::cma_read(sp_pid, sp_addr as usize + head, dst) {
+                let reason = format!("single-copy read from rank {} failed: {e}", h.src);
+                self.split_error(id, reason);
+            }
+        }
+        self.split_progress(id, h.src, tail);
     }
 
     /// A frame from the inbox, from local sender `sid`.
@@ -1101,6 +1362,8 @@ impl State {
                 }
             }
             DATA => self.on_data(h, payload),
+            CMA_WRITE if payload.len() >= 32 => self.on_cma_write(h, payload),
+            CMA_DONE => self.on_cma_done(h, payload),
             k => tracing::error!(
                 "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",
                 frame.len(),

@@ -83,6 +83,11 @@ pub const TUNABLES: &[(&str, &str, &str)] = &[
         "cma",
         "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
     ),
+    (
+        "WEFT_SHM_CMA_SPLIT",
+        "65536",
+        "single-copy rendezvous of at least this many bytes are split: the receiver reads the first half while the sender writes the second into the receiver (both cores copy); 0: the receiver copies everything",
+    ),
 ];
 
 /// A message tag. [`Tag::ANY`] matches any tag in a receive and is not a valid send tag.
@@ -405,12 +410,17 @@ fn config() -> Result<Config, InitError> {
             })
         }
     };
+    let cma_split: usize = tunable("WEFT_SHM_CMA_SPLIT", DEFAULT_CMA_SPLIT)?;
     Ok(Config {
         eager_limit,
         single_copy,
         keep_registrations,
+        cma_split,
     })
 }
+
+/// Default of `WEFT_SHM_CMA_SPLIT` (bytes).
+const DEFAULT_CMA_SPLIT: usize = 64 * 1024;
 
 /// Which transports `WEFT_TRANSPORTS` allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -667,6 +677,7 @@ impl Fabric {
                 SingleCopy::None
             },
             keep_registrations: false,
+            cma_split: DEFAULT_CMA_SPLIT,
         };
         let engine = Engine::new(
             me,
@@ -710,6 +721,7 @@ impl Fabric {
             eager_limit,
             single_copy: SingleCopy::None,
             keep_registrations: false,
+            cma_split: 0,
         };
         let engine = Engine::new(
             me,
