@@ -408,19 +408,6 @@ impl Engine {
         self.st.send(buf, len, dest, ctx, tag)
     }
 
-    /// A request that is already complete with `status` (a send that finished at once).
-    pub(crate) fn completed(&mut self, status: Status) -> u32 {
-        let id = self.st.alloc(Kind::Send {
-            buf: std::ptr::null(),
-            len: status.count,
-            dest: status.source,
-            stream: None,
-            registered: None,
-        });
-        self.st.complete(id, Ok(status));
-        id
-    }
-
     /// The fast path of a blocking receive: when no earlier receive is posted and no
     /// arrived message matches, polls the inbox and copies a matching eager message straight
     /// into `buf` (no request, no queue). `Direct(None)`: nothing yet, poll again;

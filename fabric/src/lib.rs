@@ -1097,11 +1097,25 @@ impl Communicator {
         let mut e = self.inner.engine();
         let id = match e.send(p, n, job, self.ctx, tag.0) {
             Ok(Some(id)) => id,
-            Ok(None) => e.completed(Status {
-                source: job,
-                tag: tag.0,
-                count: n,
-            }),
+            Ok(None) => {
+                // Done already (eager): a request the engine never holds, so waiting on
+                // it takes no lock.
+                drop(e);
+                let status = Status {
+                    source: job,
+                    tag: tag.0,
+                    count: n,
+                };
+                return Ok(Request {
+                    comm: self,
+                    id: u32::MAX,
+                    serial: 0,
+                    recv: false,
+                    done: true,
+                    result: Some(self.fix(Ok(status))),
+                    _buf: PhantomData,
+                });
+            }
             Err(err) => return Err(self.fix_err(err)),
         };
         let serial = e.serial(id).unwrap_or(0);
@@ -1200,7 +1214,9 @@ impl<'scope, 'env> RequestScope<'scope, 'env> {
         tag: Tag,
     ) -> Result<Request<'scope>, P2pError> {
         let r = self.comm.isend_in(buf, dest, tag)?;
-        self.started.borrow_mut().push((r.id, r.serial));
+        if !r.done {
+            self.started.borrow_mut().push((r.id, r.serial));
+        }
         Ok(r)
     }
 
