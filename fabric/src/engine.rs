@@ -1592,9 +1592,8 @@ impl State {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
+        // `scratch` and `spans` are empty between calls.
         let (scratch, spans) = (&mut self.scratch, &mut self.spans);
-        scratch.clear();
-        spans.clear();
         let mut taken = 0;
         let polled = ep.poll(&mut |peer, frame| {
             if take(peer, frame) {
@@ -1604,6 +1603,15 @@ impl State {
             scratch.extend_from_slice(frame);
             spans.push((peer, scratch.len()));
         });
+        // The idle poll (and a frame taken straight into a receive) ends here: this runs
+        // in every spin of a wait.
+        if spans.is_empty()
+            && polled.is_ok()
+            && self.reads.is_empty()
+            && self.pending_reads.is_empty()
+        {
+            return taken;
+        }
         let mut done = Vec::new();
         if !self.reads.is_empty() {
             ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
@@ -1618,6 +1626,9 @@ impl State {
             self.on_frame_from(peer, &scratch[start..end]);
             start = end;
         }
+        let (mut scratch, mut spans) = (scratch, spans);
+        scratch.clear();
+        spans.clear();
         (self.scratch, self.spans) = (scratch, spans);
         if let Err(e) = polled {
             match e.peer() {
