@@ -193,9 +193,15 @@ fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
         "--regid=65534",
         "--clear-groups",
     ];
-    let job = common::Job::start_as(
+    // Runs `weft run ARGS` as nobody; it must succeed and print `expect`.
+    let as_nobody = |name: &str, args: &[&str], expect: &str| {
+        let job = common::Job::start_as(name, &prefix, args, std::process::Stdio::null());
+        let done = job.wait(T);
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert!(done.stdout.contains(expect), "{}", done.dump());
+    };
+    as_nobody(
         "cmarefused",
-        &prefix,
         &[
             "-x",
             "WEFT_SHM_SINGLE_COPY=cma",
@@ -204,28 +210,13 @@ fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
             &probe,
             "cma-refused",
         ],
-        std::process::Stdio::null(),
-    );
-    let done = job.wait(T);
-    assert_eq!(done.code(), Some(0), "{}", done.dump());
-    assert!(
-        done.stdout.contains("rank 1 received 1 MiB by pipelined"),
-        "{}",
-        done.dump()
+        "rank 1 received 1 MiB by pipelined",
     );
     // A split single copy whose sender may not write into the receiver: the receiver
     // reads that part itself.
-    let job = common::Job::start_as(
+    as_nobody(
         "cmasplitrefused",
-        &prefix,
         &["-n", "2", &probe, "cma-split-refused"],
-        std::process::Stdio::null(),
-    );
-    let done = job.wait(T);
-    assert_eq!(done.code(), Some(0), "{}", done.dump());
-    assert!(
-        done.stdout.contains("rank 1 received 1052897 bytes by cma"),
-        "{}",
-        done.dump()
+        "rank 1 received 1052897 bytes by cma",
     );
 }

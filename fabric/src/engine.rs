@@ -209,6 +209,17 @@ enum Kind {
     },
 }
 
+/// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    src: u32,
+    tag: u32,
+    sreq: u32,
+    addr: u64,
+    pid: i32,
+    len: usize,
+}
+
 /// A single-copy rendezvous split between the receiver (head) and the sender (tail).
 #[derive(Debug)]
 struct Split {
@@ -949,6 +960,25 @@ impl State {
         }
     }
 
+    /// Tells `to` that its rendezvous send `sreq` is over (its buffer is free).
+    fn fin(&mut self, to: u32, tag: u32, sreq: u32) {
+        self.control(to, FIN, tag, sreq, 0, &[]);
+    }
+
+    /// Sends control frame `kind` (no communicator) to `to`.
+    fn control(&mut self, to: u32, kind: u8, tag: u32, aux: u32, len: u64, payload: &[u8]) {
+        let hdr = Hdr {
+            kind,
+            src: self.me,
+            ctx: 0,
+            tag,
+            aux,
+            len,
+        }
+        .encode();
+        self.push(to, &hdr, payload);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn rts_matched(
         &mut self,
@@ -974,7 +1004,15 @@ impl State {
             && self.cfg.cma_split > 0
             && n >= self.cfg.cma_split
         {
-            return self.cma_split(id, src, tag, sreq, addr, pid, len, buf, n);
+            let offer = Offer {
+                src,
+                tag,
+                sreq,
+                addr,
+                pid,
+                len,
+            };
+            return self.cma_split(id, offer, buf, n);
         }
         if self.cfg.single_copy == SingleCopy::Cma {
             // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n bytes.
@@ -982,16 +1020,7 @@ impl State {
             match weft_shm::cma_read(pid, addr as usize, dst) {
                 Ok(()) => {
                     self.cma_proven = true;
-                    let fin = Hdr {
-                        kind: FIN,
-                        src: self.me,
-                        ctx: 0,
-                        tag,
-                        aux: sreq,
-                        len: 0,
-                    }
-                    .encode();
-                    self.push(src, &fin, &[]);
+                    self.fin(src, tag, sreq);
                     return done(self);
                 }
                 Err(e)
@@ -1020,16 +1049,7 @@ impl State {
         {
             *pipe = Some((src, tag, len, 0));
         }
-        let cts = Hdr {
-            kind: CTS,
-            src: self.me,
-            ctx: 0,
-            tag,
-            aux: sreq,
-            len: 0,
-        }
-        .encode();
-        self.push(src, &cts, &id.to_le_bytes());
+        self.control(src, CTS, tag, sreq, 0, &id.to_le_bytes());
         if len == 0 {
             done(self);
         }
@@ -1039,19 +1059,8 @@ impl State {
     /// tail of the `n` bytes into `buf` while this process reads the head. The receive
     /// completes, and FIN releases the sender's buffer, when both parts are in
     /// (`split_progress`).
-    #[allow(clippy::too_many_arguments)]
-    fn cma_split(
-        &mut self,
-        id: u32,
-        src: u32,
-        tag: u32,
-        sreq: u32,
-        addr: u64,
-        pid: i32,
-        len: usize,
-        buf: *mut u8,
-        n: usize,
-    ) {
+    fn cma_split(&mut self, id: u32, o: Offer, buf: *mut u8, n: usize) {
+        let (src, tag, sreq, len) = (o.src, o.tag, o.sreq, o.len);
         let head = (n / 2) & !4095;
         let tail = n - head;
         let mut p = [0u8; 32];
@@ -1060,16 +1069,7 @@ impl State {
         p[12..16].copy_from_slice(&self.pid.to_le_bytes());
         p[16..24].copy_from_slice(&(head as u64).to_le_bytes());
         p[24..32].copy_from_slice(&(tail as u64).to_le_bytes());
-        let ask = Hdr {
-            kind: CMA_WRITE,
-            src: self.me,
-            ctx: 0,
-            tag,
-            aux: sreq,
-            len: 0,
-        }
-        .encode();
-        self.push(src, &ask, &p);
+        self.control(src, CMA_WRITE, tag, sreq, 0, &p);
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, split, .. },
             ..
@@ -1079,8 +1079,8 @@ impl State {
             *pipe = Some((src, tag, len, len - n));
             *split = Some(Box::new(Split {
                 sreq,
-                addr,
-                pid,
+                addr: o.addr,
+                pid: o.pid,
                 head,
                 tail,
                 err: None,
@@ -1089,7 +1089,7 @@ impl State {
         // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
         // sender writes only bytes head..n.
         let dst = unsafe { std::slice::from_raw_parts_mut(buf, head) };
-        if let Err(e) = weft_shm::cma_read(pid, addr as usize, dst) {
+        if let Err(e) = weft_shm::cma_read(o.pid, o.addr as usize, dst) {
             self.split_error(id, format!("single-copy read from rank {src} failed: {e}"));
         }
         self.split_progress(id, src, head);
@@ -1133,16 +1133,7 @@ impl State {
         }
         let (src, tag, total, cap) = (*src, *tag, *total, *cap);
         let Some(sp) = split.take() else { return };
-        let fin = Hdr {
-            kind: FIN,
-            src: self.me,
-            ctx: 0,
-            tag,
-            aux: sp.sreq,
-            len: 0,
-        }
-        .encode();
-        self.push(src, &fin, &[]);
+        self.fin(src, tag, sp.sreq);
         let r = match sp.err {
             Some(reason) => Err(P2pError::Transport { rank: src, reason }),
             None => outcome(src, tag, total, cap),
@@ -1165,17 +1156,6 @@ impl State {
             word(16, 24) as usize,
             word(24, 32) as usize,
         );
-        let done = |written: u64| {
-            Hdr {
-                kind: CMA_DONE,
-                src: self.me,
-                ctx: 0,
-                tag: h.tag,
-                aux: rreq,
-                len: written,
-            }
-            .encode()
-        };
         let send = match self.reqs.get(h.aux as usize) {
             Some(Some(Req {
                 kind: Kind::Send { buf, len, dest, .. },
@@ -1195,8 +1175,7 @@ impl State {
                 h.aux
             );
             tracing::error!("{why}");
-            let f = done(0);
-            return self.push(h.src, &f, why.as_bytes());
+            return self.control(h.src, CMA_DONE, h.tag, rreq, 0, why.as_bytes());
         };
         let _ = len;
         // SAFETY: the send request is live (its FIN, which the receiver sends only after
@@ -1218,8 +1197,7 @@ impl State {
                 format!("single-copy write to rank {} failed: {e}", h.src),
             ),
         };
-        let f = done(written);
-        self.push(h.src, &f, why.as_bytes());
+        self.control(h.src, CMA_DONE, h.tag, rreq, written, why.as_bytes());
     }
 
     /// The sender's part of a split rendezvous is done, refused or failed.
@@ -1556,16 +1534,7 @@ impl State {
         }
         match res {
             Ok(()) => {
-                let fin = Hdr {
-                    kind: FIN,
-                    src: self.me,
-                    ctx: 0,
-                    tag: r.tag,
-                    aux: r.sreq,
-                    len: 0,
-                }
-                .encode();
-                self.push(r.src, &fin, &[]);
+                self.fin(r.src, r.tag, r.sreq);
                 self.complete(r.id, outcome(r.src, r.tag, r.len, r.cap));
             }
             Err(reason) => {
