@@ -1178,6 +1178,21 @@ impl State {
             return self.control(h.src, CMA_DONE, h.tag, rreq, 0, why.as_bytes());
         };
         let _ = len;
+        // Write only into the process that owns the inbox we reach this rank through:
+        // a wrong pid (a bug, or a pid reused after the receiver died) is refused.
+        let owner = match &self.peers.get(h.src as usize).map(|p| &p.path) {
+            Some(Path::Shm(o)) => Some(o.receiver_pid()),
+            _ => None,
+        };
+        if owner != Some(pid as u32) {
+            let why = format!(
+                "rank {} asked for a single-copy write into pid {pid}, but its inbox belongs to {}",
+                h.src,
+                owner.map_or_else(|| "no known process".to_string(), |p| format!("pid {p}"))
+            );
+            tracing::error!("{why}");
+            return self.control(h.src, CMA_DONE, h.tag, rreq, 0, why.as_bytes());
+        }
         // SAFETY: the send request is live (its FIN, which the receiver sends only after
         // this part, has not come), so its buffer is borrowed; off + count <= len.
         let part = unsafe { std::slice::from_raw_parts(buf.add(off), count) };

@@ -350,6 +350,8 @@ pub struct Outbox {
     seg: SharedSegment,
     sender_id: u32,
     path: Path,
+    /// The pid of the process that created the inbox.
+    receiver_pid: u32,
 }
 
 // SAFETY: the raw pointers point into the segment the Outbox maps and owns;
@@ -416,11 +418,20 @@ impl Outbox {
             }
             None => Path::Queue(parts.queue()),
         };
+        // Relaxed: published with the header by the creator's Release store of the
+        // segment state, which `validate` acquired.
+        let receiver_pid = parts.header().receiver_pid.load(Ordering::Relaxed);
         Ok(Outbox {
             seg,
             sender_id,
             path,
+            receiver_pid,
         })
+    }
+
+    /// The pid of the inbox's process (as it recorded when it created the inbox).
+    pub fn receiver_pid(&self) -> u32 {
+        self.receiver_pid
     }
 
     /// Sends one frame, `header ++ payload` (`header.len() + payload.len()
