@@ -160,6 +160,9 @@ struct Peer {
     path: Path,
     /// Frames waiting for room in the peer's ring, in order.
     backlog: VecDeque<Vec<u8>>,
+    /// A single-copy read from this peer has succeeded (so a split rendezvous with it
+    /// cannot end with a receiver that may not read).
+    cma_ok: bool,
 }
 
 enum Body {
@@ -232,6 +235,10 @@ struct Split {
     tail: usize,
     /// The first failure; the receive completes with it once both parts are over.
     err: Option<String>,
+    /// The receive's serial, echoed by CMA_DONE (request ids are reused).
+    serial: u64,
+    /// Since when the sender has been reported gone while its part is outstanding.
+    gone_since: Option<std::time::Instant>,
 }
 
 /// An RDMA read of a rendezvous in flight: the receive it fills.
@@ -294,9 +301,6 @@ struct State {
     resolve: Resolver,
     gone: GoneCheck,
     cma_warned: bool,
-    /// A single-copy read has succeeded (so splitting a rendezvous cannot end with a
-    /// receiver that may not read).
-    cma_proven: bool,
     /// The verbs endpoint, when the process has one.
     verbs: Option<Endpoint>,
     /// RDMA reads in flight.
@@ -357,6 +361,7 @@ impl Engine {
             .map(|_| Peer {
                 path: Path::Unresolved,
                 backlog: VecDeque::new(),
+                cma_ok: false,
             })
             .collect();
         peers[me as usize].path = Path::Loopback;
@@ -377,7 +382,6 @@ impl Engine {
                 resolve,
                 gone,
                 cma_warned: false,
-                cma_proven: false,
                 verbs,
                 reads: HashMap::new(),
                 pending_reads: VecDeque::new(),
@@ -576,6 +580,9 @@ impl Engine {
             // error) completes it.
             return;
         }
+        if !self.split_may_fail(id) {
+            return;
+        }
         let (peer, reason) = match self.waits_on(id) {
             Some(peer) if peer == self.st.me => return,
             Some(peer) => match (self.st.gone)(peer).or_else(|| self.st.failed.get(&peer).cloned())
@@ -602,6 +609,41 @@ impl Engine {
             self.st
                 .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
+    }
+
+    /// Whether split receive `id` (if it is one) may fail now that its sender is
+    /// reported gone: a sender marked gone may still be alive (finalized, dropped by its
+    /// server) and write its part into the buffer, so only once its process is dead, or
+    /// after 30 s (then with a warning).
+    fn split_may_fail(&mut self, id: u32) -> bool {
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    split: Some(sp),
+                    pipe: Some((src, ..)),
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.st.reqs.get_mut(id as usize)
+        else {
+            return true;
+        };
+        let Some(pid) = rustix::process::Pid::from_raw(sp.pid) else {
+            return true;
+        };
+        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
+            return true;
+        }
+        let since = *sp.gone_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < std::time::Duration::from_secs(30) {
+            return false;
+        }
+        tracing::warn!(
+            "rank {src} is reported gone but its process {} lives on; failing a split receive from it after 30 s",
+            sp.pid
+        );
+        true
     }
 
     fn is_recv(&self, id: u32) -> bool {
@@ -1000,7 +1042,7 @@ impl State {
             st.complete(id, r);
         };
         if self.cfg.single_copy == SingleCopy::Cma
-            && self.cma_proven
+            && self.peers[src as usize].cma_ok
             && self.cfg.cma_split > 0
             && n >= self.cfg.cma_split
         {
@@ -1019,7 +1061,7 @@ impl State {
             let dst = unsafe { std::slice::from_raw_parts_mut(buf, n) };
             match weft_shm::cma_read(pid, addr as usize, dst) {
                 Ok(()) => {
-                    self.cma_proven = true;
+                    self.peers[src as usize].cma_ok = true;
                     self.fin(src, tag, sreq);
                     return done(self);
                 }
@@ -1063,7 +1105,13 @@ impl State {
         let (src, tag, sreq, len) = (o.src, o.tag, o.sreq, o.len);
         let head = (n / 2) & !4095;
         let tail = n - head;
-        let mut p = [0u8; 32];
+        let serial = self
+            .reqs
+            .get(id as usize)
+            .and_then(|r| r.as_ref())
+            .map_or(0, |r| r.serial);
+        let mut p = [0u8; 40];
+        p[32..40].copy_from_slice(&serial.to_le_bytes());
         p[..4].copy_from_slice(&id.to_le_bytes());
         p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
         p[12..16].copy_from_slice(&self.pid.to_le_bytes());
@@ -1084,6 +1132,8 @@ impl State {
                 head,
                 tail,
                 err: None,
+                serial,
+                gone_since: None,
             }));
         }
         // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
@@ -1119,6 +1169,7 @@ impl State {
                     split,
                     ..
                 },
+            result: None,
             ..
         })) = self.reqs.get_mut(id as usize)
         else {
@@ -1149,6 +1200,7 @@ impl State {
             w[..b - a].copy_from_slice(&p[a..b]);
             u64::from_le_bytes(w)
         };
+        let serial = word(32, 40).to_le_bytes();
         let (rreq, dst, pid, off, count) = (
             word(0, 4) as u32,
             word(4, 12),
@@ -1175,7 +1227,7 @@ impl State {
                 h.aux
             );
             tracing::error!("{why}");
-            return self.control(h.src, CMA_DONE, h.tag, rreq, 0, why.as_bytes());
+            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
         };
         let _ = len;
         // Write only into the process that owns the inbox we reach this rank through:
@@ -1191,7 +1243,7 @@ impl State {
                 owner.map_or_else(|| "no known process".to_string(), |p| format!("pid {p}"))
             );
             tracing::error!("{why}");
-            return self.control(h.src, CMA_DONE, h.tag, rreq, 0, why.as_bytes());
+            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
         }
         // SAFETY: the send request is live (its FIN, which the receiver sends only after
         // this part, has not come), so its buffer is borrowed; off + count <= len.
@@ -1212,12 +1264,26 @@ impl State {
                 format!("single-copy write to rank {} failed: {e}", h.src),
             ),
         };
-        self.control(h.src, CMA_DONE, h.tag, rreq, written, why.as_bytes());
+        self.cma_done(h.src, h.tag, rreq, serial, written, &why);
+    }
+
+    /// CMA_DONE to `to`: the receive `rreq` (with its serial), bytes written, and an
+    /// error message if the write failed.
+    fn cma_done(&mut self, to: u32, tag: u32, rreq: u32, serial: [u8; 8], written: u64, why: &str) {
+        let mut p = Vec::with_capacity(8 + why.len());
+        p.extend_from_slice(&serial);
+        p.extend_from_slice(why.as_bytes());
+        self.control(to, CMA_DONE, tag, rreq, written, &p);
     }
 
     /// The sender's part of a split rendezvous is done, refused or failed.
-    fn on_cma_done(&mut self, h: Hdr, why: &[u8]) {
+    fn on_cma_done(&mut self, h: Hdr, p: &[u8]) {
         let id = h.aux;
+        let Some((serial, why)) = p.split_first_chunk::<8>() else {
+            return;
+        };
+        let serial = u64::from_le_bytes(*serial);
+        // Only the live split receive this answer is for: ids are reused, serials not.
         let (buf, sp_addr, sp_pid, head, tail) = match self.reqs.get(id as usize) {
             Some(Some(Req {
                 kind:
@@ -1227,8 +1293,11 @@ impl State {
                         split: Some(sp),
                         ..
                     },
+                result: None,
                 ..
-            })) if *src == h.src => (*buf, sp.addr, sp.pid, sp.head, sp.tail),
+            })) if *src == h.src && sp.serial == serial => {
+                (*buf, sp.addr, sp.pid, sp.head, sp.tail)
+            }
             _ => return,
         };
         if !why.is_empty() {
@@ -1360,8 +1429,10 @@ impl State {
                     buf,
                     cap,
                     pipe: Some((src, tag, total, got)),
+                    split: None,
                     ..
                 },
+            result: None,
             ..
         })) = self.reqs.get_mut(id as usize)
         else {

@@ -216,7 +216,7 @@ pub enum InitError {
 ///
 /// # Safety
 /// Implementors must have no padding, no pointers and accept every bit pattern.
-pub unsafe trait Pod: Copy + 'static {}
+pub unsafe trait Pod: Copy + Send + Sync + 'static {}
 macro_rules! pod {
     ($($t:ty),*) => { $(
         // SAFETY: a primitive number type: no padding, every bit pattern valid.
