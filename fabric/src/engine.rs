@@ -226,17 +226,13 @@ struct Offer {
 /// A single-copy rendezvous split between the receiver (head) and the sender (tail).
 #[derive(Debug)]
 struct Split {
-    /// The sender's request.
-    sreq: u32,
-    /// The sender's buffer and pid (to read the tail if the sender may not write it).
-    addr: u64,
-    pid: i32,
+    /// What the sender offered (its request, buffer and pid: to read the tail if the
+    /// sender may not write it).
+    offer: Offer,
     head: usize,
     tail: usize,
     /// The first failure; the receive completes with it once both parts are over.
     err: Option<String>,
-    /// The receive's serial, echoed by CMA_DONE (request ids are reused).
-    serial: u64,
     /// Since when the sender has been reported gone while its part is outstanding.
     gone_since: Option<std::time::Instant>,
 }
@@ -629,7 +625,7 @@ impl Engine {
         else {
             return true;
         };
-        let Some(pid) = rustix::process::Pid::from_raw(sp.pid) else {
+        let Some(pid) = rustix::process::Pid::from_raw(sp.offer.pid) else {
             return true;
         };
         if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
@@ -641,7 +637,7 @@ impl Engine {
         }
         tracing::warn!(
             "rank {src} is reported gone but its process {} lives on; failing a split receive from it after 30 s",
-            sp.pid
+            sp.offer.pid
         );
         true
     }
@@ -1126,13 +1122,10 @@ impl State {
             // Counted in message bytes: what truncation drops is done already.
             *pipe = Some((src, tag, len, len - n));
             *split = Some(Box::new(Split {
-                sreq,
-                addr: o.addr,
-                pid: o.pid,
+                offer: o,
                 head,
                 tail,
                 err: None,
-                serial,
                 gone_since: None,
             }));
         }
@@ -1184,7 +1177,7 @@ impl State {
         }
         let (src, tag, total, cap) = (*src, *tag, *total, *cap);
         let Some(sp) = split.take() else { return };
-        self.fin(src, tag, sp.sreq);
+        self.fin(src, tag, sp.offer.sreq);
         let r = match sp.err {
             Some(reason) => Err(P2pError::Transport { rank: src, reason }),
             None => outcome(src, tag, total, cap),
@@ -1216,7 +1209,7 @@ impl State {
             })) if *dest == h.src => Some((*buf, *len)),
             _ => None,
         };
-        let Some((buf, len)) =
+        let Some((buf, _)) =
             send.filter(|&(_, len)| off.checked_add(count).is_some_and(|e| e <= len))
         else {
             let why = format!(
@@ -1229,7 +1222,6 @@ impl State {
             tracing::error!("{why}");
             return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
         };
-        let _ = len;
         // Write only into the process that owns the inbox we reach this rank through:
         // a wrong pid (a bug, or a pid reused after the receiver died) is refused.
         let owner = match &self.peers.get(h.src as usize).map(|p| &p.path) {
@@ -1294,9 +1286,9 @@ impl State {
                         ..
                     },
                 result: None,
-                ..
-            })) if *src == h.src && sp.serial == serial => {
-                (*buf, sp.addr, sp.pid, sp.head, sp.tail)
+                serial: live,
+            })) if *src == h.src && *live == serial => {
+                (*buf, sp.offer.addr, sp.offer.pid, sp.head, sp.tail)
             }
             _ => return,
         };

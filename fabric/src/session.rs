@@ -22,7 +22,7 @@
 //! at once (the provided thread level is the requested one, up to `multiple`; see
 //! [`Session::thread_level`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -264,8 +264,8 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Per (tag, members): how many communicators this process made (the group id of the
 /// next one; every member counts alike).
-static COMM_SEQ: Mutex<Option<CommCounts>> = Mutex::new(None);
-type CommCounts = HashMap<(String, Vec<u32>), u64>;
+static COMM_SEQ: Mutex<CommCounts> = Mutex::new(BTreeMap::new());
+type CommCounts = BTreeMap<(String, Vec<u32>), u64>;
 
 /// An MPI-4-style session.
 #[derive(Debug)]
@@ -662,10 +662,7 @@ impl Communicator {
         let members = group.members.to_vec();
         let seq = {
             let mut m = COMM_SEQ.lock().unwrap_or_else(PoisonError::into_inner);
-            let n = m
-                .get_or_insert_with(HashMap::new)
-                .entry((tag.to_owned(), members.clone()))
-                .or_insert(0);
+            let n = m.entry((tag.to_owned(), members.clone())).or_insert(0);
             *n += 1;
             *n
         };
