@@ -33,6 +33,47 @@ const CMA_WRITE: u8 = 7;
 /// receiver then reads them itself); payload: an error message, if the write failed.
 const CMA_DONE: u8 = 8;
 
+/// A short eager message (shared memory only): `[SHORT, tag u32, ctx u64, payload]`, no
+/// source (the transport knows the sender) and no length (the frame's). Small enough
+/// (13 bytes of header) that an 8-byte message fits the 24 bytes of a pair line.
+const SHORT: u8 = 9;
+/// Bytes of the short header.
+const SHORT_HDR: usize = 13;
+/// Largest payload sent as a short message.
+pub(crate) const SHORT_MAX: usize = weft_shm::layout::PAIR_FRAME_MAX - SHORT_HDR;
+
+/// The short header of an eager message.
+#[inline]
+fn short_header(ctx: u64, tag: u32) -> [u8; SHORT_HDR] {
+    let mut b = [0u8; SHORT_HDR];
+    b[0] = SHORT;
+    b[1..5].copy_from_slice(&tag.to_le_bytes());
+    b[5..13].copy_from_slice(&ctx.to_le_bytes());
+    b
+}
+
+/// The header and payload of a frame from rank `from`: a full header, or a short one
+/// (an eager message) completed with `from`. `None` if too short for either.
+#[inline]
+fn decode_frame(from: u32, frame: &[u8]) -> Option<(Hdr, &[u8])> {
+    if frame.first() == Some(&SHORT) {
+        let b: &[u8; SHORT_HDR] = frame.get(..SHORT_HDR)?.try_into().ok()?;
+        let payload = &frame[SHORT_HDR..];
+        return Some((
+            Hdr {
+                kind: EAGER,
+                src: from,
+                tag: u32::from_le_bytes([b[1], b[2], b[3], b[4]]),
+                ctx: u64::from_le_bytes([b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12]]),
+                aux: 0,
+                len: payload.len() as u64,
+            },
+            payload,
+        ));
+    }
+    Some((Hdr::decode(frame)?, frame.get(HDR..)?))
+}
+
 /// The frame header: what every message carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hdr {
@@ -450,7 +491,7 @@ impl Engine {
             if got.is_some() || blocked {
                 return false;
             }
-            let Some(h) = Hdr::decode(frame) else {
+            let Some((h, data)) = decode_frame(from, frame) else {
                 return false;
             };
             if !(matches(ctx, src, tag, h.ctx, h.src, h.tag) && h.src == from) {
@@ -460,7 +501,6 @@ impl Engine {
                 blocked = true;
                 return false;
             }
-            let data = &frame[HDR..];
             let n = data.len().min(cap);
             // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes, borrowed
             // mutably for the whole call; `data` is in the transport's receive memory.
@@ -492,6 +532,20 @@ impl Engine {
             None if !st.unexpected.is_empty() => Direct::Queue,
             None => Direct::NotYet,
         }
+    }
+
+    /// Whether nothing has arrived since the last progress (only when the inbox is the
+    /// sole transport, nothing waits to be sent and no message waits unmatched:
+    /// otherwise false, so callers poll).
+    /// Cheap to spin on: loads only.
+    #[inline]
+    pub(crate) fn quiet(&self) -> bool {
+        // Not `unexpected`: another thread may have polled our message into it while
+        // the engine was let go.
+        self.st.verbs.is_none()
+            && self.st.busy.is_empty()
+            && self.st.unexpected.is_empty()
+            && self.inbox.as_ref().is_some_and(Inbox::quiet)
     }
 
     pub(crate) fn single_copy(&self) -> SingleCopy {
@@ -765,7 +819,7 @@ impl State {
     }
 
     /// Sends a frame to `dest` or queues it behind earlier ones.
-    fn push(&mut self, dest: u32, hdr: &[u8; HDR], payload: &[u8]) {
+    fn push(&mut self, dest: u32, hdr: &[u8], payload: &[u8]) {
         if let Path::Unresolved = self.peers[dest as usize].path {
             // A control frame (FIN, CTS) to a peer we never sent to: connect now. A peer
             // that sent us a frame is reachable; if not, the frame is dropped with a log.
@@ -790,7 +844,7 @@ impl State {
                 Err(e) => return self.verbs_failed(dest, &e),
             }
         }
-        let mut f = Vec::with_capacity(HDR + payload.len());
+        let mut f = Vec::with_capacity(hdr.len() + payload.len());
         f.extend_from_slice(hdr);
         f.extend_from_slice(payload);
         peer.backlog.push_back(f);
@@ -841,6 +895,12 @@ impl State {
             self.wait_connected(dest, conn)?;
         }
         let eager = len <= self.cfg.eager_limit.min(self.max_payload(dest));
+        if eager && len <= SHORT_MAX && matches!(self.peers[dest as usize].path, Path::Shm(_)) {
+            // SAFETY: as above, `buf` holds `len` readable bytes during this call.
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            self.push(dest, &short_header(ctx, tag), data);
+            return Ok(None);
+        }
         if eager {
             let hdr = Hdr {
                 kind: EAGER,
@@ -1317,7 +1377,7 @@ impl State {
 
     /// A frame from job rank `from` (as the transport knows it).
     fn on_frame_from(&mut self, from: u32, frame: &[u8]) {
-        let Some(h) = Hdr::decode(frame) else {
+        let Some((h, payload)) = decode_frame(from, frame) else {
             tracing::error!(
                 "dropping a frame of {} bytes from rank {from}: shorter than a header",
                 frame.len()
@@ -1331,7 +1391,6 @@ impl State {
             );
             return;
         }
-        let payload = &frame[HDR..];
         match h.kind {
             EAGER => self.on_eager(h, payload),
             RTS if payload.len() >= 12 => {
@@ -1763,7 +1822,8 @@ impl State {
                 continue;
             };
             while let Some(f) = peer.backlog.front() {
-                if out.try_send(&f[..HDR], &f[HDR..]) {
+                // A whole frame (a short header is shorter than HDR).
+                if out.try_send(f, &[]) {
                     peer.backlog.pop_front();
                 } else {
                     break;

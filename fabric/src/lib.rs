@@ -487,7 +487,7 @@ impl Fabric {
         let remote_peers = size as usize > local.len();
         let inbox = if t.shm && local.len() > 1 {
             let name = format!("{}r{me}", wire.segment_prefix());
-            let inbox = Inbox::create(&name, &InboxConfig::from_env()?)?;
+            let inbox = Inbox::create_for(&name, &InboxConfig::from_env()?, wire.local_rank())?;
             wire.put(Scope::Local, SHM_CARD_KEY, shm_card(&name))?;
             Some(inbox)
         } else {
@@ -523,6 +523,7 @@ impl Fabric {
         let verbs_open = verbs.is_some();
         wire.commit()?;
         let my_local = wire.local_rank();
+        let pairs = inbox.as_ref().map(Inbox::pair_host);
         let w2 = wire.clone();
         let resolve = Box::new(move |rank: u32| -> Resolved {
             let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
@@ -533,7 +534,12 @@ impl Fabric {
                     Ok(v) => match v.as_str().map(parse_shm_card) {
                         Some(Err(why)) => Resolved::Unreachable(why),
                         Some(Ok(name)) => match Outbox::connect(name, my_local) {
-                            Ok(o) => Resolved::Shm(Box::new(o)),
+                            Ok(mut o) => {
+                                if let Some(p) = &pairs {
+                                    p.pair(&mut o);
+                                }
+                                Resolved::Shm(Box::new(o))
+                            }
                             Err(e) => Resolved::Unreachable(format!(
                                 "cannot connect to its inbox {name}: {e}"
                             )),
@@ -660,10 +666,16 @@ impl Fabric {
         cma: bool,
     ) -> Fabric {
         let my_local = local.iter().position(|&r| r == me).unwrap_or(0) as u32;
+        let pairs = inbox.as_ref().map(Inbox::pair_host);
         let resolve = Box::new(move |rank: u32| -> Resolved {
             match peers.get(rank as usize).cloned().flatten() {
                 Some(name) => match Outbox::connect(&name, my_local) {
-                    Ok(o) => Resolved::Shm(Box::new(o)),
+                    Ok(mut o) => {
+                        if let Some(p) = &pairs {
+                            p.pair(&mut o);
+                        }
+                        Resolved::Shm(Box::new(o))
+                    }
                     Err(e) => Resolved::Unreachable(e.to_string()),
                 },
                 None => Resolved::Unreachable("no card".into()),
@@ -1024,8 +1036,15 @@ impl Communicator {
                 Direct::Queue => break,
                 Direct::NotYet => {}
             }
-            let (g, check) = self.inner.pause(e, &mut backoff);
-            e = g;
+            // Wait on the transport's next-frame words (loads only) rather than polling
+            // in full: a message is then seen within a few nanoseconds of its arrival.
+            let check = loop {
+                let (g, check) = self.inner.pause(e, &mut backoff);
+                e = g;
+                if check || !e.quiet() {
+                    break check;
+                }
+            };
             if check {
                 let gone = match s {
                     Some(r) if r == self.inner.me => None,

@@ -12,9 +12,10 @@ use weft_shm::{Inbox, InboxConfig};
 /// How the two endpoints of [`pair`] reach each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
-    /// Shared memory, rendezvous by CMA.
+    /// Shared memory with pair lines (small messages share one cache line per pair),
+    /// rendezvous by CMA.
     Cma,
-    /// Shared memory, rendezvous pipelined through the rings.
+    /// Shared memory, rings only (no pair lines), rendezvous pipelined through them.
     Pipelined,
     /// Verbs (RC connections, rendezvous by RDMA read): needs an RDMA device.
     Verbs,
@@ -57,8 +58,13 @@ fn pair(name: &str, eager: usize, via: Via, case: fn(&Communicator, u32)) {
                     let cards = cards.lock().unwrap().clone();
                     Fabric::from_verbs(me, 2, ep, cards, eager)
                 } else {
-                    let inbox =
-                        Inbox::create(&names[me as usize], &InboxConfig::default()).expect("inbox");
+                    let cfg = InboxConfig::default();
+                    let name = &names[me as usize];
+                    let inbox = if via == Via::Cma {
+                        Inbox::create_for(name, &cfg, me).expect("inbox")
+                    } else {
+                        Inbox::create(name, &cfg).expect("inbox")
+                    };
                     barrier.wait();
                     let peers = names.iter().cloned().map(Some).collect();
                     let cma = via == Via::Cma;

@@ -65,9 +65,10 @@ fn run(iters: u64, cpus: (usize, usize)) -> Results {
     let pid = std::process::id();
     let a_name = format!("/weft-example-pingpong-{pid}-a");
     let b_name = format!("/weft-example-pingpong-{pid}-b");
-    let cfg = InboxConfig::default();
-    let mut a = Inbox::create(&a_name, &cfg).expect("create inbox a");
-    let b = Inbox::create(&b_name, &cfg).expect("create inbox b");
+    let cfg = InboxConfig::from_env().expect("WEFT_SHM_* settings");
+    let mut a = Inbox::create_for(&a_name, &cfg, 0).expect("create inbox a");
+    let b = Inbox::create_for(&b_name, &cfg, 1).expect("create inbox b");
+    let (a_host, b_host) = (a.pair_host(), b.pair_host());
     let barrier = Barrier::new(2);
     let big = 16 * 1024;
     let big_frames = (iters / 4).max(1000);
@@ -79,6 +80,7 @@ fn run(iters: u64, cpus: (usize, usize)) -> Results {
             pin(cpus.1);
             let mut to_a = Outbox::connect(&a_name, 1).expect("connect a");
             barrier.wait();
+            b_host.pair(&mut to_a);
             // Latency: echo every frame.
             let mut frame = [0u8; 8];
             for _ in 0..iters + iters / 10 {
@@ -106,6 +108,7 @@ fn run(iters: u64, cpus: (usize, usize)) -> Results {
         pin(cpus.0);
         let mut to_b = Outbox::connect(&b_name, 0).expect("connect b");
         barrier.wait();
+        a_host.pair(&mut to_b);
         let mut got = 0u64;
         let warmup = iters / 10;
         for i in 0..warmup {

@@ -2,7 +2,8 @@
 
 use crate::error::ShmError;
 use crate::layout::{
-    FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, QUEUE_SLOT_ALIGN, RING_ALIGN,
+    FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, PAIR_LINE_BYTES, QUEUE_SLOT_ALIGN,
+    RING_ALIGN,
 };
 
 /// Most fastboxes one inbox may have.
@@ -13,11 +14,14 @@ pub(crate) const MAX_FASTBOX_BYTES: u32 = 1 << 30;
 pub(crate) const MAX_QUEUE_SLOTS: u32 = 1 << 24;
 /// Largest queue slot (bytes).
 pub(crate) const MAX_QUEUE_SLOT_BYTES: u32 = 1 << 24;
+/// Most pair lines (one per sender id, and sender ids are below 2^24).
+pub(crate) const MAX_PAIR_LINES: u32 = 1 << 24;
 
 const ENV_FASTBOX_PEERS: &str = "WEFT_SHM_FASTBOX_PEERS";
 const ENV_FASTBOX_BYTES: &str = "WEFT_SHM_FASTBOX_BYTES";
 const ENV_QUEUE_SLOTS: &str = "WEFT_SHM_QUEUE_SLOTS";
 const ENV_QUEUE_SLOT_BYTES: &str = "WEFT_SHM_QUEUE_SLOT_BYTES";
+const ENV_PAIR_LINES: &str = "WEFT_SHM_PAIR_LINES";
 
 /// The tunables of the shared-memory transport as `(name, default,
 /// description)`, for `weft info`.
@@ -42,6 +46,12 @@ pub const TUNABLES: &[(&str, &str, &str)] = &[
         "1024",
         "bytes of each queue slot, a multiple of 64; largest queued frame is this minus 16",
     ),
+    (
+        ENV_PAIR_LINES,
+        "256",
+        "pair lines per inbox (64 bytes each): local ranks below it share one cache line per \
+         pair for frames of at most 24 bytes; 0 = off",
+    ),
 ];
 
 /// Geometry of an [`Inbox`](crate::Inbox): how many fastboxes, how big, and
@@ -59,6 +69,10 @@ pub struct InboxConfig {
     /// Bytes per queue slot including its 16-byte header, a multiple of 64
     /// (default 1024; `WEFT_SHM_QUEUE_SLOT_BYTES`).
     pub queue_slot_bytes: u32,
+    /// Pair lines: senders with ids below this share one cache line with
+    /// the inbox's owner for small frames (default 256, 0 = none;
+    /// `WEFT_SHM_PAIR_LINES`).
+    pub pair_lines: u32,
 }
 
 impl Default for InboxConfig {
@@ -68,6 +82,7 @@ impl Default for InboxConfig {
             fastbox_bytes: 65536,
             queue_slots: 1024,
             queue_slot_bytes: 1024,
+            pair_lines: 256,
         }
     }
 }
@@ -76,6 +91,7 @@ impl Default for InboxConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Geometry {
     pub(crate) ctl_offset: usize,
+    pub(crate) pair_offset: usize,
     pub(crate) ring_offset: usize,
     pub(crate) queue_offset: usize,
     pub(crate) total_bytes: usize,
@@ -118,6 +134,13 @@ fn check_queue_slot_bytes(v: u32) -> Result<(), String> {
 
 /// Parses a tunable: a decimal integer, optionally followed by `k`, `m` or
 /// `g` (binary multiples, so `64k` is 65536).
+fn check_pair_lines(v: u32) -> Result<(), String> {
+    if v > MAX_PAIR_LINES {
+        return Err(format!("must be at most {MAX_PAIR_LINES}"));
+    }
+    Ok(())
+}
+
 fn parse_u32(raw: &str) -> Result<u32, String> {
     let t = raw.trim();
     let (digits, mult) = match t.as_bytes().last() {
@@ -136,8 +159,8 @@ fn parse_u32(raw: &str) -> Result<u32, String> {
 
 impl InboxConfig {
     /// The defaults, overridden by any of `WEFT_SHM_FASTBOX_PEERS`,
-    /// `WEFT_SHM_FASTBOX_BYTES`, `WEFT_SHM_QUEUE_SLOTS` and
-    /// `WEFT_SHM_QUEUE_SLOT_BYTES` that is set. A value that does not parse
+    /// `WEFT_SHM_FASTBOX_BYTES`, `WEFT_SHM_QUEUE_SLOTS`,
+    /// `WEFT_SHM_QUEUE_SLOT_BYTES` and `WEFT_SHM_PAIR_LINES` that is set. A value that does not parse
     /// or is out of range is a [`ShmError::BadEnv`] naming the variable and
     /// the value.
     pub fn from_env() -> Result<InboxConfig, ShmError> {
@@ -148,7 +171,7 @@ impl InboxConfig {
     fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<InboxConfig, ShmError> {
         let mut cfg = InboxConfig::default();
         type Check = fn(u32) -> Result<(), String>;
-        let fields: [(&'static str, &mut u32, Check); 4] = [
+        let fields: [(&'static str, &mut u32, Check); 5] = [
             (
                 ENV_FASTBOX_PEERS,
                 &mut cfg.fastbox_peers,
@@ -165,6 +188,7 @@ impl InboxConfig {
                 &mut cfg.queue_slot_bytes,
                 check_queue_slot_bytes,
             ),
+            (ENV_PAIR_LINES, &mut cfg.pair_lines, check_pair_lines),
         ];
         for (var, field, check) in fields {
             let Some(value) = lookup(var) else { continue };
@@ -193,6 +217,7 @@ impl InboxConfig {
                 self.queue_slot_bytes,
                 check_queue_slot_bytes,
             ),
+            ("pair_lines", self.pair_lines, check_pair_lines),
         ];
         for (field, v, check) in checks {
             check(v).map_err(|why| ShmError::InvalidConfig {
@@ -203,8 +228,9 @@ impl InboxConfig {
             reason: format!("{self:?} does not fit the address space"),
         };
         let peers = self.fastbox_peers as usize;
-        let ctl_end = FASTBOX_CTL_OFFSET + peers * FASTBOX_CTL_BYTES;
-        let ring_offset = ctl_end.next_multiple_of(RING_ALIGN);
+        let pair_offset = FASTBOX_CTL_OFFSET + peers * FASTBOX_CTL_BYTES;
+        let pair_end = pair_offset + self.pair_lines as usize * PAIR_LINE_BYTES;
+        let ring_offset = pair_end.next_multiple_of(RING_ALIGN);
         let queue_offset = (self.fastbox_bytes as usize)
             .checked_mul(peers)
             .and_then(|b| b.checked_add(ring_offset))
@@ -216,6 +242,7 @@ impl InboxConfig {
             .ok_or_else(too_big)?;
         Ok(Geometry {
             ctl_offset: FASTBOX_CTL_OFFSET,
+            pair_offset,
             ring_offset,
             queue_offset,
             total_bytes,
@@ -236,9 +263,11 @@ mod tests {
     fn defaults_are_valid_and_match_tunables() {
         let cfg = InboxConfig::default();
         let g = cfg.geometry().unwrap();
-        assert_eq!(g.ring_offset, 12288);
-        assert_eq!(g.queue_offset, 12288 + 32 * 65536);
-        assert_eq!(g.total_bytes, 12288 + 32 * 65536 + 1024 * 1024);
+        // 256 + 32 * 256 bytes of headers and controls, 256 * 64 of pair lines.
+        assert_eq!(g.pair_offset, 256 + 32 * 256);
+        assert_eq!(g.ring_offset, 28672);
+        assert_eq!(g.queue_offset, 28672 + 32 * 65536);
+        assert_eq!(g.total_bytes, 28672 + 32 * 65536 + 1024 * 1024);
         let defaults: Vec<u32> = TUNABLES.iter().map(|t| t.1.parse().unwrap()).collect();
         assert_eq!(
             defaults,
@@ -246,7 +275,8 @@ mod tests {
                 cfg.fastbox_peers,
                 cfg.fastbox_bytes,
                 cfg.queue_slots,
-                cfg.queue_slot_bytes
+                cfg.queue_slot_bytes,
+                cfg.pair_lines
             ]
         );
         assert_eq!(cfg.fastbox_max_frame(), 16384);

@@ -32,6 +32,9 @@ use crate::layout::{
     fastbox_frame_slots, fastbox_header, fastbox_tag, FASTBOX_FRAME_HEADER_BYTES, FASTBOX_SKIP_LEN,
     FASTBOX_SLOT_BYTES,
 };
+#[cfg(test)]
+use crate::pair::ShmLine;
+use crate::pair::{LineMem, LineReader, Peek};
 
 /// The memory of one fastbox ring and its control words.
 ///
@@ -78,6 +81,8 @@ pub(crate) struct Producer {
     head: u64,
     /// Last tail loaded from the consumer.
     tail_cache: u64,
+    /// Frames published (skip records not counted).
+    frames: u64,
     slots: u64,
     mask: u64,
     max_frame: usize,
@@ -91,6 +96,7 @@ impl Producer {
         Producer {
             head: 0,
             tail_cache: 0,
+            frames: 0,
             slots,
             mask: slots - 1,
             max_frame,
@@ -129,6 +135,13 @@ impl Producer {
     /// Largest frame this producer sends.
     pub(crate) fn max_frame(&self) -> usize {
         self.max_frame
+    }
+
+    /// Frames published so far by this producer (a resumed one counts from
+    /// 0; it has no pair line).
+    #[inline(always)]
+    pub(crate) fn frames(&self) -> u64 {
+        self.frames
     }
 
     /// Sends `a ++ b` as one frame; false (nothing written) if the ring has
@@ -188,6 +201,7 @@ impl Producer {
             );
         }
         self.head = pos + k;
+        self.frames += 1;
         mem.store_head(self.head);
         true
     }
@@ -206,6 +220,12 @@ pub(crate) enum PollEnd {
         /// The header word.
         header: u64,
     },
+    /// The pair line holds a frame that cannot be valid (an impossible
+    /// length, or an order no ring frame can satisfy).
+    CorruptLine {
+        /// The line's frame word.
+        word: u64,
+    },
 }
 
 /// The consumer's private state of one fastbox.
@@ -215,6 +235,8 @@ pub(crate) struct Consumer {
     tail: u64,
     /// Last tail published to the producer.
     released: u64,
+    /// Frames consumed (skip records not counted).
+    frames: u64,
     slots: u64,
     mask: u64,
     max_frame: usize,
@@ -228,6 +250,7 @@ impl Consumer {
         Consumer {
             tail: 0,
             released: 0,
+            frames: 0,
             slots,
             mask: slots - 1,
             max_frame,
@@ -235,23 +258,85 @@ impl Consumer {
         }
     }
 
+    /// Whether no frame (nor skip record) is published at the next position:
+    /// one Relaxed load, for spinning on.
+    #[inline(always)]
+    pub(crate) fn quiet<M: RingMem>(&self, mem: &M) -> bool {
+        let idx = (self.tail & self.mask) as usize;
+        // Relaxed: a hint; `poll_with` acquires what it delivers.
+        (mem.load_header(idx, Ordering::Relaxed) >> 32) as u32 != fastbox_tag(self.tail)
+    }
+
     /// Delivers up to `budget` frames, calling `f` with each; returns the
     /// number delivered and why it stopped.
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn poll<M: RingMem, F: FnMut(&[u8])>(
         &mut self,
         mem: &M,
+        budget: usize,
+        f: F,
+    ) -> (usize, PollEnd) {
+        self.poll_with(mem, None::<(&ShmLine, &mut LineReader)>, budget, f)
+    }
+
+    /// Delivers up to `budget` frames from the ring and, in the writer's
+    /// order, from its pair line if there is one (see `crate::pair`),
+    /// calling `f` with each; returns the number delivered and why it
+    /// stopped.
+    #[inline(always)]
+    pub(crate) fn poll_with<M: RingMem, L: LineMem, F: FnMut(&[u8])>(
+        &mut self,
+        mem: &M,
+        mut line: Option<(&L, &mut LineReader)>,
         budget: usize,
         mut f: F,
     ) -> (usize, PollEnd) {
         let mut n = 0;
         let mut end = PollEnd::Idle;
+        if let Some((lm, lr)) = line.as_mut() {
+            lr.ack(*lm);
+        }
         while n < budget {
             let idx = self.tail & self.mask;
-            // SYNC: pairs with the producer's Release store of the header in
-            // `Producer::try_send`: the frame bytes are visible.
-            let w = mem.load_header(idx as usize, Ordering::Acquire);
-            if (w >> 32) as u32 != fastbox_tag(self.tail) {
+            // The line first (the common case of a conversation), then the ring.
+            let mut peek = line.as_mut().map(|(lm, lr)| lr.peek(*lm, self.frames));
+            let mut w = 0;
+            let mut ready = false;
+            if !matches!(peek, Some(Peek::Ready(_))) {
+                // SYNC: pairs with the producer's Release store of the header in
+                // `Producer::try_send`: the frame bytes are visible.
+                w = mem.load_header(idx as usize, Ordering::Acquire);
+                ready = (w >> 32) as u32 == fastbox_tag(self.tail);
+                if ready || peek == Some(Peek::Later) {
+                    // Again after the ring header: a line frame published before
+                    // the ring frame just seen is seen now (and goes first).
+                    peek = line.as_mut().map(|(lm, lr)| lr.peek(*lm, self.frames));
+                }
+            }
+            if let Some((lm, lr)) = line.as_mut() {
+                match peek {
+                    Some(Peek::Ready(word)) => {
+                        // SAFETY: `peek` just returned Ready for `word`.
+                        if unsafe { lr.take(*lm, word, &mut f) }.is_err() {
+                            end = PollEnd::CorruptLine { word };
+                            break;
+                        }
+                        n += 1;
+                        continue;
+                    }
+                    Some(Peek::Later) if !ready => {
+                        // The ring frames it waits for were published before it,
+                        // so the second ring load saw them unless the writer is
+                        // broken.
+                        end = PollEnd::CorruptLine {
+                            word: lm.load_their_frame(Ordering::Relaxed),
+                        };
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            if !ready {
                 break;
             }
             let len = w as u32;
@@ -272,6 +357,7 @@ impl Consumer {
             // publish a tail past it.
             unsafe { mem.read_frame(idx as usize, len as usize, &mut f) };
             self.tail += k;
+            self.frames += 1;
             n += 1;
             if self.tail - self.released >= self.release_every {
                 self.release(mem);
@@ -543,6 +629,93 @@ mod tests {
         assert_eq!(n, 0);
         assert!(matches!(end, PollEnd::Corrupt { pos: 0, .. }));
     }
+
+    /// A pair line on the heap, seen from side 0 (writer) and side 1 (reader).
+    fn heap_line() -> (Box<crate::layout::PairLine>, ShmLine, ShmLine) {
+        // SAFETY: atomics and bytes: all-zero is a valid, empty line.
+        let mut line: Box<crate::layout::PairLine> = Box::new(unsafe { core::mem::zeroed() });
+        let p: *mut crate::layout::PairLine = &mut *line;
+        // SAFETY: the box outlives both views within each test; side 0 is
+        // written through `w` only, side 1 through `r` only.
+        let (w, r) = unsafe { (ShmLine::new(p, 0), ShmLine::new(p, 1)) };
+        (line, w, r)
+    }
+
+    /// A writer that tries the line for short frames and falls back to the
+    /// ring, and a reader polling both with random budgets: every frame
+    /// arrives once, intact, in the order sent, and both paths are used.
+    #[test]
+    fn line_and_ring_frames_arrive_in_send_order() {
+        use crate::pair::LineWriter;
+        let mut heap = HeapRing::new(64);
+        let mem = heap.mem();
+        let (_line, wl, rl) = heap_line();
+        let mut p = Producer::new(64, 1024);
+        let mut c = Consumer::new(64, 1024);
+        let mut w = LineWriter::resume(&wl);
+        let mut r = LineReader::resume(&rl);
+        r.listen(&rl, true);
+        let len_of = |i: u32| match i % 7 {
+            0 | 3 => 100,
+            5 => 24,
+            _ => (i % 17) as usize,
+        };
+        let (mut sent, mut got, mut by_line) = (0u32, 0u32, 0u32);
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        while got < 20_000 {
+            if sent < 20_000 && rand() % 3 != 0 {
+                let f = frame(sent, len_of(sent));
+                let on_line = f.len() <= crate::layout::PAIR_FRAME_MAX
+                    && rand() % 2 == 0
+                    && w.try_send(&wl, &f[..f.len() / 2], &f[f.len() / 2..], p.frames(), 0);
+                if on_line {
+                    by_line += 1;
+                    sent += 1;
+                } else if p.try_send(&mem, &f, &[]) {
+                    sent += 1;
+                }
+            } else {
+                let budget = (rand() % 4) as usize + 1;
+                let (_, end) = c.poll_with(&mem, Some((&rl, &mut r)), budget, |b| {
+                    assert_eq!(b, &frame(got, len_of(got))[..], "frame {got}");
+                    got += 1;
+                });
+                assert_eq!(end, PollEnd::Idle);
+            }
+        }
+        assert_eq!(sent, got);
+        assert!(
+            by_line > 1000 && by_line < sent / 2,
+            "{by_line} of {sent} by line"
+        );
+    }
+
+    #[test]
+    fn impossible_line_frame_stops_the_consumer() {
+        let mut heap = HeapRing::new(64);
+        let mem = heap.mem();
+        let (_line, wl, rl) = heap_line();
+        let mut c = Consumer::new(64, 1024);
+        let mut r = LineReader::resume(&rl);
+        // seq 1, length 200 (more than a line holds), after 0 ring frames.
+        wl.store_my_frame(1 | 200 << 8, Ordering::Release);
+        let (n, end) = c.poll_with(&mem, Some((&rl, &mut r)), 8, |_| panic!("delivered"));
+        assert_eq!(n, 0);
+        assert_eq!(end, PollEnd::CorruptLine { word: 1 | 200 << 8 });
+        // A line frame that waits for a ring frame that never comes.
+        let (_line, wl, rl) = heap_line();
+        let mut r = LineReader::resume(&rl);
+        wl.store_my_frame(1 | 8 << 8 | 5 << 16, Ordering::Release);
+        let (n, end) = c.poll_with(&mem, Some((&rl, &mut r)), 8, |_| panic!("delivered"));
+        assert_eq!(n, 0);
+        assert!(matches!(end, PollEnd::CorruptLine { .. }), "{end:?}");
+    }
 }
 
 /// A loom model of the publish/consume protocol: the real [`Producer`] and
@@ -657,6 +830,107 @@ mod loom_model {
 
     fn frame(i: usize, len: usize) -> Vec<u8> {
         (0..len).map(|j| (i * 31 + j) as u8 | 1).collect()
+    }
+
+    /// A pair line for loom: the words as loom atomics, the body a checked cell.
+    #[derive(Default)]
+    struct LoomHalf {
+        frame: AtomicU64,
+        ack: loom::sync::atomic::AtomicU32,
+        body: UnsafeCell<[u8; crate::pair::BODY_BYTES]>,
+    }
+
+    struct LoomLine {
+        halves: Arc<[LoomHalf; 2]>,
+        side: usize,
+    }
+
+    // SAFETY: both halves live as long as the Arc; each side writes its own.
+    unsafe impl crate::pair::LineMem for LoomLine {
+        fn load_their_frame(&self, order: Ordering) -> u64 {
+            self.halves[1 - self.side].frame.load(order)
+        }
+        fn load_their_ack(&self, order: Ordering) -> u32 {
+            self.halves[1 - self.side].ack.load(order)
+        }
+        fn load_my_frame(&self) -> u64 {
+            self.halves[self.side].frame.load(Ordering::Relaxed)
+        }
+        fn load_my_ack(&self) -> u32 {
+            self.halves[self.side].ack.load(Ordering::Relaxed)
+        }
+        fn store_my_frame(&self, value: u64, order: Ordering) {
+            self.halves[self.side].frame.store(value, order)
+        }
+        fn store_my_ack(&self, value: u32, order: Ordering) {
+            self.halves[self.side].ack.store(value, order)
+        }
+        unsafe fn write_my_body(&self, body: &[u8; crate::pair::BODY_BYTES]) {
+            // SAFETY: loom checks this access for races.
+            self.halves[self.side]
+                .body
+                .with_mut(|p| unsafe { *p = *body });
+        }
+        unsafe fn read_their_body(&self, body: &mut [u8; crate::pair::BODY_BYTES]) {
+            // SAFETY: loom checks this access for races.
+            self.halves[1 - self.side]
+                .body
+                .with(|p| *body = unsafe { *p });
+        }
+    }
+
+    /// Short frames that try the line first and go by the ring when it is
+    /// busy, a long one by the ring: they arrive in order, with the line's
+    /// ack stored lazily by the reader's next poll.
+    #[test]
+    fn loom_line_and_ring_keep_order() {
+        const LENS: [usize; 4] = [8, 8, 100, 8];
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let ring = Arc::new(LoomRing::new());
+            let halves = Arc::new([LoomHalf::default(), LoomHalf::default()]);
+            let reader_line = LoomLine {
+                halves: halves.clone(),
+                side: 1,
+            };
+            let mut r = crate::pair::LineReader::resume(&reader_line);
+            r.listen(&reader_line, true);
+            let producer_ring = ring.clone();
+            let producer = loom::thread::spawn(move || {
+                let line = LoomLine { halves, side: 0 };
+                let mut w = crate::pair::LineWriter::resume(&line);
+                let mut p = Producer::new(SLOTS as u64, 128);
+                for (i, &len) in LENS.iter().enumerate() {
+                    let f = frame(i, len);
+                    if len <= crate::layout::PAIR_FRAME_MAX
+                        && w.try_send(&line, &f, &[], p.frames(), 0)
+                    {
+                        continue;
+                    }
+                    while !p.try_send(&*producer_ring, &f[..len / 2], &f[len / 2..]) {
+                        loom::thread::yield_now();
+                    }
+                }
+            });
+            let mut c = Consumer::new(SLOTS as u64, 128);
+            let mut got = 0;
+            while got < LENS.len() {
+                let (n, end) = c.poll_with(&*ring, Some((&reader_line, &mut r)), 2, |b| {
+                    assert_eq!(
+                        b,
+                        &frame(got, LENS[got])[..],
+                        "frame {got} out of order or torn"
+                    );
+                    got += 1;
+                });
+                assert_eq!(end, PollEnd::Idle);
+                if n == 0 {
+                    loom::thread::yield_now();
+                }
+            }
+            producer.join().unwrap();
+        });
     }
 
     /// Frames of 3, 1, 3 and 3 slots in an 8-slot ring: the last one needs

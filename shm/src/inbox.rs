@@ -24,11 +24,12 @@ use crate::config::{Geometry, InboxConfig};
 use crate::error::ShmError;
 use crate::fastbox::{Consumer, PollEnd, Producer, ShmRing};
 use crate::layout::{
-    FastboxCtl, InboxHeader, QueueProducerLine, CLAIM_ATTACHED, CLAIM_GENERATION_ONE,
-    CLAIM_SENDER_MASK, FASTBOX_CTL_BYTES, FASTBOX_SLOT_BYTES, INBOX_HEADER_OFFSET,
-    QUEUE_PRODUCER_OFFSET,
+    FastboxCtl, InboxHeader, PairLine, QueueProducerLine, CLAIM_ATTACHED, CLAIM_GENERATION_ONE,
+    CLAIM_SENDER_MASK, FASTBOX_CTL_BYTES, FASTBOX_SLOT_BYTES, INBOX_HEADER_OFFSET, NO_OWNER,
+    PAIR_LINE_BYTES, QUEUE_PRODUCER_OFFSET,
 };
 use crate::liveness::{lock_sender, sender_locked_elsewhere};
+use crate::pair::{HostShared, InLine, LineSite, OutLine, PairHost, Pending, ShmLine};
 use crate::queue::{Head, ShmQueue};
 use crate::segment::{SegmentError, SegmentKind, SharedSegment, WritableSegment};
 
@@ -123,6 +124,8 @@ struct BoxReader {
     sender_id: u32,
     /// Set once the ring held an invalid header: no longer polled.
     broken: bool,
+    /// The pair line with this sender, once both sides paired.
+    line: Option<InLine>,
 }
 
 /// A process's inbox: the receiving end of the shared-memory transport.
@@ -141,6 +144,10 @@ pub struct Inbox {
     stall: (u64, u32),
     /// Queue slots recycled from dead producers (for tests and inspection).
     recycled: u64,
+    /// Shared with [`PairHost`]s: our pair lines and the lines to adopt.
+    host: std::sync::Arc<HostShared>,
+    /// Pair lines whose sender's fastbox we have not discovered yet.
+    waiting: Vec<Pending>,
 }
 
 // SAFETY: the raw pointers point into the segment the Inbox owns; nothing is
@@ -161,8 +168,17 @@ impl fmt::Debug for Inbox {
 impl Inbox {
     /// Creates the inbox segment `name` (a POSIX shm name such as
     /// `/weft-<job>-<rank>`, which must not exist) with the geometry of
-    /// `cfg`, and publishes it. Pages are only touched when used.
+    /// `cfg`, and publishes it. Pages are only touched when used. The inbox
+    /// has no owner id, so no pair lines (see [`create_for`](Self::create_for)).
     pub fn create(name: &str, cfg: &InboxConfig) -> Result<Inbox, ShmError> {
+        Self::create_for(name, cfg, NO_OWNER)
+    }
+
+    /// [`create`](Self::create) for the process that sends to its local peers
+    /// as sender `owner_id` (its local rank): small frames between it and
+    /// each peer then share one cache line once both sides paired their
+    /// outbox ([`PairHost::pair`]).
+    pub fn create_for(name: &str, cfg: &InboxConfig, owner_id: u32) -> Result<Inbox, ShmError> {
         let geometry = cfg.geometry()?;
         let seg = WritableSegment::create(name, geometry.total_bytes, SegmentKind::INBOX)?;
         // SAFETY: the segment is `total_bytes` long, page aligned, and owned
@@ -182,7 +198,23 @@ impl Inbox {
             .store(geometry.ring_offset as u64, Ordering::Relaxed);
         h.queue_offset
             .store(geometry.queue_offset as u64, Ordering::Relaxed);
+        h.owner_id.store(owner_id, Ordering::Relaxed);
+        h.pair_lines.store(cfg.pair_lines, Ordering::Relaxed);
+        h.pair_offset
+            .store(geometry.pair_offset as u64, Ordering::Relaxed);
         seg.publish();
+        let host = std::sync::Arc::new(HostShared {
+            owner_id,
+            pair_lines: if owner_id == NO_OWNER {
+                0
+            } else {
+                cfg.pair_lines
+            },
+            lines: parts.base.wrapping_add(geometry.pair_offset) as usize,
+            keep: seg.keepalive(),
+            pending: std::sync::Mutex::new(Vec::new()),
+            has_pending: std::sync::atomic::AtomicBool::new(false),
+        });
         Ok(Inbox {
             queue: parts.queue(),
             boxes: Vec::with_capacity(cfg.fastbox_peers as usize),
@@ -191,7 +223,17 @@ impl Inbox {
             queue_head: 0,
             stall: (u64::MAX, 0),
             recycled: 0,
+            host,
+            waiting: Vec::new(),
         })
+    }
+
+    /// What pairs this process's outboxes with this inbox (see
+    /// [`PairHost::pair`]).
+    pub fn pair_host(&self) -> PairHost {
+        PairHost {
+            shared: self.host.clone(),
+        }
     }
 
     /// The inbox's segment name (what senders pass to [`Outbox::connect`]).
@@ -217,19 +259,48 @@ impl Inbox {
         if claimed > self.boxes.len() {
             self.discover(claimed);
         }
+        // Relaxed: a hint; `adopt` takes the lock, which orders the rest.
+        if self.host.has_pending.load(Ordering::Relaxed) {
+            self.adopt();
+        }
         let mut n = 0;
         for (i, b) in self.boxes.iter_mut().enumerate() {
             if b.broken {
                 continue;
             }
             let sender = b.sender_id;
-            let (k, end) = b
-                .consumer
-                .poll(&b.ring, POLL_BATCH, |bytes| f(sender, bytes));
+            let (k, end) = match &mut b.line {
+                None => b
+                    .consumer
+                    .poll_with(&b.ring, None::<(&ShmLine, _)>, POLL_BATCH, |bytes| {
+                        f(sender, bytes)
+                    }),
+                Some(l) => {
+                    let r = b.consumer.poll_with(
+                        &b.ring,
+                        Some((&l.mem, &mut l.reader)),
+                        POLL_BATCH,
+                        |bytes| f(sender, bytes),
+                    );
+                    if r.0 != 0 {
+                        // The peer talks to us: our sends to it may try the line again.
+                        l.local.set_try_line(true);
+                        l.local.set_consumed(l.reader.consumed());
+                    }
+                    r
+                }
+            };
             n += k;
-            if let PollEnd::Corrupt { pos, header } = end {
-                b.broken = true;
-                broken_fastbox(self.seg.name(), i, sender, pos, header);
+            match end {
+                PollEnd::Idle => {}
+                PollEnd::Corrupt { pos, header } => {
+                    b.broken = true;
+                    broken_fastbox(self.seg.name(), i, sender, pos, header);
+                }
+                PollEnd::CorruptLine { word } => {
+                    b.broken = true;
+                    broken_line(self.seg.name(), sender, word);
+                }
             }
         }
         let (k, head) = self
@@ -247,6 +318,34 @@ impl Inbox {
         n
     }
 
+    /// Whether nothing has arrived: true means a [`poll`](Self::poll) now
+    /// would deliver nothing (up to the timing of concurrent senders). One
+    /// load per polled ring, pair line and the queue, no stores: cheap to
+    /// spin on while waiting, then poll when it turns false.
+    #[inline]
+    pub fn quiet(&self) -> bool {
+        // Relaxed: hints; `poll` acquires what it delivers.
+        if self.parts.header().fastbox_claimed.load(Ordering::Relaxed) as usize != self.boxes.len()
+            || self.host.has_pending.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        for b in &self.boxes {
+            if b.broken {
+                continue;
+            }
+            if !b.consumer.quiet(&b.ring) {
+                return false;
+            }
+            if let Some(l) = &b.line {
+                if !l.reader.quiet(&l.mem) {
+                    return false;
+                }
+            }
+        }
+        self.queue.quiet(self.queue_head)
+    }
+
     /// Starts polling the fastboxes claimed since the last call.
     #[cold]
     fn discover(&mut self, claimed: usize) {
@@ -262,15 +361,51 @@ impl Inbox {
             }
             let ring = self.parts.ring(i);
             let max_frame = self.parts.cfg.fastbox_max_frame();
+            let sender_id = sender_plus_one - 1;
+            let line = self
+                .waiting
+                .iter()
+                .position(|p| p.peer == sender_id)
+                .map(|k| self.waiting.swap_remove(k).line);
+            if let Some(l) = &line {
+                l.reader.listen(&l.mem, true);
+            }
             self.boxes.push(BoxReader {
                 consumer: Consumer::new(
                     (self.parts.cfg.fastbox_bytes as usize / FASTBOX_SLOT_BYTES) as u64,
                     max_frame,
                 ),
                 ring,
-                sender_id: sender_plus_one - 1,
+                sender_id,
                 broken: false,
+                line,
             });
+        }
+    }
+
+    /// Takes the pair lines handed over by [`PairHost::pair`]: polls each
+    /// with its sender's fastbox once that is discovered, and then starts
+    /// listening on it.
+    #[cold]
+    fn adopt(&mut self) {
+        let new = {
+            let mut pending = self
+                .host
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.host.has_pending.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *pending)
+        };
+        for p in new {
+            match self.boxes.iter_mut().find(|b| b.sender_id == p.peer) {
+                Some(b) if b.line.is_none() => {
+                    p.line.reader.listen(&p.line.mem, true);
+                    b.line = Some(p.line);
+                }
+                Some(_) => {}
+                None => self.waiting.push(p),
+            }
         }
     }
 
@@ -318,6 +453,27 @@ impl Inbox {
     }
 }
 
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        // Peers stop using the lines: nobody reads them any more.
+        for b in &self.boxes {
+            if let Some(l) = &b.line {
+                l.reader.listen(&l.mem, false);
+            }
+        }
+    }
+}
+
+#[cold]
+fn broken_line(inbox: &str, sender_id: u32, word: u64) {
+    tracing::error!(
+        inbox,
+        sender_id,
+        word = format_args!("{word:#018x}"),
+        "pair line holds an invalid frame; no longer polling this sender"
+    );
+}
+
 #[cold]
 fn broken_fastbox(inbox: &str, index: usize, sender_id: u32, pos: u64, header: u64) {
     tracing::error!(
@@ -340,6 +496,10 @@ enum Path {
         ctl: *const FastboxCtl,
         /// The claim word as we attached it.
         claim: u64,
+        /// The pair line with the receiver, once paired.
+        line: Option<OutLine>,
+        /// Where that line is (found on connect).
+        site: LineSite,
     },
     /// The shared queue.
     Queue(ShmQueue),
@@ -352,6 +512,8 @@ pub struct Outbox {
     path: Path,
     /// The pid of the process that created the inbox.
     receiver_pid: u32,
+    /// The inbox owner's sender id ([`NO_OWNER`] if it has none).
+    receiver_id: u32,
 }
 
 // SAFETY: the raw pointers point into the segment the Outbox maps and owns;
@@ -397,8 +559,12 @@ impl Outbox {
             sender_id,
             source,
         })?;
+        // Relaxed: published with the header by the creator's Release store of the
+        // segment state, which `validate` acquired.
+        let receiver_id = parts.header().owner_id.load(Ordering::Relaxed);
         let path = match claim_fastbox(&seg, &parts, sender_id)? {
             Some((i, claim, fresh)) => {
+                let site = line_site(&parts, sender_id, receiver_id, fresh);
                 let ring = parts.ring(i);
                 let max_frame = cfg.fastbox_max_frame();
                 let producer = if fresh {
@@ -414,19 +580,57 @@ impl Outbox {
                     producer,
                     ctl: parts.ctl(i),
                     claim,
+                    line: None,
+                    site,
                 }
             }
             None => Path::Queue(parts.queue()),
         };
-        // Relaxed: published with the header by the creator's Release store of the
-        // segment state, which `validate` acquired.
+        // Relaxed: as `receiver_id`.
         let receiver_pid = parts.header().receiver_pid.load(Ordering::Relaxed);
         Ok(Outbox {
             seg,
             sender_id,
             path,
             receiver_pid,
+            receiver_id,
         })
+    }
+
+    /// The sender id of the inbox's owner (as given to
+    /// [`Inbox::create_for`]; `u32::MAX` when it has none).
+    pub fn receiver_id(&self) -> u32 {
+        self.receiver_id
+    }
+
+    /// Whether small frames to the receiver go through a pair line.
+    pub fn uses_pair_line(&self) -> bool {
+        matches!(self.path, Path::Fastbox { line: Some(_), .. })
+    }
+
+    /// Where the pair line with the receiver is, and a handle keeping the
+    /// receiver's inbox mapped.
+    pub(crate) fn line_site(&self) -> (LineSite, crate::segment::Keepalive) {
+        let site = match &self.path {
+            Path::Fastbox {
+                site, line: None, ..
+            } => *site,
+            _ => LineSite::None,
+        };
+        (site, self.seg.keepalive())
+    }
+
+    /// Installs the sending end of the pair line; false if there is one.
+    pub(crate) fn set_line(&mut self, l: OutLine) -> bool {
+        match &mut self.path {
+            Path::Fastbox {
+                line: line @ None, ..
+            } => {
+                *line = Some(l);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The pid of the inbox's process (as it recorded when it created the inbox).
@@ -445,7 +649,19 @@ impl Outbox {
     #[inline]
     pub fn try_send(&mut self, header: &[u8], payload: &[u8]) -> bool {
         match &mut self.path {
-            Path::Fastbox { ring, producer, .. } => producer.try_send(ring, header, payload),
+            Path::Fastbox {
+                ring,
+                producer,
+                line,
+                ..
+            } => {
+                if let Some(l) = line {
+                    if l.try_send(header, payload, producer.frames()) {
+                        return true;
+                    }
+                }
+                producer.try_send(ring, header, payload)
+            }
             Path::Queue(q) => q.try_send(self.sender_id, header, payload),
         }
     }
@@ -511,23 +727,27 @@ fn validate(seg: &SharedSegment) -> Result<(Geometry, InboxConfig), ShmError> {
         fastbox_bytes: h.fastbox_bytes.load(Ordering::Relaxed),
         queue_slots: h.queue_slots.load(Ordering::Relaxed),
         queue_slot_bytes: h.queue_slot_bytes.load(Ordering::Relaxed),
+        pair_lines: h.pair_lines.load(Ordering::Relaxed),
     };
     let geometry = cfg
         .geometry()
         .map_err(|e| mismatch(format!("header holds an invalid geometry ({e})")))?;
     let recorded = (
         h.ctl_offset.load(Ordering::Relaxed),
+        h.pair_offset.load(Ordering::Relaxed),
         h.ring_offset.load(Ordering::Relaxed),
         h.queue_offset.load(Ordering::Relaxed),
     );
     let expected = (
         geometry.ctl_offset as u64,
+        geometry.pair_offset as u64,
         geometry.ring_offset as u64,
         geometry.queue_offset as u64,
     );
     if recorded != expected {
         return Err(mismatch(format!(
-            "offsets (ctl, ring, queue) {recorded:?} differ from {expected:?} computed from {cfg:?}"
+            "offsets (ctl, pair, ring, queue) {recorded:?} differ from {expected:?} computed \
+             from {cfg:?}"
         )));
     }
     if geometry.total_bytes > seg.bytes() {
@@ -538,6 +758,31 @@ fn validate(seg: &SharedSegment) -> Result<(Geometry, InboxConfig), ShmError> {
         )));
     }
     Ok((geometry, cfg))
+}
+
+/// Where the pair line of `sender_id` and the inbox's owner is: ours when we
+/// have the lower id, theirs (in this inbox, at our index) when we have the
+/// higher one; none without owner ids, out of the inbox's range, or on a
+/// fastbox taken over from a previous sender.
+fn line_site(parts: &Parts, sender_id: u32, receiver_id: u32, fresh: bool) -> LineSite {
+    if !fresh || receiver_id == NO_OWNER || receiver_id == sender_id {
+        return LineSite::None;
+    }
+    if sender_id < receiver_id {
+        return LineSite::Ours;
+    }
+    if sender_id >= parts.cfg.pair_lines {
+        return LineSite::None;
+    }
+    // SAFETY: the pair lines lie inside the mapping (`validate` checked the
+    // geometry, which places `pair_lines` of them at `pair_offset`), 64-byte
+    // aligned.
+    LineSite::Theirs(unsafe {
+        parts
+            .base
+            .add(parts.geometry.pair_offset + sender_id as usize * PAIR_LINE_BYTES)
+            .cast::<PairLine>()
+    })
 }
 
 /// Claims a fastbox for `sender_id`: its own (reattach, or takeover from a

@@ -72,7 +72,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"WEFT-SHM");
 
 /// Version of the layout defined in this file; bump it on every change.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// [`SegmentHeader::state`]: the creator is still initialising the segment.
 pub const STATE_INITIALIZING: u32 = 0;
@@ -231,8 +231,13 @@ pub struct InboxHeader {
     pub ring_offset: AtomicU64,
     /// Offset of the first queue slot.
     pub queue_offset: AtomicU64,
-    /// Reserved, zero.
-    pub _reserved: [u64; 2],
+    /// Sender id of the inbox's owner ([`NO_OWNER`] when it has none): where
+    /// pair lines live (see [`PairLine`]).
+    pub owner_id: AtomicU32,
+    /// Number of [`PairLine`]s: one per sender id below it.
+    pub pair_lines: AtomicU32,
+    /// Offset of the [`PairLine`] array.
+    pub pair_offset: AtomicU64,
 }
 
 const _: () = assert!(size_of::<InboxHeader>() == 64);
@@ -246,6 +251,12 @@ const _: () = assert!(offset_of!(InboxHeader, receiver_pid) == 20);
 const _: () = assert!(offset_of!(InboxHeader, ctl_offset) == 24);
 const _: () = assert!(offset_of!(InboxHeader, ring_offset) == 32);
 const _: () = assert!(offset_of!(InboxHeader, queue_offset) == 40);
+const _: () = assert!(offset_of!(InboxHeader, owner_id) == 48);
+const _: () = assert!(offset_of!(InboxHeader, pair_lines) == 52);
+const _: () = assert!(offset_of!(InboxHeader, pair_offset) == 56);
+
+/// [`InboxHeader::owner_id`] of an inbox created without an owner id.
+pub const NO_OWNER: u32 = u32::MAX;
 
 /// Offset of the [`InboxHeader`] in an inbox segment.
 pub const INBOX_HEADER_OFFSET: usize = SEGMENT_HEADER_BYTES;
@@ -360,6 +371,55 @@ pub const fn fastbox_header(pos: u64, len: u32) -> u64 {
 pub const fn fastbox_frame_slots(len: usize) -> u64 {
     ((FASTBOX_FRAME_HEADER_BYTES + len).div_ceil(FASTBOX_SLOT_BYTES)) as u64
 }
+
+/// One side's half of a [`PairLine`]: written only by that side's process.
+///
+/// `frame` is the side's latest frame to the other: `seq u8 | len u8 << 8 |
+/// ring u16 << 16 | the frame's first 4 bytes << 32`, stored last with
+/// Release; `body` holds the frame's bytes 4..24. `ack` is what the side
+/// read of the other's frames: `seq u8` of the last one consumed, plus
+/// [`PAIR_LISTENING`] while the side polls the other's half.
+#[repr(C, align(32))]
+#[derive(Debug)]
+pub struct PairHalf {
+    /// The frame word, see above.
+    pub frame: AtomicU64,
+    /// The ack word, see above.
+    pub ack: AtomicU32,
+    /// Frame bytes 4..24.
+    pub body: [u8; 20],
+}
+
+const _: () = assert!(size_of::<PairHalf>() == 32);
+const _: () = assert!(offset_of!(PairHalf, frame) == 0);
+const _: () = assert!(offset_of!(PairHalf, ack) == 8);
+const _: () = assert!(offset_of!(PairHalf, body) == 12);
+
+/// The cache line two local processes share for their small frames in both
+/// directions: half 0 belongs to the lower sender id, half 1 to the higher.
+/// It lives in the lower one's inbox, at index = the higher one's sender id.
+///
+/// One line for both directions is the point: a reply written into the line
+/// the request arrived in costs one cache-line transfer, where a reply into
+/// another line costs an ownership request on top (measured 0.066 against
+/// 0.14 us one way). Each side has at most one unconsumed frame in its half;
+/// `ring` orders it among the side's fastbox frames.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct PairLine {
+    /// Half 0 (lower sender id) and half 1 (higher).
+    pub halves: [PairHalf; 2],
+}
+
+const _: () = assert!(size_of::<PairLine>() == 64);
+const _: () = assert!(offset_of!(PairLine, halves) == 0);
+
+/// Size in bytes of one [`PairLine`].
+pub const PAIR_LINE_BYTES: usize = size_of::<PairLine>();
+/// Largest frame a pair line carries.
+pub const PAIR_FRAME_MAX: usize = 24;
+/// [`PairHalf::ack`]: the side polls the other's half.
+pub const PAIR_LISTENING: u32 = 1 << 8;
 
 /// Header of one queue slot; the frame bytes follow.
 #[repr(C)]

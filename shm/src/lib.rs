@@ -22,6 +22,14 @@
 //! reads the receiver's consumer index (on its own cache line) only when its
 //! ring looks full. Frames from one sender arrive in the order sent.
 //!
+//! Two local processes that both send to each other also share one cache
+//! line, a *pair line* (see [`PairHost`]): frames of at most 24 bytes go
+//! through it when the previous one was consumed, so a reply lands in the
+//! line its request came in and costs one cache-line transfer instead of two
+//! (the rings stay for everything else, and the order across both paths is
+//! kept). The lines need owner ids ([`Inbox::create_for`]) and both sides
+//! pairing their outbox; `WEFT_SHM_PAIR_LINES=0` turns them off.
+//!
 //! A sender that dies leaves only whole frames behind; a sender that dies
 //! inside a queue slot it reserved is detected (its record lock on the
 //! inbox is gone) and the slot recycled, so the queue does not stall.
@@ -29,15 +37,15 @@
 //!
 //! # Memory
 //!
-//! With the defaults (32 fastboxes of 64 KiB, 1024 queue slots of 1 KiB),
-//! one inbox segment is 12 KiB of headers + 2 MiB of fastboxes + 1 MiB of
-//! queue = 3.01 MiB, whatever the number of local processes `P`, so the
+//! With the defaults (32 fastboxes of 64 KiB, 1024 queue slots of 1 KiB,
+//! 256 pair lines of 64 bytes), one inbox segment is 28 KiB of headers and
+//! pair lines + 2 MiB of fastboxes + 1 MiB of queue = 3.03 MiB, whatever the number of local processes `P`, so the
 //! node's total grows with `P`, not `P^2`:
 //!
 //! | local processes | segment size per process | per node (all inboxes) |
 //! |---|---|---|
-//! | 64  | 3.01 MiB | 193 MiB |
-//! | 256 | 3.01 MiB | 771 MiB |
+//! | 64  | 3.03 MiB | 194 MiB |
+//! | 256 | 3.03 MiB | 775 MiB |
 //!
 //! (A fastbox for every pair would cost `P * (P - 1) * 64 KiB`: 252 MiB at
 //! 64 processes and 4 GiB at 256.) These are segment sizes, i.e. address
@@ -49,14 +57,15 @@
 //! the queue's first page (4 KiB); a claimed fastbox costs the pages its ring
 //! has cycled through: all 64 KiB once it wrapped (about 1000 small frames or
 //! 4 of the largest); the queue costs the pages of the slots used so far, all
-//! 1 MiB after 1024 frames. So the touched cost per inbox is about
+//! 1 MiB after 1024 frames; pair lines cost a 4 KiB page per 64 local ranks
+//! that talk to the inbox's owner. So the touched cost per inbox is about
 //! `8 KiB + 64 KiB * (senders that used it, at most 32) + (up to 1 MiB if
-//! more than 32 did)`:
+//! more than 32 did)`, plus up to 16 KiB of pair lines:
 //!
 //! | traffic pattern | per inbox | 64 processes | 256 processes |
 //! |---|---|---|---|
-//! | all-to-all (everyone talks to everyone) | 3.01 MiB | 193 MiB | 771 MiB |
-//! | halo exchange, 6 neighbours | 392 KiB | 25 MiB | 98 MiB |
+//! | all-to-all (everyone talks to everyone) | 3.03 MiB | 194 MiB | 775 MiB |
+//! | halo exchange, 6 neighbours | 396 KiB | 25 MiB | 99 MiB |
 //! | nobody sends | 8 KiB | 0.5 MiB | 2 MiB |
 //!
 //! Every [`Outbox`] also keeps one file descriptor open (its liveness lock),
@@ -76,6 +85,7 @@ mod fastbox;
 mod inbox;
 pub mod layout;
 mod liveness;
+mod pair;
 mod queue;
 pub mod segment;
 pub mod store;
@@ -86,5 +96,6 @@ pub use cma::{cma_read, cma_write};
 pub use config::{InboxConfig, TUNABLES};
 pub use error::ShmError;
 pub use inbox::{Inbox, Outbox};
+pub use pair::PairHost;
 pub use segment::{unlink, SegmentError};
 pub use store::{StoreFull, StoreReader, StoreWriter};

@@ -167,6 +167,15 @@ impl ShmQueue {
         }
     }
 
+    /// Whether the slot of ticket `head` is empty (no frame, no writer):
+    /// one Relaxed load, for spinning on.
+    #[inline(always)]
+    pub(crate) fn quiet(&self, head: u64) -> bool {
+        let (slot, _) = self.slot(head);
+        // Relaxed: a hint; `poll` acquires what it delivers.
+        slot.state.load(Ordering::Relaxed) == state(lap(head, self.mask), 0)
+    }
+
     /// Delivers up to `budget` frames from ticket `*head` on, calling
     /// `f(sender_id, bytes)`; returns how many, and the head's state when it
     /// stopped early.

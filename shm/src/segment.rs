@@ -245,10 +245,30 @@ fn file_id(st: &rustix::fs::Stat) -> (u64, u64) {
 }
 
 /// One `mmap` of a segment, unmapped on drop.
-struct Mapping {
+pub(crate) struct Mapping {
     base: NonNull<u8>,
     len: usize,
 }
+
+// SAFETY: the mapping is plain shared memory, not tied to a thread; `base` is
+// only an address, and every access to the memory goes through atomics or
+// through the protocols of the types laid out in it.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` exposes nothing but the address and length.
+unsafe impl Sync for Mapping {}
+
+impl fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mapping")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Keeps a segment's memory mapped (not its name): for pointers into it held
+/// by another object than the segment's owner.
+pub(crate) type Keepalive = std::sync::Arc<Mapping>;
 
 impl Mapping {
     /// Maps `len` bytes of `fd` shared, read-only or read-write.
@@ -301,7 +321,7 @@ impl Drop for Mapping {
 /// this segment).
 pub struct WritableSegment {
     name: String,
-    map: Mapping,
+    map: Keepalive,
     /// (device, inode) of the shm object, to unlink only our own segment.
     id: (u64, u64),
     /// The open shm object (kept for `fcntl` record locks on it).
@@ -372,7 +392,7 @@ impl WritableSegment {
         let map = Mapping::new(name, &fd, bytes, true).map_err(fail)?;
         let seg = WritableSegment {
             name: name.to_owned(),
-            map,
+            map: Keepalive::new(map),
             id: file_id(&st),
             fd,
         };
@@ -408,6 +428,12 @@ impl WritableSegment {
     /// The open shm object.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// A handle that keeps the memory mapped after `self` is dropped (the
+    /// name is still unlinked then).
+    pub(crate) fn keepalive(&self) -> Keepalive {
+        self.map.clone()
     }
 
     /// Writes magic, layout version and size, then marks the segment ready.
@@ -607,7 +633,7 @@ fn open_validated(
 /// Keeps the shm object open, for `fcntl` record locks on it.
 pub(crate) struct SharedSegment {
     name: String,
-    map: Mapping,
+    map: Keepalive,
     fd: OwnedFd,
 }
 
@@ -631,9 +657,14 @@ impl SharedSegment {
         let (map, fd) = open_validated(name, kind, true)?;
         Ok(SharedSegment {
             name: name.to_owned(),
-            map,
+            map: Keepalive::new(map),
             fd,
         })
+    }
+
+    /// A handle that keeps the memory mapped after `self` is dropped.
+    pub(crate) fn keepalive(&self) -> Keepalive {
+        self.map.clone()
     }
 
     /// The segment's name.

@@ -340,7 +340,7 @@ fn connect_errors_are_clear() {
     match Outbox::connect(inbox.name(), 0) {
         Err(e @ ShmError::Segment(SegmentError::LayoutVersion { .. })) => {
             let msg = e.to_string();
-            assert!(msg.contains("layout version 9"), "{msg}");
+            assert!(msg.contains("layout version 10"), "{msg}");
         }
         other => panic!("expected LayoutVersion, got {other:?}"),
     }
@@ -473,9 +473,10 @@ fn cross_process_pingpong() {
     if child_role() == Some("pingpong") {
         let a = std::env::var(ENV_A).unwrap();
         let b = std::env::var(ENV_B).unwrap();
-        let mut inbox = Inbox::create(&b, &InboxConfig::default()).unwrap();
+        let mut inbox = Inbox::create_for(&b, &InboxConfig::default(), 1).unwrap();
         let mut out = connect_retry(&a, 1, Duration::from_secs(20));
         assert!(out.uses_fastbox());
+        assert!(inbox.pair_host().pair(&mut out), "no pair line");
         for i in 0..PINGPONG_ROUNDS {
             let v = recv_u64(&mut inbox, 0);
             assert_eq!(v, i, "child got frame {v}, expected {i}");
@@ -486,7 +487,7 @@ fn cross_process_pingpong() {
     let a = test_name("pp-a");
     let b = test_name("pp-b");
     let _cleanup = UnlinkOnDrop(b.clone());
-    let mut inbox = Inbox::create(&a, &InboxConfig::default()).unwrap();
+    let mut inbox = Inbox::create_for(&a, &InboxConfig::default(), 0).unwrap();
     let mut child = spawn_child(
         "inbox::tests::cross_process_pingpong",
         "pingpong",
@@ -495,15 +496,29 @@ fn cross_process_pingpong() {
     );
     let mut out = connect_retry(&b, 0, Duration::from_secs(20));
     assert!(out.uses_fastbox());
+    assert!(inbox.pair_host().pair(&mut out), "no pair line");
+    assert!(out.uses_pair_line());
     let start = Instant::now();
+    // Our half of the line (in our inbox, at the child's index): its sequence
+    // number moves with every frame that goes through the line.
+    let mut by_line = 0;
     for i in 0..PINGPONG_ROUNDS {
+        let before = pair_line(&inbox, 1).halves[0].frame.load(Ordering::Relaxed);
         assert!(out.try_send(&i.to_le_bytes(), &[]));
+        if pair_line(&inbox, 1).halves[0].frame.load(Ordering::Relaxed) != before {
+            by_line += 1;
+        }
         let v = recv_u64(&mut inbox, 1);
         assert_eq!(v, i + 1, "parent got {v}, expected {}", i + 1);
     }
     let elapsed = start.elapsed();
     let status = child.wait(Duration::from_secs(60));
     assert!(status.success(), "ping-pong child failed: {status}");
+    // Only the first frames, before the child listened, took the ring.
+    assert!(
+        by_line >= PINGPONG_ROUNDS - 2,
+        "{by_line} of {PINGPONG_ROUNDS} frames by the pair line"
+    );
     println!(
         "cross-process ping-pong: {PINGPONG_ROUNDS} round trips, {:.3} us one way (unoptimised build)",
         elapsed.as_secs_f64() * 1e6 / (2 * PINGPONG_ROUNDS) as f64
@@ -613,4 +628,113 @@ fn dead_queue_sender_leaves_the_inbox_consistent() {
         &queue_only(16),
         false,
     );
+}
+
+/// The pair line at `index` of `inbox`'s table.
+fn pair_line(inbox: &Inbox, index: usize) -> &crate::layout::PairLine {
+    let g = inbox.parts.geometry;
+    assert!(index < inbox.parts.cfg.pair_lines as usize);
+    // SAFETY: inside the mapping the inbox owns (geometry), 64-byte aligned;
+    // only atomics are read through it.
+    unsafe {
+        &*inbox
+            .parts
+            .base
+            .add(g.pair_offset + index * crate::layout::PAIR_LINE_BYTES)
+            .cast::<crate::layout::PairLine>()
+    }
+}
+
+/// Lengths that mix pair-line frames (up to 24 bytes) with ring frames.
+fn mixed_len(seq: u64) -> usize {
+    match seq % 11 {
+        0 => 200,
+        4 => 25,
+        7 => 3000,
+        _ => (seq % 25) as usize,
+    }
+}
+
+/// Two paired endpoints stream to each other at once, in frames of mixed
+/// sizes: every frame arrives intact, in order, and the small ones used the
+/// line in both directions.
+#[test]
+fn pair_lines_carry_small_frames_in_order_both_ways() {
+    const FRAMES: u64 = 200_000;
+    let names = [test_name("pair-0"), test_name("pair-1")];
+    let cfg = InboxConfig::default();
+    let mut inboxes: Vec<Inbox> = (0..2)
+        .map(|i| Inbox::create_for(&names[i], &cfg, i as u32).unwrap())
+        .collect();
+    let mut outs: Vec<Outbox> = (0..2)
+        .map(|i| Outbox::connect(&names[1 - i], i as u32).unwrap())
+        .collect();
+    for (inbox, out) in inboxes.iter().zip(outs.iter_mut()) {
+        assert!(inbox.pair_host().pair(out));
+        assert!(out.uses_pair_line());
+        assert!(!inbox.pair_host().pair(out), "paired twice");
+    }
+    std::thread::scope(|s| {
+        for (inbox, mut out) in inboxes.iter_mut().zip(outs.drain(..)) {
+            s.spawn(move || {
+                let mut checker = Checker::new(mixed_len);
+                let mut seq = 0;
+                let start = Instant::now();
+                while seq < FRAMES || checker.total < FRAMES {
+                    if seq < FRAMES {
+                        let len = mixed_len(seq);
+                        let (head, head_len, rest) = frame_parts(out.sender_id(), seq, len);
+                        if out.try_send(&head[..head_len], rest) {
+                            seq += 1;
+                        }
+                    }
+                    inbox.poll(&mut |s, b| checker.check(s, b));
+                    assert!(start.elapsed() < Duration::from_secs(300), "stuck");
+                }
+                assert_eq!(inbox.poll(&mut |_, _| panic!("extra frame")), 0);
+            });
+        }
+    });
+    let line = pair_line(&inboxes[0], 1);
+    for (side, half) in line.halves.iter().enumerate() {
+        let ack = half.ack.load(Ordering::Acquire);
+        assert_ne!(
+            ack & crate::layout::PAIR_LISTENING,
+            0,
+            "side {side} not listening"
+        );
+        assert_ne!(
+            half.frame.load(Ordering::Acquire),
+            0,
+            "side {side} never used the line"
+        );
+    }
+}
+
+/// No line without owner ids, with the lines turned off, or for a sender id
+/// beyond the table; such pairs still talk through the rings.
+#[test]
+fn pair_lines_need_owner_ids_and_room() {
+    let cases: [(&str, u32, u32, u32); 3] = [
+        ("noowner", crate::layout::NO_OWNER, 256, 1),
+        ("off", 0, 0, 1),
+        ("beyond", 0, 4, 9),
+    ];
+    for (tag, owner, lines, sender) in cases {
+        let cfg = InboxConfig {
+            pair_lines: lines,
+            ..InboxConfig::default()
+        };
+        let name = test_name(&format!("nopair-{tag}"));
+        let mut inbox = Inbox::create_for(&name, &cfg, owner).unwrap();
+        let other = test_name(&format!("nopair-{tag}-other"));
+        let mine = Inbox::create_for(&other, &cfg, sender).unwrap();
+        let mut out = Outbox::connect(&name, sender).unwrap();
+        assert!(!mine.pair_host().pair(&mut out), "{tag}: paired");
+        assert!(!out.uses_pair_line(), "{tag}");
+        assert!(out.try_send(&[7; 8], &[]));
+        let mut got = Vec::new();
+        inbox.poll(&mut |s, b| got.push((s, b.to_vec())));
+        assert_eq!(got, [(sender, vec![7; 8])], "{tag}");
+    }
 }
