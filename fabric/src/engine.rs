@@ -872,6 +872,22 @@ impl State {
         ctx: u64,
         tag: u32,
     ) -> Result<Option<u32>, P2pError> {
+        // The fast path: a short message to a connected local peer with nothing queued.
+        if len <= SHORT_MAX && len <= self.cfg.eager_limit {
+            if let Some(Peer {
+                path: Path::Shm(out),
+                backlog,
+                ..
+            }) = self.peers.get_mut(dest as usize)
+            {
+                // SAFETY: the caller guarantees `buf` points to `len` readable bytes for
+                // the duration of this call.
+                let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                if backlog.is_empty() && out.try_send(&short_header(ctx, tag), data) {
+                    return Ok(None);
+                }
+            }
+        }
         self.path(dest)?;
         let me = self.me;
         if dest == me {
