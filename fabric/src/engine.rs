@@ -540,8 +540,8 @@ impl Engine {
     /// Cheap to spin on: loads only.
     #[inline]
     pub(crate) fn quiet(&self) -> bool {
-        // Not `unexpected`: another thread may have polled our message into it while
-        // the engine was let go.
+        // Nothing unexpected either: another thread may have polled our message into
+        // it while the engine was let go.
         self.st.verbs.is_none()
             && self.st.busy.is_empty()
             && self.st.unexpected.is_empty()

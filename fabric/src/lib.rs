@@ -1044,6 +1044,7 @@ impl Communicator {
                 if check || !e.quiet() {
                     break check;
                 }
+                std::hint::spin_loop();
             };
             if check {
                 let gone = match s {

@@ -58,12 +58,15 @@ fn pair(name: &str, eager: usize, via: Via, case: fn(&Communicator, u32)) {
                     let cards = cards.lock().unwrap().clone();
                     Fabric::from_verbs(me, 2, ep, cards, eager)
                 } else {
-                    let cfg = InboxConfig::default();
                     let name = &names[me as usize];
                     let inbox = if via == Via::Cma {
+                        let cfg = InboxConfig {
+                            pair_lines: 256,
+                            ..InboxConfig::default()
+                        };
                         Inbox::create_for(name, &cfg, me).expect("inbox")
                     } else {
-                        Inbox::create(name, &cfg).expect("inbox")
+                        Inbox::create(name, &InboxConfig::default()).expect("inbox")
                     };
                     barrier.wait();
                     let peers = names.iter().cloned().map(Some).collect();

@@ -762,10 +762,14 @@ fn validate(seg: &SharedSegment) -> Result<(Geometry, InboxConfig), ShmError> {
 
 /// Where the pair line of `sender_id` and the inbox's owner is: ours when we
 /// have the lower id, theirs (in this inbox, at our index) when we have the
-/// higher one; none without owner ids, out of the inbox's range, or on a
-/// fastbox taken over from a previous sender.
+/// higher one; none without owner ids, out of the inbox's range, on a
+/// fastbox taken over from a previous sender, or with rings of more than
+/// 2^16 slots.
 fn line_site(parts: &Parts, sender_id: u32, receiver_id: u32, fresh: bool) -> LineSite {
-    if !fresh || receiver_id == NO_OWNER || receiver_id == sender_id {
+    // A line frame's place among the ring frames is a count mod 2^16: a ring
+    // that can hold more unconsumed frames could make it look due too early.
+    let ring_slots = parts.cfg.fastbox_bytes as usize / FASTBOX_SLOT_BYTES;
+    if !fresh || receiver_id == NO_OWNER || receiver_id == sender_id || ring_slots > 1 << 16 {
         return LineSite::None;
     }
     if sender_id < receiver_id {

@@ -27,8 +27,12 @@
 //! through it when the previous one was consumed, so a reply lands in the
 //! line its request came in and costs one cache-line transfer instead of two
 //! (the rings stay for everything else, and the order across both paths is
-//! kept). The lines need owner ids ([`Inbox::create_for`]) and both sides
-//! pairing their outbox; `WEFT_SHM_PAIR_LINES=0` turns them off.
+//! kept). The lines need owner ids ([`Inbox::create_for`]), both sides
+//! pairing their outbox, and `pair_lines` in the geometry
+//! (`WEFT_SHM_PAIR_LINES`). They are off by default: the gain needs the
+//! replier to write within a few tens of nanoseconds of reading, before the
+//! waiting side's polling shares the line again; behind the fabric's
+//! matching (about 100 ns) it vanished, and the rings measured as fast.
 //!
 //! A sender that dies leaves only whole frames behind; a sender that dies
 //! inside a queue slot it reserved is detected (its record lock on the
@@ -38,14 +42,14 @@
 //! # Memory
 //!
 //! With the defaults (32 fastboxes of 64 KiB, 1024 queue slots of 1 KiB,
-//! 256 pair lines of 64 bytes), one inbox segment is 28 KiB of headers and
-//! pair lines + 2 MiB of fastboxes + 1 MiB of queue = 3.03 MiB, whatever the number of local processes `P`, so the
+//! no pair lines), one inbox segment is 12 KiB of headers + 2 MiB of
+//! fastboxes + 1 MiB of queue = 3.01 MiB (256 pair lines add 16 KiB), whatever the number of local processes `P`, so the
 //! node's total grows with `P`, not `P^2`:
 //!
 //! | local processes | segment size per process | per node (all inboxes) |
 //! |---|---|---|
-//! | 64  | 3.03 MiB | 194 MiB |
-//! | 256 | 3.03 MiB | 775 MiB |
+//! | 64  | 3.01 MiB | 193 MiB |
+//! | 256 | 3.01 MiB | 771 MiB |
 //!
 //! (A fastbox for every pair would cost `P * (P - 1) * 64 KiB`: 252 MiB at
 //! 64 processes and 4 GiB at 256.) These are segment sizes, i.e. address
@@ -60,12 +64,12 @@
 //! 1 MiB after 1024 frames; pair lines cost a 4 KiB page per 64 local ranks
 //! that talk to the inbox's owner. So the touched cost per inbox is about
 //! `8 KiB + 64 KiB * (senders that used it, at most 32) + (up to 1 MiB if
-//! more than 32 did)`, plus up to 16 KiB of pair lines:
+//! more than 32 did)`, plus up to 16 KiB of pair lines when they are on:
 //!
 //! | traffic pattern | per inbox | 64 processes | 256 processes |
 //! |---|---|---|---|
-//! | all-to-all (everyone talks to everyone) | 3.03 MiB | 194 MiB | 775 MiB |
-//! | halo exchange, 6 neighbours | 396 KiB | 25 MiB | 99 MiB |
+//! | all-to-all (everyone talks to everyone) | 3.01 MiB | 193 MiB | 771 MiB |
+//! | halo exchange, 6 neighbours | 392 KiB | 25 MiB | 98 MiB |
 //! | nobody sends | 8 KiB | 0.5 MiB | 2 MiB |
 //!
 //! Every [`Outbox`] also keeps one file descriptor open (its liveness lock),

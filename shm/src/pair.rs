@@ -466,16 +466,24 @@ impl PairHost {
     /// Gives `out` (one of this process's outboxes) the pair line it shares
     /// with its receiver, and hands the receiving end to the inbox. Does
     /// nothing (and returns false) when there is no line for the pair: an
-    /// id without a line, a peer on the shared queue, a fastbox taken over
-    /// from a dead sender, or an outbox already paired.
+    /// id without a line, an outbox whose sender id is not the inbox's
+    /// owner id, a peer on the shared queue, a fastbox taken over from a
+    /// dead sender, or an outbox already paired.
+    ///
+    /// Once paired, `out` and the inbox both write this side's half of the
+    /// line (acks): drive them from one thread at a time (the fabric does,
+    /// under its engine lock), or an ack may be lost or go backwards.
     pub fn pair(&self, out: &mut crate::Outbox) -> bool {
         let h = &self.shared;
         let peer = out.receiver_id();
+        if out.sender_id() != h.owner_id {
+            return false;
+        }
         let (site, keep_theirs) = out.line_site();
         let (line, side, keep_mine, keep_in) = match site {
             LineSite::None => return false,
             LineSite::Ours => {
-                if out.sender_id() != h.owner_id || peer >= h.pair_lines {
+                if peer >= h.pair_lines {
                     return false;
                 }
                 let line = (h.lines as *mut PairLine).wrapping_add(peer as usize);

@@ -473,7 +473,7 @@ fn cross_process_pingpong() {
     if child_role() == Some("pingpong") {
         let a = std::env::var(ENV_A).unwrap();
         let b = std::env::var(ENV_B).unwrap();
-        let mut inbox = Inbox::create_for(&b, &InboxConfig::default(), 1).unwrap();
+        let mut inbox = Inbox::create_for(&b, &with_lines(), 1).unwrap();
         let mut out = connect_retry(&a, 1, Duration::from_secs(20));
         assert!(out.uses_fastbox());
         assert!(inbox.pair_host().pair(&mut out), "no pair line");
@@ -487,7 +487,7 @@ fn cross_process_pingpong() {
     let a = test_name("pp-a");
     let b = test_name("pp-b");
     let _cleanup = UnlinkOnDrop(b.clone());
-    let mut inbox = Inbox::create_for(&a, &InboxConfig::default(), 0).unwrap();
+    let mut inbox = Inbox::create_for(&a, &with_lines(), 0).unwrap();
     let mut child = spawn_child(
         "inbox::tests::cross_process_pingpong",
         "pingpong",
@@ -645,6 +645,14 @@ fn pair_line(inbox: &Inbox, index: usize) -> &crate::layout::PairLine {
     }
 }
 
+/// The default geometry with pair lines.
+fn with_lines() -> InboxConfig {
+    InboxConfig {
+        pair_lines: 256,
+        ..InboxConfig::default()
+    }
+}
+
 /// Lengths that mix pair-line frames (up to 24 bytes) with ring frames.
 fn mixed_len(seq: u64) -> usize {
     match seq % 11 {
@@ -662,7 +670,7 @@ fn mixed_len(seq: u64) -> usize {
 fn pair_lines_carry_small_frames_in_order_both_ways() {
     const FRAMES: u64 = 200_000;
     let names = [test_name("pair-0"), test_name("pair-1")];
-    let cfg = InboxConfig::default();
+    let cfg = with_lines();
     let mut inboxes: Vec<Inbox> = (0..2)
         .map(|i| Inbox::create_for(&names[i], &cfg, i as u32).unwrap())
         .collect();
