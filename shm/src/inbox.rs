@@ -29,7 +29,7 @@ use crate::layout::{
     PAIR_LINE_BYTES, QUEUE_PRODUCER_OFFSET,
 };
 use crate::liveness::{lock_sender, sender_locked_elsewhere};
-use crate::pair::{HostShared, InLine, LineSite, OutLine, PairHost, Pending, ShmLine};
+use crate::pair::{HostShared, InLine, LineSite, OutLine, PairHost, Pending};
 use crate::queue::{Head, ShmQueue};
 use crate::segment::{SegmentError, SegmentKind, SharedSegment, WritableSegment};
 
@@ -269,27 +269,17 @@ impl Inbox {
                 continue;
             }
             let sender = b.sender_id;
-            let (k, end) = match &mut b.line {
-                None => b
-                    .consumer
-                    .poll_with(&b.ring, None::<(&ShmLine, _)>, POLL_BATCH, |bytes| {
-                        f(sender, bytes)
-                    }),
-                Some(l) => {
-                    let r = b.consumer.poll_with(
-                        &b.ring,
-                        Some((&l.mem, &mut l.reader)),
-                        POLL_BATCH,
-                        |bytes| f(sender, bytes),
-                    );
-                    if r.0 != 0 {
-                        // The peer talks to us: our sends to it may try the line again.
-                        l.local.set_try_line(true);
-                        l.local.set_consumed(l.reader.consumed());
-                    }
-                    r
-                }
-            };
+            let (k, end) = b.consumer.poll_with(
+                &b.ring,
+                b.line.as_mut().map(|l| (&l.mem, &mut l.reader)),
+                POLL_BATCH,
+                |bytes| f(sender, bytes),
+            );
+            if let (Some(l), 1..) = (&b.line, k) {
+                // The peer talks to us: our sends to it may try the line again.
+                l.local.set_try_line(true);
+                l.local.set_consumed(l.reader.consumed());
+            }
             n += k;
             match end {
                 PollEnd::Idle => {}

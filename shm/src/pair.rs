@@ -120,15 +120,15 @@ impl LineWriter {
         let mut buf = [0u8; PAIR_FRAME_MAX];
         buf[..a.len()].copy_from_slice(a);
         buf[a.len()..len].copy_from_slice(b);
-        let mut body = [0u8; BODY_BYTES];
-        body.copy_from_slice(&buf[WORD_BYTES..]);
+        let (word_bytes, body) = buf.split_at(WORD_BYTES);
+        let body: &[u8; BODY_BYTES] = body.try_into().expect("24 - 4 bytes");
         // SAFETY: the reader acknowledged our previous frame (checked above
         // with Acquire).
-        unsafe { mem.write_my_body(&body) };
+        unsafe { mem.write_my_body(body) };
         // The ack goes with the frame: one ownership request for both.
         ack_up_to(mem, consumed);
         let seq = self.seq.wrapping_add(1);
-        let first = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let first = u32::from_le_bytes(word_bytes.try_into().expect("4 bytes"));
         let word = u64::from(seq)
             | (len as u64) << 8
             | u64::from(ring as u16) << 16
@@ -251,12 +251,11 @@ impl LineReader {
             return Err(());
         }
         let mut buf = [0u8; PAIR_FRAME_MAX];
-        buf[..WORD_BYTES].copy_from_slice(&((word >> 32) as u32).to_le_bytes());
-        let mut body = [0u8; BODY_BYTES];
+        let (word_bytes, body) = buf.split_at_mut(WORD_BYTES);
+        word_bytes.copy_from_slice(&((word >> 32) as u32).to_le_bytes());
         // SAFETY: the frame word was acquired by `peek` and not acknowledged
         // yet (contract).
-        unsafe { mem.read_their_body(&mut body) };
-        buf[WORD_BYTES..].copy_from_slice(&body);
+        unsafe { mem.read_their_body(body.try_into().expect("24 - 4 bytes")) };
         self.expect = self.expect.wrapping_add(1);
         f(&buf[..len]);
         Ok(())
