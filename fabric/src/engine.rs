@@ -534,18 +534,37 @@ impl Engine {
         }
     }
 
-    /// Whether nothing has arrived since the last progress (only when the inbox is the
-    /// sole transport, nothing waits to be sent and no message waits unmatched:
-    /// otherwise false, so callers poll).
-    /// Cheap to spin on: loads only.
+    /// Whether nothing has arrived since the last progress: nothing waits to be sent, no
+    /// message waits unmatched, no RDMA read is under way, and neither transport has a
+    /// frame (false otherwise, so callers poll in full). Cheap to spin on: loads only for
+    /// shared memory, one completion-queue poll for verbs (whose finds the next progress
+    /// delivers).
     #[inline]
-    pub(crate) fn quiet(&self) -> bool {
+    pub(crate) fn quiet(&mut self) -> bool {
+        let st = &mut self.st;
         // Nothing unexpected either: another thread may have polled our message into
         // it while the engine was let go.
+        if !st.busy.is_empty() || !st.unexpected.is_empty() {
+            return false;
+        }
+        if let Some(ep) = &mut st.verbs {
+            if !st.reads.is_empty() || !st.pending_reads.is_empty() || !ep.idle() {
+                return false;
+            }
+        }
+        match &self.inbox {
+            Some(inbox) => inbox.quiet(),
+            None => st.verbs.is_some(),
+        }
+    }
+
+    /// Whether a wait should pause between two looks at [`Engine::quiet`]: yes for shared
+    /// memory alone (a look re-shares the cache line the sender is about to write); not
+    /// with verbs, where a look is a completion-queue poll (and where PAUSE is costly
+    /// under emulation: QEMU's TCG leaves its execution loop on every one).
+    #[inline]
+    pub(crate) fn pause_between_looks(&self) -> bool {
         self.st.verbs.is_none()
-            && self.st.busy.is_empty()
-            && self.st.unexpected.is_empty()
-            && self.inbox.as_ref().is_some_and(Inbox::quiet)
     }
 
     pub(crate) fn single_copy(&self) -> SingleCopy {
@@ -885,6 +904,37 @@ impl State {
                 let data = unsafe { std::slice::from_raw_parts(buf, len) };
                 if backlog.is_empty() && out.try_send(&short_header(ctx, tag), data) {
                     return Ok(None);
+                }
+            }
+        }
+        // The same for a peer reached by verbs: small frames go inline, the endpoint
+        // checks the rest (readiness, credits, room) and says no when it must queue.
+        if len <= self.cfg.eager_limit {
+            if let (
+                Some(Peer {
+                    path: Path::Verbs(conn),
+                    backlog,
+                    ..
+                }),
+                Some(ep),
+            ) = (self.peers.get_mut(dest as usize), self.verbs.as_mut())
+            {
+                if backlog.is_empty() && len + HDR <= ep.max_inline() {
+                    let hdr = Hdr {
+                        kind: EAGER,
+                        src: self.me,
+                        ctx,
+                        tag,
+                        aux: 0,
+                        len: len as u64,
+                    }
+                    .encode();
+                    // SAFETY: as above, `buf` holds `len` readable bytes during this call.
+                    let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                    // Not sent (Ok(false), or an error the slow path reports): go on.
+                    if let Ok(true) = ep.try_send(*conn, &hdr, data) {
+                        return Ok(None);
+                    }
                 }
             }
         }

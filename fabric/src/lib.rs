@@ -1036,15 +1036,18 @@ impl Communicator {
                 Direct::Queue => break,
                 Direct::NotYet => {}
             }
-            // Wait on the transport's next-frame words (loads only) rather than polling
-            // in full: a message is then seen within a few nanoseconds of its arrival.
+            // Wait on the transports' next-frame words (loads only) and the verbs receive
+            // queue rather than polling in full: a message is then seen within a few
+            // nanoseconds of its arrival.
             let check = loop {
                 let (g, check) = self.inner.pause(e, &mut backoff);
                 e = g;
                 if check || !e.quiet() {
                     break check;
                 }
-                std::hint::spin_loop();
+                if e.pause_between_looks() {
+                    std::hint::spin_loop();
+                }
             };
             if check {
                 let gone = match s {

@@ -23,6 +23,8 @@ const KIND_CREDIT: u32 = 2;
 /// "Ready to use": the requester's first message, which lets the responder send.
 const KIND_RTU: u32 = 4;
 const CREDIT_MASK: u32 = 0x00ff_ffff;
+/// A reposted receive slot that returns no credit (a control message or a failed one).
+const NO_CONN: u32 = u32::MAX;
 /// Receive buffers reserved per connection for control messages (one RTU, at most two
 /// credit messages unconsumed); control messages need no credits.
 const CTRL_SLOTS: u32 = 4;
@@ -233,6 +235,10 @@ pub struct Endpoint {
     next_token: u64,
     /// Work completions of one poll (kept to avoid initialising an array per poll).
     wc_buf: Box<[Wc]>,
+    /// Receive completions [`Endpoint::idle`] polled, not yet delivered: the first
+    /// `stashed` entries of `stash`.
+    stash: Box<[Wc]>,
+    stashed: usize,
     /// Signaled send-queue work requests not yet completed (the send CQ is polled on every
     /// `poll` while there are any, else every 32nd).
     signaled_out: usize,
@@ -242,6 +248,9 @@ pub struct Endpoint {
     exposed: U32Map<Exposure>,
     /// Connections that owe the peer an explicit credit message.
     credit_queue: Vec<u32>,
+    /// Receive slots delivered and not yet posted again, with the connection whose
+    /// credit each returns ([`NO_CONN`]: none); see [`Endpoint::repost_recvs`].
+    repost: Vec<(u32, u32)>,
     /// Connections connecting or starved of credits (timers to check in `poll`).
     timed: usize,
     stats: Stats,
@@ -371,8 +380,11 @@ impl Endpoint {
             errors: VecDeque::new(),
             next_token: 1,
             credit_queue: Vec::new(),
+            repost: Vec::with_capacity(POLL_BATCH),
             exposed: U32Map::default(),
             wc_buf: vec![Wc::default(); POLL_BATCH].into_boxed_slice(),
+            stash: vec![Wc::default(); POLL_BATCH].into_boxed_slice(),
+            stashed: 0,
             signaled_out: 0,
             polls: 0,
             timed: 0,
@@ -386,6 +398,13 @@ impl Endpoint {
     /// crate docs for the layout).
     pub fn card(&self) -> Vec<u8> {
         self.card.encode().to_vec()
+    }
+
+    /// Largest frame sent inline (copied into the work request: no send buffer, no
+    /// registration); larger eager frames are copied into a registered send buffer.
+    #[inline]
+    pub fn max_inline(&self) -> usize {
+        self.info.max_inline as usize
     }
 
     /// The device and port in use.
@@ -875,6 +894,9 @@ impl Endpoint {
     /// error naming the peer).
     pub fn try_send(&mut self, conn: ConnId, header: &[u8], payload: &[u8]) -> Result<bool, Error> {
         let idx = conn.0;
+        if let Some(r) = self.try_send_inline(idx, header, payload) {
+            return r;
+        }
         let eager_limit_low = self.send_free.is_empty();
         let max_inline = self.info.max_inline as usize;
         let c = self
@@ -936,6 +958,66 @@ impl Endpoint {
             self.stats.sends_inline += 1;
         }
         Ok(true)
+    }
+
+    /// The common case of [`Endpoint::try_send`], on the path of every small message: an
+    /// inline frame on a ready connection with a credit and room in its send queue. `None`:
+    /// not that case, take the general path.
+    #[inline]
+    fn try_send_inline(
+        &mut self,
+        idx: u32,
+        header: &[u8],
+        payload: &[u8],
+    ) -> Option<Result<bool, Error>> {
+        let len = header.len() + payload.len();
+        if len > self.info.max_inline as usize {
+            return None;
+        }
+        let c = self.conns.get_mut(idx as usize)?;
+        let (State::Ready, Some(qp)) = (&c.state, &c.qp) else {
+            return None;
+        };
+        if c.send_credits == 0 || len > c.max_frame || c.inflight.len() + 2 >= c.depth {
+            return None;
+        }
+        // As in `post`: signal every `signal_every`-th send, or when the queue fills up.
+        let signaled =
+            c.unsignaled + 1 >= self.cfg.signal_every || c.inflight.len() + 1 >= c.depth / 2;
+        let seq = c.seq;
+        let returned = c.to_return.min(CREDIT_MASK);
+        let wr_id = (u64::from(idx) << 32) | u64::from(seq);
+        if let Err(source) = qp.post_send_inline_imm(
+            wr_id,
+            header,
+            payload,
+            (KIND_DATA << 24) | returned,
+            signaled,
+        ) {
+            let err = Error::PostSend {
+                peer: c.peer,
+                source,
+            };
+            self.fail(idx, err.duplicate());
+            return Some(Err(err));
+        }
+        c.to_return -= returned;
+        if c.to_return == 0 {
+            c.credit_due = false;
+        }
+        c.send_credits -= 1;
+        c.seq = c.seq.wrapping_add(1);
+        c.unsignaled = if signaled { 0 } else { c.unsignaled + 1 };
+        c.inflight.push_back(Wr {
+            seq,
+            buf: None,
+            probe: false,
+            signaled,
+            read: None,
+        });
+        self.signaled_out += usize::from(signaled);
+        self.stats.sends_inline += 1;
+        Some(Ok(true))
     }
 
     /// Sends a signaled probe on every connection holding unsignaled sends, so their send
@@ -1077,6 +1159,9 @@ impl Endpoint {
     /// Returns the number of frames delivered, or the first error of a peer (a failed
     /// connection: the error names the peer and the completion status).
     pub fn poll(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> Result<usize, Error> {
+        if !self.repost.is_empty() {
+            self.repost_recvs();
+        }
         let delivered = self.poll_recv(deliver);
         self.polls = self.polls.wrapping_add(1);
         // Unsignaled sends that fail still complete (with an error), so the send CQ is
@@ -1097,17 +1182,90 @@ impl Endpoint {
         }
     }
 
+    /// Posts again the receive buffers delivered since the last call and grants their
+    /// credits to the peers that used them. Done at the start of the next poll rather
+    /// than right after delivery, so that it is off the path from a frame's arrival to the
+    /// answer the application sends; a credit is returned only for a reposted buffer, so
+    /// a peer never holds a credit without a posted buffer behind it.
+    fn repost_recvs(&mut self) {
+        let half = (self.cfg.credits / 2).max(1);
+        for (slot, idx) in std::mem::take(&mut self.repost).drain(..) {
+            let (addr, lkey) = self.recv_slots[slot as usize];
+            // SAFETY: the slot lies in its registration (see `grow_recvs`), and its frame
+            // was delivered: nothing reads it any more.
+            if let Err(source) = unsafe {
+                self.srq
+                    .post_recv(u64::from(slot), addr, self.cfg.eager_size as u32, lkey)
+            } {
+                self.errors.push_back(Error::PostRecv { source });
+                continue;
+            }
+            if let Some(c) = self.conns.get_mut(idx as usize) {
+                c.to_return += 1;
+                if c.to_return >= half && !c.credit_due {
+                    c.credit_due = true;
+                    self.credit_queue.push(idx);
+                }
+            }
+        }
+    }
+
     fn poll_recv(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
+        if self.stashed > 0 {
+            // `poll_recv_into` starts with the completions `idle` left in `stash`.
+            let mut wcs = std::mem::take(&mut self.stash);
+            let n = self.poll_recv_into(&mut wcs, deliver);
+            self.stash = wcs;
+            return n;
+        }
         let mut wcs = std::mem::take(&mut self.wc_buf);
         let n = self.poll_recv_into(&mut wcs, deliver);
         self.wc_buf = wcs;
         n
     }
 
+    /// Whether a [`poll`](Self::poll) now would have nothing to do: no receive completion,
+    /// no work pending (reposts, credit messages, timers, errors, signaled sends or RDMA
+    /// operations outstanding). It polls the receive completion queue once and keeps what
+    /// it finds for the next `poll`, which delivers it first: cheap to spin on while
+    /// waiting for a message (one `ibv_poll_cq` and a few loads).
+    #[inline]
+    pub fn idle(&mut self) -> bool {
+        if self.stashed > 0
+            || self.signaled_out > 0
+            || self.timed > 0
+            || !self.repost.is_empty()
+            || !self.credit_queue.is_empty()
+            || !self.errors.is_empty()
+            || !self.rdma_done.is_empty()
+        {
+            return false;
+        }
+        match self.recv_cq.poll(&mut self.stash) {
+            Ok(0) => true,
+            Ok(n) => {
+                self.stashed = n;
+                false
+            }
+            Err(source) => {
+                self.errors.push_back(Error::PollCq { source });
+                false
+            }
+        }
+    }
+
     fn poll_recv_into(&mut self, wcs: &mut [Wc], deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
         let mut delivered = 0;
         loop {
-            let n = match self.recv_cq.poll(wcs) {
+            // Completions `idle` took from the queue (into `wcs`, see `poll_recv`) go
+            // first.
+            let stashed = std::mem::take(&mut self.stashed);
+            let n = if stashed > 0 {
+                Ok(stashed)
+            } else {
+                self.recv_cq.poll(wcs)
+            };
+            let n = match n {
                 Ok(n) => n,
                 Err(source) => {
                     self.errors.push_back(Error::PollCq { source });
@@ -1116,7 +1274,7 @@ impl Endpoint {
             };
             for wc in &wcs[..n] {
                 let slot = wc.wr_id as usize;
-                let (addr, lkey) = self.recv_slots[slot];
+                let addr = self.recv_slots[slot].0;
                 let idx = self.by_qpn.get(&wc.qp_num).copied();
                 if let Some(idx) = idx {
                     if wc.status != sys::WC_SUCCESS {
@@ -1142,27 +1300,20 @@ impl Endpoint {
                         }
                         if imm >> 24 == KIND_DATA {
                             // SAFETY: the receive completed, so the NIC is done with the
-                            // slot; `byte_len` <= eager_size; it is reposted only below.
+                            // slot; `byte_len` <= eager_size; it is reposted only by the
+                            // next `repost_recvs`, after `deliver` returned.
                             let frame = unsafe {
                                 std::slice::from_raw_parts(addr as *const u8, wc.byte_len as usize)
                             };
                             deliver(c.peer, frame);
                             delivered += 1;
-                            c.to_return += 1;
-                            if c.to_return >= (self.cfg.credits / 2).max(1) && !c.credit_due {
-                                c.credit_due = true;
-                                self.credit_queue.push(idx);
-                            }
+                            // Its credit goes back to the peer once the slot is reposted.
+                            self.repost.push((slot as u32, idx));
+                            continue;
                         }
                     }
                 }
-                // SAFETY: the slot lies in its registration; see `grow_recvs`.
-                if let Err(source) = unsafe {
-                    self.srq
-                        .post_recv(slot as u64, addr, self.cfg.eager_size as u32, lkey)
-                } {
-                    self.errors.push_back(Error::PostRecv { source });
-                }
+                self.repost.push((slot as u32, NO_CONN));
             }
             if n < POLL_BATCH {
                 break;

@@ -1209,6 +1209,54 @@ impl Qp<Rts> {
         Ok(())
     }
 
+    /// Posts one SEND_WITH_IMM of `a ++ b` with the bytes inline (copied during the call,
+    /// so nothing is referenced afterwards): the small-message path, kept apart from
+    /// [`Qp::post_send`] so that it builds only what it needs. A frame beyond the queue
+    /// pair's max inline data is refused by the provider (an error, nothing sent).
+    #[inline]
+    pub(crate) fn post_send_inline_imm(
+        &self,
+        wr_id: u64,
+        a: &[u8],
+        b: &[u8],
+        imm: u32,
+        signaled: bool,
+    ) -> io::Result<()> {
+        let mut list = [
+            ffi::ibv_sge {
+                addr: a.as_ptr() as u64,
+                length: a.len() as u32,
+                lkey: 0,
+            },
+            ffi::ibv_sge {
+                addr: b.as_ptr() as u64,
+                length: b.len() as u32,
+                lkey: 0,
+            },
+        ];
+        // SAFETY: plain C data (pointers and integers); all-zero is valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = list.as_mut_ptr();
+        wr.num_sge = if b.is_empty() { 1 } else { 2 };
+        let mut flags = ffi::ibv_send_flags::IBV_SEND_INLINE;
+        if signaled {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED;
+        }
+        wr.send_flags = flags.0;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        let mut bad = ptr::null_mut();
+        // SAFETY: the QP is alive and in RTS; `wr` and `list` are valid for the call; with
+        // IBV_SEND_INLINE the provider copies the bytes during the call, and `a` and `b`
+        // are readable for its duration.
+        let ret = unsafe { ffi::ibv_post_send(self.inner.ptr.as_ptr(), &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(ret_err(ret));
+        }
+        Ok(())
+    }
+
     /// Posts one receive (UD queue pairs; RC queue pairs receive through their SRQ).
     ///
     /// # Safety
