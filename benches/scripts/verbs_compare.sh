@@ -22,7 +22,7 @@ perf() { # TOOL ARGS... : server in the background, client against it
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 send_lat=(); write_lat=(); write_bw=(); weft_lat=(); weft_bw=()
 for r in $(seq 1 "$rounds"); do
-  # perftest latency: column 6 is t_typical (µs); bw: column 4 is BW average (MB/s, 2^20).
+  # perftest latency: column 6 is t_avg (µs; column 5 is t_typical, the median), a mean like weft's; bw: column 4 is BW average (MB/s, 2^20).
   send_lat+=("$(perf ib_send_lat -s 8 -n 5000 | awk '$1 == 8 {print $6}')")
   write_lat+=("$(perf ib_write_lat -s 8 -n 5000 | awk '$1 == 8 {print $6}')")
   write_bw+=("$(perf ib_write_bw -s 1048576 -n 2000 | awk '$1 == 1048576 {printf "%.1f", $4 * 1.048576}')")

@@ -146,6 +146,73 @@ fn slow_receiver_stops_the_sender_until_it_polls() {
     println!("a: {:?}\nb: {:?}", a.stats(), b.stats());
 }
 
+#[test]
+fn idle_keeps_what_it_finds_for_the_next_poll_and_credits_follow_reposts() {
+    let Some((mut a, mut b)) = pair(|c| c.credits = 2) else {
+        return;
+    };
+    let (ab, _) = connect(&mut a, &mut b);
+    let (mut ga, mut gb) = (Vec::new(), Vec::new());
+    // Settle the connection's own traffic: b has nothing to do.
+    let t = Instant::now();
+    while !b.idle() {
+        a.poll(&mut |p, f| ga.push((p, f.to_vec())))
+            .expect("poll a");
+        b.poll(&mut |p, f| gb.push((p, f.to_vec())))
+            .expect("poll b");
+        assert!(t.elapsed() < Duration::from_secs(10), "b never idle");
+    }
+    // Two credits: two inline frames go, the third waits for b.
+    for i in 0..2 {
+        let (h, p) = frame(i, 8);
+        assert!(
+            a.try_send(ab, &h, &p).expect("try_send"),
+            "frame {i} refused"
+        );
+    }
+    let (h, p) = frame(2, 8);
+    assert!(
+        !a.try_send(ab, &h, &p).expect("try_send"),
+        "a third frame without credit"
+    );
+    // b's idle look takes the completions off the queue; its next poll delivers them.
+    let t = Instant::now();
+    while b.idle() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the frames never arrived"
+        );
+    }
+    let n = b
+        .poll(&mut |p, f| gb.push((p, f.to_vec())))
+        .expect("poll b");
+    assert!(
+        n >= 1,
+        "the poll after a busy idle delivers what idle found"
+    );
+    // Credits come back only once b's next poll reposted the buffers.
+    let t = Instant::now();
+    loop {
+        b.poll(&mut |p, f| gb.push((p, f.to_vec())))
+            .expect("poll b");
+        a.poll(&mut |p, f| ga.push((p, f.to_vec())))
+            .expect("poll a");
+        if a.try_send(ab, &h, &p).expect("try_send") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "credits never came back"
+        );
+    }
+    pump_until(&mut a, &mut b, &mut ga, &mut gb, 30, |_, _, _, gb| {
+        gb.len() == 3
+    });
+    for (i, (_, f)) in gb.iter().enumerate() {
+        assert_eq!(check(f), i as u32, "frames in order");
+    }
+}
+
 fn read_into(
     a: &mut weft_verbs::Endpoint,
     b: &mut weft_verbs::Endpoint,
