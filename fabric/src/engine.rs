@@ -33,9 +33,10 @@ const CMA_WRITE: u8 = 7;
 /// receiver then reads them itself); payload: an error message, if the write failed.
 const CMA_DONE: u8 = 8;
 
-/// A short eager message (shared memory only): `[SHORT, tag u32, ctx u64, payload]`, no
-/// source (the transport knows the sender) and no length (the frame's). Small enough
-/// (13 bytes of header) that an 8-byte message fits the 24 bytes of a pair line.
+/// A short eager message: `[SHORT, tag u32, ctx u64, payload]`, no source (the transport
+/// knows the sender) and no length (the frame's). Small enough (13 bytes of header) that an
+/// 8-byte message fits the 24 bytes of a pair line. Shared memory sends it for payloads up
+/// to [`SHORT_MAX`], verbs for any frame it sends inline from the send fast path.
 const SHORT: u8 = 9;
 /// Bytes of the short header.
 const SHORT_HDR: usize = 13;
@@ -919,16 +920,10 @@ impl State {
                 Some(ep),
             ) = (self.peers.get_mut(dest as usize), self.verbs.as_mut())
             {
-                if backlog.is_empty() && len + HDR <= ep.max_inline() {
-                    let hdr = Hdr {
-                        kind: EAGER,
-                        src: self.me,
-                        ctx,
-                        tag,
-                        aux: 0,
-                        len: len as u64,
-                    }
-                    .encode();
+                if backlog.is_empty() && len + SHORT_HDR <= ep.max_inline() {
+                    // A short header: the endpoint names the sender and the frame's length
+                    // is the message's.
+                    let hdr = short_header(ctx, tag);
                     // SAFETY: as above, `buf` holds `len` readable bytes during this call.
                     let data = unsafe { std::slice::from_raw_parts(buf, len) };
                     // Not sent (Ok(false), or an error the slow path reports): go on.
@@ -1866,7 +1861,8 @@ impl State {
                 };
                 let mut failure = None;
                 while let Some(f) = peer.backlog.front() {
-                    match ep.try_send(conn, &f[..HDR], &f[HDR..]) {
+                    // The whole frame: a short header is shorter than HDR.
+                    match ep.try_send(conn, f, &[]) {
                         Ok(true) => {
                             peer.backlog.pop_front();
                         }
