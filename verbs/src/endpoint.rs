@@ -1189,7 +1189,9 @@ impl Endpoint {
     /// a peer never holds a credit without a posted buffer behind it.
     fn repost_recvs(&mut self) {
         let half = (self.cfg.credits / 2).max(1);
-        for (slot, idx) in std::mem::take(&mut self.repost).drain(..) {
+        // Taken and put back (cleared) to keep its allocation.
+        let mut list = std::mem::take(&mut self.repost);
+        for &(slot, idx) in &list {
             let (addr, lkey) = self.recv_slots[slot as usize];
             // SAFETY: the slot lies in its registration (see `grow_recvs`), and its frame
             // was delivered: nothing reads it any more.
@@ -1208,6 +1210,8 @@ impl Endpoint {
                 }
             }
         }
+        list.clear();
+        self.repost = list;
     }
 
     fn poll_recv(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
