@@ -1073,7 +1073,12 @@ impl State {
                 _ => false,
             }
         })?;
-        self.posted.remove(i)
+        // Usually the oldest posted receive: a pop, not a general removal.
+        if i == 0 {
+            self.posted.pop_front()
+        } else {
+            self.posted.remove(i)
+        }
     }
 
     /// Copies an eager message into a receive and completes it.

@@ -1096,7 +1096,8 @@ impl Communicator {
     {
         let scope = RequestScope {
             comm: self,
-            started: RefCell::new(Vec::new()),
+            // Room for a window of requests up front (no regrowth while they start).
+            started: RefCell::new(Vec::with_capacity(64)),
             _scope: PhantomData,
             _env: PhantomData,
         };
@@ -1264,11 +1265,13 @@ impl RequestScope<'_, '_> {
         // Ids are reused (by other threads' requests, too): the serial tells whether
         // the id still names the request started here.
         let ids = std::mem::take(&mut *self.started.borrow_mut());
+        // One lock for the lot; let go only to wait for a request.
+        let mut e = self.comm.inner.engine();
         for (id, serial) in ids {
-            let mut e = self.comm.inner.engine();
             if e.serial(id) == Some(serial) && !e.cancel_recv(id) {
                 drop(e);
                 let _ = self.comm.wait_id(id);
+                e = self.comm.inner.engine();
             }
         }
     }
