@@ -235,9 +235,8 @@ enum Kind {
     Recv {
         buf: *mut u8,
         cap: usize,
-        ctx: u64,
+        /// The sender it waits for (the match itself is in `State::posted`).
         src: Option<u32>,
-        tag: Option<u32>,
         /// Pipelined rendezvous in progress: (sender, tag, total, received so far).
         pipe: Option<(u32, u32, usize, usize)>,
         /// A split single-copy rendezvous in progress.
@@ -321,6 +320,15 @@ pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved + Send>;
 /// Tells why a rank is gone, if it is.
 pub(crate) type GoneCheck = Box<dyn Fn(u32) -> Option<String> + Send>;
 
+/// A posted receive: its request and what it matches.
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    id: u32,
+    ctx: u64,
+    src: Option<u32>,
+    tag: Option<u32>,
+}
+
 struct State {
     me: u32,
     pid: i32,
@@ -328,7 +336,9 @@ struct State {
     peers: Vec<Peer>,
     /// Inbox sender id (local rank) -> job rank.
     sender_rank: Vec<u32>,
-    posted: VecDeque<u32>,
+    /// Posted receives in posting order, with what they match (so that matching reads
+    /// no request).
+    posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
     reqs: Vec<Option<Req>>,
     free: Vec<u32>,
@@ -675,7 +685,7 @@ impl Engine {
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
         if still {
-            self.st.posted.retain(|&p| p != id);
+            self.st.posted.retain(|p| p.id != id);
             self.st
                 .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
@@ -745,7 +755,7 @@ impl Engine {
     /// Cancels a receive that has not matched yet; returns false if it is already
     /// matched (and must be waited for).
     pub(crate) fn cancel_recv(&mut self, id: u32) -> bool {
-        let pos = self.st.posted.iter().position(|&p| p == id);
+        let pos = self.st.posted.iter().position(|p| p.id == id);
         match pos {
             Some(i) => {
                 self.st.posted.remove(i);
@@ -1014,9 +1024,7 @@ impl State {
         let id = self.alloc(Kind::Recv {
             buf,
             cap,
-            ctx,
             src,
-            tag,
             pipe: None,
             split: None,
         });
@@ -1042,7 +1050,7 @@ impl State {
                 } => self.rdma_matched(id, u.src, u.tag, sreq, addr, rkey, len),
             }
         } else {
-            self.posted.push_back(id);
+            self.posted.push_back(Posted { id, ctx, src, tag });
         }
         id
     }
@@ -1061,25 +1069,19 @@ impl State {
     /// Removes and returns the first posted receive matching a message.
     #[inline]
     fn match_posted(&mut self, ctx: u64, src: u32, tag: u32) -> Option<u32> {
-        let reqs = &self.reqs;
-        let i = self.posted.iter().position(|&id| {
-            match reqs[id as usize].as_ref().map(|r| &r.kind) {
-                Some(Kind::Recv {
-                    ctx: c,
-                    src: s,
-                    tag: t,
-                    ..
-                }) => matches(*c, *s, *t, ctx, src, tag),
-                _ => false,
-            }
-        })?;
+        let i = self
+            .posted
+            .iter()
+            .position(|p| matches(p.ctx, p.src, p.tag, ctx, src, tag))?;
         // Usually the oldest posted receive: a pop, not a general removal.
-        if i == 0 {
+        let p = if i == 0 {
             self.posted.pop_front()
         } else {
             self.posted.remove(i)
-        }
+        };
+        p.map(|p| p.id)
     }
+
 
     /// Copies an eager message into a receive and completes it.
     #[inline]
@@ -1844,7 +1846,7 @@ impl State {
             })
             .collect();
         for id in ids {
-            self.posted.retain(|&p| p != id);
+            self.posted.retain(|p| p.id != id);
             self.complete(
                 id,
                 Err(P2pError::PeerGone {
