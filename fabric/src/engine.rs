@@ -1082,7 +1082,6 @@ impl State {
         p.map(|p| p.id)
     }
 
-
     /// Copies an eager message into a receive and completes it.
     #[inline]
     fn fill(&mut self, id: u32, src: u32, tag: u32, data: &[u8]) {
