@@ -199,6 +199,24 @@ struct Conn {
     credit_due: bool,
 }
 
+impl Conn {
+    /// Whether the next send on this connection asks for a completion (selective
+    /// signaling): every `signal_every`-th one, and whenever the send queue is half full.
+    #[inline]
+    fn wants_signal(&self, signal_every: u32) -> bool {
+        self.unsignaled + 1 >= signal_every || self.inflight.len() + 1 >= self.depth / 2
+    }
+
+    /// Books a work request just posted: the sequence number it used, the count of
+    /// unsignaled sends, and the in-flight entry that retires it.
+    #[inline]
+    fn book(&mut self, wr: Wr) {
+        self.seq = self.seq.wrapping_add(1);
+        self.unsignaled = if wr.signaled { 0 } else { self.unsignaled + 1 };
+        self.inflight.push_back(wr);
+    }
+}
+
 /// One process's verbs endpoint (see the crate docs for the protocol).
 pub struct Endpoint {
     // Field order is drop order: queue pairs first, then what they use, memory last.
@@ -803,8 +821,7 @@ impl Endpoint {
         let seq = c.seq;
         let signaled = force_signal
             || read.is_some()
-            || c.unsignaled + 1 >= self.cfg.signal_every
-            || c.inflight.len() + 1 >= c.depth / 2
+            || c.wants_signal(self.cfg.signal_every)
             || (buf.is_some() && low_bufs);
         let wr_id = (u64::from(idx) << 32) | u64::from(seq);
         let len: usize = parts.iter().map(|p| p.len()).sum();
@@ -864,10 +881,8 @@ impl Endpoint {
                 if read.is_none() {
                     c.to_return = c.to_return.saturating_sub(CREDIT_MASK);
                 }
-                c.seq = c.seq.wrapping_add(1);
-                c.unsignaled = if signaled { 0 } else { c.unsignaled + 1 };
                 self.signaled_out += usize::from(signaled);
-                c.inflight.push_back(Wr {
+                c.book(Wr {
                     seq,
                     buf,
                     probe: false,
@@ -981,9 +996,7 @@ impl Endpoint {
         if c.send_credits == 0 || len > c.max_frame || c.inflight.len() + 2 >= c.depth {
             return None;
         }
-        // As in `post`: signal every `signal_every`-th send, or when the queue fills up.
-        let signaled =
-            c.unsignaled + 1 >= self.cfg.signal_every || c.inflight.len() + 1 >= c.depth / 2;
+        let signaled = c.wants_signal(self.cfg.signal_every);
         let seq = c.seq;
         let returned = c.to_return.min(CREDIT_MASK);
         let wr_id = (u64::from(idx) << 32) | u64::from(seq);
@@ -1006,9 +1019,7 @@ impl Endpoint {
             c.credit_due = false;
         }
         c.send_credits -= 1;
-        c.seq = c.seq.wrapping_add(1);
-        c.unsignaled = if signaled { 0 } else { c.unsignaled + 1 };
-        c.inflight.push_back(Wr {
+        c.book(Wr {
             seq,
             buf: None,
             probe: false,
@@ -1060,11 +1071,9 @@ impl Endpoint {
         };
         match r {
             Ok(()) => {
-                c.seq = c.seq.wrapping_add(1);
-                c.unsignaled = 0;
                 c.probe_out = true;
                 self.signaled_out += 1;
-                c.inflight.push_back(Wr {
+                c.book(Wr {
                     seq,
                     buf: None,
                     probe: true,
