@@ -207,6 +207,16 @@ impl Conn {
         self.unsignaled + 1 >= signal_every || self.inflight.len() + 1 >= self.depth / 2
     }
 
+    /// Accounts for a data frame just posted: it used one of our credits, and the
+    /// credits it carried back leave no explicit credit message due.
+    #[inline]
+    fn spent_credit(&mut self) {
+        self.send_credits -= 1;
+        if self.to_return == 0 {
+            self.credit_due = false;
+        }
+    }
+
     /// Books a work request just posted: the sequence number it used, the count of
     /// unsignaled sends, and the in-flight entry that retires it.
     #[inline]
@@ -962,11 +972,7 @@ impl Endpoint {
         };
         self.post(idx, &[header, payload], KIND_DATA, buf, None, false)
             .inspect_err(|e| self.fail(idx, e.duplicate()))?;
-        let c = &mut self.conns[idx as usize];
-        c.send_credits -= 1;
-        if c.to_return == 0 {
-            c.credit_due = false;
-        }
+        self.conns[idx as usize].spent_credit();
         if buf.is_some() {
             self.stats.sends_copied += 1;
         } else {
@@ -1015,10 +1021,7 @@ impl Endpoint {
             return Some(Err(err));
         }
         c.to_return -= returned;
-        if c.to_return == 0 {
-            c.credit_due = false;
-        }
-        c.send_credits -= 1;
+        c.spent_credit();
         c.book(Wr {
             seq,
             buf: None,
