@@ -34,8 +34,15 @@ fn pin(cpu: usize) {
 /// Waits for one frame on `inbox`, handing it to `f`.
 #[inline(always)]
 fn recv(inbox: &mut Inbox, f: &mut dyn FnMut(u32, &[u8])) {
-    while inbox.poll(f) == 0 {
-        std::hint::spin_loop();
+    loop {
+        // Wait on loads only, then poll: a poll is long enough that spinning on it
+        // delays the moment a frame is seen.
+        while inbox.quiet() {
+            std::hint::spin_loop();
+        }
+        if inbox.poll(f) > 0 {
+            return;
+        }
     }
 }
 

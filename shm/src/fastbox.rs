@@ -631,14 +631,22 @@ mod tests {
     }
 
     /// A pair line on the heap, seen from side 0 (writer) and side 1 (reader).
-    fn heap_line() -> (Box<crate::layout::PairLine>, ShmLine, ShmLine) {
+    #[allow(clippy::type_complexity)]
+    fn heap_line() -> (
+        Box<crate::layout::PairLine>,
+        Box<[core::sync::atomic::AtomicU32; 2]>,
+        ShmLine,
+        ShmLine,
+    ) {
         // SAFETY: atomics and bytes: all-zero is a valid, empty line.
         let mut line: Box<crate::layout::PairLine> = Box::new(unsafe { core::mem::zeroed() });
+        let acks = Box::new([0, 0].map(core::sync::atomic::AtomicU32::new));
         let p: *mut crate::layout::PairLine = &mut *line;
-        // SAFETY: the box outlives both views within each test; side 0 is
-        // written through `w` only, side 1 through `r` only.
-        let (w, r) = unsafe { (ShmLine::new(p, 0), ShmLine::new(p, 1)) };
-        (line, w, r)
+        // SAFETY: the boxes outlive both views within each test; side 0 is
+        // written through `w` only, side 1 through `r` only, each with its
+        // own ack copy.
+        let (w, r) = unsafe { (ShmLine::new(p, 0, &acks[0]), ShmLine::new(p, 1, &acks[1])) };
+        (line, acks, w, r)
     }
 
     /// A writer that tries the line for short frames and falls back to the
@@ -649,7 +657,7 @@ mod tests {
         use crate::pair::LineWriter;
         let mut heap = HeapRing::new(64);
         let mem = heap.mem();
-        let (_line, wl, rl) = heap_line();
+        let (_line, _acks, wl, rl) = heap_line();
         let mut p = Producer::new(64, 1024);
         let mut c = Consumer::new(64, 1024);
         let mut w = LineWriter::resume(&wl);
@@ -700,7 +708,7 @@ mod tests {
     fn impossible_line_frame_stops_the_consumer() {
         let mut heap = HeapRing::new(64);
         let mem = heap.mem();
-        let (_line, wl, rl) = heap_line();
+        let (_line, _acks, wl, rl) = heap_line();
         let mut c = Consumer::new(64, 1024);
         let mut r = LineReader::resume(&rl);
         // seq 1, length 200 (more than a line holds), after 0 ring frames.
@@ -709,7 +717,7 @@ mod tests {
         assert_eq!(n, 0);
         assert_eq!(end, PollEnd::CorruptLine { word: 1 | 200 << 8 });
         // A line frame that waits for a ring frame that never comes.
-        let (_line, wl, rl) = heap_line();
+        let (_line, _acks, wl, rl) = heap_line();
         let mut r = LineReader::resume(&rl);
         wl.store_my_frame(1 | 8 << 8 | 5 << 16, Ordering::Release);
         let (n, end) = c.poll_with(&mem, Some((&rl, &mut r)), 8, |_| panic!("delivered"));

@@ -32,7 +32,7 @@
 //!   one-way stream does not pay a cache miss per frame to look.
 
 use core::sync::atomic::Ordering;
-use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::layout::{PairHalf, PairLine, PAIR_FRAME_MAX, PAIR_LISTENING};
@@ -110,6 +110,19 @@ impl LineWriter {
     ) -> bool {
         let len = a.len() + b.len();
         assert!(len <= PAIR_FRAME_MAX, "pair-line frame of {len} bytes");
+        // The frame is ready before the line is read: reading it and writing
+        // it follow each other closely.
+        let mut buf = [0u8; PAIR_FRAME_MAX];
+        small_copy(&mut buf, 0, a);
+        small_copy(&mut buf, a.len(), b);
+        let (word_bytes, body) = buf.split_at(WORD_BYTES);
+        let body: &[u8; BODY_BYTES] = body.try_into().expect("24 - 4 bytes");
+        let seq = self.seq.wrapping_add(1);
+        let first = u32::from_le_bytes(word_bytes.try_into().expect("4 bytes"));
+        let word = u64::from(seq)
+            | (len as u64) << 8
+            | u64::from(ring as u16) << 16
+            | u64::from(first) << 32;
         // SYNC: pairs with the reader's Release store of its ack in
         // `LineReader::take`: its reads of our previous frame happen before
         // we overwrite it.
@@ -117,27 +130,42 @@ impl LineWriter {
         if ack & PAIR_LISTENING == 0 || ack as u8 != self.seq {
             return false;
         }
-        let mut buf = [0u8; PAIR_FRAME_MAX];
-        buf[..a.len()].copy_from_slice(a);
-        buf[a.len()..len].copy_from_slice(b);
-        let (word_bytes, body) = buf.split_at(WORD_BYTES);
-        let body: &[u8; BODY_BYTES] = body.try_into().expect("24 - 4 bytes");
         // SAFETY: the reader acknowledged our previous frame (checked above
         // with Acquire).
         unsafe { mem.write_my_body(body) };
         // The ack goes with the frame: one ownership request for both.
         ack_up_to(mem, consumed);
-        let seq = self.seq.wrapping_add(1);
-        let first = u32::from_le_bytes(word_bytes.try_into().expect("4 bytes"));
-        let word = u64::from(seq)
-            | (len as u64) << 8
-            | u64::from(ring as u16) << 16
-            | u64::from(first) << 32;
         // SYNC: pairs with the reader's Acquire load of the frame word in
         // `LineReader::peek`: publishes the body.
         mem.store_my_frame(word, Ordering::Release);
         self.seq = seq;
         true
+    }
+}
+
+/// Copies `src` into `dst` at `at` (`at + src.len()` at most
+/// [`PAIR_FRAME_MAX`]) without a call to `memcpy`: a call costs more than
+/// the copy at these sizes, and it sits between reading the line and
+/// writing it.
+#[inline(always)]
+fn small_copy(dst: &mut [u8; PAIR_FRAME_MAX], at: usize, src: &[u8]) {
+    let n = src.len();
+    let d = &mut dst[at..at + n];
+    // Fixed-size copies, the last one overlapping: each is one move.
+    if n >= 8 {
+        d[..8].copy_from_slice(&src[..8]);
+        if n > 16 {
+            d[8..16].copy_from_slice(&src[8..16]);
+        }
+        d[n - 8..].copy_from_slice(&src[n - 8..]);
+    } else if n >= 4 {
+        d[..4].copy_from_slice(&src[..4]);
+        d[n - 4..].copy_from_slice(&src[n - 4..]);
+    } else if n >= 2 {
+        d[..2].copy_from_slice(&src[..2]);
+        d[n - 2..].copy_from_slice(&src[n - 2..]);
+    } else if n == 1 {
+        d[0] = src[0];
     }
 }
 
@@ -267,23 +295,38 @@ impl LineReader {
 pub(crate) struct ShmLine {
     mine: *mut PairHalf,
     theirs: *const PairHalf,
+    /// A private copy of our ack word, which only this side writes: reading
+    /// it back from the line would pull the line over from the other core
+    /// (the reader side spins on the line, the writer is about to write it),
+    /// which measured 0.12-0.14 us one way against 0.06-0.11 us with the copy.
+    my_ack: *const AtomicU32,
 }
 
 impl ShmLine {
     /// Our half of `line` is `side` (0 for the lower sender id, 1 for the
-    /// higher).
+    /// higher); `my_ack` keeps our private copy of our ack word (this sets it
+    /// to what the line holds).
     ///
     /// # Safety
     ///
     /// `line` must point to a `PairLine` in a shared mapping that outlives
-    /// every use of the result, and only this process may use half `side`.
-    pub(crate) unsafe fn new(line: *mut PairLine, side: usize) -> ShmLine {
+    /// every use of the result, only this process may use half `side`, and
+    /// `my_ack` must outlive every use of the result and be used by nothing
+    /// else.
+    pub(crate) unsafe fn new(line: *mut PairLine, side: usize, my_ack: &AtomicU32) -> ShmLine {
         // SAFETY: inside the PairLine (contract); no reference is made.
         let (mine, theirs) = unsafe {
             let h = core::ptr::addr_of_mut!((*line).halves).cast::<PairHalf>();
             (h.add(side), h.add(1 - side).cast_const())
         };
-        ShmLine { mine, theirs }
+        // SAFETY: mapped (contract); an atomic field. Relaxed: only we write it.
+        let cur = unsafe { &*core::ptr::addr_of!((*mine).ack) }.load(Ordering::Relaxed);
+        my_ack.store(cur, Ordering::Relaxed);
+        ShmLine {
+            mine,
+            theirs,
+            my_ack,
+        }
     }
 }
 
@@ -308,8 +351,9 @@ unsafe impl LineMem for ShmLine {
     }
     #[inline(always)]
     fn load_my_ack(&self) -> u32 {
-        // SAFETY: as above. Relaxed: only we write it.
-        unsafe { &*core::ptr::addr_of!((*self.mine).ack) }.load(Ordering::Relaxed)
+        // SAFETY: `my_ack` outlives us (contract of `new`). Relaxed: only
+        // this process writes it, one thread at a time.
+        unsafe { &*self.my_ack }.load(Ordering::Relaxed)
     }
     #[inline(always)]
     fn store_my_frame(&self, value: u64, order: Ordering) {
@@ -318,7 +362,9 @@ unsafe impl LineMem for ShmLine {
     }
     #[inline(always)]
     fn store_my_ack(&self, value: u32, order: Ordering) {
-        // SAFETY: as above.
+        // SAFETY: as in `load_my_ack`.
+        unsafe { &*self.my_ack }.store(value, Ordering::Relaxed);
+        // SAFETY: mapped (contract of `new`); an atomic field.
         unsafe { &*core::ptr::addr_of!((*self.mine).ack) }.store(value, order)
     }
     #[inline(always)]
@@ -357,6 +403,8 @@ pub(crate) struct Local {
     /// `seq` of the last line frame the reader consumed, for the sender to
     /// acknowledge with its next line frame.
     consumed: AtomicU8,
+    /// Our copy of our ack word (see `ShmLine`).
+    my_ack: AtomicU32,
 }
 
 impl Local {
@@ -490,16 +538,18 @@ impl PairHost {
             }
             LineSite::Theirs(line) => (line, 1, None, Some(keep_theirs)),
         };
+        let local = Arc::new(Local {
+            try_line: AtomicBool::new(true),
+            ..Local::default()
+        });
         // SAFETY: the line lies in a mapping kept alive by the keepalives
         // stored next to each end; half `side` is ours (the lower id owns
         // half 0), and each process pairs an outbox once (`set_line`
-        // refuses a second line).
-        let mem = unsafe { ShmLine::new(line, side) };
+        // refuses a second line). `local` is held by both ends, and its
+        // `my_ack` is used by this line only.
+        let mem = unsafe { ShmLine::new(line, side, &local.my_ack) };
         let reader = LineReader::resume(&mem);
-        let local = Arc::new(Local {
-            try_line: AtomicBool::new(true),
-            consumed: AtomicU8::new(reader.consumed()),
-        });
+        local.consumed.store(reader.consumed(), Ordering::Relaxed);
         let sending = OutLine {
             mem,
             writer: LineWriter::resume(&mem),
