@@ -19,6 +19,7 @@
 //! ```
 
 mod engine;
+mod lock;
 mod session;
 
 pub use session::{
@@ -29,10 +30,11 @@ pub use session::{
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use engine::{Config, Direct, Engine, Resolved, SingleCopy};
+use lock::{Guard, SpinLock};
 use weft_shm::{Inbox, InboxConfig, Outbox};
 use weft_wireup::{Client, GetOpts, Scope};
 
@@ -273,7 +275,7 @@ pub(crate) fn process_wire() -> Result<Arc<Client>, weft_wireup::InitError> {
 struct Inner {
     /// The transports and the matching state. Every call takes it for as long as it
     /// touches them; wait loops let go of it whenever another thread waits for it.
-    engine: Mutex<Engine>,
+    engine: SpinLock<Engine>,
     /// Threads blocked on `engine`: a thread that holds it in a wait loop lets go when
     /// this is not zero, so that a receive on one thread never starves the send on
     /// another that it waits for.
@@ -296,7 +298,7 @@ impl Inner {
         shm: bool,
     ) -> Inner {
         Inner {
-            engine: Mutex::new(engine),
+            engine: SpinLock::new(engine),
             waiters: AtomicU32::new(0),
             wire,
             me,
@@ -309,16 +311,13 @@ impl Inner {
     /// The engine, for this thread alone until the guard drops. Uncontended (one
     /// thread, or threads taking turns), this is one atomic compare-and-swap.
     #[inline]
-    fn engine(&self) -> MutexGuard<'_, Engine> {
+    fn engine(&self) -> Guard<'_, Engine> {
         match self.engine.try_lock() {
-            Ok(g) => g,
-            // A thread panicked while holding it (a bug, reported by its panic): the
-            // engine's queues are consistent between calls, so carry on.
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                // SYNC: a hint only, read by `pause`; the mutex orders the engine's data.
+            Some(g) => g,
+            None => {
+                // SYNC: a hint only, read by `pause`; the lock orders the engine's data.
                 self.waiters.fetch_add(1, Ordering::Relaxed);
-                let g = self.engine.lock().unwrap_or_else(PoisonError::into_inner);
+                let g = self.engine.lock();
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
                 g
             }
@@ -331,9 +330,9 @@ impl Inner {
     #[inline]
     fn pause<'a>(
         &'a self,
-        g: MutexGuard<'a, Engine>,
+        g: Guard<'a, Engine>,
         backoff: &mut Backoff,
-    ) -> (MutexGuard<'a, Engine>, bool) {
+    ) -> (Guard<'a, Engine>, bool) {
         // SYNC: a hint only (see `engine`).
         if self.waiters.load(Ordering::Relaxed) == 0 && backoff.spinning() {
             let check = backoff.snooze();
