@@ -10,6 +10,7 @@
 //! thread waits (see `Inner::pause`).
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -50,7 +51,10 @@ impl<T> SpinLock<T> {
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
             // Lazily: a guard built and dropped after a failed swap would unlock.
-            .then(|| Guard { lock: self })
+            .then(|| Guard {
+                lock: self,
+                _value: PhantomData,
+            })
     }
 
     /// The value, waiting for it: spins, then yields, then naps.
@@ -79,6 +83,8 @@ impl<T> SpinLock<T> {
 /// queues are consistent between calls, so a panic does not poison it).
 pub(crate) struct Guard<'a, T> {
     lock: &'a SpinLock<T>,
+    /// The guard lends out `&mut T`: it is `Send` and `Sync` only as that is.
+    _value: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for Guard<'_, T> {
