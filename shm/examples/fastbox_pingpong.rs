@@ -4,7 +4,10 @@
 //! Prints the one-way latency of 8-byte frames (half the round trip), the
 //! streaming rate of 8-byte frames, the bandwidth of 16 KiB frames (received
 //! into a buffer, so two copies), and for reference the one-way latency of
-//! two threads bouncing one cache line, the floor of any shared-memory path.
+//! two threads bouncing one cache line, the floor of any shared-memory path,
+//! also with 20, 50 and 100 ns of work per turn: that floor holds only for a
+//! side that answers at once, and a few tens of nanoseconds of work (any
+//! matching) cost a transfer about what a ring's does.
 //!
 //! `cargo run --release -p weft-shm --example fastbox_pingpong [-- --iters N]`
 
@@ -173,8 +176,37 @@ fn same_thread_cost_ns(iters: u64) -> f64 {
     start.elapsed().as_secs_f64() * 1e9 / iters as f64
 }
 
-/// One-way latency of two threads bouncing one cache line.
-fn cacheline_floor(iters: u64, cpus: (usize, usize)) -> f64 {
+/// Busy work of about `n` dependent multiply-xor steps, standing for what a fabric does
+/// between seeing a message and answering it (no memory traffic, no timer reads: reading
+/// the TSC in the loop would hold back the store that follows).
+#[inline(always)]
+fn work(seed: u64, n: u64) -> u64 {
+    let mut x = seed;
+    for k in 0..n {
+        x = black_box(x.wrapping_mul(3) ^ k);
+    }
+    x
+}
+
+/// Steps of [`work`] that take about `ns` nanoseconds on this core.
+fn steps_for_ns(ns: f64) -> u64 {
+    if ns <= 0.0 {
+        return 0;
+    }
+    let (reps, n) = (200_000u64, 256u64);
+    let start = Instant::now();
+    let mut acc = 0u64;
+    for i in 0..reps {
+        acc ^= work(i, n);
+    }
+    black_box(acc);
+    let per_step = start.elapsed().as_secs_f64() * 1e9 / (reps * n) as f64;
+    (ns / per_step).round().max(1.0) as u64
+}
+
+/// One-way latency of two threads bouncing one cache line, each doing `steps` of
+/// [`work`] between seeing the other's value and writing its own.
+fn cacheline_floor(iters: u64, cpus: (usize, usize), steps: u64) -> f64 {
     #[repr(align(128))]
     struct Line(AtomicU64);
     let line = Line(AtomicU64::new(0));
@@ -187,6 +219,7 @@ fn cacheline_floor(iters: u64, cpus: (usize, usize)) -> f64 {
                 while line.0.load(Ordering::Acquire) != 2 * i + 1 {
                     std::hint::spin_loop();
                 }
+                black_box(work(i, steps));
                 line.0.store(2 * i + 2, Ordering::Release);
             }
         });
@@ -198,6 +231,7 @@ fn cacheline_floor(iters: u64, cpus: (usize, usize)) -> f64 {
             while line.0.load(Ordering::Acquire) != 2 * i + 2 {
                 std::hint::spin_loop();
             }
+            black_box(work(i, steps));
         }
         start.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64
     })
@@ -226,7 +260,7 @@ fn main() {
         eprintln!("note: one cpu only; both threads share it (numbers are meaningless)");
     }
     let own = same_thread_cost_ns(iters);
-    let floor = cacheline_floor(iters, cpus);
+    let floor = cacheline_floor(iters, cpus, 0);
     let r = run(iters, cpus);
     println!(
         "# weft-shm fastbox, two threads on cpus {} and {}",
@@ -235,6 +269,16 @@ fn main() {
     println!("{:<40} {:>12}", "measure", "value");
     println!("{:<40} {:>9.1} ns", "8 B send + poll in one thread", own);
     println!("{:<40} {:>9.3} us", "cache-line ping-pong, one way", floor);
+    // The floor holds only when each side answers at once: with a turnaround of a few
+    // tens of nanoseconds (any matching), a transfer costs about what a ring's does.
+    for ns in [20.0, 50.0, 100.0] {
+        let t = cacheline_floor(iters / 2, cpus, steps_for_ns(ns));
+        println!(
+            "{:<40} {:>9.3} us",
+            format!("  the same, {ns:.0} ns of work per turn"),
+            t
+        );
+    }
     println!(
         "{:<40} {:>9.3} us",
         "8 B frame ping-pong, one way", r.latency_us
