@@ -3,7 +3,10 @@
 //! - Cache-line ping-pong: ranks 0 and 1 bounce one 64-byte line of a shared-memory
 //!   segment (rank 0 stores n and waits for n+1, rank 1 waits for n and stores n+1); half
 //!   the round trip is the fastest one-way message two processes of this node can exchange
-//!   (`cacheline_one_way_us`, median over several timed runs after a warm-up).
+//!   (`cacheline_one_way_us`, median over several timed runs after a warm-up). The same
+//!   again with [`BUSY_NS`] of work on each side between seeing the other's value and
+//!   storing its own: that floor holds only for an answer given at once, and a fabric
+//!   does some work (matching, completion) before it answers.
 //! - Single-core memcpy in rank 0 for every size of the sweep (8 B to 4 MiB by default):
 //!   the fastest a one-copy transfer can go (`memcpy_mbs`, 10^6 bytes per second).
 //!
@@ -55,6 +58,28 @@ const SPINS: u32 = 4096;
 const MEMCPY_RUN: Duration = Duration::from_millis(20);
 /// Timed memcpy runs per size (the median is reported).
 const MEMCPY_RUNS: usize = 7;
+/// Work per turn of the busy cache-line ping-pong, in nanoseconds.
+pub(crate) const BUSY_NS: f64 = 20.0;
+
+/// `n` dependent multiply-xor steps: work that touches no memory and reads no clock
+/// (a TSC read in the loop would hold back the store that follows it).
+#[inline(always)]
+fn busy_work(seed: u64, n: u64) -> u64 {
+    (0..n).fold(seed, |x, k| black_box(x.wrapping_mul(3) ^ k))
+}
+
+/// Steps of [`busy_work`] that take about `ns` nanoseconds on this core (0 for 0).
+fn busy_steps(ns: f64) -> u64 {
+    if ns <= 0.0 {
+        return 0;
+    }
+    let (reps, n) = (100_000u64, 256u64);
+    let t0 = Instant::now();
+    let acc = (0..reps).fold(0u64, |a, i| a ^ busy_work(i, n));
+    black_box(acc);
+    let per_step_ns = t0.elapsed().as_secs_f64() * 1e9 / (reps * n) as f64;
+    (ns / per_step_ns.max(1e-3)).round().max(1.0) as u64
+}
 
 /// The floor of this machine: one-way latency of a cache line bounced between two
 /// processes, and single-core memcpy bandwidth.
@@ -296,8 +321,15 @@ fn wait_for(line: &AtomicU64, want: u64, peer: Rank) -> Result<(), String> {
 }
 
 /// Bounces the line `trips` times starting at round trip `first`; rank 0 (`pinger`)
-/// stores odd values and waits for even ones, rank 1 the other way round.
-fn ping_pong(line: &AtomicU64, pinger: bool, first: u64, trips: u64) -> Result<(), String> {
+/// stores odd values and waits for even ones, rank 1 the other way round. Each side does
+/// `steps` of [`busy_work`] between seeing the other's value and storing its own.
+fn ping_pong(
+    line: &AtomicU64,
+    pinger: bool,
+    first: u64,
+    trips: u64,
+    steps: u64,
+) -> Result<(), String> {
     let peer = if pinger { 1 } else { 0 };
     for k in first..first + trips {
         let ping = 2 * k + 1;
@@ -305,8 +337,10 @@ fn ping_pong(line: &AtomicU64, pinger: bool, first: u64, trips: u64) -> Result<(
             // SYNC: pairs with the peer's Acquire load in `wait_for`.
             line.store(ping, Ordering::Release);
             wait_for(line, ping + 1, peer)?;
+            black_box(busy_work(k, steps));
         } else {
             wait_for(line, ping, peer)?;
+            black_box(busy_work(k, steps));
             // SYNC: pairs with the peer's Acquire load in `wait_for`.
             line.store(ping + 1, Ordering::Release);
         }
@@ -377,6 +411,8 @@ impl Default for PingPong {
 pub(crate) struct CacheLine {
     /// One-way time (half the round trip) of each timed run, in µs.
     pub(crate) one_way: Summary,
+    /// The same with [`BUSY_NS`] of work per turn on each side.
+    pub(crate) busy: Option<Summary>,
     /// CPUs of ranks 0 and 1 (their bindings, in cpu-list form).
     pub(crate) cpus: (String, String),
 }
@@ -443,14 +479,20 @@ pub(crate) fn cacheline_one_way(wire: &Client, pp: PingPong) -> Result<Option<Ca
     let warm = u64::from(pp.warmup);
     let trips = u64::from(pp.round_trips.max(1));
     let mut runs = Vec::with_capacity(pp.runs as usize);
+    let mut busy = Vec::with_capacity(pp.runs as usize);
     if let Some(seg) = &seg {
         let line = seg.line();
         let pinger = me == 0;
-        ping_pong(line, pinger, 0, warm)?;
-        for r in 0..u64::from(pp.runs) {
-            let t0 = Instant::now();
-            ping_pong(line, pinger, warm + r * trips, trips)?;
-            runs.push(us(t0.elapsed()) / trips as f64 / 2.0);
+        let steps = busy_steps(BUSY_NS);
+        ping_pong(line, pinger, 0, warm, 0)?;
+        let mut next = warm;
+        for (out, steps) in [(&mut runs, 0), (&mut busy, steps)] {
+            for _ in 0..pp.runs {
+                let t0 = Instant::now();
+                ping_pong(line, pinger, next, trips, steps)?;
+                out.push(us(t0.elapsed()) / trips as f64 / 2.0);
+                next += trips;
+            }
         }
     }
     drop(seg);
@@ -466,6 +508,7 @@ pub(crate) fn cacheline_one_way(wire: &Client, pp: PingPong) -> Result<Option<Ca
             .unwrap_or_else(|| "?".to_owned());
         CacheLine {
             one_way,
+            busy: Summary::of_us(busy),
             cpus: (cpus_of_this_process(), peer),
         }
     }))
@@ -507,6 +550,15 @@ fn report(opts: &Args, sweep: &Sweep, line: Option<&CacheLine>) -> io::Result<()
                 l.one_way.max_us
             ))?;
             r.row(64, l.one_way.median_us)?;
+            if let Some(b) = &l.busy {
+                r.comment(&format!(
+                    "the same with {BUSY_NS:.0} ns of work per turn on each side (between \
+                     seeing the other's value and storing its own): {:.3} us one way \
+                     (min {:.3}, max {:.3}); the floor above holds only for an answer given \
+                     at once",
+                    b.median_us, b.min_us, b.max_us
+                ))?;
+            }
         }
         None => r.comment("cache-line ping-pong: not measured (the job has one process)")?,
     }
@@ -603,13 +655,32 @@ mod tests {
         let b = open_segment(&name).unwrap();
         shm::unlink(name.as_str()).unwrap();
         std::thread::scope(|s| {
-            let t = s.spawn(|| ping_pong(b.line(), false, 0, 1000));
-            ping_pong(a.line(), true, 0, 1000).unwrap();
+            let t = s.spawn(|| ping_pong(b.line(), false, 0, 1000, 0));
+            ping_pong(a.line(), true, 0, 1000, 0).unwrap();
             t.join().unwrap().unwrap();
         });
         assert_eq!(a.line().load(Ordering::Relaxed), 2000);
         // The other side was not mapped from a benchmark segment.
         assert!(open_segment(&name).is_err());
+    }
+
+    /// With work per turn both sides still alternate (every value is seen once), and the
+    /// calibration gives no work for 0 ns and some for 20 ns.
+    #[test]
+    fn busy_ping_pong_between_two_threads() {
+        assert_eq!(busy_steps(0.0), 0);
+        let steps = busy_steps(BUSY_NS);
+        assert!(steps >= 1);
+        let name = format!("/weft-test-{}-bench-limit-busy", std::process::id());
+        let a = create_segment(&name).unwrap();
+        let b = open_segment(&name).unwrap();
+        shm::unlink(name.as_str()).unwrap();
+        std::thread::scope(|s| {
+            let t = s.spawn(|| ping_pong(b.line(), false, 0, 500, steps));
+            ping_pong(a.line(), true, 0, 500, steps).unwrap();
+            t.join().unwrap().unwrap();
+        });
+        assert_eq!(a.line().load(Ordering::Relaxed), 1000);
     }
 
     #[test]

@@ -752,8 +752,15 @@ fn ratio_comment(weft: &[(usize, f64)], reference: &Reference) -> Option<String>
             let warn = am.map_or(String::new(), |am| {
                 drift_warning("cache-line one-way time", bm, am, "us")
             });
+            let busy = b.busy.as_ref().map_or(String::new(), |busy| {
+                format!(
+                    "\n(the cache line with {:.0} ns of work per turn on each side: {:.3} us one way)",
+                    limit::BUSY_NS,
+                    busy.median_us
+                )
+            });
             Some(format!(
-                "weft/limit at {size} B: {:.2} (weft {lat:.3} us one way, cache line {floor:.3} us{both}; same job){warn}",
+                "weft/limit at {size} B: {:.2} (weft {lat:.3} us one way, cache line {floor:.3} us{both}; same job){warn}{busy}",
                 lat / floor
             ))
         }
@@ -966,7 +973,8 @@ fn json_us(us: f64) -> f64 {
 }
 
 /// Prints the reference series after the fabric's (rank 0). In JSON, the cache-line row
-/// also carries `before_us` and `after_us`.
+/// also carries `before_us` and `after_us`, and `busy_before_us`: the line with
+/// [`limit::BUSY_NS`] of work per turn on each side, before the sweep.
 fn write_reference(r: &mut Report, reference: &Reference) -> io::Result<()> {
     match reference {
         Reference::CacheLine {
@@ -992,6 +1000,9 @@ fn write_reference(r: &mut Report, reference: &Reference) -> io::Result<()> {
                 run("before the sweep", b)
             );
             r.set_field("before_us", json_us(b.one_way.median_us));
+            if let Some(busy) = &b.busy {
+                r.set_field("busy_before_us", json_us(busy.median_us));
+            }
             if let Some(a) = after {
                 text.push_str(&format!(", {}; the row is the lower", run("after", a)));
                 r.set_field("after_us", json_us(a.one_way.median_us));
@@ -1147,8 +1158,36 @@ mod tests {
     fn line(us: f64) -> CacheLine {
         CacheLine {
             one_way: crate::stats::Summary::of_us(vec![us]).unwrap(),
+            busy: None,
             cpus: ("0".into(), "1".into()),
         }
+    }
+
+    #[test]
+    fn the_latency_ratio_shows_the_busy_line_when_measured() {
+        let mut before = line(0.05);
+        before.busy = crate::stats::Summary::of_us(vec![0.25]);
+        let r = Reference::CacheLine {
+            before: Some(before),
+            after: None,
+        };
+        let c = ratio_comment(&[(8, 0.2)], &r).unwrap();
+        assert!(c.starts_with("weft/limit at 8 B: 4.00"), "{c}");
+        assert!(
+            c.ends_with(
+                "\n(the cache line with 20 ns of work per turn on each side: 0.250 us one way)"
+            ),
+            "{c}"
+        );
+        let c = ratio_comment(
+            &[(8, 0.2)],
+            &Reference::CacheLine {
+                before: Some(line(0.05)),
+                after: None,
+            },
+        )
+        .unwrap();
+        assert!(!c.contains("work per turn"), "{c}");
     }
 
     #[test]
