@@ -375,6 +375,7 @@ fn measure(wire: &Client, opts: &Args, sweep: &Sweep) -> Result<(), String> {
         warmup: opts.warmup,
         round_trips: opts.round_trips,
         runs: opts.runs,
+        busy: true,
     };
     let cache_line = cacheline_one_way(wire, pp)?;
     if wire.rank() == 0 {
@@ -394,6 +395,8 @@ pub(crate) struct PingPong {
     pub(crate) round_trips: u32,
     /// Timed runs.
     pub(crate) runs: u32,
+    /// Also time as many runs with [`BUSY_NS`] of work per turn.
+    pub(crate) busy: bool,
 }
 
 impl Default for PingPong {
@@ -402,6 +405,7 @@ impl Default for PingPong {
             warmup: 20_000,
             round_trips: 100_000,
             runs: 11,
+            busy: true,
         }
     }
 }
@@ -483,11 +487,12 @@ pub(crate) fn cacheline_one_way(wire: &Client, pp: PingPong) -> Result<Option<Ca
     if let Some(seg) = &seg {
         let line = seg.line();
         let pinger = me == 0;
-        let steps = busy_steps(BUSY_NS);
+        let steps = if pp.busy { busy_steps(BUSY_NS) } else { 0 };
         ping_pong(line, pinger, 0, warm, 0)?;
         let mut next = warm;
-        for (out, steps) in [(&mut runs, 0), (&mut busy, steps)] {
-            for _ in 0..pp.runs {
+        let busy_runs = if pp.busy { pp.runs } else { 0 };
+        for (out, steps, n) in [(&mut runs, 0, pp.runs), (&mut busy, steps, busy_runs)] {
+            for _ in 0..n {
                 let t0 = Instant::now();
                 ping_pong(line, pinger, next, trips, steps)?;
                 out.push(us(t0.elapsed()) / trips as f64 / 2.0);

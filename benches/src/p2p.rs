@@ -665,7 +665,7 @@ fn reference_before(
     }
     match bench {
         Bench::Latency => Ok(Reference::CacheLine {
-            before: cache_line(fabric)?,
+            before: cache_line(fabric, true)?,
             after: None,
         }),
         Bench::Bw => Ok(Reference::Memcpy {
@@ -692,7 +692,8 @@ fn reference_after(
     world: &Communicator,
 ) -> Result<(), String> {
     match reference {
-        Reference::CacheLine { after, .. } => *after = cache_line(fabric)?,
+        // The busy line only before the sweep (the report shows that one).
+        Reference::CacheLine { after, .. } => *after = cache_line(fabric, false)?,
         Reference::Memcpy { after, .. } if world.rank() == 0 => {
             *after = bw_ratio_size(sizes).map(|s| (s, limit::memcpy_mbs(s, MEMCPY_SLOTS)));
         }
@@ -701,9 +702,14 @@ fn reference_after(
     Ok(())
 }
 
-/// `weft bench limit`'s cache-line ping-pong between the two ranks (rank 0's result).
-fn cache_line(fabric: &Fabric) -> Result<Option<CacheLine>, String> {
-    limit::cacheline_one_way(fabric.wire(), PingPong::default())
+/// `weft bench limit`'s cache-line ping-pong between the two ranks (rank 0's result),
+/// with or without the busy runs.
+fn cache_line(fabric: &Fabric, busy: bool) -> Result<Option<CacheLine>, String> {
+    let pp = PingPong {
+        busy,
+        ..PingPong::default()
+    };
+    limit::cacheline_one_way(fabric.wire(), pp)
         .map_err(|e| format!("cache-line reference (--no-limit skips it): {e}"))
 }
 
