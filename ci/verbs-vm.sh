@@ -107,16 +107,19 @@ perf() { # TOOL ARGS...: server in the background, client against it at 127.0.0.
   timeout 120 "$tool" -d rxe0 -x 1 "$@" 127.0.0.2 || bad "$tool"
   wait "$srv" || true
 }
-pl=$(perf ib_send_lat -s 8 -n 2000 | awk '$1 == 8 {print $6}')
+pt=$(perf ib_send_lat -s 8 -n 2000 | awk '$1 == 8 {print $5, $6}')
+pl=$(echo "$pt" | awk '$2 ~ /^[0-9.]+$/ {print $2}'); pt=$(echo "$pt" | awk '$1 ~ /^[0-9.]+$/ {print $1}')
 pb=$(perf ib_write_bw -s 1048576 -n 200 | awk '$1 == 1048576 {printf "%.1f", $4 * 1.048576}')
-wl=$(WEFT_TRANSPORTS=verbs timeout 120 "$R/weft" bench latency --sizes 8,65536 --no-limit --json) || bad "weft bench latency"
+wl=$(WEFT_TRANSPORTS=verbs timeout 120 "$R/weft" bench latency --sizes 8,65536 --no-limit --percentiles --json) || bad "weft bench latency"
 wb=$(WEFT_TRANSPORTS=verbs timeout 120 "$R/weft" bench bw --sizes 8192,1048576 --no-limit --json) || bad "weft bench bw"
 echo "$wl"; echo "$wb"
 l8=$(echo "$wl" | sed -n 's/.*"size":8,"latency_us":\([0-9.]*\).*/\1/p')
+t8=$(echo "$wl" | sed -n 's/.*"size":8,.*"median_us":\([0-9.]*\).*/\1/p')
 b1=$(echo "$wb" | sed -n 's/.*"size":1048576,"bandwidth_mbs":\([0-9.]*\).*/\1/p')
 [[ -n $l8 && -n $b1 ]] || bad "weft bench printed no 8 B latency or 1 MiB bandwidth"
 if [[ -n $pl && -n $l8 && -n $pb && -n $b1 ]]; then
-  echo "8 B latency: weft $l8 us, ib_send_lat $pl us, ratio $(awk "BEGIN {printf \"%.2f\", $l8 / $pl}")"
+  echo "8 B latency (mean): weft $l8 us, ib_send_lat $pl us (t_avg), ratio $(awk "BEGIN {printf \"%.2f\", $l8 / $pl}")"
+  [[ -n $t8 && -n $pt ]] && echo "8 B latency (typical): weft median $t8 us, ib_send_lat t_typical $pt us, ratio $(awk "BEGIN {printf \"%.2f\", $t8 / $pt}")"
   echo "1 MiB bandwidth: weft $b1 MB/s, ib_write_bw $pb MB/s, ratio $(awk "BEGIN {printf \"%.2f\", $b1 / $pb}")"
 fi
 timeout 120 "$examples/verbs_pingpong" 32 2000 || bad "verbs_pingpong"

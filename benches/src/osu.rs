@@ -484,22 +484,48 @@ impl<W: Write> Report<W> {
 
     /// Records and prints the value measured at `size`.
     pub(crate) fn row(&mut self, size: usize, value: f64) -> io::Result<()> {
+        self.row_with(size, value, &[])
+    }
+
+    /// A row with more values after the metric: `(JSON key, column title, value)` each,
+    /// printed with the metric's decimals (the column titles come from the first row).
+    pub(crate) fn row_with(
+        &mut self,
+        size: usize,
+        value: f64,
+        more: &[(&str, &str, f64)],
+    ) -> io::Result<()> {
         if let Some(s) = self.series.last_mut() {
             s.points.push((size, value));
         }
+        let prec = self.metric.decimals;
         let line = if self.json {
-            self.json_line(size, value)
+            let mut line = self.json_line(size, value);
+            for (key, _, v) in more {
+                // `json_line` ends with "}\n": the extra fields go before it.
+                line.truncate(line.len() - 2);
+                line.push(',');
+                line.push_str(&serde_json::to_string(key).unwrap_or_default());
+                line.push(':');
+                line.push_str(&serde_json::to_string(&json_number(*v)).unwrap_or_default());
+                line.push_str("}\n");
+            }
+            line
         } else {
             let mut s = self.header();
             if !self.column_printed {
-                let _ = writeln!(s, "{:<10}{:>18}", "# Size", self.metric.column);
+                let _ = write!(s, "{:<10}{:>18}", "# Size", self.metric.column);
+                for (_, title, _) in more {
+                    let _ = write!(s, "{title:>14}");
+                }
+                s.push('\n');
                 self.column_printed = true;
             }
-            let _ = writeln!(
-                s,
-                "{size:<10}{value:>18.prec$}",
-                prec = self.metric.decimals
-            );
+            let _ = write!(s, "{size:<10}{value:>18.prec$}");
+            for (_, _, v) in more {
+                let _ = write!(s, "{v:>14.prec$}");
+            }
+            s.push('\n');
             s
         };
         self.emit(&line)?;
@@ -1025,6 +1051,50 @@ mod tests {
             &lines[5..],
             &["#", "# limit", lines[2], "64                      0.11"]
         );
+    }
+
+    #[test]
+    fn rows_with_more_values_carry_them_in_json_and_columns() {
+        let more = [
+            ("median_us", "Median (us)", 1.23456),
+            ("p99_us", "P99 (us)", 9.5),
+        ];
+        let mut r = Report::to_writer(
+            Vec::new(),
+            &args(true),
+            "latency",
+            "Weft Latency Test",
+            Metric::LATENCY,
+        );
+        r.row_with(8, 2.5, &more).unwrap();
+        let text = String::from_utf8(r.finish().unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(v["latency_us"], 2.5);
+        assert_eq!(v["median_us"], 1.2346);
+        assert_eq!(v["p99_us"], 9.5);
+        let mut r = Report::to_writer(
+            Vec::new(),
+            &args(false),
+            "latency",
+            "Weft Latency Test",
+            Metric::LATENCY,
+        );
+        r.row_with(8, 2.5, &more).unwrap();
+        r.row_with(16, 3.0, &more).unwrap();
+        let text = String::from_utf8(r.finish().unwrap()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("# ") || l.starts_with("# Size"))
+            .collect();
+        assert!(
+            lines[0].starts_with("# Size") && lines[0].ends_with("Median (us)      P99 (us)"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["8", "2.50", "1.23", "9.50"]
+        );
+        assert_eq!(lines.len(), 3, "{text}");
     }
 
     #[test]

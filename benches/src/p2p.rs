@@ -218,6 +218,12 @@ struct Args {
     /// two or more cores).
     #[arg(long, value_enum, default_value_t = Bind::Auto)]
     bind_to: Bind,
+    /// Latency only: also time every round trip (rank 0, with the CPU's cycle counter) and
+    /// print the minimum, median and 99th percentile of the one-way time next to the mean,
+    /// like perftest's t_min, t_typical and 99% percentile. Off by default: the reading
+    /// per round trip costs a few nanoseconds, which shows at shared-memory latencies.
+    #[arg(long)]
+    percentiles: bool,
 }
 
 /// Parses the options of `bench` (the arguments after its name).
@@ -229,7 +235,17 @@ fn parse(bench: Bench, args: &[String]) -> Result<Args, clap::Error> {
         .about(bench.about())
         .long_about(None)
         .try_get_matches_from(argv)?;
-    Args::from_arg_matches(&matches)
+    let args = Args::from_arg_matches(&matches)?;
+    if args.percentiles && bench != Bench::Latency {
+        return Err(Args::command().bin_name(bench.command_name()).error(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!(
+                "--percentiles is for `weft bench latency` (it times single round trips), not `{}`",
+                bench.command_name()
+            ),
+        ));
+    }
+    Ok(args)
 }
 
 /// Runs `weft bench NAME ARGS...` for `bench` (`ARGS` are the arguments after the name);
@@ -427,33 +443,116 @@ fn idle_until_sync(world: &Communicator) -> Result<(), P2pError> {
     Ok(())
 }
 
-/// One-way latency at `size` in µs: half the mean round trip of `reps.iters` blocking
-/// ping-pongs after `reps.warmup` untimed ones.
+/// One-way latency at `size`: half the mean round trip of `reps.iters` blocking
+/// ping-pongs after `reps.warmup` untimed ones; with `timed`, rank 0 also times every round
+/// trip ([`OneWay::dist`]).
 fn latency(
     world: &Communicator,
     size: usize,
     reps: Reps,
+    timed: bool,
     sbuf: &[u8],
     rbuf: &mut [u8],
-) -> Result<f64, P2pError> {
+) -> Result<OneWay, P2pError> {
     let peer = 1 - world.rank();
     let (sbuf, rbuf) = (&sbuf[..size], &mut rbuf[..size]);
+    let first = world.rank() == 0;
+    // Cycle-counter readings at the start of the timed round trips and after the last:
+    // written in place (the pages touched now, not during the loop).
+    let mut marks = vec![
+        0u64;
+        if timed && first {
+            reps.iters as usize + 1
+        } else {
+            0
+        }
+    ];
     sync(world)?;
     let mut t0 = Instant::now();
     for i in 0..reps.total() {
         if i == reps.warmup {
             t0 = Instant::now();
+            if let Some(m) = marks.first_mut() {
+                *m = cycles();
+            }
         }
-        if world.rank() == 0 {
+        if first {
             world.send(sbuf, peer, TAG_DATA)?;
             world.recv(rbuf, Source::Rank(peer), TAG_DATA)?;
+            if i >= reps.warmup {
+                if let Some(m) = marks.get_mut((i - reps.warmup + 1) as usize) {
+                    *m = cycles();
+                }
+            }
         } else {
             world.recv(rbuf, Source::Rank(peer), TAG_DATA)?;
             world.send(sbuf, peer, TAG_DATA)?;
         }
     }
+    let elapsed = t0.elapsed().as_secs_f64();
     black_box(&rbuf);
-    Ok(t0.elapsed().as_secs_f64() * 1e6 / (2.0 * f64::from(reps.iters)))
+    Ok(OneWay {
+        mean_us: elapsed * 1e6 / (2.0 * f64::from(reps.iters)),
+        dist: Dist::of_marks(&marks, elapsed),
+    })
+}
+
+/// The one-way latency of a size: the mean (OSU's figure), and with `--percentiles` the
+/// distribution over single round trips (rank 0).
+#[derive(Debug, Clone, Copy)]
+struct OneWay {
+    mean_us: f64,
+    dist: Option<Dist>,
+}
+
+/// Minimum, median and 99th percentile of half a round trip, in µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Dist {
+    min_us: f64,
+    median_us: f64,
+    p99_us: f64,
+}
+
+impl Dist {
+    /// From cycle-counter `marks` around consecutive round trips that took `elapsed`
+    /// seconds in all (which gives the counter's rate); `None` without a round trip.
+    fn of_marks(marks: &[u64], elapsed: f64) -> Option<Dist> {
+        let (&start, &end) = (marks.first()?, marks.last()?);
+        if marks.len() < 2 || end <= start || elapsed <= 0.0 {
+            return None;
+        }
+        let us_per_cycle = elapsed * 1e6 / (end - start) as f64;
+        let mut one_way: Vec<f64> = marks
+            .windows(2)
+            .map(|w| w[1].wrapping_sub(w[0]) as f64 * us_per_cycle / 2.0)
+            .collect();
+        one_way.sort_by(f64::total_cmp);
+        let at = |q: f64| one_way[((one_way.len() - 1) as f64 * q).round() as usize];
+        Some(Dist {
+            min_us: one_way[0],
+            median_us: at(0.5),
+            p99_us: at(0.99),
+        })
+    }
+}
+
+/// A reading of a cheap, steady cycle counter for timing single round trips: RDTSC on
+/// x86_64 (an instruction, where reading the clock may be a system call: inside the
+/// soft-RoCE VM the kernel's clocksource is the HPET), the monotonic clock in nanoseconds
+/// elsewhere. Only differences matter; [`Dist::of_marks`] converts them.
+#[inline(always)]
+fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: RDTSC has no preconditions (it reads a counter; user mode may run it
+        // unless the kernel disabled it, which Linux does not).
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
 }
 
 /// `bw` and `mr`: windows of `window` messages from rank 0 to rank 1, each followed by a
@@ -813,7 +912,13 @@ fn describe(bench: Bench, opts: &Args, cpus: (&str, &str)) -> String {
     );
     let what = match bench {
         Bench::Latency => format!(
-            "blocking send/recv ping-pong, one way = half the round trip;\nround trips: {counts}"
+            "blocking send/recv ping-pong, one way = half the round trip;\nround trips: {counts}{}",
+            if opts.percentiles {
+                ";\nMin, Median and P99 (--percentiles): of half of each round trip, timed by rank 0 \
+                 with the CPU's cycle counter"
+            } else {
+                ""
+            }
         ),
         Bench::Bw | Bench::Mr => format!(
             "windows of {w} isend + wait_all, then a 1-byte ack; windows: {counts};\n\
@@ -914,9 +1019,21 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
             }
         }
         let per_window = f64::from(opts.window) * f64::from(reps.iters);
+        let mut dist = None;
         let value = match bench {
-            Bench::Latency => latency(&world, size, reps, sbuf.as_slice(), rbuf.as_mut_slice())
-                .map_err(|e| format!("size {size}: {e}"))?,
+            Bench::Latency => {
+                let l = latency(
+                    &world,
+                    size,
+                    reps,
+                    opts.percentiles,
+                    sbuf.as_slice(),
+                    rbuf.as_mut_slice(),
+                )
+                .map_err(|e| format!("size {size}: {e}"))?;
+                dist = l.dist;
+                l.mean_us
+            }
             Bench::Bw | Bench::Mr => {
                 let mut slots = RecvSlots::new(if me == 1 { size } else { 0 }, opts.window);
                 let t = unidirectional(
@@ -944,7 +1061,19 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         };
         rows.push((size, value));
         if let Some(r) = &mut report {
-            r.row(size, value).map_err(io_err)?;
+            match dist {
+                Some(d) => r.row_with(
+                    size,
+                    value,
+                    &[
+                        ("min_us", "Min (us)", d.min_us),
+                        ("median_us", "Median (us)", d.median_us),
+                        ("p99_us", "P99 (us)", d.p99_us),
+                    ],
+                ),
+                None => r.row(size, value),
+            }
+            .map_err(io_err)?;
         }
         // Seconds per iteration (a round trip, or a window) at this size.
         let per = match bench {
@@ -1052,6 +1181,31 @@ mod tests {
     }
 
     #[test]
+    fn round_trip_marks_give_the_one_way_distribution() {
+        // 100 round trips of 10 cycles, then one of 1000: 2000 cycles in 4 ms, so a cycle
+        // is 2 µs and one way is half a round trip.
+        let mut marks = vec![0u64];
+        for k in 1..=100 {
+            marks.push(k * 10);
+        }
+        marks.push(2000);
+        let d = Dist::of_marks(&marks, 0.004).unwrap();
+        assert_eq!(d.min_us, 10.0);
+        assert_eq!(d.median_us, 10.0);
+        assert_eq!(d.p99_us, 10.0);
+        // 98 round trips of 10 cycles and 2 of 1000, in 2980 µs: a cycle is 1 µs, and the
+        // two slow ones are the top 2 %.
+        let mut marks: Vec<u64> = (0..=98).map(|k| k * 10).collect();
+        marks.extend([1980, 2980]);
+        let d = Dist::of_marks(&marks, 2980e-6).unwrap();
+        assert_eq!((d.min_us, d.median_us), (5.0, 5.0));
+        assert!((d.p99_us - 500.0).abs() < 1e-9, "{d:?}");
+        assert!(Dist::of_marks(&[5], 1.0).is_none());
+        assert!(Dist::of_marks(&[], 1.0).is_none());
+        assert!(Dist::of_marks(&[5, 5], 1.0).is_none(), "no time passed");
+    }
+
+    #[test]
     fn options_parse() {
         let a = parse_ok(Bench::Bw, &[]);
         assert_eq!((a.iters, a.warmup, a.window), (None, None, 64));
@@ -1080,6 +1234,13 @@ mod tests {
             parse(Bench::Mr, &v).is_err()
         };
         assert!(bad(&["--iters", "0"]));
+        assert!(parse_ok(Bench::Latency, &["--percentiles"]).percentiles);
+        let e = parse(Bench::Bw, &["--percentiles".to_string()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--percentiles is for `weft bench latency`"),
+            "{e}"
+        );
         assert!(bad(&["--window", "0"]));
         assert!(bad(&["--window", "1025"]));
         assert!(bad(&["--sizes", "8,lots"]));
@@ -1312,8 +1473,19 @@ mod tests {
             let mut sbuf = AlignedBuf::filled(1 << 20, SEND_FILL);
             let mut rbuf = AlignedBuf::filled(1 << 20, RECV_FILL);
             for &size in SIZES {
-                let us = latency(world, size, reps, sbuf.as_slice(), rbuf.as_mut_slice());
-                assert!(us.unwrap() > 0.0);
+                let timed = size == 8;
+                let l = latency(
+                    world,
+                    size,
+                    reps,
+                    timed,
+                    sbuf.as_slice(),
+                    rbuf.as_mut_slice(),
+                );
+                let l = l.unwrap();
+                assert!(l.mean_us > 0.0);
+                // Rank 0 times each round trip when asked; rank 1 never does.
+                assert_eq!(l.dist.is_some(), timed && world.rank() == 0, "{l:?}");
                 let mut slots = RecvSlots::new(size, 5);
                 let t = unidirectional(world, size, 5, reps, sbuf.as_mut_slice(), &mut slots);
                 assert!(t.unwrap() > Duration::ZERO);
