@@ -138,6 +138,58 @@ fn outcome(sender: u32, tag: u32, size: usize, cap: usize) -> Result<Status, P2p
     }
 }
 
+/// What [`Engine::recv_direct`] offers each frame to: takes the first matching eager frame
+/// straight into the caller's buffer. A method rather than a closure so that it is inlined
+/// into the transports' polls (the path from a frame's arrival to the receive's return).
+struct Taker {
+    buf: *mut u8,
+    cap: usize,
+    ctx: u64,
+    src: Option<u32>,
+    tag: Option<u32>,
+    got: Option<Result<Status, P2pError>>,
+    /// Once a matching message had to be queued (a rendezvous), later matching frames
+    /// must queue behind it: messages never overtake each other.
+    blocked: bool,
+}
+
+impl Taker {
+    /// Takes `frame` from rank `from` if it is the first matching eager frame; false:
+    /// not taken (it goes to the queues).
+    #[inline(always)]
+    fn offer(&mut self, from: u32, frame: &[u8]) -> bool {
+        if self.got.is_some() || self.blocked {
+            return false;
+        }
+        let Some((h, data)) = decode_frame(from, frame) else {
+            return false;
+        };
+        if !(matches(self.ctx, self.src, self.tag, h.ctx, h.src, h.tag) && h.src == from) {
+            return false;
+        }
+        if h.kind != EAGER {
+            self.blocked = true;
+            return false;
+        }
+        let n = data.len().min(self.cap);
+        // SAFETY: `buf` is the receive buffer of `cap` >= n bytes that the caller of
+        // `recv_direct` lends for the whole call; `data` is in the transport's receive
+        // memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf, n) };
+        self.got = Some(outcome(h.src, h.tag, data.len(), self.cap));
+        true
+    }
+}
+
+/// Keeps a verbs frame that no receive took, for `on_frame_from` once the poll is over
+/// (off the path of a frame a receive takes).
+#[cold]
+#[inline(never)]
+fn keep_frame(scratch: &mut Vec<u8>, spans: &mut Vec<(u32, usize)>, peer: u32, frame: &[u8]) {
+    scratch.extend_from_slice(frame);
+    spans.push((peer, scratch.len()));
+}
+
 /// Outcome of [`Engine::recv_direct`].
 #[derive(Debug)]
 pub(crate) enum Direct {
@@ -493,39 +545,22 @@ impl Engine {
         {
             return Direct::Queue;
         }
-        let mut got = None;
-        // Once a matching message had to be queued (a rendezvous), later matching frames
-        // must queue behind it: messages never overtake each other.
-        let mut blocked = false;
-        // Takes a matching eager frame from rank `from` straight into `buf`.
-        let mut take = |from: u32, frame: &[u8]| -> bool {
-            if got.is_some() || blocked {
-                return false;
-            }
-            let Some((h, data)) = decode_frame(from, frame) else {
-                return false;
-            };
-            if !(matches(ctx, src, tag, h.ctx, h.src, h.tag) && h.src == from) {
-                return false;
-            }
-            if h.kind != EAGER {
-                blocked = true;
-                return false;
-            }
-            let n = data.len().min(cap);
-            // SAFETY: `buf` is the caller's receive buffer of `cap` >= n bytes, borrowed
-            // mutably for the whole call; `data` is in the transport's receive memory.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, n) };
-            got = Some(outcome(h.src, h.tag, data.len(), cap));
-            true
+        let mut taker = Taker {
+            buf,
+            cap,
+            ctx,
+            src,
+            tag,
+            got: None,
+            blocked: false,
         };
         if st.verbs.is_some() {
-            st.progress_verbs_with(&mut take);
+            st.progress_verbs_with(&mut |from, frame| taker.offer(from, frame));
         }
         if let Some(inbox) = &mut self.inbox {
             inbox.poll(&mut |sid, frame| {
                 if let Some(&from) = st.sender_rank.get(sid as usize) {
-                    if take(from, frame) {
+                    if taker.offer(from, frame) {
                         return;
                     }
                 }
@@ -537,7 +572,7 @@ impl Engine {
         if !st.busy.is_empty() {
             st.flush();
         }
-        match got {
+        match taker.got {
             Some(r) => Direct::Done(r),
             // A rendezvous (or anything) that arrived meanwhile now sits in the queues.
             None if !st.unexpected.is_empty() => Direct::Queue,
@@ -550,7 +585,7 @@ impl Engine {
     /// frame (false otherwise, so callers poll in full). Cheap to spin on: loads only for
     /// shared memory, one completion-queue poll for verbs (whose finds the next progress
     /// delivers).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn quiet(&mut self) -> bool {
         let st = &mut self.st;
         // Nothing unexpected either: another thread may have polled our message into
@@ -1761,7 +1796,11 @@ impl State {
 
     /// [`State::progress_verbs`], offering each frame to `take` first (a direct receive:
     /// true when it consumed the frame).
-    fn progress_verbs_with(&mut self, take: &mut dyn FnMut(u32, &[u8]) -> bool) -> usize {
+    #[inline(always)]
+    fn progress_verbs_with<T: FnMut(u32, &[u8]) -> bool + ?Sized>(
+        &mut self,
+        take: &mut T,
+    ) -> usize {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
@@ -1771,10 +1810,9 @@ impl State {
         let polled = ep.poll(&mut |peer, frame| {
             if take(peer, frame) {
                 taken += 1;
-                return;
+            } else {
+                keep_frame(scratch, spans, peer, frame);
             }
-            scratch.extend_from_slice(frame);
-            spans.push((peer, scratch.len()));
         });
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.

@@ -327,7 +327,7 @@ impl Inner {
     /// One round of a wait loop: snoozes, letting go of the engine meanwhile when
     /// another thread waits for it or when the backoff yields or sleeps. Returns the
     /// engine again and whether it is time to check for dead peers.
-    #[inline]
+    #[inline(always)]
     fn pause<'a>(
         &'a self,
         g: Guard<'a, Engine>,

@@ -917,11 +917,18 @@ impl Endpoint {
     /// not ready yet, no credits, send queue or buffers full): call `poll` and retry.
     /// Errors: the frame exceeds [`Endpoint::max_frame`], or the connection failed (an
     /// error naming the peer).
+    #[inline(always)]
     pub fn try_send(&mut self, conn: ConnId, header: &[u8], payload: &[u8]) -> Result<bool, Error> {
-        let idx = conn.0;
-        if let Some(r) = self.try_send_inline(idx, header, payload) {
-            return r;
+        match self.try_send_inline(conn.0, header, payload) {
+            Some(r) => r,
+            None => self.try_send_general(conn.0, header, payload),
         }
+    }
+
+    /// [`Endpoint::try_send`] beyond the common case: a frame sent from a registered
+    /// buffer, or no credit, no room, no ready connection, a frame too large.
+    #[inline(never)]
+    fn try_send_general(&mut self, idx: u32, header: &[u8], payload: &[u8]) -> Result<bool, Error> {
         let eager_limit_low = self.send_free.is_empty();
         let max_inline = self.info.max_inline as usize;
         let c = self
@@ -984,7 +991,7 @@ impl Endpoint {
     /// The common case of [`Endpoint::try_send`], on the path of every small message: an
     /// inline frame on a ready connection with a credit and room in its send queue. `None`:
     /// not that case, take the general path.
-    #[inline]
+    #[inline(always)]
     fn try_send_inline(
         &mut self,
         idx: u32,
@@ -1170,7 +1177,8 @@ impl Endpoint {
     /// peers we have not connected to), returns credits, probes starved connections.
     /// Returns the number of frames delivered, or the first error of a peer (a failed
     /// connection: the error names the peer and the completion status).
-    pub fn poll(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> Result<usize, Error> {
+    #[inline]
+    pub fn poll<F: FnMut(u32, &[u8]) + ?Sized>(&mut self, deliver: &mut F) -> Result<usize, Error> {
         if !self.repost.is_empty() {
             self.repost_recvs();
         }
@@ -1226,7 +1234,8 @@ impl Endpoint {
         self.repost = list;
     }
 
-    fn poll_recv(&mut self, deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
+    #[inline(always)]
+    fn poll_recv<F: FnMut(u32, &[u8]) + ?Sized>(&mut self, deliver: &mut F) -> usize {
         if self.stashed > 0 {
             // `poll_recv_into` starts with the completions `idle` left in `stash`.
             let mut wcs = std::mem::take(&mut self.stash);
@@ -1245,7 +1254,7 @@ impl Endpoint {
     /// operations outstanding). It polls the receive completion queue once and keeps what
     /// it finds for the next `poll`, which delivers it first: cheap to spin on while
     /// waiting for a message (one `ibv_poll_cq` and a few loads).
-    #[inline]
+    #[inline(always)]
     pub fn idle(&mut self) -> bool {
         if self.stashed > 0
             || self.signaled_out > 0
@@ -1270,7 +1279,12 @@ impl Endpoint {
         }
     }
 
-    fn poll_recv_into(&mut self, wcs: &mut [Wc], deliver: &mut dyn FnMut(u32, &[u8])) -> usize {
+    #[inline(always)]
+    fn poll_recv_into<F: FnMut(u32, &[u8]) + ?Sized>(
+        &mut self,
+        wcs: &mut [Wc],
+        deliver: &mut F,
+    ) -> usize {
         let mut delivered = 0;
         loop {
             // Completions `idle` took from the queue (into `wcs`, see `poll_recv`) go

@@ -608,6 +608,7 @@ impl Cq {
     }
 
     /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions into `out`.
+    #[inline(always)]
     pub(crate) fn poll(&self, out: &mut [Wc]) -> io::Result<usize> {
         let mut raw = [const { std::mem::MaybeUninit::<ffi::ibv_wc>::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH) as c_int;
@@ -1213,7 +1214,7 @@ impl Qp<Rts> {
     /// so nothing is referenced afterwards): the small-message path, kept apart from
     /// [`Qp::post_send`] so that it builds only what it needs. A frame beyond the queue
     /// pair's max inline data is refused by the provider (an error, nothing sent).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn post_send_inline_imm(
         &self,
         wr_id: u64,
