@@ -153,9 +153,45 @@ struct Taker {
     blocked: bool,
 }
 
-impl Taker {
-    /// Takes `frame` from rank `from` if it is the first matching eager frame; false:
-    /// not taken (it goes to the queues).
+/// Something a poll offers each arrived frame to before queueing it.
+trait TakeFrame {
+    /// Takes `frame` from rank `from`, or returns false: not taken (it goes to the
+    /// queues).
+    fn offer(&mut self, from: u32, frame: &[u8]) -> bool;
+}
+
+/// Takes nothing: every frame goes to the queues.
+struct TakeNone;
+
+impl TakeFrame for TakeNone {
+    #[inline(always)]
+    fn offer(&mut self, _: u32, _: &[u8]) -> bool {
+        false
+    }
+}
+
+/// The verbs endpoint's [`Deliver`](weft_verbs::Deliver) for a progress pass: frames go to
+/// `take` first, the others are kept for the queues.
+struct VerbsSink<'a, T> {
+    take: &'a mut T,
+    taken: usize,
+    scratch: &'a mut Vec<u8>,
+    spans: &'a mut Vec<(u32, usize)>,
+}
+
+impl<T: TakeFrame> weft_verbs::Deliver for VerbsSink<'_, T> {
+    #[inline(always)]
+    fn frame(&mut self, peer: u32, frame: &[u8]) {
+        if self.take.offer(peer, frame) {
+            self.taken += 1;
+        } else {
+            keep_frame(self.scratch, self.spans, peer, frame);
+        }
+    }
+}
+
+impl TakeFrame for Taker {
+    /// Takes `frame` from rank `from` if it is the first matching eager frame.
     #[inline(always)]
     fn offer(&mut self, from: u32, frame: &[u8]) -> bool {
         if self.got.is_some() || self.blocked {
@@ -175,9 +211,42 @@ impl Taker {
         // SAFETY: `buf` is the receive buffer of `cap` >= n bytes that the caller of
         // `recv_direct` lends for the whole call; `data` is in the transport's receive
         // memory.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf, n) };
+        unsafe { copy_bytes(data.as_ptr(), self.buf, n) };
         self.got = Some(outcome(h.src, h.tag, data.len(), self.cap));
         true
+    }
+}
+
+/// Copies `n` bytes from `src` to `dst`, which do not overlap: up to 16 bytes with at
+/// most two moves each way (no call: a call to `memcpy` costs more than such a copy, and it
+/// sits on the path from a message's arrival to the receive's return), longer ones with
+/// `copy_nonoverlapping`.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `n` bytes, and the ranges do not overlap.
+#[inline(always)]
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
+    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
+    // SAFETY: the caller's contract; each access lies in the first or the last `k` <= n
+    // bytes of the ranges (overlapping when n < 2k: the same bytes twice).
+    unsafe {
+        if n > 16 {
+            std::ptr::copy_nonoverlapping(src, dst, n);
+        } else if n >= 8 {
+            let (a, b) = (rd(src.cast::<u64>()), rd(src.add(n - 8).cast::<u64>()));
+            wr(dst.cast::<u64>(), a);
+            wr(dst.add(n - 8).cast::<u64>(), b);
+        } else if n >= 4 {
+            let (a, b) = (rd(src.cast::<u32>()), rd(src.add(n - 4).cast::<u32>()));
+            wr(dst.cast::<u32>(), a);
+            wr(dst.add(n - 4).cast::<u32>(), b);
+        } else if n >= 2 {
+            let (a, b) = (rd(src.cast::<u16>()), rd(src.add(n - 2).cast::<u16>()));
+            wr(dst.cast::<u16>(), a);
+            wr(dst.add(n - 2).cast::<u16>(), b);
+        } else if n == 1 {
+            *dst = *src;
+        }
     }
 }
 
@@ -512,6 +581,7 @@ impl Engine {
 
     /// Starts a send of `len` bytes at `buf`. `None`: done, the buffer may be reused (eager
     /// and loopback sends); `Some(id)`: a request that completes when it may.
+    #[inline(always)]
     pub(crate) fn send(
         &mut self,
         buf: *const u8,
@@ -527,7 +597,7 @@ impl Engine {
     /// arrived message matches, polls the inbox and copies a matching eager message straight
     /// into `buf` (no request, no queue). `Direct(None)`: nothing yet, poll again;
     /// `Queue`: something could match through the queues, use [`Engine::recv`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn recv_direct(
         &mut self,
         buf: *mut u8,
@@ -555,7 +625,7 @@ impl Engine {
             blocked: false,
         };
         if st.verbs.is_some() {
-            st.progress_verbs_with(&mut |from, frame| taker.offer(from, frame));
+            st.progress_verbs_with(&mut taker);
         }
         if let Some(inbox) = &mut self.inbox {
             inbox.poll(&mut |sid, frame| {
@@ -578,6 +648,19 @@ impl Engine {
             None if !st.unexpected.is_empty() => Direct::Queue,
             None => Direct::NotYet,
         }
+    }
+
+    /// [`Engine::recv_direct`] off the hot path (not inlined into its caller).
+    #[inline(never)]
+    pub(crate) fn recv_direct_cold(
+        &mut self,
+        buf: *mut u8,
+        cap: usize,
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Direct {
+        self.recv_direct(buf, cap, ctx, src, tag)
     }
 
     /// Whether nothing has arrived since the last progress: nothing waits to be sent, no
@@ -929,6 +1012,7 @@ impl State {
         }
     }
 
+    #[inline(always)]
     fn send(
         &mut self,
         buf: *const u8,
@@ -978,6 +1062,20 @@ impl State {
                 }
             }
         }
+        self.send_general(buf, len, dest, ctx, tag)
+    }
+
+    /// [`State::send`] beyond its fast paths: unconnected peers, loopback, queued
+    /// frames, larger eager messages, rendezvous.
+    #[inline(never)]
+    fn send_general(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> Result<Option<u32>, P2pError> {
         self.path(dest)?;
         let me = self.me;
         if dest == me {
@@ -1791,29 +1889,26 @@ impl State {
 
     /// Polls the verbs endpoint: frames, finished reads, waiting reads.
     fn progress_verbs(&mut self) -> usize {
-        self.progress_verbs_with(&mut |_, _| false)
+        self.progress_verbs_with(&mut TakeNone)
     }
 
     /// [`State::progress_verbs`], offering each frame to `take` first (a direct receive:
     /// true when it consumed the frame).
     #[inline(always)]
-    fn progress_verbs_with<T: FnMut(u32, &[u8]) -> bool + ?Sized>(
-        &mut self,
-        take: &mut T,
-    ) -> usize {
+    fn progress_verbs_with<T: TakeFrame>(&mut self, take: &mut T) -> usize {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
         // `scratch` and `spans` are empty between calls.
-        let (scratch, spans) = (&mut self.scratch, &mut self.spans);
-        let mut taken = 0;
-        let polled = ep.poll(&mut |peer, frame| {
-            if take(peer, frame) {
-                taken += 1;
-            } else {
-                keep_frame(scratch, spans, peer, frame);
-            }
-        });
+        let mut sink = VerbsSink {
+            take,
+            taken: 0,
+            scratch: &mut self.scratch,
+            spans: &mut self.spans,
+        };
+        let polled = ep.poll_with(&mut sink);
+        let taken = sink.taken;
+        let spans = &self.spans;
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.
         if spans.is_empty()
@@ -2008,6 +2103,21 @@ mod tests {
         fn headers_round_trip(kind in any::<u8>(), src in any::<u32>(), ctx in any::<u64>(), tag in any::<u32>(), aux in any::<u32>(), len in any::<u64>()) {
             let h = Hdr { kind, src, ctx, tag, aux, len };
             prop_assert_eq!(Hdr::decode(&h.encode()), Some(h));
+        }
+    }
+
+    #[test]
+    fn copy_bytes_copies_every_length_exactly() {
+        let src: Vec<u8> = (1..=40).collect();
+        for n in 0..=40 {
+            let mut dst = [0xeeu8; 48];
+            // SAFETY: both buffers hold at least `n` bytes and are distinct.
+            unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
+            assert_eq!(&dst[..n], &src[..n], "n = {n}");
+            assert!(
+                dst[n..].iter().all(|&b| b == 0xee),
+                "n = {n}: wrote past the end"
+            );
         }
     }
 

@@ -227,6 +227,21 @@ impl Conn {
     }
 }
 
+/// Where [`Endpoint::poll`] delivers received frames: any `FnMut(peer, frame)`, or a type
+/// whose `frame` method is inlined into the poll (a closure's body may not be, and under
+/// emulation every call on the path from a frame's arrival to the answer shows).
+pub trait Deliver {
+    /// Frame `frame` arrived from `peer` (valid for the call only).
+    fn frame(&mut self, peer: u32, frame: &[u8]);
+}
+
+impl<F: FnMut(u32, &[u8]) + ?Sized> Deliver for F {
+    #[inline(always)]
+    fn frame(&mut self, peer: u32, frame: &[u8]) {
+        self(peer, frame)
+    }
+}
+
 /// One process's verbs endpoint (see the crate docs for the protocol).
 pub struct Endpoint {
     // Field order is drop order: queue pairs first, then what they use, memory last.
@@ -1179,6 +1194,12 @@ impl Endpoint {
     /// connection: the error names the peer and the completion status).
     #[inline]
     pub fn poll<F: FnMut(u32, &[u8]) + ?Sized>(&mut self, deliver: &mut F) -> Result<usize, Error> {
+        self.poll_with(deliver)
+    }
+
+    /// [`Endpoint::poll`] delivering to a [`Deliver`] (whose `frame` the poll inlines).
+    #[inline]
+    pub fn poll_with<D: Deliver + ?Sized>(&mut self, deliver: &mut D) -> Result<usize, Error> {
         if !self.repost.is_empty() {
             self.repost_recvs();
         }
@@ -1235,7 +1256,7 @@ impl Endpoint {
     }
 
     #[inline(always)]
-    fn poll_recv<F: FnMut(u32, &[u8]) + ?Sized>(&mut self, deliver: &mut F) -> usize {
+    fn poll_recv<D: Deliver + ?Sized>(&mut self, deliver: &mut D) -> usize {
         if self.stashed > 0 {
             // `poll_recv_into` starts with the completions `idle` left in `stash`.
             let mut wcs = std::mem::take(&mut self.stash);
@@ -1280,11 +1301,7 @@ impl Endpoint {
     }
 
     #[inline(always)]
-    fn poll_recv_into<F: FnMut(u32, &[u8]) + ?Sized>(
-        &mut self,
-        wcs: &mut [Wc],
-        deliver: &mut F,
-    ) -> usize {
+    fn poll_recv_into<D: Deliver + ?Sized>(&mut self, wcs: &mut [Wc], deliver: &mut D) -> usize {
         let mut delivered = 0;
         loop {
             // Completions `idle` took from the queue (into `wcs`, see `poll_recv`) go
@@ -1335,7 +1352,7 @@ impl Endpoint {
                             let frame = unsafe {
                                 std::slice::from_raw_parts(addr as *const u8, wc.byte_len as usize)
                             };
-                            deliver(c.peer, frame);
+                            deliver.frame(c.peer, frame);
                             delivered += 1;
                             // Its credit goes back to the peer once the slot is reposted.
                             self.repost.push((slot as u32, idx));

@@ -131,7 +131,7 @@ mod sys;
 
 pub use card::CARD_LEN;
 pub use device::{describe, query_device, Config, DeviceInfo, GidEntry, TUNABLES};
-pub use endpoint::{ConnId, Endpoint, RdmaToken, ReadToken, RemoteRegion, Stats};
+pub use endpoint::{ConnId, Deliver, Endpoint, RdmaToken, ReadToken, RemoteRegion, Stats};
 pub use error::Error;
 pub use rcache::RcacheStats;
 pub use sys::{
