@@ -581,7 +581,6 @@ impl Engine {
 
     /// Starts a send of `len` bytes at `buf`. `None`: done, the buffer may be reused (eager
     /// and loopback sends); `Some(id)`: a request that completes when it may.
-    #[inline(always)]
     pub(crate) fn send(
         &mut self,
         buf: *const u8,
@@ -597,7 +596,7 @@ impl Engine {
     /// arrived message matches, polls the inbox and copies a matching eager message straight
     /// into `buf` (no request, no queue). `Direct(None)`: nothing yet, poll again;
     /// `Queue`: something could match through the queues, use [`Engine::recv`].
-    #[inline(always)]
+    #[inline]
     pub(crate) fn recv_direct(
         &mut self,
         buf: *mut u8,
@@ -1012,7 +1011,6 @@ impl State {
         }
     }
 
-    #[inline(always)]
     fn send(
         &mut self,
         buf: *const u8,
@@ -1908,10 +1906,9 @@ impl State {
         };
         let polled = ep.poll_with(&mut sink);
         let taken = sink.taken;
-        let spans = &self.spans;
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.
-        if spans.is_empty()
+        if self.spans.is_empty()
             && polled.is_ok()
             && self.reads.is_empty()
             && self.pending_reads.is_empty()
