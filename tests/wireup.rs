@@ -513,6 +513,21 @@ fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
         })
         .collect();
     assert_eq!(pids.len(), 3, "three ranks should run");
+    // The job's two servers (their job directory names the job).
+    let servers: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    c.contains(" server ") && c.contains(&format!("/{name}"))
+                })
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(servers.len(), 2, "two servers should run");
     // SIGKILL the launcher: the servers notice and clean up.
     let launcher = job.pid();
     rustix::process::kill_process(
@@ -525,12 +540,13 @@ fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
         let segs = segments_of(&name);
         let left = common::leftovers(&tmp);
         let live: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-        if segs.is_empty() && left.is_empty() && live.is_empty() {
+        let live_servers: Vec<u32> = servers.iter().copied().filter(|&p| alive(p)).collect();
+        if segs.is_empty() && left.is_empty() && live.is_empty() && live_servers.is_empty() {
             break;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "after 10 s: segments {segs:?}, files {left:?}, live ranks {live:?}"
+            "after 10 s: segments {segs:?}, files {left:?}, live ranks {live:?}, live servers {live_servers:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -157,8 +157,14 @@ pub fn run(args: ServerArgs) -> Result<(), ServerError> {
             what: "tokio runtime".into(),
             source,
         })?;
-    let out = rt.block_on(serve(args));
+    let output = OutputSink::start();
+    let out = rt.block_on(serve(args, &output));
+    // The runtime's end drops the tasks forwarding the children's output, and with them
+    // their senders: only then can the output thread end. (Joined inside the runtime, it
+    // would wait forever for a forwarder that the blocked runtime no longer runs: a
+    // launcher killed mid-job left its servers behind that way.)
     rt.shutdown_timeout(Duration::from_millis(200));
+    output.finish();
     out
 }
 
@@ -339,7 +345,7 @@ struct State {
     pgcid_waiters: HashMap<u64, String>,
 }
 
-async fn serve(args: ServerArgs) -> Result<(), ServerError> {
+async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
     let node = args.node;
     let lerr = |reason: String| ServerError::Launcher {
         node,
@@ -480,7 +486,6 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
             },
         );
     }
-    let output = OutputSink::start();
     let mut st = State {
         node,
         plan: plan.clone(),
@@ -522,7 +527,7 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
     // 3. Start the node's processes.
     let ranks: Vec<Rank> = st.procs.keys().copied().collect();
     for r in ranks {
-        spawn_child(&st, r, &sock_path, &ds_name, &output);
+        spawn_child(&st, r, &sock_path, &ds_name, output);
     }
 
     while !st.done {
@@ -536,7 +541,6 @@ async fn serve(args: ServerArgs) -> Result<(), ServerError> {
     unlink_segments(&segment_prefix(&job_id, node));
     let _ = std::fs::remove_file(&sock_path);
     let _ = std::fs::remove_dir(&args.job_dir);
-    output.finish();
     Ok(())
 }
 
