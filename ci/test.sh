@@ -7,6 +7,9 @@ ci/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 before=$(ls /dev/shm | grep -c '^weft-' || true)
+# Processes of this workspace's binaries (servers, launchers, ranks) still running.
+ours() { ps -eo pid=,args= | grep -E "^ *[0-9]+ $PWD/target/" || true; }
+procs_before=$(ours | wc -l)
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
 else
@@ -23,6 +26,15 @@ ci/verbs-vm.sh
 after=$(ls /dev/shm | grep -c '^weft-' || true)
 if [ "$after" -gt "$before" ]; then
   echo "leaked shared-memory segments:"; ls -l /dev/shm | grep ' weft-'
+  exit 1
+fi
+# Jobs end with their tests; a few seconds' grace for the last ones to wind down.
+for _ in $(seq 1 10); do
+  [ "$(ours | wc -l)" -le "$procs_before" ] && break
+  sleep 1
+done
+if [ "$(ours | wc -l)" -gt "$procs_before" ]; then
+  echo "processes left behind by the tests:"; ours
   exit 1
 fi
 echo "ci/test.sh: all green"
