@@ -484,6 +484,20 @@ fn stdin_goes_to_rank_zero_and_output_can_be_tagged() {
     );
 }
 
+/// The processes whose `/proc/PID/{file}` (NULs read as spaces) satisfies `keep`.
+fn pids_whose(file: &str, keep: impl Fn(&str) -> bool) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/{file}"))
+                .map(|b| keep(&String::from_utf8_lossy(&b).replace('\0', " ")))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
 #[test]
 fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
     let probe = example("wireup_probe");
@@ -500,33 +514,14 @@ fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| {
-                    String::from_utf8_lossy(&env).contains(&format!("WEFT_NSPACE=weft-{name}"))
-                })
-                .unwrap_or(false)
-        })
-        .collect();
+    let pids = pids_whose("environ", |env| {
+        env.contains(&format!("WEFT_NSPACE=weft-{name}"))
+    });
     assert_eq!(pids.len(), 3, "three ranks should run");
     // The job's two servers (their job directory names the job).
-    let servers: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
-                    c.contains(" server ") && c.contains(&format!("/{name}"))
-                })
-                .unwrap_or(false)
-        })
-        .collect();
+    let servers = pids_whose("cmdline", |c| {
+        c.contains(" server ") && c.contains(&format!("/{name}"))
+    });
     assert_eq!(servers.len(), 2, "two servers should run");
     // SIGKILL the launcher: the servers notice and clean up.
     let launcher = job.pid();
