@@ -500,17 +500,7 @@ impl<W: Write> Report<W> {
         }
         let prec = self.metric.decimals;
         let line = if self.json {
-            let mut line = self.json_line(size, value);
-            for (key, _, v) in more {
-                // `json_line` ends with "}\n": the extra fields go before it.
-                line.truncate(line.len() - 2);
-                line.push(',');
-                line.push_str(&serde_json::to_string(key).unwrap_or_default());
-                line.push(':');
-                line.push_str(&serde_json::to_string(&json_number(*v)).unwrap_or_default());
-                line.push_str("}\n");
-            }
-            line
+            self.json_line(size, value, more)
         } else {
             let mut s = self.header();
             if !self.column_printed {
@@ -576,7 +566,7 @@ impl<W: Write> Report<W> {
         format!("# OSU-style {}\n", self.title)
     }
 
-    fn json_line(&self, size: usize, value: f64) -> String {
+    fn json_line(&self, size: usize, value: f64, more: &[(&str, &str, f64)]) -> String {
         let mut s = String::from("{");
         let mut field = |k: &str, v: &serde_json::Value| {
             if s.len() > 1 {
@@ -597,6 +587,9 @@ impl<W: Write> Report<W> {
         }
         for (k, v) in &self.extra {
             field(k, v);
+        }
+        for (k, _, v) in more {
+            field(k, &json_number(*v));
         }
         s.push_str("}\n");
         s
