@@ -1052,26 +1052,23 @@ mod tests {
             ("median_us", "Median (us)", 1.23456),
             ("p99_us", "P99 (us)", 9.5),
         ];
-        let mut r = Report::to_writer(
-            Vec::new(),
-            &args(true),
-            "latency",
-            "Weft Latency Test",
-            Metric::LATENCY,
-        );
+        let report = |json| {
+            Report::to_writer(
+                Vec::new(),
+                &args(json),
+                "latency",
+                "Weft Latency Test",
+                Metric::LATENCY,
+            )
+        };
+        let mut r = report(true);
         r.row_with(8, 2.5, &more).unwrap();
         let text = String::from_utf8(r.finish().unwrap()).unwrap();
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(v["latency_us"], 2.5);
         assert_eq!(v["median_us"], 1.2346);
         assert_eq!(v["p99_us"], 9.5);
-        let mut r = Report::to_writer(
-            Vec::new(),
-            &args(false),
-            "latency",
-            "Weft Latency Test",
-            Metric::LATENCY,
-        );
+        let mut r = report(false);
         r.row_with(8, 2.5, &more).unwrap();
         r.row_with(16, 3.0, &more).unwrap();
         let text = String::from_utf8(r.finish().unwrap()).unwrap();

@@ -211,42 +211,9 @@ impl TakeFrame for Taker {
         // SAFETY: `buf` is the receive buffer of `cap` >= n bytes that the caller of
         // `recv_direct` lends for the whole call; `data` is in the transport's receive
         // memory.
-        unsafe { copy_bytes(data.as_ptr(), self.buf, n) };
+        unsafe { weft_shm::copy_short(data.as_ptr(), self.buf, n) };
         self.got = Some(outcome(h.src, h.tag, data.len(), self.cap));
         true
-    }
-}
-
-/// Copies `n` bytes from `src` to `dst`, which do not overlap: up to 16 bytes with at
-/// most two moves each way (no call: a call to `memcpy` costs more than such a copy, and it
-/// sits on the path from a message's arrival to the receive's return), longer ones with
-/// `copy_nonoverlapping`.
-///
-/// # Safety
-/// `src` is readable and `dst` writable for `n` bytes, and the ranges do not overlap.
-#[inline(always)]
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
-    // SAFETY: the caller's contract; each access lies in the first or the last `k` <= n
-    // bytes of the ranges (overlapping when n < 2k: the same bytes twice).
-    unsafe {
-        if n > 16 {
-            std::ptr::copy_nonoverlapping(src, dst, n);
-        } else if n >= 8 {
-            let (a, b) = (rd(src.cast::<u64>()), rd(src.add(n - 8).cast::<u64>()));
-            wr(dst.cast::<u64>(), a);
-            wr(dst.add(n - 8).cast::<u64>(), b);
-        } else if n >= 4 {
-            let (a, b) = (rd(src.cast::<u32>()), rd(src.add(n - 4).cast::<u32>()));
-            wr(dst.cast::<u32>(), a);
-            wr(dst.add(n - 4).cast::<u32>(), b);
-        } else if n >= 2 {
-            let (a, b) = (rd(src.cast::<u16>()), rd(src.add(n - 2).cast::<u16>()));
-            wr(dst.cast::<u16>(), a);
-            wr(dst.add(n - 2).cast::<u16>(), b);
-        } else if n == 1 {
-            *dst = *src;
-        }
     }
 }
 
@@ -647,19 +614,6 @@ impl Engine {
             None if !st.unexpected.is_empty() => Direct::Queue,
             None => Direct::NotYet,
         }
-    }
-
-    /// [`Engine::recv_direct`] off the hot path (not inlined into its caller).
-    #[inline(never)]
-    pub(crate) fn recv_direct_cold(
-        &mut self,
-        buf: *mut u8,
-        cap: usize,
-        ctx: u64,
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Direct {
-        self.recv_direct(buf, cap, ctx, src, tag)
     }
 
     /// Whether nothing has arrived since the last progress: nothing waits to be sent, no
@@ -2100,21 +2054,6 @@ mod tests {
         fn headers_round_trip(kind in any::<u8>(), src in any::<u32>(), ctx in any::<u64>(), tag in any::<u32>(), aux in any::<u32>(), len in any::<u64>()) {
             let h = Hdr { kind, src, ctx, tag, aux, len };
             prop_assert_eq!(Hdr::decode(&h.encode()), Some(h));
-        }
-    }
-
-    #[test]
-    fn copy_bytes_copies_every_length_exactly() {
-        let src: Vec<u8> = (1..=40).collect();
-        for n in 0..=40 {
-            let mut dst = [0xeeu8; 48];
-            // SAFETY: both buffers hold at least `n` bytes and are distinct.
-            unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
-            assert_eq!(&dst[..n], &src[..n], "n = {n}");
-            assert!(
-                dst[n..].iter().all(|&b| b == 0xee),
-                "n = {n}: wrote past the end"
-            );
         }
     }
 

@@ -1057,7 +1057,7 @@ impl Communicator {
                 };
                 if let Some((rank, reason)) = gone {
                     // One more pass: its last messages may have arrived before it died.
-                    match e.recv_direct_cold(p, n, self.ctx, s, t) {
+                    match e.recv_direct(p, n, self.ctx, s, t) {
                         Direct::Done(r) => return self.fix(r),
                         Direct::Queue => break,
                         Direct::NotYet => {

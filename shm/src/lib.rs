@@ -100,6 +100,6 @@ pub use cma::{cma_read, cma_write};
 pub use config::{InboxConfig, TUNABLES};
 pub use error::ShmError;
 pub use inbox::{Inbox, Outbox};
-pub use pair::PairHost;
+pub use pair::{copy_short, PairHost};
 pub use segment::{unlink, SegmentError};
 pub use store::{StoreFull, StoreReader, StoreWriter};
