@@ -51,6 +51,7 @@ use weft_fabric::{wait_all, Communicator, Fabric, P2pError, Request, RequestScop
 
 use crate::limit::{self, Bind, CacheLine, PingPong};
 use crate::osu::{default_sizes, Metric, Report, Sweep, SweepArgs, MAX_DEFAULT_SIZE};
+use crate::stats::Summary;
 
 /// Tag of the measured messages.
 const TAG_DATA: Tag = Tag(1);
@@ -493,7 +494,7 @@ fn latency(
     black_box(&rbuf);
     Ok(OneWay {
         mean_us: elapsed * 1e6 / (2.0 * f64::from(reps.iters)),
-        dist: Dist::of_marks(&marks, elapsed),
+        dist: one_way_of_marks(&marks, elapsed),
     })
 }
 
@@ -502,44 +503,30 @@ fn latency(
 #[derive(Debug, Clone, Copy)]
 struct OneWay {
     mean_us: f64,
-    dist: Option<Dist>,
+    dist: Option<Summary>,
 }
 
-/// Minimum, median and 99th percentile of half a round trip, in µs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Dist {
-    min_us: f64,
-    median_us: f64,
-    p99_us: f64,
-}
-
-impl Dist {
-    /// From cycle-counter `marks` around consecutive round trips that took `elapsed`
-    /// seconds in all (which gives the counter's rate); `None` without a round trip.
-    fn of_marks(marks: &[u64], elapsed: f64) -> Option<Dist> {
-        let (&start, &end) = (marks.first()?, marks.last()?);
-        if marks.len() < 2 || end <= start || elapsed <= 0.0 {
-            return None;
-        }
-        let us_per_cycle = elapsed * 1e6 / (end - start) as f64;
-        let mut one_way: Vec<f64> = marks
+/// The one-way times of consecutive round trips from cycle-counter `marks` around them,
+/// which took `elapsed` seconds in all (that gives the counter's rate); `None` without a
+/// round trip.
+fn one_way_of_marks(marks: &[u64], elapsed: f64) -> Option<Summary> {
+    let (&start, &end) = (marks.first()?, marks.last()?);
+    if marks.len() < 2 || end <= start || elapsed <= 0.0 {
+        return None;
+    }
+    let us_per_cycle = elapsed * 1e6 / (end - start) as f64;
+    Summary::of_us(
+        marks
             .windows(2)
             .map(|w| w[1].wrapping_sub(w[0]) as f64 * us_per_cycle / 2.0)
-            .collect();
-        one_way.sort_by(f64::total_cmp);
-        let at = |q: f64| one_way[((one_way.len() - 1) as f64 * q).round() as usize];
-        Some(Dist {
-            min_us: one_way[0],
-            median_us: at(0.5),
-            p99_us: at(0.99),
-        })
-    }
+            .collect(),
+    )
 }
 
 /// A reading of a cheap, steady cycle counter for timing single round trips: RDTSC on
 /// x86_64 (an instruction, where reading the clock may be a system call: inside the
 /// soft-RoCE VM the kernel's clocksource is the HPET), the monotonic clock in nanoseconds
-/// elsewhere. Only differences matter; [`Dist::of_marks`] converts them.
+/// elsewhere. Only differences matter; [`one_way_of_marks`] converts them.
 #[inline(always)]
 fn cycles() -> u64 {
     #[cfg(target_arch = "x86_64")]
@@ -699,6 +686,8 @@ fn peer_cpus(world: &Communicator) -> Result<Option<String>, P2pError> {
 /// The same-job reference of a benchmark: measured before its sweep, and again after it
 /// to show whether the floor moved meanwhile.
 #[derive(Debug)]
+// One per run: boxing the cache-line results would save nothing worth the indirection.
+#[allow(clippy::large_enum_variant)]
 enum Reference {
     /// None (`--no-limit`, or bibw and mr).
     None,
@@ -1189,7 +1178,7 @@ mod tests {
             marks.push(k * 10);
         }
         marks.push(2000);
-        let d = Dist::of_marks(&marks, 0.004).unwrap();
+        let d = one_way_of_marks(&marks, 0.004).unwrap();
         assert_eq!(d.min_us, 10.0);
         assert_eq!(d.median_us, 10.0);
         assert_eq!(d.p99_us, 10.0);
@@ -1197,12 +1186,12 @@ mod tests {
         // two slow ones are the top 2 %.
         let mut marks: Vec<u64> = (0..=98).map(|k| k * 10).collect();
         marks.extend([1980, 2980]);
-        let d = Dist::of_marks(&marks, 2980e-6).unwrap();
+        let d = one_way_of_marks(&marks, 2980e-6).unwrap();
         assert_eq!((d.min_us, d.median_us), (5.0, 5.0));
         assert!((d.p99_us - 500.0).abs() < 1e-9, "{d:?}");
-        assert!(Dist::of_marks(&[5], 1.0).is_none());
-        assert!(Dist::of_marks(&[], 1.0).is_none());
-        assert!(Dist::of_marks(&[5, 5], 1.0).is_none(), "no time passed");
+        assert!(one_way_of_marks(&[5], 1.0).is_none());
+        assert!(one_way_of_marks(&[], 1.0).is_none());
+        assert!(one_way_of_marks(&[5, 5], 1.0).is_none(), "no time passed");
     }
 
     #[test]
@@ -1324,7 +1313,7 @@ mod tests {
 
     fn line(us: f64) -> CacheLine {
         CacheLine {
-            one_way: crate::stats::Summary::of_us(vec![us]).unwrap(),
+            one_way: Summary::of_us(vec![us]).unwrap(),
             busy: None,
             cpus: ("0".into(), "1".into()),
         }
@@ -1333,7 +1322,7 @@ mod tests {
     #[test]
     fn the_latency_ratio_shows_the_busy_line_when_measured() {
         let mut before = line(0.05);
-        before.busy = crate::stats::Summary::of_us(vec![0.25]);
+        before.busy = Summary::of_us(vec![0.25]);
         let r = Reference::CacheLine {
             before: Some(before),
             after: None,

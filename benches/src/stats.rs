@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
-/// Median, minimum and maximum of a set of samples, in microseconds.
+/// Median, minimum, 99th percentile and maximum of a set of samples, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Summary {
     /// The median (the mean of the two middle samples for an even count).
     pub(crate) median_us: f64,
     /// The smallest sample.
     pub(crate) min_us: f64,
+    /// The 99th percentile (the nearest rank).
+    pub(crate) p99_us: f64,
     /// The largest sample.
     pub(crate) max_us: f64,
     /// How many samples.
@@ -31,6 +33,7 @@ impl Summary {
         Some(Summary {
             median_us,
             min_us: samples[0],
+            p99_us: samples[((n - 1) as f64 * 0.99).round() as usize],
             max_us: samples[n - 1],
             samples: n,
         })
@@ -61,6 +64,10 @@ mod tests {
         );
         let s = Summary::of_us(vec![4.0, 1.0, 3.0, 2.0]).unwrap();
         assert_eq!((s.median_us, s.min_us, s.max_us), (2.5, 1.0, 4.0));
+        // The 99th percentile is the nearest rank: the largest of 100 distinct samples'
+        // 99 smallest.
+        let s = Summary::of_us((1..=100).map(f64::from).collect()).unwrap();
+        assert_eq!((s.median_us, s.p99_us, s.max_us), (50.5, 99.0, 100.0));
         assert_eq!(Summary::of_us(Vec::new()), None);
     }
 
