@@ -537,6 +537,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // Cleanup: kill what is left, remove the socket; the store unlinks on drop.
     st.kill_all(rustix::process::Signal::KILL);
     let job_id = st.plan.job_id.clone();
+    // The children's output is written before the launcher connection closes (the
+    // launcher may end this process then).
+    output.flush();
     drop(st);
     unlink_segments(&segment_prefix(&job_id, node));
     let _ = std::fs::remove_file(&sock_path);
@@ -544,18 +547,35 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     Ok(())
 }
 
+/// What the output thread receives: a chunk of a child's output (stderr or not), or a
+/// request to say when everything sent before it is written.
+enum Chunk {
+    Data(bool, Vec<u8>),
+    Flushed(std::sync::mpsc::SyncSender<()>),
+}
+
 /// Forwards children's output from a dedicated thread, so a slow terminal never blocks
 /// the server.
 struct OutputSink {
-    tx: std::sync::mpsc::Sender<(bool, Vec<u8>)>,
+    tx: std::sync::mpsc::Sender<Chunk>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl OutputSink {
+    /// How long [`OutputSink::flush`] waits for a blocked terminal.
+    const FLUSH_WAIT: Duration = Duration::from_secs(5);
+
     fn start() -> OutputSink {
-        let (tx, rx) = std::sync::mpsc::channel::<(bool, Vec<u8>)>();
+        let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
         let thread = std::thread::spawn(move || {
-            for (is_err, bytes) in rx {
+            for chunk in rx {
+                let (is_err, bytes) = match chunk {
+                    Chunk::Data(is_err, bytes) => (is_err, bytes),
+                    Chunk::Flushed(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                };
                 let _ = if is_err {
                     let mut e = io::stderr().lock();
                     e.write_all(&bytes).and_then(|_| e.flush())
@@ -567,6 +587,16 @@ impl OutputSink {
         });
         OutputSink { tx, thread }
     }
+
+    /// Waits (a bounded time) until the output sent so far is written: before the server
+    /// lets go of the launcher, which may then end it.
+    fn flush(&self) {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if self.tx.send(Chunk::Flushed(done)).is_ok() {
+            let _ = wait.recv_timeout(Self::FLUSH_WAIT);
+        }
+    }
+
     fn finish(self) {
         drop(self.tx);
         let _ = self.thread.join();
@@ -577,7 +607,7 @@ async fn forward(
     mut r: impl tokio::io::AsyncRead + Unpin,
     is_err: bool,
     tag: Option<String>,
-    tx: std::sync::mpsc::Sender<(bool, Vec<u8>)>,
+    tx: std::sync::mpsc::Sender<Chunk>,
 ) {
     let mut buf = vec![0u8; 64 << 10];
     let mut line: Vec<u8> = Vec::new();
@@ -588,7 +618,7 @@ async fn forward(
         };
         match &tag {
             None => {
-                let _ = tx.send((is_err, buf[..n].to_vec()));
+                let _ = tx.send(Chunk::Data(is_err, buf[..n].to_vec()));
             }
             Some(t) => {
                 let mut out = Vec::new();
@@ -600,7 +630,7 @@ async fn forward(
                     }
                 }
                 if !out.is_empty() {
-                    let _ = tx.send((is_err, out));
+                    let _ = tx.send(Chunk::Data(is_err, out));
                 }
             }
         }
@@ -609,7 +639,7 @@ async fn forward(
         let mut out = t.as_bytes().to_vec();
         out.append(&mut line);
         out.push(b'\n');
-        let _ = tx.send((is_err, out));
+        let _ = tx.send(Chunk::Data(is_err, out));
     }
 }
 
