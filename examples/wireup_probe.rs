@@ -27,6 +27,8 @@ fn main() {
         "stdin" => stdin(),
         "finalized-peer" => finalized_peer(),
         "bad-requests" => bad_requests(),
+        "sparse-rounds" => sparse_rounds(),
+        "get-waits" => get_waits(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -187,9 +189,36 @@ fn get_timeout() -> Res {
         if v.as_str() != Some("here") {
             return Err(format!("late value is {v:?}").into());
         }
-        match w.get(last, "never-put", GetOpts::default()) {
+        // A key the owner never commits: an immediate get says so at once, a get with a
+        // timeout times out naming the key and the rank.
+        match w.get(last, "never-put", GetOpts::default().immediate()) {
             Err(GetError::NotFound { .. }) => {}
-            other => return Err(format!("a missing key must be NotFound, got {other:?}").into()),
+            other => {
+                return Err(format!(
+                    "an immediate get of a missing key must be NotFound, got {other:?}"
+                )
+                .into())
+            }
+        }
+        let t1 = Instant::now();
+        match w.get(
+            last,
+            "never-put",
+            GetOpts::default().timeout(Duration::from_millis(300)),
+        ) {
+            Err(e @ GetError::Timeout { .. }) => {
+                let text = e.to_string();
+                if !text.contains("never-put") || !text.contains(&format!("rank {last}")) {
+                    return Err(
+                        format!("the timeout must name the key and the rank: {text}").into(),
+                    );
+                }
+                println!(
+                    "rank 0 never-put timed out after {} ms: {text}",
+                    t1.elapsed().as_millis()
+                );
+            }
+            other => return Err(format!("expected a get timeout, got {other:?}").into()),
         }
     }
     w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
@@ -437,12 +466,38 @@ fn get_opts() -> Res {
     }
     w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
     if r == 0 {
-        let old = w.get(last, "v", GetOpts::default())?;
-        let new = w.get(last, "v", GetOpts::default().refresh())?;
+        // The copy on this node predates the fence: local-only still reads it, a plain
+        // get fetches what the owner committed before the fence.
+        let here = w.get(last, "v", GetOpts::default().local_only())?;
         let after = w.get(last, "v", GetOpts::default())?;
-        println!("rank 0 cached {old:?} refreshed {new:?} after {after:?}");
-        if old != Value::U64(1) || new != Value::U64(2) || after != Value::U64(2) {
-            return Err("refresh did not see the re-published value".into());
+        println!("rank 0 local-only {here:?} after the fence {after:?}");
+        if here != Value::U64(1) || after != Value::U64(2) {
+            return Err("a get after the fence did not see the value committed before it".into());
+        }
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    // Without a fence a plain get may keep answering from the copy here; refresh
+    // fetches again (the loop waits for the owner's commit, with no fence to order it).
+    if r == last {
+        w.put(Scope::Remote, "v", 3u64)?;
+        w.commit()?;
+    }
+    if r == 0 {
+        let t0 = Instant::now();
+        loop {
+            let v = w.get(last, "v", GetOpts::default().refresh())?;
+            if v == Value::U64(3) {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("refresh still reads {v:?} after 10 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let after = w.get(last, "v", GetOpts::default().local_only())?;
+        println!("rank 0 refreshed to 3, the copy here is now {after:?}");
+        if after != Value::U64(3) {
+            return Err("a refresh must renew the copy on the node".into());
         }
     }
     w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
@@ -559,6 +614,91 @@ fn bad_requests() -> Res {
     }
     w.fence(Procs::All, FenceMode::Full, t(30))?;
     println!("rank {} ok", w.rank());
+    w.finalize()?;
+    Ok(())
+}
+
+/// The rank on the other node that this rank reads from (the job has 2 nodes, slot
+/// mapping: rank r reads rank (r + size/2) mod size).
+fn partner(w: &Client) -> Result<u32, Box<dyn std::error::Error>> {
+    let p = (w.rank() + w.size() / 2) % w.size();
+    if w.job().node_of(p) == Some(w.node()) {
+        return Err(format!("rank {p} must run on another node than rank {}", w.rank()).into());
+    }
+    Ok(p)
+}
+
+/// Rounds of put/commit/fence/get with new and re-put keys, in every fence mode: after
+/// each fence every get sees what its owner committed before it (a node's older copy
+/// of the owner's data must not hide a new key or answer with an old value).
+fn sparse_rounds() -> Res {
+    let w = Client::init()?;
+    let (r, p) = (w.rank(), partner(&w)?);
+    let modes = [
+        FenceMode::Sparse,
+        FenceMode::Sparse,
+        FenceMode::SyncOnly,
+        FenceMode::Full,
+        FenceMode::Sparse,
+    ];
+    for (round, mode) in modes.into_iter().enumerate() {
+        let round = round as u64;
+        w.put(
+            Scope::Remote,
+            &format!("k{round}"),
+            round * 100 + u64::from(r),
+        )?;
+        w.put(Scope::Remote, "same", round * 100 + u64::from(r))?;
+        w.commit()?;
+        w.fence(Procs::All, mode, t(30))?;
+        for key in [format!("k{round}"), "same".to_owned()] {
+            let v = w.get(p, &key, GetOpts::default().timeout(Duration::from_secs(10)))?;
+            if v != Value::U64(round * 100 + u64::from(p)) {
+                return Err(format!("round {round} ({mode:?}): {key} of rank {p} is {v:?}").into());
+            }
+        }
+        // Nobody re-puts "same" before every rank has read this round's value.
+        w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// Gets wait for keys committed late: without any fence, and for a key committed 2 s
+/// after its owner's first commit (no timeout: the get must wait, not say NotFound).
+fn get_waits() -> Res {
+    let w = Client::init()?;
+    let (r, p) = (w.rank(), partner(&w)?);
+    w.put(Scope::Remote, "now", u64::from(r))?;
+    w.commit()?;
+    // No fence: the owner's server answers when the key is there.
+    let v = w.get(p, "now", GetOpts::default())?;
+    if v != Value::U64(u64::from(p)) {
+        return Err(format!("now of rank {p} is {v:?}").into());
+    }
+    w.fence(Procs::All, FenceMode::Sparse, t(30))?;
+    if r == 0 {
+        std::thread::sleep(Duration::from_secs(2));
+        w.put(Scope::Global, "late", "here")?;
+        w.commit()?;
+    } else if p == 0 {
+        let t0 = Instant::now();
+        let v = w.get(0, "late", GetOpts::default())?;
+        let waited = t0.elapsed();
+        if v.as_str() != Some("here") {
+            return Err(format!("late is {v:?}").into());
+        }
+        println!("rank {r} waited {} ms for late", waited.as_millis());
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(30))?;
+    // After the fence, any rank (on either node) sees it without waiting.
+    let v = w.get(0, "late", GetOpts::default().immediate())?;
+    if v.as_str() != Some("here") {
+        return Err(format!("after the fence, late is {v:?}").into());
+    }
+    println!("rank {r} ok");
     w.finalize()?;
     Ok(())
 }

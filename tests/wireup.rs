@@ -215,8 +215,55 @@ fn get_timeout_names_the_owner_then_waits_for_its_commit() {
             "{}",
             done.dump()
         );
+        assert!(
+            done.stdout.contains("never-put timed out after"),
+            "{}",
+            done.dump()
+        );
         assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());
     }
+}
+
+/// Issue 14, bug 1: after a Sparse (or any) fence, a get sees every key its owner
+/// committed before the fence, new or re-put, even when the node holds an older copy
+/// of the owner's data from an earlier get.
+#[test]
+fn gets_after_each_fence_see_what_was_committed_before_it() {
+    let probe = example("wireup_probe");
+    for (name, n) in [("rounds4", "4"), ("rounds8", "8")] {
+        let done = run(name, &["--nodes", "2", "-n", n, &probe, "sparse-rounds"], T);
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert_eq!(
+            done.lines_with(" ok"),
+            n.parse().unwrap(),
+            "{}",
+            done.dump()
+        );
+    }
+}
+
+/// Issue 14, bug 2: a get waits for a key its owner commits late (with or without a
+/// fence before it), instead of answering NotFound.
+#[test]
+fn gets_wait_for_keys_committed_late() {
+    let probe = example("wireup_probe");
+    let done = run(
+        "getwaits",
+        &["--nodes", "2", "-n", "4", &probe, "get-waits"],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 4, "{}", done.dump());
+    let waited: Vec<u64> = done
+        .stdout
+        .lines()
+        .filter_map(|l| l.split(" waited ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(waited.len(), 1, "{}", done.dump());
+    assert!(
+        waited[0] >= 1500,
+        "the get must have waited for the commit: {waited:?}"
+    );
 }
 
 #[test]

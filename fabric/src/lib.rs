@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use engine::{Config, Direct, Engine, Resolved, SingleCopy};
 use lock::{Guard, SpinLock};
 use weft_shm::{Inbox, InboxConfig, Outbox};
-use weft_wireup::{Client, GetOpts, Scope};
+use weft_wireup::{Client, GetOpts, Scope, Value};
 
 /// The key under which a process publishes its shared-memory inbox (Local scope).
 pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
@@ -248,7 +248,8 @@ extern "C" fn finalize_wire_at_exit() {
     // try_lock: never block the exit path on a thread that died holding the lock.
     if let Ok(w) = WIRE.try_lock() {
         if let Some(c) = w.as_ref() {
-            if let Err(e) = c.finalize_shared() {
+            // Not a plain finalize: the server reports a nonzero exit as such.
+            if let Err(e) = c.finalize_at_exit() {
                 tracing::debug!("finalize at exit: {e}");
             }
         }
@@ -512,6 +513,9 @@ impl Fabric {
                     // Said once per process at info level: a send to another node fails
                     // with this reason (NoPath), which is where a user needs it.
                     tracing::info!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
+                    // Peers wait for a card until it is committed: a string tells them
+                    // at once why there is none.
+                    wire.put(Scope::Global, VERBS_CARD_KEY, format!("{e}"))?;
                     verbs_down = Some(e.to_string());
                     None
                 }
@@ -562,12 +566,13 @@ impl Fabric {
                 ));
             }
             match w2.get(rank, VERBS_CARD_KEY, timeout) {
-                Ok(v) => match v.into_bytes() {
-                    Some(card) => Resolved::VerbsCard(card),
-                    None => {
-                        Resolved::Unreachable(format!("its card {VERBS_CARD_KEY} is not bytes"))
-                    }
-                },
+                Ok(Value::Str(why)) => {
+                    Resolved::Unreachable(format!("its verbs transport cannot open: {why}"))
+                }
+                Ok(Value::Bytes(card)) => Resolved::VerbsCard(card),
+                Ok(v) => {
+                    Resolved::Unreachable(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}"))
+                }
                 Err(e) => Resolved::Unreachable(format!("no verbs card: {e}")),
             }
         });

@@ -30,6 +30,9 @@ const READ_SLICE: Duration = Duration::from_millis(200);
 /// server unresponsive (the server enforces the timeout itself and names who is missing).
 const SERVER_SLACK: Duration = Duration::from_secs(5);
 
+/// How long finalize waits for the server's acknowledgement.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Keys of the node datastore (shared with the server).
 pub(crate) mod keys {
     use crate::Rank;
@@ -54,7 +57,8 @@ pub(crate) mod keys {
         buf[5..n].copy_from_slice(key.as_bytes());
         f(&buf[..n])
     }
-    /// Present when the node holds every key of `rank` visible here.
+    /// For a rank of another node whose data this node holds: the generation of that copy
+    /// and the one its owner reached as of the last fence (`modex::encode_marker`).
     pub(crate) fn complete(rank: Rank) -> [u8; 5] {
         let r = rank.to_le_bytes();
         [1, r[0], r[1], r[2], r[3]]
@@ -204,13 +208,17 @@ pub enum FenceError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GetError {
-    /// The process has no such key visible to the caller.
-    #[error("get: rank {rank} has no key {key:?} visible here")]
+    /// The process has no such key visible to the caller, and the get does not wait for
+    /// it: the owner finalized without committing it, put it with a scope the caller
+    /// cannot see, or the get was `immediate` or `local_only`.
+    #[error("get: rank {rank} has no key {key:?} visible here: {reason}")]
     NotFound {
         /// The rank asked for.
         rank: Rank,
         /// The key asked for.
         key: String,
+        /// Why it is not there.
+        reason: String,
     },
     /// The rank is outside the job.
     #[error("get: rank {rank} is not in the job (size {size})")]
@@ -220,10 +228,8 @@ pub enum GetError {
         /// The job's size.
         size: u32,
     },
-    /// The owner did not commit in time.
-    #[error(
-        "get of {key:?} from rank {rank} timed out; processes that did not arrive: {missing:?}"
-    )]
+    /// The owner did not commit the key in time.
+    #[error("get of {key:?} from rank {rank} timed out: the key was not committed by {missing:?}")]
     Timeout {
         /// The rank asked for.
         rank: Rank,
@@ -232,7 +238,7 @@ pub enum GetError {
         /// Ranks that did not commit in time.
         missing: Vec<Rank>,
     },
-    /// The owner died before committing.
+    /// The owner died (or its node was lost) before committing the key.
     #[error("get of {key:?} failed: rank {rank} {reason}")]
     ProcGone {
         /// The rank asked for.
@@ -277,14 +283,24 @@ pub enum FinalizeError {
 }
 
 /// Options of [`Client::get`].
+///
+/// By default a get waits until the owner commits the key (direct modex: the owner's
+/// server answers when the key appears), and ends early only when the owner can no
+/// longer commit it: `NotFound` once it has finalized, `ProcGone` once it has died.
+/// Set a timeout to bound the wait (`Timeout` names the key and the rank).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GetOpts {
-    /// Give up after this long (the default waits until the owner commits or dies).
+    /// Give up after this long (the default waits until the owner commits or ends).
     pub timeout: Option<Duration>,
-    /// Never ask another node: a key not already on this node is `NotFound`.
+    /// Never ask another node: a key of another node's rank not already on this node is
+    /// `NotFound`, even when the copy here predates the last fence.
     pub local_only: bool,
-    /// Ignore what is on the node and re-fetch (sees a re-published value).
+    /// Ignore what is on the node and re-fetch (sees a value re-published without a
+    /// fence in between; after a fence a plain get already sees it).
     pub refresh: bool,
+    /// Do not wait: a key the owner has not committed yet is `NotFound` (PMIx's
+    /// `PMIX_IMMEDIATE`, as far as the owner's server goes).
+    pub immediate: bool,
 }
 
 impl GetOpts {
@@ -301,6 +317,11 @@ impl GetOpts {
     /// Sets refresh.
     pub fn refresh(mut self) -> Self {
         self.refresh = true;
+        self
+    }
+    /// Sets immediate.
+    pub fn immediate(mut self) -> Self {
+        self.immediate = true;
         self
     }
 }
@@ -383,6 +404,7 @@ impl Conn {
                 let id = match &m {
                     ServerMsg::Done { req }
                     | ServerMsg::Value { req, .. }
+                    | ServerMsg::Missing { req, .. }
                     | ServerMsg::Failed { req, .. }
                     | ServerMsg::Group { req, .. }
                     | ServerMsg::Groups { req, .. } => *req,
@@ -862,7 +884,12 @@ impl Client {
     }
 
     /// Reads `key` of `rank`: from this node's datastore when it is there (no message to
-    /// the server), else from the server, which fetches it from the owner's node.
+    /// the server), else from the server, which waits for the owner to commit it (on
+    /// another node, its server answers when the key appears). See [`GetOpts`].
+    ///
+    /// After a fence that the owner joined after committing, a get sees everything it
+    /// committed before the fence, in every fence mode: the fence tells this node which
+    /// copies of other nodes' data it holds are older, and the next get fetches them.
     pub fn get(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<Value, GetError> {
         let size = self.size();
         if rank >= size {
@@ -870,22 +897,37 @@ impl Client {
         }
         let on_node = self.job.procs[rank as usize].node == self.node;
         if !opts.refresh && !self.store.overflowed() {
-            let found = keys::with_data(rank, key, |k| {
-                self.store.get(k).map(|bytes| {
-                    postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
-                        rank,
-                        key: key.to_owned(),
-                        reason: e.to_string(),
+            // A copy of another node's rank is used only while it is as new as the owner
+            // was at the last fence (or for a local-only get, whatever is here).
+            let usable = on_node
+                || opts.local_only
+                || self
+                    .store
+                    .get(&keys::complete(rank))
+                    .and_then(crate::modex::marker_fresh)
+                    .unwrap_or(false);
+            if usable {
+                let found = keys::with_data(rank, key, |k| {
+                    self.store.get(k).map(|bytes| {
+                        postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
+                            rank,
+                            key: key.to_owned(),
+                            reason: e.to_string(),
+                        })
                     })
-                })
-            });
-            if let Some(r) = found {
-                return r;
+                });
+                if let Some(r) = found {
+                    return r;
+                }
             }
-            if self.store.get(&keys::complete(rank)).is_some() || (opts.local_only && !on_node) {
+            if opts.local_only && !on_node {
                 return Err(GetError::NotFound {
                     rank,
                     key: key.to_owned(),
+                    reason: format!(
+                        "it runs on node {} and a local-only get does not ask there",
+                        self.job.procs[rank as usize].node
+                    ),
                 });
             }
         }
@@ -896,6 +938,7 @@ impl Client {
             key: key_s,
             refresh: opts.refresh,
             local_only: opts.local_only,
+            immediate: opts.immediate,
             timeout_ms: ms(opts.timeout),
         };
         match self.conn.call("get", msg, opts.timeout)? {
@@ -903,6 +946,12 @@ impl Client {
             ServerMsg::Value { value: None, .. } => Err(GetError::NotFound {
                 rank,
                 key: key.to_owned(),
+                reason: "not committed".into(),
+            }),
+            ServerMsg::Missing { reason, .. } => Err(GetError::NotFound {
+                rank,
+                key: key.to_owned(),
+                reason,
             }),
             ServerMsg::Failed { error, .. } => Err(match error {
                 WireError::Timeout { missing, .. } => GetError::Timeout {
@@ -935,23 +984,32 @@ impl Client {
     /// include this process afterwards fail at once instead of waiting for it; its
     /// committed data stays available to the others.
     pub fn finalize(self) -> Result<(), FinalizeError> {
-        self.finalize_inner()
+        self.finalize_inner(false)
     }
 
     /// Finalizes through a shared reference (for owners that hold the client in an `Arc`,
     /// like the fabric); later calls do nothing.
     pub fn finalize_shared(&self) -> Result<(), FinalizeError> {
-        self.finalize_inner()
+        self.finalize_inner(false)
     }
 
-    fn finalize_inner(&self) -> Result<(), FinalizeError> {
+    /// Finalizes as the process ends (an `atexit` handler; dropping a client does the
+    /// same): the server then reports the process's end to the others by its exit
+    /// status ("exited with code 3", "was killed by signal 6 (SIGABRT)"), or as
+    /// finalized when it exits with 0 or keeps running without the connection. Later
+    /// calls do nothing.
+    pub fn finalize_at_exit(&self) -> Result<(), FinalizeError> {
+        self.finalize_inner(true)
+    }
+
+    fn finalize_inner(&self, at_exit: bool) -> Result<(), FinalizeError> {
         if self.finalized.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         self.conn.call(
             "finalize",
-            |req| ClientMsg::Finalize { req },
-            Some(Duration::from_secs(5)),
+            |req| ClientMsg::Finalize { req, at_exit },
+            Some(FINALIZE_TIMEOUT),
         )?;
         Ok(())
     }
@@ -959,7 +1017,10 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        if let Err(e) = self.finalize_inner() {
+        // A drop is no explicit finalize: it happens on every way out of a scope, errors
+        // and panics included. The server reports the process's end by its exit status
+        // (finalized when it exits with 0, or when it lives on without the connection).
+        if let Err(e) = self.finalize_inner(true) {
             tracing::debug!("finalize on drop: {e}");
         }
     }
@@ -985,7 +1046,7 @@ mod tests {
 
     fn read_req(server: &mut UnixStream) -> u64 {
         match frame::read_sync::<ClientMsg>(server, MAX_PEER_FRAME).unwrap() {
-            ClientMsg::Finalize { req } => req,
+            ClientMsg::Finalize { req, .. } => req,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -1016,7 +1077,14 @@ mod tests {
             server
         });
         let m = conn
-            .call("test", |req| ClientMsg::Finalize { req }, None)
+            .call(
+                "test",
+                |req| ClientMsg::Finalize {
+                    req,
+                    at_exit: false,
+                },
+                None,
+            )
             .unwrap();
         assert!(matches!(m, ServerMsg::Done { .. }));
         t.join().unwrap();
@@ -1031,15 +1099,26 @@ mod tests {
         let slow = std::thread::spawn(move || {
             c2.call(
                 "slow",
-                |req| ClientMsg::Finalize { req },
+                |req| ClientMsg::Finalize {
+                    req,
+                    at_exit: false,
+                },
                 Some(Duration::from_millis(1)),
             )
         });
         let first = read_req(&mut server);
         // While it waits, another thread's request is answered normally.
         let c3 = conn.clone();
-        let fast =
-            std::thread::spawn(move || c3.call("fast", |req| ClientMsg::Finalize { req }, None));
+        let fast = std::thread::spawn(move || {
+            c3.call(
+                "fast",
+                |req| ClientMsg::Finalize {
+                    req,
+                    at_exit: false,
+                },
+                None,
+            )
+        });
         let second = read_req(&mut server);
         frame::write_sync(&mut server, &ServerMsg::Done { req: second }).unwrap();
         assert!(matches!(fast.join().unwrap(), Ok(ServerMsg::Done { .. })));
@@ -1053,7 +1132,14 @@ mod tests {
             server
         });
         assert!(conn
-            .call("after", |req| ClientMsg::Finalize { req }, None)
+            .call(
+                "after",
+                |req| ClientMsg::Finalize {
+                    req,
+                    at_exit: false
+                },
+                None
+            )
             .is_ok());
         t.join().unwrap();
     }

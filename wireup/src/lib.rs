@@ -26,6 +26,7 @@ mod frame;
 mod group;
 mod job;
 pub mod launcher;
+mod modex;
 mod proto;
 pub mod server;
 pub mod topology;

@@ -13,7 +13,7 @@ use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// First bytes of every hello.
 pub(crate) const MAGIC: [u8; 4] = *b"WEFT";
 
@@ -233,10 +233,15 @@ pub(crate) enum ClientMsg {
         key: String,
         refresh: bool,
         local_only: bool,
+        /// Do not wait for the key: answer with what the owner has committed now.
+        immediate: bool,
         timeout_ms: Option<u64>,
     },
     Finalize {
         req: u64,
+        /// Sent as the process ends (at exit, or a dropped client): the server reports
+        /// its end by its exit status.
+        at_exit: bool,
     },
     /// A group construct or destruct (`id.kind` tells which).
     Group {
@@ -246,19 +251,11 @@ pub(crate) enum ClientMsg {
         timeout_ms: Option<u64>,
     },
     /// The groups this node's server knows.
-    GroupQuery {
-        req: u64,
-    },
+    GroupQuery { req: u64 },
     /// Leave group `id` (the others get a member-left event).
-    GroupLeave {
-        req: u64,
-        id: String,
-    },
+    GroupLeave { req: u64, id: String },
     /// Declare oneself the leader of group `id` after its leader failed.
-    LeaderClaim {
-        req: u64,
-        id: String,
-    },
+    LeaderClaim { req: u64, id: String },
     /// Define a process set while the job runs.
     PsetDefine {
         req: u64,
@@ -266,10 +263,7 @@ pub(crate) enum ClientMsg {
         members: Vec<Rank>,
     },
     /// Delete a process set defined while the job runs.
-    PsetDelete {
-        req: u64,
-        name: String,
-    },
+    PsetDelete { req: u64, name: String },
     /// As leader, invite `procs` into new group `id`; answered with the group once every
     /// invitee accepted, declined, failed or timed out.
     GroupInvite {
@@ -353,6 +347,11 @@ pub(crate) enum ServerMsg {
         req: u64,
         value: Option<Value>,
     },
+    /// A get's key is not there and will not be for this get: why.
+    Missing {
+        req: u64,
+        reason: String,
+    },
     Failed {
         req: u64,
         error: WireError,
@@ -371,8 +370,20 @@ pub(crate) enum ServerMsg {
     Event(Event),
 }
 
-/// Data of some processes as it travels between servers: rank -> (key, value).
-pub(crate) type ProcData = Vec<(Rank, Vec<(String, Value)>)>;
+/// What a collective carries of each participant from its node: its rank, its commit
+/// generation when it joined, and its Remote/Global data when the collective gathers data.
+pub(crate) type ProcData = Vec<(Rank, u64, Option<Vec<(String, Value)>>)>;
+
+/// A rank's Remote/Global data as its server answers a direct modex request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ModexData {
+    /// How many commits of the rank the data includes.
+    pub(crate) gen: u64,
+    /// The keys other nodes may see.
+    pub(crate) entries: Vec<(String, Value)>,
+    /// The rank has finalized: it commits nothing more.
+    pub(crate) finalized: bool,
+}
 
 /// Server to server (TCP).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -405,14 +416,22 @@ pub(crate) enum PeerMsg {
         node: u32,
         missing: Vec<Rank>,
     },
+    /// A get of `key` of `rank` from another node: answered at once when `wait` is false
+    /// or the key is there, else when the rank commits it or ends.
     ModexReq {
         qid: u64,
         rank: Rank,
+        key: String,
+        wait: bool,
     },
     ModexResp {
         qid: u64,
         rank: Rank,
-        result: Result<Vec<(String, Value)>, WireError>,
+        result: Result<ModexData, WireError>,
+    },
+    /// The asker gave up on request `qid`.
+    ModexCancel {
+        qid: u64,
     },
     /// `rank` died or finalized; `joined` are digests of the collectives it had joined.
     ProcGone {

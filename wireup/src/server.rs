@@ -26,6 +26,7 @@ use weft_shm::StoreWriter;
 
 use crate::client::keys;
 use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::modex::{self, Answer, GetFlags, Modex};
 use crate::proto::{
     AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
     GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
@@ -168,7 +169,30 @@ pub fn run(args: ServerArgs) -> Result<(), ServerError> {
     out
 }
 
-type ConnId = u64;
+use crate::modex::ConnId;
+
+/// How long a child's closed connection waits for its exit status before the server
+/// reports a lost connection instead.
+const EXIT_STATUS_WAIT: Duration = Duration::from_millis(300);
+
+/// The usual name of signal `s`.
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
 
 enum Out {
     Frame(Vec<u8>),
@@ -221,6 +245,11 @@ enum Event {
         conn: ConnId,
         req: u64,
     },
+    /// A child's connection closed before finalize some time ago: if its exit status
+    /// has not told how it ended since, it lost the connection while running.
+    ConnLostCheck {
+        rank: Rank,
+    },
     KillNow,
 }
 
@@ -228,8 +257,8 @@ enum Event {
 struct LocalProc {
     token: u64,
     conn: Option<ConnId>,
-    committed: bool,
-    data: HashMap<String, (Scope, Value)>,
+    /// It finalized as it exits: its end is reported by its exit status.
+    finalizing_at_exit: bool,
     joined: VecDeque<u64>,
     pid: Option<u32>,
     exited: bool,
@@ -286,17 +315,6 @@ struct Query {
     missing: BTreeSet<Rank>,
 }
 
-struct GetWaiter {
-    conn: ConnId,
-    req: u64,
-    key: String,
-}
-
-struct ModexServe {
-    from: u32,
-    rank: Rank,
-}
-
 struct State {
     node: u32,
     plan: Arc<JobPlan>,
@@ -315,12 +333,8 @@ struct State {
     finished_order: VecDeque<CollId>,
     queries: HashMap<u64, Query>,
     next_qid: u64,
-    remote_data: HashMap<Rank, Vec<(String, Value)>>,
-    remote_complete: HashSet<Rank>,
-    local_get_waiters: HashMap<Rank, Vec<GetWaiter>>,
-    modex_waiters: HashMap<Rank, Vec<GetWaiter>>,
-    modex_inflight: HashMap<Rank, u64>,
-    modex_serving: HashMap<u64, ModexServe>,
+    /// Committed data, the cache of other nodes' data, and the gets waiting on them.
+    modex: Modex,
     live_children: usize,
     terminating: bool,
     done: bool,
@@ -506,12 +520,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         queries: HashMap::new(),
         // Query ids carry the asking node in their top 16 bits, so answers find their way back.
         next_qid: (u64::from(node) << 48) | 1,
-        remote_data: HashMap::new(),
-        remote_complete: HashSet::new(),
-        local_get_waiters: HashMap::new(),
-        modex_waiters: HashMap::new(),
-        modex_inflight: HashMap::new(),
-        modex_serving: HashMap::new(),
+        modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
         terminating: false,
         done: false,
         groups: BTreeMap::new(),
@@ -1014,18 +1023,41 @@ impl State {
             } => self.on_hello(conn, rank, token, tx),
             Event::Client { conn, msg } => self.on_client(conn, msg),
             Event::ClientGone { conn, reason } => {
+                let acts = self.modex.conn_closed(conn);
+                self.apply(acts);
                 if let Some((Some(rank), _)) = self.conns.remove(&conn) {
-                    if let Some(p) = self.procs.get_mut(&rank) {
-                        p.conn = None;
+                    let Some(p) = self.procs.get_mut(&rank) else {
+                        return;
+                    };
+                    p.conn = None;
+                    if self.gone.contains_key(&rank) {
+                        return;
                     }
-                    if !self.gone.contains_key(&rank) {
-                        let why = if reason.is_empty() {
-                            "died (its connection to the server closed before finalize)".to_owned()
-                        } else {
-                            format!("was dropped by its server: {reason}")
-                        };
-                        self.proc_gone_local(rank, why);
+                    if !reason.is_empty() {
+                        let why = format!("was dropped by its server: {reason}");
+                        return self.proc_gone_local(rank, why, false);
                     }
+                    if p.pid.is_some() && !p.exited {
+                        // Our child: its exit status, due any moment when it is exiting,
+                        // says how it ended better than the closed connection does.
+                        after(&self.ev, EXIT_STATUS_WAIT, Event::ConnLostCheck { rank });
+                    } else {
+                        let why = "lost its connection to the server before finalize";
+                        self.proc_gone_local(rank, why.into(), false);
+                    }
+                }
+            }
+            Event::ConnLostCheck { rank } => {
+                if !self.gone.contains_key(&rank) {
+                    let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
+                    let (why, fin) = if finalizing {
+                        ("has finalized".to_owned(), true)
+                    } else {
+                        let why =
+                            "lost its connection to the server (the process is still running)";
+                        (why.to_owned(), false)
+                    };
+                    self.proc_gone_local(rank, why, fin);
                 }
             }
             Event::Peer { msg } => self.on_peer(msg),
@@ -1036,24 +1068,11 @@ impl State {
                 }
                 tracing::error!("lost the server of node {node}: {reason}");
                 let why = format!("is unreachable (the server of node {node} was lost)");
+                // Gets waiting on a direct modex from that node can never be answered.
+                let acts = self.modex.node_lost(node, &why);
+                self.apply(acts);
                 for r in self.plan.job.ranks_on(node) {
-                    // Gets waiting on a direct modex from that node can never be answered.
-                    self.modex_inflight.remove(&r);
-                    let error = WireError::ProcGone {
-                        op: "get".into(),
-                        rank: r,
-                        reason: why.clone(),
-                    };
-                    for w in self.modex_waiters.remove(&r).unwrap_or_default() {
-                        self.send_client(
-                            w.conn,
-                            &ServerMsg::Failed {
-                                req: w.req,
-                                error: error.clone(),
-                            },
-                        );
-                    }
-                    self.proc_gone(r, why.clone(), HashSet::new());
+                    self.proc_gone(r, why.clone(), HashSet::new(), false);
                 }
             }
             Event::Ctl(ToServer::Terminate { grace_ms }) => {
@@ -1085,12 +1104,20 @@ impl State {
                 }
                 self.live_children = self.live_children.saturating_sub(1);
                 if !self.gone.contains_key(&rank) {
-                    let why = match &how {
-                        ExitKind::Code(c) => format!("exited with code {c} before finalize"),
-                        ExitKind::Signal(s) => format!("was killed by signal {s}"),
-                        ExitKind::SpawnFailed(e) => format!("could not be started: {e}"),
+                    let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
+                    let (why, fin) = match &how {
+                        ExitKind::Code(0) if finalizing => ("has finalized".to_owned(), true),
+                        ExitKind::Code(c) if finalizing => (format!("exited with code {c}"), false),
+                        ExitKind::Code(c) => {
+                            (format!("exited with code {c} before finalize"), false)
+                        }
+                        ExitKind::Signal(s) => (
+                            format!("was killed by signal {s} ({})", signal_name(*s)),
+                            false,
+                        ),
+                        ExitKind::SpawnFailed(e) => (format!("could not be started: {e}"), false),
                     };
-                    self.proc_gone_local(rank, why);
+                    self.proc_gone_local(rank, why, fin);
                 }
                 self.to_launcher(&ToLauncher::ProcExit { rank, how });
             }
@@ -1111,22 +1138,8 @@ impl State {
                 }
             }
             Event::GetTimeout { rank, conn, req } => {
-                let mut found = false;
-                for map in [&mut self.local_get_waiters, &mut self.modex_waiters] {
-                    if let Some(ws) = map.get_mut(&rank) {
-                        if let Some(i) = ws.iter().position(|w| w.conn == conn && w.req == req) {
-                            ws.remove(i);
-                            found = true;
-                        }
-                    }
-                }
-                if found {
-                    let e = WireError::Timeout {
-                        op: "get".into(),
-                        missing: vec![rank],
-                    };
-                    self.send_client(conn, &ServerMsg::Failed { req, error: e });
-                }
+                let acts = self.modex.get_timeout(rank, conn, req);
+                self.apply(acts);
             }
         }
     }
@@ -1229,11 +1242,33 @@ impl State {
                 key,
                 refresh,
                 local_only,
+                immediate,
                 timeout_ms,
-            } => self.get(conn, req, target, key, refresh, local_only, timeout_ms),
-            ClientMsg::Finalize { req } => {
-                if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, "has finalized".into());
+            } => self.get(
+                conn,
+                req,
+                target,
+                key,
+                GetFlags {
+                    refresh,
+                    local_only,
+                    immediate,
+                },
+                timeout_ms,
+            ),
+            ClientMsg::Finalize { req, at_exit } => {
+                let child = self
+                    .procs
+                    .get(&rank)
+                    .is_some_and(|p| p.pid.is_some() && !p.exited);
+                if at_exit && child {
+                    // Its exit status decides: "has finalized" for 0, else the code or
+                    // signal. The connection closing triggers a check in case it lingers.
+                    if let Some(p) = self.procs.get_mut(&rank) {
+                        p.finalizing_at_exit = true;
+                    }
+                } else if !self.gone.contains_key(&rank) {
+                    self.proc_gone_local(rank, "has finalized".into(), true);
                 }
                 self.send_client(conn, &ServerMsg::Done { req });
             }
@@ -1241,71 +1276,58 @@ impl State {
     }
 
     fn commit(&mut self, rank: Rank, entries: Vec<(Scope, String, Value)>) {
-        let Some(p) = self.procs.get_mut(&rank) else {
-            return;
-        };
-        for (scope, key, value) in entries {
-            p.data.insert(key, (scope, value));
-        }
-        p.committed = true;
-        let visible: Vec<(Vec<u8>, Vec<u8>)> = p
-            .data
-            .iter()
-            .filter(|(_, (s, _))| s.visible_on_node())
-            .map(|(k, (_, v))| (keys::data(rank, k), postcard::to_stdvec(v).expect("encode")))
-            .collect();
-        for (k, v) in visible {
-            self.store_put(&k, &v);
-        }
-        self.store_put(&keys::complete(rank), &[]);
-        // Wake local getters and remote direct-modex requests for this rank.
-        if let Some(ws) = self.local_get_waiters.remove(&rank) {
-            for w in ws {
-                let value = self.local_value(rank, &w.key);
-                self.send_client(w.conn, &ServerMsg::Value { req: w.req, value });
-            }
-        }
-        let serving: Vec<u64> = self
-            .modex_serving
-            .iter()
-            .filter(|(_, s)| s.rank == rank)
-            .map(|(&q, _)| q)
-            .collect();
-        for qid in serving {
-            if let Some(s) = self.modex_serving.remove(&qid) {
-                let result = Ok(self.remote_view(rank));
-                self.send_peer(s.from, &PeerMsg::ModexResp { qid, rank, result });
+        let acts = self.modex.commit(rank, entries);
+        self.apply(acts);
+    }
+
+    /// Carries out what the data concern decided.
+    fn apply(&mut self, acts: Vec<modex::Action>) {
+        for a in acts {
+            match a {
+                modex::Action::Reply { conn, req, answer } => {
+                    let msg = match answer {
+                        Answer::Value(v) => ServerMsg::Value {
+                            req,
+                            value: Some(v),
+                        },
+                        Answer::Missing(reason) => ServerMsg::Missing { req, reason },
+                        Answer::Failed(error) => ServerMsg::Failed { req, error },
+                    };
+                    self.send_client(conn, &msg);
+                }
+                modex::Action::Store { key, value } => self.store_put(&key, &value),
+                modex::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                modex::Action::GetTimer {
+                    rank,
+                    conn,
+                    req,
+                    ms,
+                } => after(
+                    &self.ev,
+                    Duration::from_millis(ms),
+                    Event::GetTimeout { rank, conn, req },
+                ),
             }
         }
     }
 
-    fn local_value(&self, rank: Rank, key: &str) -> Option<Value> {
-        let (s, v) = self.procs.get(&rank)?.data.get(key)?;
-        s.visible_on_node().then(|| v.clone())
+    /// What a collective carries of local participant `rank`: its generation, and its
+    /// data when `with_data`.
+    fn proc_block(&self, rank: Rank, with_data: bool) -> (Rank, u64, Option<Vec<(String, Value)>>) {
+        (
+            rank,
+            self.modex.gen(rank),
+            with_data.then(|| self.modex.view(rank)),
+        )
     }
 
-    fn remote_view(&self, rank: Rank) -> Vec<(String, Value)> {
-        self.procs
-            .get(&rank)
-            .map(|p| {
-                p.data
-                    .iter()
-                    .filter(|(_, (s, _))| s.visible_off_node())
-                    .map(|(k, (_, v))| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    #[allow(clippy::too_many_arguments)]
     fn get(
         &mut self,
         conn: ConnId,
         req: u64,
         target: Rank,
         key: String,
-        refresh: bool,
-        local_only: bool,
+        flags: GetFlags,
         timeout_ms: Option<u64>,
     ) {
         let size = self.plan.job.size();
@@ -1316,63 +1338,13 @@ impl State {
             };
             return self.send_client(conn, &ServerMsg::Failed { req, error });
         }
-        let arm = |st: &Self| {
-            if let Some(ms) = timeout_ms {
-                after(
-                    &st.ev,
-                    Duration::from_millis(ms),
-                    Event::GetTimeout {
-                        rank: target,
-                        conn,
-                        req,
-                    },
-                );
-            }
-        };
-        if let Some(p) = self.procs.get(&target) {
-            if p.committed {
-                let value = self.local_value(target, &key);
-                return self.send_client(conn, &ServerMsg::Value { req, value });
-            }
-            if let Some(g) = self.gone.get(&target) {
-                let error = WireError::ProcGone {
-                    op: "get".into(),
-                    rank: target,
-                    reason: format!("{} without committing data", g.reason),
-                };
-                return self.send_client(conn, &ServerMsg::Failed { req, error });
-            }
-            self.local_get_waiters
-                .entry(target)
-                .or_default()
-                .push(GetWaiter { conn, req, key });
-            return arm(self);
-        }
-        if !refresh && self.remote_complete.contains(&target) {
-            let value = self
-                .remote_data
-                .get(&target)
-                .and_then(|d| d.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()));
-            return self.send_client(conn, &ServerMsg::Value { req, value });
-        }
-        if local_only {
-            return self.send_client(conn, &ServerMsg::Value { req, value: None });
-        }
-        self.modex_waiters
-            .entry(target)
-            .or_default()
-            .push(GetWaiter { conn, req, key });
-        arm(self);
-        if !self.modex_inflight.contains_key(&target) {
-            let qid = self.next_qid;
-            self.next_qid += 1;
-            self.modex_inflight.insert(target, qid);
-            let owner = self.plan.job.procs[target as usize].node;
-            self.send_peer(owner, &PeerMsg::ModexReq { qid, rank: target });
-        }
+        let acts = self.modex.get(conn, req, target, key, flags, timeout_ms);
+        self.apply(acts);
     }
 
-    fn proc_gone_local(&mut self, rank: Rank, reason: String) {
+    /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
+    /// other servers and everything here that waits on it.
+    fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
         let joined: Vec<u64> = self
             .procs
             .get(&rank)
@@ -1389,13 +1361,16 @@ impl State {
                 },
             );
         }
-        self.proc_gone(rank, reason, joined.into_iter().collect());
+        self.proc_gone(rank, reason, joined.into_iter().collect(), finalized);
     }
 
-    fn proc_gone(&mut self, rank: Rank, reason: String, joined: HashSet<u64>) {
+    fn proc_gone(&mut self, rank: Rank, reason: String, joined: HashSet<u64>, finalized: bool) {
         if self.gone.contains_key(&rank) {
             return;
         }
+        // Gets waiting for keys it never committed (a no-op for other nodes' ranks).
+        let acts = self.modex.ended(rank, finalized, &reason);
+        self.apply(acts);
         // Published in the datastore so that clients waiting on this rank in a transport
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
@@ -1438,44 +1413,6 @@ impl State {
         }
         self.groups_lose(rank, &reason);
         self.invitations_lose(rank, &reason);
-        // Getters waiting for data the rank never committed.
-        let committed = self.procs.get(&rank).is_some_and(|p| p.committed);
-        if !committed {
-            let error = WireError::ProcGone {
-                op: "get".into(),
-                rank,
-                reason: format!("{reason} without committing data"),
-            };
-            if let Some(ws) = self.local_get_waiters.remove(&rank) {
-                for w in ws {
-                    self.send_client(
-                        w.conn,
-                        &ServerMsg::Failed {
-                            req: w.req,
-                            error: error.clone(),
-                        },
-                    );
-                }
-            }
-            let serving: Vec<u64> = self
-                .modex_serving
-                .iter()
-                .filter(|(_, s)| s.rank == rank)
-                .map(|(&q, _)| q)
-                .collect();
-            for qid in serving {
-                if let Some(s) = self.modex_serving.remove(&qid) {
-                    self.send_peer(
-                        s.from,
-                        &PeerMsg::ModexResp {
-                            qid,
-                            rank,
-                            result: Err(error.clone()),
-                        },
-                    );
-                }
-            }
-        }
     }
 
     fn new_coll(&self, id: &CollId, group: Option<GroupSpec>) -> Coll {
@@ -1799,22 +1736,23 @@ impl State {
         }
         let mode = c.mode.unwrap_or(FenceMode::SyncOnly);
         let block = match id.kind {
-            CollKind::Fence if mode == FenceMode::Full => {
+            // Every mode carries the participants' generations (so that other nodes learn
+            // which of their copies are older); Full carries the data too.
+            CollKind::Fence => {
                 let data: ProcData = c
                     .local_expected
                     .iter()
-                    .map(|&r| (r, self.remote_view(r)))
+                    .map(|&r| self.proc_block(r, mode == FenceMode::Full))
                     .collect();
                 postcard::to_stdvec(&data).expect("encode")
             }
-            CollKind::Fence | CollKind::GroupDestruct => Vec::new(),
+            CollKind::GroupDestruct => Vec::new(),
             CollKind::GroupConstruct => {
                 let joined: Vec<Rank> = c.arrived.iter().copied().collect();
-                let data: ProcData = if mode == FenceMode::Full {
-                    joined.iter().map(|&r| (r, self.remote_view(r))).collect()
-                } else {
-                    Vec::new()
-                };
+                let data: ProcData = joined
+                    .iter()
+                    .map(|&r| self.proc_block(r, mode == FenceMode::Full))
+                    .collect();
                 let assign = c
                     .group
                     .as_ref()
@@ -1897,17 +1835,13 @@ impl State {
         let mut err = None;
         let mut record = None;
         match id.kind {
-            CollKind::Fence if c.mode == Some(FenceMode::Full) => {
+            CollKind::Fence => {
                 for (node, b) in &c.blocks {
                     if *node == self.node {
                         continue;
                     }
                     match postcard::from_bytes::<ProcData>(b) {
-                        Ok(data) => {
-                            for (rank, entries) in data {
-                                self.learn_remote(rank, entries);
-                            }
-                        }
+                        Ok(data) => self.learn_remote(data),
                         Err(e) => {
                             err = Some(WireError::Invalid {
                                 op: "fence".into(),
@@ -1917,7 +1851,6 @@ impl State {
                     }
                 }
             }
-            CollKind::Fence => {}
             CollKind::GroupConstruct => match self.group_result(id, &c) {
                 Ok(r) => record = Some(r),
                 Err(e) => err = Some(e),
@@ -1957,9 +1890,7 @@ impl State {
             members.extend(block.joined);
             pgcid = pgcid.or(block.pgcid);
             if *node != self.node {
-                for (rank, entries) in block.data {
-                    self.learn_remote(rank, entries);
-                }
+                self.learn_remote(block.data);
             }
         }
         members.sort_unstable();
@@ -1995,14 +1926,14 @@ impl State {
         Ok(record)
     }
 
-    fn learn_remote(&mut self, rank: Rank, entries: Vec<(String, Value)>) {
-        for (k, v) in &entries {
-            let enc = postcard::to_stdvec(v).expect("encode");
-            self.store_put(&keys::data(rank, k), &enc);
+    /// What a collective carried of other nodes' participants.
+    fn learn_remote(&mut self, data: ProcData) {
+        for (rank, gen, entries) in data {
+            if rank < self.plan.job.size() {
+                let acts = self.modex.learn(rank, gen, entries);
+                self.apply(acts);
+            }
         }
-        self.store_put(&keys::complete(rank), &[]);
-        self.remote_data.insert(rank, entries);
-        self.remote_complete.insert(rank);
     }
 
     fn fail_coll(&mut self, id: &CollId, error: WireError, broadcast: bool) {
@@ -2237,41 +2168,25 @@ impl State {
             }
             // The owner answers when the rank commits (or dies); each waiter's own
             // timeout is enforced here, so a late answer still serves the waiters left.
-            PeerMsg::ModexReq { qid, rank } => self.serve_modex(qid, rank),
+            PeerMsg::ModexReq {
+                qid,
+                rank,
+                key,
+                wait,
+            } => {
+                let acts = self.modex.serve(qid, rank, key, wait);
+                self.apply(acts);
+            }
+            PeerMsg::ModexCancel { qid } => self.modex.cancel(qid),
             PeerMsg::ModexResp { qid, rank, result } => {
-                if self.modex_inflight.get(&rank) != Some(&qid) {
-                    return;
-                }
-                self.modex_inflight.remove(&rank);
-                let waiters = self.modex_waiters.remove(&rank).unwrap_or_default();
-                match result {
-                    Ok(entries) => {
-                        self.learn_remote(rank, entries);
-                        for w in waiters {
-                            let value = self.remote_data.get(&rank).and_then(|d| {
-                                d.iter().find(|(k, _)| *k == w.key).map(|(_, v)| v.clone())
-                            });
-                            self.send_client(w.conn, &ServerMsg::Value { req: w.req, value });
-                        }
-                    }
-                    Err(error) => {
-                        for w in waiters {
-                            self.send_client(
-                                w.conn,
-                                &ServerMsg::Failed {
-                                    req: w.req,
-                                    error: error.clone(),
-                                },
-                            );
-                        }
-                    }
-                }
+                let acts = self.modex.answer(qid, rank, result);
+                self.apply(acts);
             }
             PeerMsg::ProcGone {
                 rank,
                 reason,
                 joined,
-            } => self.proc_gone(rank, reason, joined.into_iter().collect()),
+            } => self.proc_gone(rank, reason, joined.into_iter().collect(), false),
             PeerMsg::GroupLeft { id, rank } => self.member_left(&id, rank),
             PeerMsg::LeaderClaim {
                 id,
@@ -2995,44 +2910,5 @@ impl State {
         for r in local {
             self.emit(r, &e);
         }
-    }
-
-    fn serve_modex(&mut self, qid: u64, rank: Rank) {
-        let asker = (qid >> 48) as u32;
-        let Some(p) = self.procs.get(&rank) else {
-            let error = WireError::Invalid {
-                op: "get".into(),
-                reason: format!("rank {rank} does not run on node {}", self.node),
-            };
-            return self.send_peer(
-                asker,
-                &PeerMsg::ModexResp {
-                    qid,
-                    rank,
-                    result: Err(error),
-                },
-            );
-        };
-        if p.committed {
-            let result = Ok(self.remote_view(rank));
-            return self.send_peer(asker, &PeerMsg::ModexResp { qid, rank, result });
-        }
-        if let Some(g) = self.gone.get(&rank) {
-            let error = WireError::ProcGone {
-                op: "get".into(),
-                rank,
-                reason: format!("{} without committing data", g.reason),
-            };
-            return self.send_peer(
-                asker,
-                &PeerMsg::ModexResp {
-                    qid,
-                    rank,
-                    result: Err(error),
-                },
-            );
-        }
-        self.modex_serving
-            .insert(qid, ModexServe { from: asker, rank });
     }
 }
