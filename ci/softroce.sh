@@ -92,20 +92,22 @@ rdma link add rxe0 type rxe netdev rxenet0 || { echo "softroce: rxe0 not created
 source $job/env
 cd $(printf '%q' "$PWD")
 echo "softroce: rxe0 up, running: \$(cat $job/cmd)"
-echo 124 >$job/rc
+echo started >$job/state
 bash -c "\$(cat $job/cmd)"
 echo \$? >$job/rc
+echo done >$job/state
 INNER
-echo 125 >"$job/rc"
+echo none >"$job/state"
 start=$(date +%s)
 timeout "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$mem" -smp "$(nproc)" \
   -nographic -no-reboot -nic none -kernel "$cache/k/boot/vmlinuz-$kver" -initrd "$cache/initrd.gz" \
   -append "console=ttyS0 quiet panic=-1 weftjob=$job" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,id=hostroot,multidevs=remap \
   </dev/null | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/^c//' -e '/^SeaBIOS\|^Booting from\|^iPXE\|^$/d' || true
-rc=$(cat "$job/rc")
-case $rc in
-  125) echo "softroce: the VM or rxe0 did not come up ($(($(date +%s) - start)) s)" >&2 ;;
-  124) echo "softroce: time limit of $timeout_s s reached while the command ran" >&2 ;;
+# The command's own status when it finished (124 included); else why it did not.
+case $(cat "$job/state") in
+  done) rc=$(cat "$job/rc") ;;
+  started) rc=124; echo "softroce: time limit of $timeout_s s reached while the command ran" >&2 ;;
+  *) rc=125; echo "softroce: the VM or rxe0 did not come up ($(($(date +%s) - start)) s)" >&2 ;;
 esac
 exit "$rc"

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use weft::prelude::*;
 use weft_fabric::{CommError, SessionError};
+use weft_wireup::{FenceError, FenceMode, Procs};
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
@@ -21,6 +22,8 @@ fn main() {
         "thread" => thread(),
         "fatal" => fatal(),
         "split" => split(),
+        "reinit" => reinit(),
+        "end" => end(args.get(1).map(String::as_str).unwrap_or("")),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -450,5 +453,86 @@ fn split() -> Res {
     println!("rank {me} split ok pgcid {}", c.context_id());
     c.disconnect()?;
     s.finalize()?;
+    Ok(())
+}
+
+/// `end HOW`: rank 1 ends HOW (exit3, panic, abort, finalize) after a first exchange;
+/// the others print how the wire-up service and the fabric name its end.
+fn end(how: &str) -> Res {
+    let s = session()?;
+    let wire = s.fabric().wire();
+    let me = wire.rank();
+    let world = Communicator::create_from_group(
+        &s.group_from_pset("weft://world")?,
+        "end",
+        ErrHandler::Return,
+    )?;
+    wire.fence(
+        Procs::All,
+        FenceMode::SyncOnly,
+        Some(Duration::from_secs(30)),
+    )?;
+    if me == 1 {
+        match how {
+            "exit3" => std::process::exit(3),
+            "panic" => panic!("rank 1 panics on purpose"),
+            "abort" => std::process::abort(),
+            "finalize" => {
+                // Disconnecting the communicator would wait for the others (collective).
+                wire.finalize_shared()?;
+                std::thread::sleep(Duration::from_millis(500));
+                return Ok(());
+            }
+            other => return Err(format!("unknown way to end {other:?}").into()),
+        }
+    }
+    match wire.fence(
+        Procs::All,
+        FenceMode::SyncOnly,
+        Some(Duration::from_secs(30)),
+    ) {
+        Err(FenceError::ProcGone { rank: 1, reason }) => {
+            println!("rank {me} fence: rank 1 {reason}")
+        }
+        other => return Err(format!("expected a fence error naming rank 1, got {other:?}").into()),
+    }
+    let mut x = [0u8; 1];
+    match world.recv(&mut x, Source::Rank(1), Tag(0)) {
+        Err(e) => println!("rank {me} recv: {e}"),
+        Ok(st) => return Err(format!("a receive from an ended rank succeeded: {st:?}").into()),
+    }
+    Ok(())
+}
+
+/// A second connection and a re-initialization are refused with errors that say what to
+/// do instead; the process's shared client is the session's.
+fn reinit() -> Res {
+    let s = session()?;
+    let me = s.fabric().wire().rank();
+    match weft_wireup::Client::init() {
+        Err(e @ weft_wireup::InitError::AlreadyConnected) => println!("rank {me} second init: {e}"),
+        other => {
+            return Err(format!("a second Client::init must be refused, got {other:?}").into())
+        }
+    }
+    let shared = weft_wireup::Client::shared()?;
+    check(
+        shared.rank() == me && !shared.is_finalized(),
+        "the shared client is the session's",
+    )?;
+    s.finalize()?;
+    // Sessions may come and go while the fabric lives.
+    let s2 = session()?;
+    s2.finalize()?;
+    Fabric::init()?.finalize()?;
+    match Session::init(Info::new(), ErrHandler::Return) {
+        Err(e) => println!("rank {me} init after finalize: {e}"),
+        Ok(_) => return Err("Session::init after Fabric::finalize must be refused".into()),
+    }
+    match weft_wireup::Client::shared() {
+        Err(weft_wireup::InitError::Finalized) => {}
+        other => return Err(format!("Client::shared after finalize: {other:?}").into()),
+    }
+    println!("rank {me} ok");
     Ok(())
 }

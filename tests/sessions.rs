@@ -176,3 +176,66 @@ fn bench_group_prints_one_json_row_per_operation_and_job() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Issue 14, bug 3: the others learn how a rank ended: finalized, exited with a code,
+/// killed by a signal (a Rust panic exits with 101).
+#[test]
+fn the_end_of_a_rank_is_named_by_how_it_ended() {
+    let p = example("session_probe");
+    for (how, want, code) in [
+        ("finalize", "rank 1 has finalized", 0),
+        ("exit3", "rank 1 exited with code 3", 3),
+        ("panic", "rank 1 exited with code 101", 101),
+        ("abort", "rank 1 was killed by signal 6 (SIGABRT)", 134),
+    ] {
+        let done = run(
+            &format!("end-{how}"),
+            &["-n", "3", "--keep-going", &p, "end", how],
+            T,
+        );
+        assert_eq!(done.code(), Some(code), "{how}: {}", done.dump());
+        for r in [0, 2] {
+            let fence = format!("rank {r} fence: {want}");
+            assert!(
+                done.stdout.contains(&fence),
+                "{how}: no {fence:?}: {}",
+                done.dump()
+            );
+            let recv = done
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r} recv: ")))
+                .unwrap_or_else(|| panic!("{how}: no recv line of rank {r}: {}", done.dump()));
+            assert!(
+                recv.contains(&want[7..]),
+                "{how}: {recv:?} does not say {want:?}"
+            );
+        }
+    }
+}
+
+/// Issue 14, bugs 5 and 6: a second connection and a re-initialization after
+/// `Fabric::finalize` are refused with errors that say what to do instead.
+#[test]
+fn a_second_connection_and_a_reinit_are_refused_clearly() {
+    let done = probe("sess-reinit", "2", "reinit");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());
+    assert_eq!(done.lines_with("second init: this process is already connected to its weft server (one connection per process): share it with Client::shared(), or in a Session/Fabric program use session.fabric().wire()"), 2, "{}", done.dump());
+    assert_eq!(
+        done.lines_with("init after finalize: "),
+        2,
+        "{}",
+        done.dump()
+    );
+    assert!(
+        done.stdout.contains("cannot be initialized again"),
+        "{}",
+        done.dump()
+    );
+    assert!(
+        !done.stderr.contains("already connected"),
+        "no server warning: {}",
+        done.dump()
+    );
+}

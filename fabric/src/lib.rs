@@ -260,9 +260,14 @@ extern "C" fn finalize_wire_at_exit() {
 pub(crate) fn process_wire() -> Result<Arc<Client>, weft_wireup::InitError> {
     let mut w = WIRE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(c) = w.as_ref() {
+        if c.is_finalized() {
+            return Err(weft_wireup::InitError::Finalized);
+        }
         return Ok(c.clone());
     }
-    let c = Arc::new(Client::init()?);
+    // The process's one connection, which other code of the process may share
+    // (`Client::shared`).
+    let c = Client::shared()?;
     *w = Some(c.clone());
     // SAFETY: atexit records a plain `extern "C"` function with no captured state; it
     // runs during exit and only touches the static WIRE (through try_lock).
@@ -465,10 +470,16 @@ impl Fabric {
     ///
     /// A process has one fabric: later calls, from any thread (and every
     /// [`Session::init`]), share it. Concurrent first calls from several threads make
-    /// one fabric: the others wait for it.
+    /// one fabric: the others wait for it. Sessions may come and go (a new session after
+    /// every earlier one finalized is fine), but after [`Fabric::finalize`] the process
+    /// is done with Weft: a later `Fabric::init` or `Session::init` fails with
+    /// [`weft_wireup::InitError::Finalized`] (re-initialization is not supported).
     pub fn init() -> Result<Fabric, InitError> {
         let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(inner) = shared.as_ref() {
+            if inner.wire.as_ref().is_some_and(|w| w.is_finalized()) {
+                return Err(InitError::Wire(weft_wireup::InitError::Finalized));
+            }
             return Ok(Fabric {
                 inner: inner.clone(),
             });
@@ -621,9 +632,9 @@ impl Fabric {
             .expect("a fabric made by init has a wire-up client")
     }
 
-    /// How large messages are copied now: `"cma"` (single copy with process_vm_readv) or
-    /// `"pipelined"` (through the rings; the default, and the fallback when the kernel
-    /// refuses CMA).
+    /// How large messages are copied now: `"cma"` (single copy with process_vm_readv, the
+    /// default where the kernel allows it) or `"pipelined"` (through the rings: the
+    /// fallback when the kernel refuses CMA, or `WEFT_SHM_SINGLE_COPY=none`).
     pub fn rendezvous_copy(&self) -> &'static str {
         match self.inner.engine().single_copy() {
             SingleCopy::Cma => "cma",
@@ -631,7 +642,8 @@ impl Fabric {
         }
     }
 
-    /// Pushes out every buffered frame, then finalizes the wire-up client.
+    /// Pushes out every buffered frame, then finalizes the wire-up client: the process is
+    /// then done with Weft (no later `Fabric::init` or `Session::init`).
     pub fn finalize(self) -> Result<(), weft_wireup::FinalizeError> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut backoff = Backoff::default();

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use weft_shm::{SegmentError, StoreReader};
@@ -140,7 +140,22 @@ pub enum InitError {
     /// The node datastore could not be mapped or is malformed.
     #[error("cannot use the node datastore: {0}")]
     Datastore(#[from] SegmentError),
+    /// The process is already connected to its server (one connection per process).
+    #[error("this process is already connected to its weft server (one connection per process): share it with Client::shared(), or in a Session/Fabric program use session.fabric().wire()")]
+    AlreadyConnected,
+    /// The process finalized its connection; a process cannot connect again.
+    #[error("this process already finalized its connection to the weft server; Weft cannot be initialized again in the same process")]
+    Finalized,
 }
+
+/// Where the process stands with its server: never connected, connected, finalized.
+static PROCESS_STATE: AtomicU8 = AtomicU8::new(NEVER_CONNECTED);
+const NEVER_CONNECTED: u8 = 0;
+const CONNECTED: u8 = 1;
+const FINALIZED: u8 = 2;
+
+/// The process's shared client ([`Client::shared`]).
+static SHARED: Mutex<Option<Arc<Client>>> = Mutex::new(None);
 
 /// Errors of [`Client::put`] and [`Client::commit`].
 #[derive(Debug, thiserror::Error)]
@@ -606,7 +621,51 @@ where
 impl Client {
     /// Connects to the node's server using the environment `weft run` sets, checks the
     /// protocol version, and maps the node's datastore (job info is then available).
+    ///
+    /// A process has one connection: a second `init` (also after a `Session` or
+    /// `Fabric` connected the process, or after finalize) is an error that says so. Code
+    /// that may share the process with other users of Weft calls [`Client::shared`].
     pub fn init() -> Result<Client, InitError> {
+        // SYNC: a flag only; the connection itself is published through `SHARED`'s lock.
+        match PROCESS_STATE.compare_exchange(
+            NEVER_CONNECTED,
+            CONNECTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {}
+            Err(FINALIZED) => return Err(InitError::Finalized),
+            Err(_) => return Err(InitError::AlreadyConnected),
+        }
+        let c = Self::connect();
+        if c.is_err() {
+            PROCESS_STATE.store(NEVER_CONNECTED, Ordering::Release);
+        }
+        c
+    }
+
+    /// The process's one client, shared: made by the first call (as [`Client::init`]),
+    /// handed out again by later ones. The fabric, every `Session` and any other code of
+    /// the process reach the same connection this way.
+    pub fn shared() -> Result<Arc<Client>, InitError> {
+        let mut shared = lock(&SHARED);
+        if let Some(c) = shared.as_ref() {
+            if c.is_finalized() {
+                return Err(InitError::Finalized);
+            }
+            return Ok(c.clone());
+        }
+        let c = Arc::new(Client::init()?);
+        *shared = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Whether this client was finalized (explicitly, at exit or by a drop).
+    pub fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    fn connect() -> Result<Client, InitError> {
         let rank: Rank = env_num(env::RANK)?;
         let token: u64 = env_num(env::TOKEN)?;
         let path = PathBuf::from(env_var(env::SERVER_SOCKET)?);
@@ -1006,6 +1065,7 @@ impl Client {
         if self.finalized.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        PROCESS_STATE.store(FINALIZED, Ordering::Release);
         self.conn.call(
             "finalize",
             |req| ClientMsg::Finalize { req, at_exit },
