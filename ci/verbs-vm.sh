@@ -92,6 +92,12 @@ for scenario in dead-peer dead-peer-rendezvous; do
   ms=$(echo "$out" | sed -n 's/.* gone after \([0-9]*\) ms.*/\1/p' | head -1)
   [[ -n $ms && $ms -lt 2000 ]] || bad "$scenario: the survivor did not report rank 1 gone within 2 s (${ms:-never})"
 done
+# A first send to a peer that is blocked in a fence, or busy outside any call for longer
+# than the handshake timeout, completes: a live peer is never reported gone.
+for scenario in first-send-to-a-fencing-peer first-send-to-a-busy-peer; do
+  job "$scenario" 0 -n 2 -x WEFT_VERBS_HANDSHAKE_TIMEOUT_MS=1000 "$examples/fabric_probe" "$scenario"
+  [[ $(echo "$out" | grep -c " ok$") == 2 ]] || bad "$scenario: expected 2 ok lines"
+done
 sleep 1
 after=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')
 echo "rdma resources before: $baseline"

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use weft::prelude::*;
+use weft_wireup::{FenceMode, Procs};
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
@@ -18,6 +19,8 @@ fn main() {
         "cma" => cma(false),
         "cma-refused" => cma(true),
         "cma-split-refused" => cma_split_refused(),
+        "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
+        "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -221,6 +224,70 @@ fn cma(refuse: bool) -> Res {
         }
         println!("rank 1 received 1 MiB by {}", f.rendezvous_copy());
     }
+    f.finalize()?;
+    Ok(())
+}
+
+/// Rank 1 is blocked in a wire-up fence (longer than a verbs handshake may take) when
+/// rank 0 first sends to it: the fence must keep rank 1 answering its peers, so the
+/// send completes, rank 0 joins the fence, and rank 1 then receives the message.
+fn first_send_to_a_fencing_peer() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let wire = f.wire();
+    let fence = || {
+        wire.fence(
+            Procs::All,
+            FenceMode::SyncOnly,
+            Some(Duration::from_secs(60)),
+        )
+    };
+    match w.rank() {
+        0 => {
+            std::thread::sleep(Duration::from_millis(300));
+            let t0 = Instant::now();
+            w.send(&[42u64], 1, Tag(5))?;
+            println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+            fence()?;
+        }
+        1 => {
+            fence()?;
+            let mut x = [0u64];
+            w.recv(&mut x, Source::Rank(0), Tag(5))?;
+            if x[0] != 42 {
+                return Err(format!("got {x:?}").into());
+            }
+        }
+        _ => fence()?,
+    }
+    println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
+}
+
+/// Rank 1 computes for 3 s (outside any Weft call) while rank 0 first sends to it; with
+/// a short handshake timeout the send must still complete once rank 1 enters a call: a
+/// live peer is never given up.
+fn first_send_to_a_busy_peer() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    match w.rank() {
+        0 => {
+            let t0 = Instant::now();
+            w.send(&[7u64], 1, Tag(6))?;
+            println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+        }
+        1 => {
+            std::thread::sleep(Duration::from_secs(3));
+            let mut x = [0u64];
+            w.recv(&mut x, Source::Rank(0), Tag(6))?;
+            if x[0] != 7 {
+                return Err(format!("got {x:?}").into());
+            }
+        }
+        _ => {}
+    }
+    println!("rank {} ok", w.rank());
     f.finalize()?;
     Ok(())
 }

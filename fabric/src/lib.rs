@@ -485,6 +485,19 @@ impl Fabric {
             });
         }
         let inner = Arc::new(Self::build(process_wire()?)?);
+        if let Some(w) = &inner.wire {
+            // A process blocked in a fence or group operation still answers its peers'
+            // connection handshakes and rendezvous (a thread already in the engine,
+            // including this one, leaves the work to that thread).
+            let weak = Arc::downgrade(&inner);
+            w.set_progress_hook(move || {
+                if let Some(inner) = weak.upgrade() {
+                    if let Some(mut e) = inner.engine.try_lock() {
+                        e.progress();
+                    }
+                }
+            });
+        }
         *shared = Some(inner.clone());
         Ok(Fabric { inner })
     }
@@ -512,6 +525,9 @@ impl Fabric {
                 // Registrations are looked up again only when the program promises not to
                 // free and reuse its buffers (WEFT_VERBS_KEEP_REGISTRATIONS=1).
                 c.rcache = cfg.keep_registrations;
+                // A live peer is never given up for a slow handshake: the fabric asks
+                // wire-up whether it lives (a dead one is named by how it ended).
+                c.patient_handshakes = true;
                 c
             });
             match vcfg.and_then(weft_verbs::Endpoint::open) {

@@ -46,7 +46,7 @@ pub const TUNABLES: &[(&str, &str, &str)] = &[
     (
         "WEFT_VERBS_HANDSHAKE_TIMEOUT_MS",
         "10000",
-        "a connection handshake without an answer fails after this many milliseconds",
+        "a connection handshake without an answer fails after this many milliseconds (under the fabric: a warning, and it goes on while the peer lives)",
     ),
 ];
 
@@ -84,8 +84,14 @@ pub struct Config {
     pub rcache: bool,
     /// Most cached registrations.
     pub rcache_max: usize,
-    /// Handshake timeout.
+    /// Handshake timeout: a connection whose handshake has no answer this long fails
+    /// with [`crate::Error::HandshakeTimeout`], unless `patient_handshakes`.
     pub handshake_timeout: Duration,
+    /// Never fail a handshake for want of an answer: keep asking (every 800 ms once
+    /// past the first tries) and log a warning every `handshake_timeout`. For owners
+    /// that know by other means whether the peer is alive (the fabric asks wire-up), so
+    /// that a peer busy outside any call for a long time is not taken for a dead one.
+    pub patient_handshakes: bool,
 }
 
 impl Config {
@@ -108,6 +114,7 @@ impl Config {
             rcache: true,
             rcache_max: 256,
             handshake_timeout: Duration::from_secs(10),
+            patient_handshakes: false,
         }
     }
 

@@ -1412,7 +1412,15 @@ impl Endpoint {
                     last_req,
                     tries,
                 } => {
-                    if now - *since > self.cfg.handshake_timeout {
+                    if now - *since > self.cfg.handshake_timeout && self.cfg.patient_handshakes {
+                        tracing::warn!(
+                            "verbs: peer {} has not answered the connection handshake for {} ms; still asking (a peer busy outside any Weft call answers when it next enters one)",
+                            c.peer,
+                            self.cfg.handshake_timeout.as_millis()
+                        );
+                        *since = now;
+                        Act::Wait
+                    } else if now - *since > self.cfg.handshake_timeout {
                         Act::Timeout(c.peer, (now - *since).as_millis() as u64)
                     } else if now - *last_req > Duration::from_millis(100 << (*tries).min(3)) {
                         *last_req = now;

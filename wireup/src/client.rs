@@ -5,7 +5,7 @@ use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use weft_shm::{SegmentError, StoreReader};
@@ -365,7 +365,21 @@ pub(crate) struct Conn {
     rx: Mutex<Rx>,
     cv: Condvar,
     next_req: AtomicU64,
+    /// Run while a call waits for the server (see [`Client::set_progress_hook`]).
+    progress: OnceLock<ProgressHook>,
 }
+
+/// Work a waiting call does between reads (the fabric's progress).
+struct ProgressHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for ProgressHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressHook")
+    }
+}
+
+/// How often a call that waits for the server runs the progress hook.
+const PROGRESS_SLICE: Duration = Duration::from_millis(1);
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -482,7 +496,27 @@ impl Conn {
             rx = lock(&self.rx);
             rx.reading = false;
             self.file(&mut rx, got);
+            if let Some(hook) = self.progress.get() {
+                if !rx.replies.contains_key(&req) && rx.broken.is_none() {
+                    drop(rx);
+                    (hook.0)();
+                    rx = lock(&self.rx);
+                }
+            }
         }
+    }
+
+    /// Installs the progress hook (once) and shortens the reads so that it runs about
+    /// every [`PROGRESS_SLICE`].
+    fn set_progress(&self, hook: ProgressHook) -> bool {
+        if self.progress.set(hook).is_err() {
+            return false;
+        }
+        let guard = lock(&self.reader);
+        if let Err(e) = guard.0.set_read_timeout(Some(PROGRESS_SLICE)) {
+            tracing::warn!("cannot shorten the wire-up reads for the progress hook: {e}");
+        }
+        true
     }
 
     /// Reads whatever the server has sent (never blocks) and returns the events read so
@@ -660,6 +694,17 @@ impl Client {
         Ok(c)
     }
 
+    /// Runs `hook` about every millisecond while a call of this client waits for the
+    /// server (a fence, a get, a group operation). A transport that must answer its peers
+    /// (a connection handshake, a rendezvous) installs its progress here, so that a
+    /// process blocked in wire-up never stalls a peer that waits for it. Only the first
+    /// hook is kept: returns false when one was already installed. The hook must not
+    /// block; it runs on the waiting thread, which may be inside the transport already
+    /// (take its locks with a try-lock).
+    pub fn set_progress_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.conn.set_progress(ProgressHook(Box::new(hook)))
+    }
+
     /// Whether this client was finalized (explicitly, at exit or by a drop).
     pub fn is_finalized(&self) -> bool {
         self.finalized.load(Ordering::Acquire)
@@ -735,6 +780,7 @@ impl Client {
                 rx: Mutex::new(Rx::default()),
                 cv: Condvar::new(),
                 next_req: AtomicU64::new(1),
+                progress: OnceLock::new(),
             },
             pending: Mutex::new(Vec::new()),
             seqs: Mutex::new(HashMap::new()),
@@ -1100,6 +1146,7 @@ mod tests {
             rx: Mutex::new(Rx::default()),
             cv: Condvar::new(),
             next_req: AtomicU64::new(1),
+            progress: OnceLock::new(),
         };
         (conn, b)
     }
