@@ -1,7 +1,8 @@
 //! Weft: a communication fabric for HPC.
 //!
 //! This facade re-exports the layers: [`wireup`] (launcher, servers, PMIx-style client)
-//! and [`fabric`] (communicators and tagged point-to-point over shared memory).
+//! and [`fabric`] (sessions, groups, communicators and tagged point-to-point over shared
+//! memory and verbs). Depend on this crate and reach the layers through it.
 //!
 //! ```no_run
 //! use weft::prelude::*;
@@ -21,8 +22,10 @@ pub use weft_wireup as wireup;
 /// The names most programs need.
 pub mod prelude {
     pub use weft_fabric::{
-        wait_all, wait_any, Communicator, ErrHandler, Fabric, Group, GroupCompare, Info, P2pError,
-        Request, Session, Source, Status, Tag, ThreadLevel,
+        wait_all, wait_any, CommError, Communicator, ErrHandler, Fabric, Group, GroupCompare, Info,
+        P2pError, Pod, Request, Session, SessionError, Source, Status, Tag, ThreadLevel,
     };
-    pub use weft_wireup::{Client, FenceMode, GetOpts, GroupDirectives, Procs, Scope};
+    pub use weft_wireup::{
+        Client, FenceError, FenceMode, GetError, GetOpts, GroupDirectives, Procs, Scope, Value,
+    };
 }
