@@ -88,10 +88,30 @@ pub(crate) fn read_sync<T: DeserializeOwned>(
     read_full(r, &mut len, 0)?;
     let len = u32::from_le_bytes(len) as usize;
     check_len(len, max)?;
-    let mut payload = vec![0u8; len];
-    read_full(r, &mut payload, 1)?;
+    // Grown as the bytes arrive: a length prefix alone allocates at most one chunk.
+    let mut payload = Vec::with_capacity(len.min(READ_CHUNK));
+    loop {
+        match r
+            .by_ref()
+            .take((len - payload.len()) as u64)
+            .read_to_end(&mut payload)
+        {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    if payload.len() < len {
+        return Err(FrameError::Truncated {
+            got: payload.len(),
+            want: len,
+        });
+    }
     decode(&payload)
 }
+
+/// How much of a frame is allocated ahead of its bytes.
+const READ_CHUNK: usize = 64 << 10;
 
 /// Writes one frame to a blocking stream.
 pub(crate) fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
@@ -114,13 +134,14 @@ pub(crate) async fn read_async<T: DeserializeOwned>(
     }
     let len = u32::from_le_bytes(len) as usize;
     check_len(len, max)?;
-    let mut payload = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        match r.read(&mut payload[got..]).await? {
-            0 => return Err(FrameError::Truncated { got, want: len }),
-            n => got += n,
-        }
+    // Grown as the bytes arrive: a length prefix alone allocates at most one chunk.
+    let mut payload = Vec::with_capacity(len.min(READ_CHUNK));
+    r.take(len as u64).read_to_end(&mut payload).await?;
+    if payload.len() < len {
+        return Err(FrameError::Truncated {
+            got: payload.len(),
+            want: len,
+        });
     }
     decode(&payload)
 }

@@ -23,6 +23,8 @@
 mod client;
 mod event;
 mod frame;
+#[doc(hidden)]
+pub mod fuzz;
 mod group;
 mod job;
 pub mod launcher;

@@ -1,0 +1,538 @@
+//! Hostile input for the wire-up layer: a seed corpus of valid frames of every message
+//! kind, a deterministic mutator, and (in tests) fuzz loops that run for a time budget
+//! (`WEFT_FUZZ_SECS`, default 1 s per target; `ci/fuzz.sh` gives each more) against the
+//! frame decoders, the server's data state machine and the server's request handlers
+//! through the real decoding path. Inputs that once broke something are kept under
+//! `wireup/fuzz/corpus/` and replayed by every test run.
+//!
+//! Hidden from the docs: the live-server fuzz scenario of `examples/wireup_probe.rs`
+//! uses [`client_corpus`], [`hello`], [`is_client_frame`] and [`Mutator`] to send hostile
+//! requests to a real server over its real socket.
+
+use crate::frame;
+use crate::proto::{
+    ClientMsg, CollId, CollKind, FenceMode, GroupDirectives, Procs, MAGIC, PROTOCOL_VERSION,
+};
+use crate::value::{Scope, Value};
+use crate::Rank;
+
+/// A small deterministic generator (xorshift64*): the same seed, the same inputs.
+#[derive(Debug, Clone)]
+pub struct Mutator {
+    state: u64,
+}
+
+impl Mutator {
+    /// A generator seeded with `seed` (any value).
+    pub fn new(seed: u64) -> Mutator {
+        Mutator {
+            state: (seed ^ 0x9e37_79b9_7f4a_7c15) | 1,
+        }
+    }
+
+    /// The next pseudo-random number.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+
+    /// A mutated copy of `input`: 1 to 4 of byte flips, interesting bytes, insertions,
+    /// deletions, duplicated runs, truncation, and length-prefix rewrites.
+    pub fn mutate(&mut self, input: &[u8]) -> Vec<u8> {
+        const INTERESTING: [u8; 8] = [0, 1, 0x7f, 0x80, 0xfe, 0xff, 0x40, 0x20];
+        let mut v = input.to_vec();
+        for _ in 0..1 + self.below(4) {
+            let at = self.below(v.len().max(1));
+            match self.below(8) {
+                0 if !v.is_empty() => v[at] ^= 1 << self.below(8),
+                1 if !v.is_empty() => v[at] = INTERESTING[self.below(INTERESTING.len())],
+                2 => v.insert(at.min(v.len()), self.next_u64() as u8),
+                3 if !v.is_empty() => {
+                    let n = 1 + self.below(8).min(v.len() - at - 1);
+                    v.drain(at..at + n);
+                }
+                4 if !v.is_empty() => {
+                    let n = 1 + self.below(16).min(v.len() - at - 1);
+                    let run: Vec<u8> = v[at..at + n].to_vec();
+                    let to = self.below(v.len());
+                    v.splice(to..to, run);
+                }
+                5 => v.truncate(at),
+                6 if v.len() >= 4 => {
+                    // A length prefix that lies (or tells the truth about a new length).
+                    let len = match self.below(3) {
+                        0 => (v.len() - 4) as u32,
+                        1 => self.next_u64() as u32,
+                        _ => (v.len() as u32)
+                            .wrapping_sub(4)
+                            .wrapping_add(self.below(9) as u32)
+                            .wrapping_sub(4),
+                    };
+                    v[..4].copy_from_slice(&len.to_le_bytes());
+                }
+                _ => {
+                    let n = self.below(8);
+                    for _ in 0..n {
+                        v.push(self.next_u64() as u8);
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+/// The hello frame of `rank` with `token`.
+pub fn hello(rank: Rank, token: u64) -> Vec<u8> {
+    frame::encode(&ClientMsg::Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        rank,
+        token,
+    })
+}
+
+/// Whether `frame` (length prefix included) decodes as one client request.
+pub fn is_client_frame(frame: &[u8]) -> bool {
+    let mut r = frame;
+    frame::read_sync::<ClientMsg>(&mut r, frame::MAX_CLIENT_FRAME).is_ok() && r.is_empty()
+}
+
+/// Valid client frames of every request kind (no hello, no finalize), naming ranks
+/// below `size + 2` (so some are outside the job) as rank `rank` would send them.
+pub fn client_corpus(rank: Rank, size: u32) -> Vec<Vec<u8>> {
+    client_msgs(rank, size).iter().map(frame::encode).collect()
+}
+
+pub(crate) fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
+    let other = (rank + 1) % size.max(1);
+    let id = |kind, procs, seq, name: &str| CollId {
+        kind,
+        procs,
+        seq,
+        name: name.to_owned(),
+    };
+    let dirs = GroupDirectives {
+        leader: Some(rank),
+        assign_context_id: true,
+        ..GroupDirectives::default()
+    };
+    vec![
+        ClientMsg::Commit {
+            entries: vec![
+                (Scope::Global, "k".into(), Value::U64(7)),
+                (Scope::Local, "l".into(), Value::Str("s".into())),
+                (Scope::Remote, "r".into(), Value::Bytes(vec![1, 2, 3])),
+            ],
+        },
+        ClientMsg::Fence {
+            req: 1,
+            id: id(CollKind::Fence, Procs::List(vec![rank]), 1, ""),
+            mode: FenceMode::Full,
+            timeout_ms: Some(50),
+        },
+        ClientMsg::Fence {
+            req: 2,
+            id: id(CollKind::Fence, Procs::All, 1, ""),
+            mode: FenceMode::Sparse,
+            timeout_ms: Some(50),
+        },
+        ClientMsg::Get {
+            req: 3,
+            rank: other,
+            key: "k".into(),
+            refresh: false,
+            local_only: false,
+            immediate: false,
+            timeout_ms: Some(50),
+        },
+        ClientMsg::Get {
+            req: 4,
+            rank: size + 1,
+            key: "k".into(),
+            refresh: true,
+            local_only: true,
+            immediate: true,
+            timeout_ms: None,
+        },
+        ClientMsg::Group {
+            req: 5,
+            id: id(CollKind::GroupConstruct, Procs::List(vec![rank]), 1, "g"),
+            directives: dirs.clone(),
+            timeout_ms: Some(50),
+        },
+        ClientMsg::Group {
+            req: 6,
+            id: id(CollKind::GroupDestruct, Procs::List(vec![rank]), 1, "g"),
+            directives: GroupDirectives::default(),
+            timeout_ms: Some(50),
+        },
+        ClientMsg::GroupQuery { req: 7 },
+        ClientMsg::GroupLeave {
+            req: 8,
+            id: "g".into(),
+        },
+        ClientMsg::LeaderClaim {
+            req: 9,
+            id: "g".into(),
+        },
+        ClientMsg::PsetDefine {
+            req: 10,
+            name: "p".into(),
+            members: vec![rank, other],
+        },
+        ClientMsg::PsetDelete {
+            req: 11,
+            name: "p".into(),
+        },
+        ClientMsg::GroupInvite {
+            req: 12,
+            id: "inv".into(),
+            procs: vec![other],
+            directives: dirs,
+            timeout_ms: Some(50),
+        },
+        ClientMsg::GroupJoin {
+            req: 13,
+            id: "inv".into(),
+            leader: other,
+            accept: true,
+        },
+    ]
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::frame::{MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+    use crate::proto::{
+        ExitKind, GroupSpec, ModexData, PeerMsg, ServerMsg, ToLauncher, ToServer, WireError,
+    };
+
+    /// How long each fuzz target runs (`WEFT_FUZZ_SECS`, default 1 s).
+    pub(crate) fn budget() -> Duration {
+        let secs = std::env::var("WEFT_FUZZ_SECS")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(1.0);
+        Duration::from_secs_f64(secs.max(0.01))
+    }
+
+    /// Runs `one` on generated inputs until the budget is spent; prints the count.
+    pub(crate) fn run(target: &str, seed: u64, mut one: impl FnMut(&mut Mutator)) -> u64 {
+        let seed = std::env::var("WEFT_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(seed);
+        let mut m = Mutator::new(seed);
+        let (t0, budget) = (Instant::now(), budget());
+        let mut n = 0u64;
+        while n < 16 || t0.elapsed() < budget {
+            one(&mut m);
+            n += 1;
+        }
+        println!(
+            "fuzz {target}: {n} executions in {:.1} s (seed {seed})",
+            t0.elapsed().as_secs_f64()
+        );
+        n
+    }
+
+    /// Saved inputs of `target` (files under `wireup/fuzz/corpus/<target>/`).
+    pub(crate) fn saved(target: &str) -> Vec<Vec<u8>> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fuzz/corpus")
+            .join(target);
+        let mut out = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if let Ok(b) = std::fs::read(e.path()) {
+                    out.push(b);
+                }
+            }
+        }
+        out
+    }
+
+    fn id() -> CollId {
+        CollId {
+            kind: CollKind::Fence,
+            procs: Procs::List(vec![0, 2]),
+            seq: 3,
+            name: String::new(),
+        }
+    }
+
+    pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
+        let err = WireError::ProcGone {
+            op: "get".into(),
+            rank: 1,
+            reason: "x".into(),
+        };
+        let gid = CollId {
+            kind: CollKind::GroupConstruct,
+            procs: Procs::All,
+            seq: 1,
+            name: "g".into(),
+        };
+        let block = postcard::to_stdvec(&vec![(
+            1u32,
+            2u64,
+            Some(vec![("k".to_owned(), Value::U64(1))]),
+        )])
+        .unwrap();
+        vec![
+            PeerMsg::Hello {
+                magic: MAGIC,
+                version: PROTOCOL_VERSION,
+                secret: [1, 2],
+                node: 1,
+            },
+            PeerMsg::Gather {
+                id: id(),
+                mode: FenceMode::Full,
+                step: 0,
+                blocks: vec![(1, block.clone())],
+                group: None,
+            },
+            PeerMsg::Gather {
+                id: gid.clone(),
+                mode: FenceMode::Full,
+                step: 0,
+                blocks: vec![(1, block)],
+                group: Some(GroupSpec {
+                    directives: GroupDirectives::default(),
+                    timeout_ms: Some(20),
+                }),
+            },
+            PeerMsg::Abort {
+                id: id(),
+                error: err.clone(),
+            },
+            PeerMsg::ArrivalQuery {
+                id: id(),
+                qid: 1 << 48,
+            },
+            PeerMsg::ArrivalReply {
+                qid: 5,
+                node: 1,
+                missing: vec![1],
+            },
+            PeerMsg::ModexReq {
+                qid: 1 << 48,
+                rank: 0,
+                key: "k".into(),
+                wait: true,
+            },
+            PeerMsg::ModexResp {
+                qid: (1 << 47) | 1,
+                rank: 2,
+                result: Ok(ModexData {
+                    gen: 1,
+                    entries: vec![("k".into(), Value::U64(1))],
+                    finalized: false,
+                }),
+            },
+            PeerMsg::ModexResp {
+                qid: 3,
+                rank: 2,
+                result: Err(err),
+            },
+            PeerMsg::ModexCancel { qid: 1 << 48 },
+            PeerMsg::ProcGone {
+                rank: 3,
+                reason: "r".into(),
+                joined: vec![1, 2],
+            },
+            PeerMsg::GroupLeft {
+                id: "g".into(),
+                rank: 2,
+            },
+            PeerMsg::LeaderClaim {
+                id: "g".into(),
+                rank: 2,
+                from: 1,
+                nodes: vec![0, 1],
+            },
+            PeerMsg::LeaderDecision {
+                id: "g".into(),
+                claimant: 0,
+                winner: 2,
+            },
+            PeerMsg::LeaderSelected {
+                id: "g".into(),
+                rank: 2,
+            },
+            PeerMsg::PsetChange {
+                name: "p".into(),
+                members: Some(vec![0, 3]),
+                from: 1,
+                qid: 9,
+            },
+            PeerMsg::Invite {
+                id: "i".into(),
+                leader: 2,
+                rank: 0,
+                procs: vec![0, 1],
+            },
+            PeerMsg::InviteReply {
+                id: "i".into(),
+                rank: 2,
+                accept: true,
+            },
+            PeerMsg::PgcidReq { qid: 4, from: 1 },
+            PeerMsg::PgcidResp { qid: 4, pgcid: 77 },
+            PeerMsg::GroupFormed {
+                group: crate::GroupInfo {
+                    id: "i".into(),
+                    members: vec![0, 2],
+                    pgcid: Some(5),
+                    leader: Some(2),
+                    left_out: vec![],
+                    directives: GroupDirectives::default(),
+                },
+            },
+            PeerMsg::PsetChanged {
+                name: "p".into(),
+                members: None,
+                qid: 9,
+                error: None,
+            },
+        ]
+    }
+
+    fn server_msgs() -> Vec<ServerMsg> {
+        vec![
+            ServerMsg::Welcome {
+                version: PROTOCOL_VERSION,
+                datastore: "/weft-x".into(),
+                nspace: "n".into(),
+            },
+            ServerMsg::Refused { reason: "r".into() },
+            ServerMsg::Done { req: 1 },
+            ServerMsg::Value {
+                req: 2,
+                value: Some(Value::Bytes(vec![1; 40])),
+            },
+            ServerMsg::Missing {
+                req: 3,
+                reason: "m".into(),
+            },
+            ServerMsg::Failed {
+                req: 4,
+                error: WireError::Timeout {
+                    op: "fence".into(),
+                    missing: vec![1, 2],
+                },
+            },
+        ]
+    }
+
+    fn launcher_msgs() -> (Vec<ToLauncher>, Vec<ToServer>) {
+        (
+            vec![
+                ToLauncher::Ready {
+                    peer_addr: "127.0.0.1:4000".parse().unwrap(),
+                },
+                ToLauncher::ProcExit {
+                    rank: 1,
+                    how: ExitKind::Signal(9),
+                },
+                ToLauncher::Failed { reason: "f".into() },
+            ],
+            vec![
+                ToServer::Start {
+                    peers: vec!["127.0.0.1:4000".parse().unwrap()],
+                },
+                ToServer::Terminate { grace_ms: 10 },
+                ToServer::Shutdown,
+            ],
+        )
+    }
+
+    /// Reads every frame of `bytes` as `T` with the real reader and limit: decode errors
+    /// are fine, a panic is the finding.
+    fn read_all<T: serde::de::DeserializeOwned>(bytes: &[u8], max: usize) -> usize {
+        let mut r = bytes;
+        let mut n = 0;
+        while frame::read_sync::<T>(&mut r, max).is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    /// One generated input from `corpus`: a mutated seed, a splice of two, or noise.
+    fn input(m: &mut Mutator, corpus: &[Vec<u8>]) -> Vec<u8> {
+        match m.below(10) {
+            0 => (0..m.below(64)).map(|_| m.next_u64() as u8).collect(),
+            1 => {
+                let (a, b) = (m.below(corpus.len()), m.below(corpus.len()));
+                let mut v = m.mutate(&corpus[a]);
+                v.extend(m.mutate(&corpus[b]));
+                v
+            }
+            _ => {
+                let i = m.below(corpus.len());
+                m.mutate(&corpus[i])
+            }
+        }
+    }
+
+    #[test]
+    fn fuzz_frame_decoders() {
+        let client: Vec<Vec<u8>> = client_corpus(0, 4)
+            .into_iter()
+            .chain([hello(0, 5)])
+            .chain(saved("client"))
+            .collect();
+        let peer: Vec<Vec<u8>> = peer_msgs()
+            .iter()
+            .map(frame::encode)
+            .chain(saved("peer"))
+            .collect();
+        let server: Vec<Vec<u8>> = server_msgs().iter().map(frame::encode).collect();
+        let (tl, ts) = launcher_msgs();
+        let launcher: Vec<Vec<u8>> = tl.iter().map(frame::encode).collect();
+        let to_server: Vec<Vec<u8>> = ts.iter().map(frame::encode).collect();
+        // The seeds decode.
+        for f in &client {
+            assert!(read_all::<ClientMsg>(f, MAX_CLIENT_FRAME) >= 1 || f.is_empty());
+        }
+        let mut decoded = 0u64;
+        let n = run("frame-decoders", 1, |m| {
+            let which = m.below(5);
+            let (corpus, max) = match which {
+                0 => (&client, MAX_CLIENT_FRAME),
+                1 => (&peer, MAX_PEER_FRAME),
+                2 => (&server, MAX_PEER_FRAME),
+                3 => (&launcher, MAX_PEER_FRAME),
+                _ => (&to_server, MAX_PEER_FRAME),
+            };
+            let bytes = input(m, corpus);
+            decoded += match which {
+                0 => read_all::<ClientMsg>(&bytes, max),
+                1 => read_all::<PeerMsg>(&bytes, max),
+                2 => read_all::<ServerMsg>(&bytes, max),
+                3 => read_all::<ToLauncher>(&bytes, max),
+                _ => read_all::<ToServer>(&bytes, max),
+            } as u64;
+        });
+        println!("fuzz frame-decoders: {decoded} of the frames decoded");
+        assert!(n >= 16);
+    }
+}
