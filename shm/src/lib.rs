@@ -86,6 +86,8 @@ mod cma;
 mod config;
 mod error;
 mod fastbox;
+#[doc(hidden)]
+pub mod fuzz;
 mod inbox;
 pub mod layout;
 mod liveness;

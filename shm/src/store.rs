@@ -971,6 +971,52 @@ mod tests {
         ));
     }
 
+    /// Hostile input: a datastore segment corrupted at random (header, index, records)
+    /// under a reader opened before and one opened after: no panic, every lookup ends.
+    #[test]
+    fn fuzz_readers_of_corrupted_segments() {
+        let name = test_name("fuzz");
+        let mut w = StoreWriter::create(&name, 1 << 16, 64).unwrap();
+        let keys: Vec<Vec<u8>> = (0..40).map(|i| format!("key{i}").into_bytes()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            w.insert(k, &vec![i as u8; i * 3]).unwrap();
+        }
+        let early = StoreReader::open(&name).unwrap();
+        let (_file, mut map) = raw_map(&name);
+        let pristine = map.to_vec();
+        let end = STORE_HEADER_OFFSET + offset_of!(StoreHeader, data_end);
+        let used = (get_u64(&map, end) as usize + 64).min(map.len());
+        let mut found = 0u64;
+        crate::fuzz::run("store-reader", 4, |m| {
+            map.copy_from_slice(&pristine);
+            for _ in 0..1 + m.below(8) {
+                let at = m.below(used);
+                match m.below(3) {
+                    0 => map[at] ^= 1 << m.below(8),
+                    1 => map[at] = m.next_u64() as u8,
+                    _ => {
+                        let at = (at & !7).min(map.len() - 8);
+                        let v =
+                            [0, 1, u64::MAX, m.next_u64(), get_u64(&pristine, at) + 8][m.below(5)];
+                        put_u64(&mut map, at, v);
+                    }
+                }
+            }
+            for r in [Some(&early), StoreReader::open(&name).ok().as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                for k in &keys {
+                    found += u64::from(r.get(k).is_some());
+                }
+                let _ = r.get(b"absent");
+                let _ = r.overflowed();
+            }
+        });
+        map.copy_from_slice(&pristine);
+        println!("fuzz store-reader: {found} lookups found their key");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 

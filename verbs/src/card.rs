@@ -7,6 +7,11 @@ use crate::Error;
 pub const CARD_LEN: usize = 32;
 const MAGIC: u8 = b'W';
 const VERSION: u8 = 1;
+/// The range of eager sizes a handshake may carry (`WEFT_VERBS_EAGER_SIZE`'s).
+const MIN_EAGER: u32 = 64;
+const MAX_EAGER: u32 = 1 << 20;
+/// Most credits a handshake may grant (what the immediate data's 24 bits can return).
+const MAX_CREDITS: u32 = 0x00ff_ffff;
 
 /// A decoded card: address of one endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +148,16 @@ impl Handshake {
         };
         let u =
             |i: usize| u32::from_le_bytes([b[4 + 4 * i], b[5 + 4 * i], b[6 + 4 * i], b[7 + 4 * i]]);
+        // Values a healthy peer never sends are refused here rather than handed to the
+        // queue pair (an MTU outside IBV_MTU_256..4096, an eager size below the smallest
+        // configurable one, no credits or more than the immediate data can return).
+        let (credits, eager_size, mtu) = (u(3), u(5), b[28]);
+        if !(1..=5).contains(&mtu)
+            || !(MIN_EAGER..=MAX_EAGER).contains(&eager_size)
+            || !(1..=MAX_CREDITS).contains(&credits)
+        {
+            return None;
+        }
         Some(Handshake {
             kind,
             from: u(0),
@@ -223,5 +238,67 @@ mod tests {
         let mut bad = h.encode();
         bad[1] = 3;
         assert_eq!(Handshake::decode(&bad), None);
+    }
+
+    /// Hostile handshakes and cards: random bytes and mutated valid encodings never
+    /// panic the decoders, and what decodes is within the ranges a healthy peer sends.
+    #[test]
+    fn fuzz_handshake_and_card_decoders() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let secs: f64 = std::env::var("WEFT_FUZZ_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1.0);
+        let valid = Handshake {
+            kind: HsKind::Req,
+            from: 1,
+            qpn: 17,
+            psn: 5,
+            credits: 32,
+            echo_qpn: 0,
+            eager_size: 8192,
+            mtu: 3,
+            card: card(),
+            probe_addr: 1,
+            probe_rkey: 2,
+        }
+        .encode();
+        let cases = (secs * 30_000.0) as u32;
+        let mut runner = TestRunner::new(Config {
+            cases: cases.max(256),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let input = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..120),
+            proptest::collection::vec((0..HS_LEN, any::<u8>()), 1..6).prop_map(move |edits| {
+                let mut b = valid.to_vec();
+                for (at, v) in edits {
+                    b[at] = v;
+                }
+                b
+            }),
+        ];
+        let decoded = std::cell::Cell::new(0u64);
+        runner
+            .run(&input, |b| {
+                if let Some(h) = Handshake::decode(&b) {
+                    decoded.set(decoded.get() + 1);
+                    prop_assert!((1..=5).contains(&h.mtu));
+                    prop_assert!(h.eager_size >= MIN_EAGER && h.credits >= 1);
+                    prop_assert_eq!(Handshake::decode(&h.encode()), Some(h));
+                }
+                if let Ok(c) = Card::decode(&b[..b.len().min(CARD_LEN)]) {
+                    prop_assert_eq!(Card::decode(&c.encode()).ok(), Some(c));
+                }
+                Ok(())
+            })
+            .unwrap();
+        println!(
+            "fuzz verbs-handshake: {} executions, {} decoded",
+            cases.max(256),
+            decoded.get()
+        );
     }
 }

@@ -886,4 +886,182 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert!(matches!(&replies(&got)[0].2, Answer::Missing(_)));
     }
+
+    /// Random operations on two servers' states, messages between them delivered in any
+    /// order: no panic, no get answered twice, every value answered was committed with a
+    /// scope the asker may see, and once every rank has ended and every message is
+    /// delivered, every get whose connection stayed open has its one answer.
+    /// The fuzz's gets: (node, conn, req) -> (rank, key, answers, connection closed).
+    type Gets = std::collections::BTreeMap<(usize, ConnId, u64), (Rank, String, u32, bool)>;
+
+    #[test]
+    fn fuzz_random_operations_answer_every_get_once() {
+        let mut gets_total = 0u64;
+        crate::fuzz::tests::run("modex", 3, |m| {
+            let (a, b) = pair();
+            let mut nodes = [a, b];
+            let node_of = |r: Rank| (r / 2) as usize;
+            let keys = ["a", "b", "c"];
+            let mut flight: Vec<(usize, PeerMsg)> = Vec::new();
+            // (node, conn, req) -> (rank, key, answers, abandoned)
+            let mut gets = Gets::new();
+            let mut values: Vec<(Rank, String, Scope, Value)> = Vec::new();
+            let mut ended = [false; 4];
+            let mut next_req = 1u64;
+            let apply = |node: usize,
+                         acts: Vec<Action>,
+                         flight: &mut Vec<(usize, PeerMsg)>,
+                         gets: &mut Gets,
+                         values: &Vec<(Rank, String, Scope, Value)>| {
+                for act in acts {
+                    match act {
+                        Action::Reply { conn, req, answer } => {
+                            let g = gets
+                                .get_mut(&(node, conn, req))
+                                .expect("a reply to a get that was made");
+                            g.2 += 1;
+                            assert_eq!(g.2, 1, "get {req} of conn {conn} answered twice");
+                            if let Answer::Value(v) = answer {
+                                let on_node = node_of(g.0) == node;
+                                assert!(
+                                    values.iter().any(|(r, k, sc, val)| *r == g.0
+                                        && *k == g.1
+                                        && *val == v
+                                        && if on_node {
+                                            sc.visible_on_node()
+                                        } else {
+                                            sc.visible_off_node()
+                                        }),
+                                    "{v:?} for {}/{} was never committed visibly",
+                                    g.0,
+                                    g.1
+                                );
+                            }
+                        }
+                        Action::Peer { node: to, msg } => flight.push((to as usize, msg)),
+                        Action::Store { .. } | Action::GetTimer { .. } => {}
+                    }
+                }
+            };
+            let deliver = |nodes: &mut [Modex; 2], to: usize, msg: PeerMsg| -> Vec<Action> {
+                match msg {
+                    PeerMsg::ModexReq {
+                        qid,
+                        rank,
+                        key,
+                        wait,
+                    } => nodes[to].serve(qid, rank, key, wait),
+                    PeerMsg::ModexResp { qid, rank, result } => nodes[to].answer(qid, rank, result),
+                    PeerMsg::ModexCancel { qid } => {
+                        nodes[to].cancel(qid);
+                        Vec::new()
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            };
+            for _ in 0..1 + m.below(80) {
+                let node = m.below(2);
+                match m.below(9) {
+                    0 | 1 => {
+                        let (conn, req) = (1 + m.below(3) as ConnId, next_req);
+                        next_req += 1;
+                        let rank = m.below(4) as Rank;
+                        let key = keys[m.below(3)].to_owned();
+                        let flags = GetFlags {
+                            refresh: m.below(4) == 0,
+                            local_only: m.below(8) == 0,
+                            immediate: m.below(4) == 0,
+                        };
+                        gets.insert((node, conn, req), (rank, key.clone(), 0, false));
+                        gets_total += 1;
+                        let acts = nodes[node].get(conn, req, rank, key, flags, Some(10));
+                        apply(node, acts, &mut flight, &mut gets, &values);
+                    }
+                    2 | 3 => {
+                        let rank = (node * 2 + m.below(2)) as Rank;
+                        if ended[rank as usize] {
+                            continue;
+                        }
+                        let scope = [Scope::Local, Scope::Remote, Scope::Global][m.below(3)];
+                        let key = keys[m.below(3)].to_owned();
+                        let v = Value::U64(m.below(5) as u64);
+                        values.push((rank, key.clone(), scope, v.clone()));
+                        let acts = nodes[node].commit(rank, vec![(scope, key, v)]);
+                        apply(node, acts, &mut flight, &mut gets, &values);
+                    }
+                    4 => {
+                        // A fence: each node learns the other's generations (and data, Full).
+                        let full = m.below(2) == 0;
+                        for r in 0..4 {
+                            let owner = node_of(r);
+                            let gen = nodes[owner].gen(r);
+                            let data = full.then(|| nodes[owner].view(r));
+                            let acts = nodes[1 - owner].learn(r, gen, data);
+                            apply(1 - owner, acts, &mut flight, &mut gets, &values);
+                        }
+                    }
+                    5 | 6 if !flight.is_empty() => {
+                        let (to, msg) = flight.swap_remove(m.below(flight.len()));
+                        let acts = deliver(&mut nodes, to, msg);
+                        apply(to, acts, &mut flight, &mut gets, &values);
+                    }
+                    7 => {
+                        let open: Vec<(usize, ConnId, u64, Rank)> = gets
+                            .iter()
+                            .filter(|(_, g)| g.2 == 0 && !g.3)
+                            .map(|(&(n, c, r), g)| (n, c, r, g.0))
+                            .collect();
+                        if let Some(&(n, c, r, rank)) = open.get(m.below(open.len().max(1))) {
+                            let acts = nodes[n].get_timeout(rank, c, r);
+                            apply(n, acts, &mut flight, &mut gets, &values);
+                        } else if m.below(2) == 0 {
+                            let conn = 1 + m.below(3) as ConnId;
+                            for ((n, c, _), g) in gets.iter_mut() {
+                                if *n == node && *c == conn && g.2 == 0 {
+                                    g.3 = true;
+                                }
+                            }
+                            let acts = nodes[node].conn_closed(conn);
+                            apply(node, acts, &mut flight, &mut gets, &values);
+                        }
+                    }
+                    _ => {
+                        let rank = (node * 2 + m.below(2)) as Rank;
+                        if !ended[rank as usize] {
+                            ended[rank as usize] = true;
+                            let acts = nodes[node].ended(rank, m.below(2) == 0, "died");
+                            apply(node, acts, &mut flight, &mut gets, &values);
+                        }
+                    }
+                }
+            }
+            // Everyone ends; every message arrives.
+            for r in 0..4u32 {
+                if !ended[r as usize] {
+                    let n = node_of(r);
+                    let acts = nodes[n].ended(r, true, "has finalized");
+                    apply(n, acts, &mut flight, &mut gets, &values);
+                }
+            }
+            while let Some((to, msg)) = flight.pop() {
+                let acts = deliver(&mut nodes, to, msg);
+                apply(to, acts, &mut flight, &mut gets, &values);
+            }
+            for ((n, c, r), g) in &gets {
+                assert!(
+                    g.3 || g.2 == 1,
+                    "get {r} of conn {c} on node {n} ({}/{}) was never answered",
+                    g.0,
+                    g.1
+                );
+            }
+            for n in &nodes {
+                assert!(
+                    n.serving.is_empty() && n.waiting.is_empty(),
+                    "requests left waiting"
+                );
+            }
+        });
+        println!("fuzz modex: {gets_total} gets");
+    }
 }

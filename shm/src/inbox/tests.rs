@@ -746,3 +746,67 @@ fn pair_lines_need_owner_ids_and_room() {
         assert_eq!(got, [(sender, vec![7; 8])], "{tag}");
     }
 }
+
+/// Hostile input: an inbox segment corrupted at random (fastbox control words, headers
+/// and data, queue slot states and lengths, the header) after senders queued frames.
+/// The consumer must not panic nor hang, and hands out no frame longer than its limits.
+#[test]
+fn fuzz_consumer_of_corrupted_segments() {
+    let cfg = InboxConfig {
+        fastbox_peers: 2,
+        fastbox_bytes: 4096,
+        queue_slots: 8,
+        queue_slot_bytes: 256,
+        pair_lines: 0,
+    };
+    let limit = cfg.fastbox_max_frame().max(cfg.queue_slot_bytes as usize);
+    let mut round = 0u64;
+    let (mut delivered, mut polls) = (0u64, 0u64);
+    crate::fuzz::run("inbox-consumer", 5, |m| {
+        round += 1;
+        let name = test_name(&format!("fuzz{}", round % 4));
+        let _ = crate::unlink(&name);
+        let _gone = UnlinkOnDrop(name.clone());
+        let mut inbox = Inbox::create(&name, &cfg).unwrap();
+        // Senders 0 and 1 get fastboxes, 2 and 3 the queue.
+        let mut outs: Vec<Outbox> = (0..4)
+            .map(|id| Outbox::connect(&name, id).unwrap())
+            .collect();
+        for seq in 0..m.below(12) as u64 {
+            let k = m.below(4);
+            let len = m.below(200);
+            let (head, head_len, rest) = frame_parts(k as u32, seq, len);
+            let _ = outs[k].try_send(&head[..head_len], rest);
+        }
+        let fd = rustix::shm::open(
+            name.as_str(),
+            rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let file = std::fs::File::from(fd);
+        // SAFETY: a second mapping of a segment this test made; only this thread
+        // touches either mapping while the inbox is polled below.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
+        let len = map.len();
+        for _ in 0..1 + m.below(6) {
+            let at = m.below(len);
+            match m.below(3) {
+                0 => map[at] ^= 1 << m.below(8),
+                1 => map[at] = m.next_u64() as u8,
+                _ => {
+                    let at = (at & !7).min(len - 8);
+                    let v: u64 = [0, 1, u64::MAX, m.next_u64(), 1 << 32][m.below(5)];
+                    map[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        for _ in 0..4 {
+            polls += 1;
+            delivered += inbox.poll(&mut |_, bytes| {
+                assert!(bytes.len() <= limit, "a frame of {} bytes", bytes.len())
+            }) as u64;
+        }
+    });
+    println!("fuzz inbox-consumer: {delivered} frames delivered in {polls} polls");
+}
