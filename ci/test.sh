@@ -17,6 +17,9 @@ else
   cargo test --workspace --no-fail-fast
 fi
 cargo test --workspace --doc
+# Hostile input for a fixed time per target (decoders, server handlers, corrupted
+# segments, a live server under hostile requests).
+ci/fuzz.sh "${WEFT_FUZZ_SECS:-30}"
 # The fastbox publish/consume protocol under loom's model checker.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
 # Verbs for real: weft-verbs tests, the fabric conformance suite over verbs, jobs on 2 logical

@@ -29,6 +29,7 @@ fn main() {
         "bad-requests" => bad_requests(),
         "sparse-rounds" => sparse_rounds(),
         "get-waits" => get_waits(),
+        "fuzz-server" => fuzz_server(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -699,6 +700,96 @@ fn get_waits() -> Res {
         return Err(format!("after the fence, late is {v:?}").into());
     }
     println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// Rank 0 sends its server hostile requests (mutations of valid requests of every kind
+/// that still decode, then one that does not) over its real socket for `WEFT_FUZZ_SECS`
+/// (default 1 s); meanwhile the other ranks keep fencing and reading each other's cards
+/// through the same servers, and must never see a wrong answer or a stall.
+fn fuzz_server() -> Res {
+    let secs: f64 = std::env::var("WEFT_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
+    let size: u32 = std::env::var("WEFT_SIZE")?.parse()?;
+    if me == 0 {
+        use weft_wireup::fuzz::{client_corpus, hello, is_client_request, Mutator};
+        let token: u64 = std::env::var("WEFT_TOKEN")?.parse()?;
+        let mut s = UnixStream::connect(std::env::var("WEFT_SERVER_SOCKET")?)?;
+        s.write_all(&hello(0, token))?;
+        // Replies and events are read and dropped, so the server never blocks on us.
+        let mut rd = s.try_clone()?;
+        let drain = std::thread::spawn(move || {
+            let mut buf = [0u8; 1 << 16];
+            let mut n = 0usize;
+            while let Ok(k @ 1..) = rd.read(&mut buf) {
+                n += k;
+            }
+            n
+        });
+        let corpus = client_corpus(0, size);
+        let mut m = Mutator::new(u64::from(std::process::id()));
+        let (mut sent, mut tries) = (0u64, 0u64);
+        while Instant::now() < until {
+            let i = m.below(corpus.len());
+            let f = m.mutate(&corpus[i]);
+            tries += 1;
+            if !is_client_request(&f) {
+                continue;
+            }
+            if s.write_all(&f).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        // The last one does not decode: the server drops this connection.
+        let _ = s.write_all(b"\x05\x00\x00\x00\xff\xff\xff\xff\xff");
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let got = drain.join().map_err(|_| "drain thread")?;
+        println!(
+            "rank 0 fuzz: sent {sent} hostile requests ({tries} mutations), read {got} bytes back"
+        );
+        return Ok(());
+    }
+    let w = Client::init()?;
+    let others: Vec<u32> = (1..size).collect();
+    let mut round = 0u64;
+    // The first of the others decides for all whether another round starts.
+    let lead = others[0];
+    loop {
+        round += 1;
+        w.put(Scope::Global, "card", format!("card-{me}-{round}"))?;
+        if me == lead {
+            w.put(Scope::Global, "go", Instant::now() < until || round < 3)?;
+        }
+        w.commit()?;
+        let mode = [FenceMode::Full, FenceMode::Sparse, FenceMode::SyncOnly][(round % 3) as usize];
+        w.fence(Procs::List(others.clone()), mode, t(30))?;
+        for &p in &others {
+            let v = w.get(
+                p,
+                "card",
+                GetOpts::default().timeout(Duration::from_secs(10)),
+            )?;
+            if v.as_str() != Some(&format!("card-{p}-{round}")) {
+                return Err(format!("round {round}: card of {p} is {v:?}").into());
+            }
+        }
+        let go = w.get(
+            lead,
+            "go",
+            GetOpts::default().timeout(Duration::from_secs(10)),
+        )?;
+        w.fence(Procs::List(others.clone()), FenceMode::SyncOnly, t(30))?;
+        if go != Value::Bool(true) {
+            break;
+        }
+    }
+    println!("rank {me} ok after {round} rounds");
     w.finalize()?;
     Ok(())
 }

@@ -594,3 +594,31 @@ fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
     }
     drop(job);
 }
+
+/// Issue 14, part 2: hostile requests over a real server socket (mutations of every
+/// request kind) while the other ranks use the same servers: they keep getting right
+/// answers, and the job ends cleanly.
+#[test]
+fn a_server_under_hostile_requests_keeps_serving_the_others() {
+    let probe = example("wireup_probe");
+    let done = run(
+        "fuzzserver",
+        &["--nodes", "2", "-n", "4", &probe, "fuzz-server"],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok after "), 3, "{}", done.dump());
+    let sent: u64 = done
+        .stdout
+        .lines()
+        .find_map(|l| l.split("sent ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no fuzz line: {}", done.dump()));
+    assert!(sent > 100, "only {sent} requests sent: {}", done.dump());
+    for l in done
+        .stdout
+        .lines()
+        .filter(|l| l.contains(" fuzz: ") || l.contains(" ok after "))
+    {
+        println!("fuzz live-server: {l}");
+    }
+}

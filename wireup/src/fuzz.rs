@@ -6,7 +6,7 @@
 //! `wireup/fuzz/corpus/` and replayed by every test run.
 //!
 //! Hidden from the docs: the live-server fuzz scenario of `examples/wireup_probe.rs`
-//! uses [`client_corpus`], [`hello`], [`is_client_frame`] and [`Mutator`] to send hostile
+//! uses [`client_corpus`], [`hello`], [`is_client_request`] and [`Mutator`] to send hostile
 //! requests to a real server over its real socket.
 
 use crate::frame;
@@ -28,10 +28,20 @@ pub fn hello(rank: Rank, token: u64) -> Vec<u8> {
     })
 }
 
-/// Whether `frame` (length prefix included) decodes as one client request.
+/// Whether `frame` (length prefix included) decodes as one client message.
 pub fn is_client_frame(frame: &[u8]) -> bool {
     let mut r = frame;
     frame::read_sync::<ClientMsg>(&mut r, frame::MAX_CLIENT_FRAME).is_ok() && r.is_empty()
+}
+
+/// Whether `frame` decodes as one client request other than a hello (a second hello
+/// drops the connection, as an undecodable frame does).
+pub fn is_client_request(frame: &[u8]) -> bool {
+    let mut r = frame;
+    matches!(
+        frame::read_sync::<ClientMsg>(&mut r, frame::MAX_CLIENT_FRAME),
+        Ok(m) if !matches!(m, ClientMsg::Hello { .. })
+    ) && r.is_empty()
 }
 
 /// Valid client frames of every request kind (no hello, no finalize), naming ranks

@@ -1212,7 +1212,15 @@ impl State {
         };
         match msg {
             ClientMsg::Hello { .. } => {
-                tracing::warn!("rank {rank} sent a second hello; ignored");
+                // A protocol violation like an undecodable frame: drop this client.
+                tracing::warn!("dropping rank {rank}'s connection: it sent a second hello");
+                if let Some((_, tx)) = self.conns.get(&conn) {
+                    let _ = tx.send(Out::Close);
+                }
+                self.handle(Event::ClientGone {
+                    conn,
+                    reason: "it sent a second hello".into(),
+                });
             }
             ClientMsg::Commit { entries } => self.commit(rank, entries),
             ClientMsg::Fence {
