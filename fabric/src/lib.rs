@@ -604,7 +604,9 @@ impl Fabric {
             }
         });
         let w3 = wire.clone();
-        let gone = Box::new(move |rank: u32| w3.gone_reason(rank));
+        // A peer is gone when its server says so, and every peer is when our own server
+        // is (its datastore will never say so then).
+        let gone = Box::new(move |rank: u32| w3.gone_reason(rank).or_else(|| w3.server_lost()));
         let shm_cfg = InboxConfig::from_env()?;
         let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
         if cfg.eager_limit > largest {
@@ -969,10 +971,13 @@ impl Communicator {
                 size,
                 capacity,
             },
-            P2pError::PeerGone { rank, reason } => P2pError::PeerGone {
+            // The reason names the job rank too: the one a user finds in the launcher's
+            // and the other processes' messages.
+            P2pError::PeerGone { rank, reason } if c(rank) != rank => P2pError::PeerGone {
                 rank: c(rank),
-                reason,
+                reason: format!("job rank {rank} {reason}"),
             },
+            P2pError::PeerGone { rank, reason } => P2pError::PeerGone { rank, reason },
             P2pError::NoPath { rank, reason } => P2pError::NoPath {
                 rank: c(rank),
                 reason,

@@ -634,6 +634,9 @@ pub struct Client {
     /// Event handlers and events cached for handlers not registered yet.
     pub(crate) events: Mutex<crate::event::Registry>,
     finalized: AtomicBool,
+    /// The server's pid when it is this process's parent (as under `weft run`): a
+    /// parent that changes means the server died.
+    server_pid: Option<rustix::process::Pid>,
 }
 
 fn env_var(var: &'static str) -> Result<String, InitError> {
@@ -787,6 +790,11 @@ impl Client {
             my_groups: Mutex::new(HashMap::new()),
             events: Mutex::new(crate::event::Registry::default()),
             finalized: AtomicBool::new(false),
+            server_pid: std::env::var(env::SERVER_PID)
+                .ok()
+                .and_then(|p| p.parse::<i32>().ok())
+                .and_then(rustix::process::Pid::from_raw)
+                .filter(|&p| rustix::process::getppid() == Some(p)),
         })
     }
 
@@ -857,6 +865,27 @@ impl Client {
         self.store
             .get(&keys::gone(rank))
             .map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+
+    /// Why this node's server is lost, if it is: it died (this process's parent changed)
+    /// or the connection to it broke. Then every peer is unreachable: the fabric fails
+    /// what waits on them with this reason. One system call (getppid).
+    pub fn server_lost(&self) -> Option<String> {
+        if let Some(pid) = self.server_pid {
+            if rustix::process::getppid() != Some(pid) {
+                return Some(format!(
+                    "is unreachable: the weft server of node {} (pid {}) is gone",
+                    self.node,
+                    pid.as_raw_nonzero()
+                ));
+            }
+        }
+        lock(&self.conn.rx).broken.as_ref().map(|why| {
+            format!(
+                "is unreachable: the connection to the weft server of node {} broke ({why})",
+                self.node
+            )
+        })
     }
 
     /// The name prefix this process's shared-memory segments must use, so that its server

@@ -67,4 +67,6 @@ pub mod env {
     pub const DATASTORE: &str = "WEFT_DATASTORE";
     /// The app context (0-based) the process belongs to.
     pub const APPNUM: &str = "WEFT_APPNUM";
+    /// The pid of the node's server (the process's parent).
+    pub const SERVER_PID: &str = "WEFT_SERVER_PID";
 }

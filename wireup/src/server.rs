@@ -691,6 +691,7 @@ fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSin
         .env(env::TOKEN, st.procs[&rank].token.to_string())
         .env(env::DATASTORE, ds)
         .env(env::APPNUM, info.app.to_string())
+        .env(env::SERVER_PID, std::process::id().to_string())
         .env_remove("WEFT_JOB_SECRET")
         .stdin(if rank == 0 {
             Stdio::inherit()
@@ -1087,6 +1088,15 @@ impl State {
             Event::PeerLost { node, reason } => {
                 self.peer_tx.remove(&node);
                 if self.terminating || self.done {
+                    return;
+                }
+                // At the end of a job a server may see another close before its own
+                // shutdown arrives: with every process of both nodes ended, nothing is lost.
+                let size = self.plan.job.size();
+                if self.gone.len() == size as usize {
+                    tracing::debug!(
+                        "the server of node {node} closed after the job's end: {reason}"
+                    );
                     return;
                 }
                 tracing::error!("lost the server of node {node}: {reason}");
