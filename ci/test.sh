@@ -20,6 +20,9 @@ cargo test --workspace --doc
 # Hostile input for a fixed time per target (decoders, server handlers, corrupted
 # segments, a live server under hostile requests).
 ci/fuzz.sh "${WEFT_FUZZ_SECS:-30}"
+# Jobs with a rank or server killed or paused at random: they end, name the lost process,
+# leave nothing behind, and give exact data when nothing is killed (the long run: 300).
+ci/chaos.sh "${WEFT_CHAOS_RUNS:-24}"
 # The fastbox publish/consume protocol under loom's model checker.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
 # Verbs for real: weft-verbs tests, the fabric conformance suite over verbs, jobs on 2 logical
