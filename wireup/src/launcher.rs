@@ -20,7 +20,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::frame::{self, MAX_PEER_FRAME};
 use crate::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
-use crate::proto::{AppSpec, ExitKind, JobPlan, ToLauncher, ToServer, MAGIC, PROTOCOL_VERSION};
+use crate::proto::{
+    signal_name, AppSpec, ExitKind, JobPlan, ToLauncher, ToServer, MAGIC, PROTOCOL_VERSION,
+};
 use crate::server::{datastore_name, format_secret, random_u64, socket_path};
 use crate::topology::{self, CpuList};
 use crate::Rank;
@@ -482,31 +484,6 @@ enum Ev {
     GraceOver,
 }
 
-fn describe(how: &ExitKind) -> String {
-    match how {
-        ExitKind::Code(c) => format!("exited with code {c}"),
-        ExitKind::Signal(s) => format!("was killed by signal {s} ({})", signal_name(*s)),
-        ExitKind::SpawnFailed(e) => format!("could not be started: {e}"),
-    }
-}
-
-fn signal_name(s: i32) -> &'static str {
-    match s {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        15 => "SIGTERM",
-        _ => "signal",
-    }
-}
-
 /// Runs a job to its end and returns the exit status `weft run` should exit with:
 /// 0 if every process exited 0, else the first failure's code (128+N for signal N,
 /// 127 for a program that could not be started, 124 on `--timeout`).
@@ -805,7 +782,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
                     };
                     eprintln!(
                         "weft run: rank {rank} (node {node}, {host}) {}{then}",
-                        describe(&how)
+                        how.describe()
                     );
                     first_failure = Some((rank, how));
                     if !spec.keep_going {

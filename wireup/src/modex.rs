@@ -429,24 +429,10 @@ impl Modex {
                             .into(),
                     ),
                 };
-                for (conn, req) in ask.waiters {
-                    out.push(Action::Reply {
-                        conn,
-                        req,
-                        answer: answer.clone(),
-                    });
-                }
+                out.extend(replies_to(ask.waiters, answer));
                 out.extend(self.learn(rank, data.gen, Some(data.entries)));
             }
-            Err(error) => {
-                for (conn, req) in ask.waiters {
-                    out.push(Action::Reply {
-                        conn,
-                        req,
-                        answer: Answer::Failed(error.clone()),
-                    });
-                }
-            }
+            Err(error) => out.extend(replies_to(ask.waiters, Answer::Failed(error))),
         }
         out
     }
@@ -553,13 +539,7 @@ impl Modex {
                 rank: ask.rank,
                 reason: reason.to_owned(),
             };
-            for (conn, req) in ask.waiters {
-                out.push(Action::Reply {
-                    conn,
-                    req,
-                    answer: Answer::Failed(error.clone()),
-                });
-            }
+            out.extend(replies_to(ask.waiters, Answer::Failed(error)));
         }
         out
     }
@@ -612,6 +592,15 @@ impl Modex {
         }
         (removed, out)
     }
+}
+
+/// The same answer to each of `waiters`.
+fn replies_to(waiters: Vec<(ConnId, u64)>, answer: Answer) -> impl Iterator<Item = Action> {
+    waiters.into_iter().map(move |(conn, req)| Action::Reply {
+        conn,
+        req,
+        answer: answer.clone(),
+    })
 }
 
 fn resp(node: u32, qid: u64, rank: Rank, result: Result<ModexData, WireError>) -> Action {

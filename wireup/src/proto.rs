@@ -514,6 +514,36 @@ pub(crate) enum ExitKind {
     SpawnFailed(String),
 }
 
+impl ExitKind {
+    /// "exited with code 3", "was killed by signal 9 (SIGKILL)", "could not be started: ...".
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            ExitKind::Code(c) => format!("exited with code {c}"),
+            ExitKind::Signal(s) => format!("was killed by signal {s} ({})", signal_name(*s)),
+            ExitKind::SpawnFailed(e) => format!("could not be started: {e}"),
+        }
+    }
+}
+
+/// The usual name of signal `s`.
+pub(crate) fn signal_name(s: i32) -> &'static str {
+    match s {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
 /// What a server runs for one app context.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct AppSpec {

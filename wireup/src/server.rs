@@ -175,25 +175,6 @@ use crate::modex::ConnId;
 /// reports a lost connection instead.
 const EXIT_STATUS_WAIT: Duration = Duration::from_millis(300);
 
-/// The usual name of signal `s`.
-fn signal_name(s: i32) -> &'static str {
-    match s {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => "signal",
-    }
-}
-
 enum Out {
     Frame(Vec<u8>),
     Close,
@@ -1140,15 +1121,10 @@ impl State {
                     let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
                     let (why, fin) = match &how {
                         ExitKind::Code(0) if finalizing => ("has finalized".to_owned(), true),
-                        ExitKind::Code(c) if finalizing => (format!("exited with code {c}"), false),
-                        ExitKind::Code(c) => {
+                        ExitKind::Code(c) if !finalizing => {
                             (format!("exited with code {c} before finalize"), false)
                         }
-                        ExitKind::Signal(s) => (
-                            format!("was killed by signal {s} ({})", signal_name(*s)),
-                            false,
-                        ),
-                        ExitKind::SpawnFailed(e) => (format!("could not be started: {e}"), false),
+                        other => (other.describe(), false),
                     };
                     self.proc_gone_local(rank, why, fin);
                 }
