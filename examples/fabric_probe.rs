@@ -21,6 +21,7 @@ fn main() {
         "cma-split-refused" => cma_split_refused(),
         "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
+        "slow-peer" => slow_peer(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -288,6 +289,74 @@ fn first_send_to_a_busy_peer() -> Res {
         _ => {}
     }
     println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
+}
+
+/// Rank 2 starts its fabric 3 s late. Rank 0's first send to it waits for its card; a
+/// second thread of rank 0 ping-pongs with rank 1 meanwhile, and must not be stalled by
+/// that wait (the card is fetched without the engine lock).
+fn slow_peer() -> Res {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
+    if me == 2 {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let f = Fabric::init()?;
+    let w = f.world();
+    match me {
+        0 => {
+            let done = AtomicBool::new(false);
+            let trips = AtomicU64::new(0);
+            let (waited, meanwhile) = std::thread::scope(|s| {
+                let pinger = s.spawn(|| -> Result<(), P2pError> {
+                    let mut x = [0u64];
+                    while !done.load(Ordering::Relaxed) {
+                        w.send(&[1u64], 1, Tag(1))?;
+                        w.recv(&mut x, Source::Rank(1), Tag(1))?;
+                        trips.fetch_add(1, Ordering::Relaxed);
+                    }
+                    w.send(&[u64::MAX], 1, Tag(1))
+                });
+                std::thread::sleep(Duration::from_millis(200));
+                let t0 = Instant::now();
+                let before = trips.load(Ordering::Relaxed);
+                let sent = w.send(&[42u64], 2, Tag(9));
+                let waited = t0.elapsed();
+                let meanwhile = trips.load(Ordering::Relaxed) - before;
+                done.store(true, Ordering::Relaxed);
+                let pinged = pinger.join().map_err(|_| "pinger panicked");
+                sent.map(|_| (waited, meanwhile))
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| {
+                        pinged.map_err(str::to_owned)?.map_err(|e| e.to_string())?;
+                        Ok(r)
+                    })
+            })?;
+            println!(
+                "rank 0 slow-peer: first send waited {} ms, {meanwhile} round trips with rank 1 meanwhile",
+                waited.as_millis()
+            );
+        }
+        1 => {
+            let mut x = [0u64];
+            loop {
+                w.recv(&mut x, Source::Rank(0), Tag(1))?;
+                if x[0] == u64::MAX {
+                    break;
+                }
+                w.send(&x, 0, Tag(1))?;
+            }
+        }
+        _ => {
+            let mut x = [0u64];
+            w.recv(&mut x, Source::Rank(0), Tag(9))?;
+            if x[0] != 42 {
+                return Err(format!("got {x:?}").into());
+            }
+        }
+    }
+    println!("rank {me} ok");
     f.finalize()?;
     Ok(())
 }

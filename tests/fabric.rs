@@ -220,3 +220,35 @@ fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
         "rank 1 received 1052897 bytes by cma",
     );
 }
+
+/// Issue 14, item 9: the first send to a peer that has not published its card yet waits
+/// for it without the engine lock: another thread of the process keeps messaging.
+#[test]
+fn waiting_for_a_late_peers_card_does_not_stall_other_threads() {
+    let p = example("fabric_probe");
+    let done = run(
+        "slowpeer",
+        &["-n", "3", &p, "slow-peer"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 3, "{}", done.dump());
+    let line = done
+        .stdout
+        .lines()
+        .find(|l| l.contains("slow-peer:"))
+        .unwrap_or_else(|| panic!("no slow-peer line: {}", done.dump()));
+    let num = |after: &str| -> u64 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    let (waited, meanwhile) = (num("waited "), num("ms, "));
+    assert!(
+        waited >= 1500,
+        "the send did not wait for the late card: {line}"
+    );
+    assert!(meanwhile >= 100, "the other thread was stalled: {line}");
+}

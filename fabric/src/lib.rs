@@ -29,7 +29,7 @@ pub use session::{
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,9 @@ use weft_wireup::{Client, GetOpts, Scope, Value};
 
 /// The key under which a process publishes its shared-memory inbox (Local scope).
 pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
+/// How long the first send to a peer waits for its card (the peer has not started its
+/// fabric yet).
+const CARD_WAIT: Duration = Duration::from_secs(60);
 /// The key under which a process publishes its verbs card (Global scope, so that
 /// `WEFT_TRANSPORTS=verbs` works between processes of one node too).
 pub const VERBS_CARD_KEY: &str = "weft.verbs.card";
@@ -292,6 +295,16 @@ struct Inner {
     world_ctx: u64,
     /// Shared memory is among the transports (WEFT_TRANSPORTS).
     shm: bool,
+    /// Fetches a peer's card into the node's datastore (a wire-up get that may wait for
+    /// the peer to publish it), run before the first send to it without the engine lock,
+    /// so that a slow peer never stalls this process's other threads.
+    prefetch: Option<Prefetch>,
+}
+
+/// A peer's card fetched once: the fetch, and per peer whether it ran.
+struct Prefetch {
+    fetch: Box<dyn Fn(u32) + Send + Sync>,
+    done: Arc<Vec<AtomicBool>>,
 }
 
 impl Inner {
@@ -302,6 +315,7 @@ impl Inner {
         size: u32,
         world_ctx: u64,
         shm: bool,
+        prefetch: Option<Prefetch>,
     ) -> Inner {
         Inner {
             engine: SpinLock::new(engine),
@@ -311,6 +325,31 @@ impl Inner {
             size,
             world_ctx,
             shm,
+            prefetch,
+        }
+    }
+
+    /// Before a send to job rank `job`: the first one fetches its card without the
+    /// engine lock (one relaxed load afterwards).
+    #[inline(always)]
+    fn before_send(&self, job: u32) {
+        if let Some(p) = &self.prefetch {
+            // Relaxed: a hint; a second fetch only finds the card already on the node.
+            if !p
+                .done
+                .get(job as usize)
+                .is_some_and(|d| d.load(Ordering::Relaxed))
+            {
+                self.prefetch_card(p, job);
+            }
+        }
+    }
+
+    #[cold]
+    fn prefetch_card(&self, p: &Prefetch, job: u32) {
+        (p.fetch)(job);
+        if let Some(d) = p.done.get(job as usize) {
+            d.store(true, Ordering::Relaxed);
         }
     }
 
@@ -555,10 +594,44 @@ impl Fabric {
         let my_local = wire.local_rank();
         let pairs = inbox.as_ref().map(Inbox::pair_host);
         let w2 = wire.clone();
+        // Which card reaches a peer: the shared-memory one on this node (when shm is on),
+        // else the verbs one (when verbs opened); none otherwise.
+        let card_key = {
+            let w = wire.clone();
+            move |rank: u32| -> Option<&'static str> {
+                let on_node = w.job().node_of(rank) == Some(w.node());
+                match (on_node && t.shm, t.verbs && verbs_open) {
+                    (true, _) => Some(SHM_CARD_KEY),
+                    (false, true) => Some(VERBS_CARD_KEY),
+                    (false, false) => None,
+                }
+            }
+        };
+        let prefetched: Arc<Vec<AtomicBool>> =
+            Arc::new((0..size).map(|_| AtomicBool::new(false)).collect());
+        let prefetch: Box<dyn Fn(u32) + Send + Sync> = {
+            let (w, card_key) = (wire.clone(), card_key.clone());
+            Box::new(move |rank: u32| {
+                if let Some(key) = card_key(rank) {
+                    // The outcome is the resolver's to report (from the datastore then).
+                    let _ = w.get(rank, key, GetOpts::default().timeout(CARD_WAIT));
+                }
+            })
+        };
+        let done = prefetched.clone();
         let resolve = Box::new(move |rank: u32| -> Resolved {
             let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
             let on_node = node == w2.node();
-            let timeout = GetOpts::default().timeout(Duration::from_secs(60));
+            // Once prefetched (the wait is over) the card is on the node, or never comes:
+            // under the engine lock, only look.
+            let timeout = if done
+                .get(rank as usize)
+                .is_some_and(|d| d.load(Ordering::Relaxed))
+            {
+                GetOpts::default().immediate()
+            } else {
+                GetOpts::default().timeout(CARD_WAIT)
+            };
             if on_node && t.shm {
                 return match w2.get(rank, SHM_CARD_KEY, timeout) {
                     Ok(v) => match v.as_str().map(parse_shm_card) {
@@ -618,7 +691,18 @@ impl Fabric {
         }
         let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs);
         let world_ctx = wire.job().world_pgcid;
-        Ok(Inner::new(engine, Some(wire), me, size, world_ctx, t.shm))
+        Ok(Inner::new(
+            engine,
+            Some(wire),
+            me,
+            size,
+            world_ctx,
+            t.shm,
+            Some(Prefetch {
+                fetch: prefetch,
+                done: prefetched,
+            }),
+        ))
     }
 
     /// The communicator of every process of the job (`weft://world`).
@@ -743,7 +827,7 @@ impl Fabric {
     /// A fabric without a wire-up client (tests of the engine within one process).
     fn without_wire(engine: Engine, me: u32, size: u32) -> Fabric {
         Fabric {
-            inner: Arc::new(Inner::new(engine, None, me, size, 1, true)),
+            inner: Arc::new(Inner::new(engine, None, me, size, 1, true, None)),
         }
     }
 
@@ -1051,6 +1135,7 @@ impl Communicator {
     /// Sends `buf` to `dest` with `tag`; returns when `buf` may be reused.
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
         let job = self.check_dest(dest, tag)?;
+        self.inner.before_send(job);
         let (p, n) = bytes_of(buf);
         let pending = self.inner.engine().send(p, n, job, self.ctx, tag.0);
         match pending {
@@ -1154,6 +1239,7 @@ impl Communicator {
         tag: Tag,
     ) -> Result<Request<'a>, P2pError> {
         let job = self.check_dest(dest, tag)?;
+        self.inner.before_send(job);
         let (p, n) = bytes_of(buf);
         let mut e = self.inner.engine();
         let id = match e.send(p, n, job, self.ctx, tag.0) {
