@@ -13,6 +13,8 @@ use crate::{P2pError, Status};
 
 /// Bytes of the frame header.
 pub(crate) const HDR: usize = 32;
+/// The request slot in a wire id ([`State::wire_id`]): 16 M requests at once at most.
+const WIRE_SLOT_MASK: u32 = 0x00ff_ffff;
 
 const EAGER: u8 = 1;
 const RTS: u8 = 2;
@@ -873,10 +875,31 @@ impl State {
                 id
             }
             None => {
+                // Wire ids name 2^24 slots (16 M requests at once, far past any memory).
+                debug_assert!(self.reqs.len() < WIRE_SLOT_MASK as usize);
                 self.reqs.push(Some(req));
                 (self.reqs.len() - 1) as u32
             }
         }
+    }
+
+    /// How request `id` is named on the wire: its slot (24 bits) and the low 8 bits of
+    /// its serial, so that a late frame for an earlier request of the same slot (a FIN,
+    /// CTS, DATA or split-copy answer) is recognised as stale 255 times in 256.
+    fn wire_id(&self, id: u32) -> u32 {
+        let gen = self
+            .reqs
+            .get(id as usize)
+            .and_then(|r| r.as_ref())
+            .map_or(0, |r| r.serial as u32 & 0xff);
+        (id & WIRE_SLOT_MASK) | (gen << 24)
+    }
+
+    /// The live request a wire id from a peer names, if it still is the one it was.
+    fn own(&self, wire: u32) -> Option<u32> {
+        let id = wire & WIRE_SLOT_MASK;
+        let r = self.reqs.get(id as usize)?.as_ref()?;
+        (r.serial as u32 & 0xff == wire >> 24).then_some(id)
     }
 
     fn complete(&mut self, id: u32, r: Result<Status, P2pError>) {
@@ -1087,7 +1110,7 @@ impl State {
             src: me,
             ctx,
             tag,
-            aux: id,
+            aux: self.wire_id(id),
             len: len as u64,
         }
         .encode();
@@ -1299,7 +1322,8 @@ impl State {
         {
             *pipe = Some((src, tag, len, 0));
         }
-        self.control(src, CTS, tag, sreq, 0, &id.to_le_bytes());
+        let rreq = self.wire_id(id);
+        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
         if len == 0 {
             done(self);
         }
@@ -1320,7 +1344,7 @@ impl State {
             .map_or(0, |r| r.serial);
         let mut p = [0u8; 40];
         p[32..40].copy_from_slice(&serial.to_le_bytes());
-        p[..4].copy_from_slice(&id.to_le_bytes());
+        p[..4].copy_from_slice(&self.wire_id(id).to_le_bytes());
         p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
         p[12..16].copy_from_slice(&self.pid.to_le_bytes());
         p[16..24].copy_from_slice(&(head as u64).to_le_bytes());
@@ -1413,7 +1437,7 @@ impl State {
             word(16, 24) as usize,
             word(24, 32) as usize,
         );
-        let send = match self.reqs.get(h.aux as usize) {
+        let send = match self.own(h.aux).and_then(|id| self.reqs.get(id as usize)) {
             Some(Some(Req {
                 kind: Kind::Send { buf, len, dest, .. },
                 result: None,
@@ -1482,7 +1506,9 @@ impl State {
 
     /// The sender's part of a split rendezvous is done, refused or failed.
     fn on_cma_done(&mut self, h: Hdr, p: &[u8]) {
-        let id = h.aux;
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
         let Some((serial, why)) = p.split_first_chunk::<8>() else {
             return;
         };
@@ -1580,7 +1606,7 @@ impl State {
                             ..
                         },
                     result: None, ..
-                })) = self.reqs.get(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
+                })) = self.own(h.aux).and_then(|id| self.reqs.get(id as usize)).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     let s = Status {
                         source: *dest,
@@ -1596,7 +1622,9 @@ impl State {
                         ep.release(region);
                     }
                     let _ = (buf, len);
-                    self.complete(h.aux, Ok(s));
+                    if let Some(id) = self.own(h.aux) {
+                        self.complete(id, Ok(s));
+                    }
                 }
             }
             CTS if payload.len() >= 4 => {
@@ -1604,7 +1632,7 @@ impl State {
                 if let Some(Some(Req {
                     kind: Kind::Send { stream: stream @ None, dest, .. },
                     result: None, ..
-                })) = self.reqs.get_mut(h.aux as usize).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
+                })) = self.own(h.aux).and_then(|id| self.reqs.get_mut(id as usize)).filter(|r| matches!(r, Some(Req { kind: Kind::Send { dest, .. }, .. }) if *dest == h.src))
                 {
                     *stream = Some((rreq, 0));
                     let d = *dest;
@@ -1626,7 +1654,9 @@ impl State {
     }
 
     fn on_data(&mut self, h: Hdr, chunk: &[u8]) {
-        let id = h.aux;
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
         let Some(Some(Req {
             kind:
                 Kind::Recv {
@@ -1729,7 +1759,7 @@ impl State {
             src: self.me,
             ctx,
             tag,
-            aux: id,
+            aux: self.wire_id(id),
             len: len as u64,
         }
         .encode();
@@ -2061,6 +2091,74 @@ mod tests {
     #[test]
     fn short_headers_do_not_decode() {
         assert_eq!(Hdr::decode(&[0u8; HDR - 1]), None);
+    }
+
+    /// A FIN that names a send's slot with another generation (a late frame for an
+    /// earlier request of that slot) does not complete the send now in it.
+    #[test]
+    fn a_stale_fin_does_not_complete_a_reused_request() {
+        let name = format!("/weft-test-{}-engine-stale", std::process::id());
+        let _ = weft_shm::unlink(&name);
+        let _inbox =
+            weft_shm::Inbox::create(&name, &weft_shm::InboxConfig::default()).expect("inbox");
+        let n = name.clone();
+        let resolve: Resolver = Box::new(move |_| match weft_shm::Outbox::connect(&n, 0) {
+            Ok(o) => Resolved::Shm(Box::new(o)),
+            Err(e) => Resolved::Unreachable(e.to_string()),
+        });
+        let cfg = Config {
+            eager_limit: 64,
+            single_copy: SingleCopy::None,
+            keep_registrations: false,
+            cma_split: 0,
+        };
+        let mut e = Engine::new(
+            0,
+            2,
+            None,
+            vec![0, 1],
+            cfg,
+            resolve,
+            Box::new(|_| None),
+            None,
+        );
+        let big = vec![7u8; 4096];
+        let fin = |aux| {
+            let h = Hdr {
+                kind: FIN,
+                src: 1,
+                ctx: 0,
+                tag: 3,
+                aux,
+                len: 0,
+            };
+            h.encode().to_vec()
+        };
+        let first = e
+            .send(big.as_ptr(), big.len(), 1, 5, 3)
+            .unwrap()
+            .expect("a rendezvous");
+        let old = e.st.wire_id(first);
+        e.st.on_frame_from(1, &fin(old));
+        assert!(matches!(e.take(first), Some(Ok(_))));
+        // The next send takes the same slot; the first send's FIN comes again, late.
+        let second = e
+            .send(big.as_ptr(), big.len(), 1, 5, 3)
+            .unwrap()
+            .expect("a rendezvous");
+        assert_eq!(second, first, "the slot is reused");
+        e.st.on_frame_from(1, &fin(old));
+        assert!(
+            e.take(second).is_none(),
+            "a stale FIN completed the send in its slot"
+        );
+        e.st.on_frame_from(1, &fin(e.st.wire_id(second)));
+        assert!(
+            matches!(e.take(second), Some(Ok(_))),
+            "its own FIN must complete it"
+        );
+        drop(e);
+        let _ = weft_shm::unlink(&name);
     }
 
     /// Found by the fuzz below: a CMA_WRITE of 32 to 39 bytes read its serial past the
