@@ -2088,6 +2088,31 @@ mod tests {
         }
     }
 
+    /// The engine of rank 0 of 2 (no inbox of its own, rank 1 reached by `resolve`).
+    fn rank0(
+        eager_limit: usize,
+        single_copy: SingleCopy,
+        cma_split: usize,
+        resolve: Resolver,
+    ) -> Engine {
+        let cfg = Config {
+            eager_limit,
+            single_copy,
+            keep_registrations: false,
+            cma_split,
+        };
+        Engine::new(
+            0,
+            2,
+            None,
+            vec![0, 1],
+            cfg,
+            resolve,
+            Box::new(|_| None),
+            None,
+        )
+    }
+
     #[test]
     fn short_headers_do_not_decode() {
         assert_eq!(Hdr::decode(&[0u8; HDR - 1]), None);
@@ -2106,22 +2131,7 @@ mod tests {
             Ok(o) => Resolved::Shm(Box::new(o)),
             Err(e) => Resolved::Unreachable(e.to_string()),
         });
-        let cfg = Config {
-            eager_limit: 64,
-            single_copy: SingleCopy::None,
-            keep_registrations: false,
-            cma_split: 0,
-        };
-        let mut e = Engine::new(
-            0,
-            2,
-            None,
-            vec![0, 1],
-            cfg,
-            resolve,
-            Box::new(|_| None),
-            None,
-        );
+        let mut e = rank0(64, SingleCopy::None, 0, resolve);
         let big = vec![7u8; 4096];
         let fin = |aux| {
             let h = Hdr {
@@ -2165,23 +2175,8 @@ mod tests {
     /// payload's end (a panic); it is dropped like any short frame now.
     #[test]
     fn a_short_cma_write_is_dropped() {
-        let cfg = Config {
-            eager_limit: 256,
-            single_copy: SingleCopy::Cma,
-            keep_registrations: false,
-            cma_split: 0,
-        };
         let resolve: Resolver = Box::new(|_| Resolved::Unreachable("none".into()));
-        let mut e = Engine::new(
-            0,
-            2,
-            None,
-            vec![0, 1],
-            cfg,
-            resolve,
-            Box::new(|_| None),
-            None,
-        );
+        let mut e = rank0(256, SingleCopy::Cma, 0, resolve);
         for len in [0, 31, 32, 34, 39] {
             let h = Hdr {
                 kind: CMA_WRITE,
@@ -2229,26 +2224,8 @@ mod tests {
                 },
                 _ => Resolved::Unreachable("no such peer".into()),
             });
-            let cfg = Config {
-                eager_limit: 256,
-                single_copy: if m.below(2) == 0 {
-                    SingleCopy::Cma
-                } else {
-                    SingleCopy::None
-                },
-                keep_registrations: false,
-                cma_split: [0, 64, 1 << 16][m.below(3)],
-            };
-            Engine::new(
-                0,
-                2,
-                None,
-                vec![0, 1],
-                cfg,
-                resolve,
-                Box::new(|_| None),
-                None,
-            )
+            let copy = [SingleCopy::Cma, SingleCopy::None][m.below(2)];
+            rank0(256, copy, [0, 64, 1 << 16][m.below(3)], resolve)
         };
         let pid = std::process::id() as i32;
         let mut m0 = Mutator::new(9);
