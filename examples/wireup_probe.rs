@@ -30,6 +30,7 @@ fn main() {
         "sparse-rounds" => sparse_rounds(),
         "get-waits" => get_waits(),
         "fuzz-server" => fuzz_server(),
+        "pieces" => pieces(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -791,5 +792,29 @@ fn fuzz_server() -> Res {
     }
     println!("rank {me} ok after {round} rounds");
     w.finalize()?;
+    Ok(())
+}
+
+/// Each rank writes 5 lines to stderr and stdout, each in 8 separate writes 1 ms apart
+/// (as `eprintln!` and unbuffered writers do): the job's output must hold every line
+/// whole, whatever the other nodes write meanwhile.
+fn pieces() -> Res {
+    let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
+    for line in 0..5 {
+        for (k, mut w) in [
+            Box::new(std::io::stderr()) as Box<dyn Write>,
+            Box::new(std::io::stdout()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for piece in 0..8 {
+                let end = if piece == 7 { "\n" } else { " " };
+                w.write_all(format!("r{me}.{k}.{line}.{piece}{end}").as_bytes())?;
+                w.flush()?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
     Ok(())
 }

@@ -622,3 +622,29 @@ fn a_server_under_hostile_requests_keeps_serving_the_others() {
         println!("fuzz live-server: {l}");
     }
 }
+
+/// Lines written in pieces (several writes each) by processes on different nodes reach
+/// the job's output whole: servers pass on complete lines.
+#[test]
+fn lines_written_in_pieces_are_not_interleaved() {
+    let probe = example("wireup_probe");
+    let done = run("pieces", &["--nodes", "4", "-n", "4", &probe, "pieces"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for (k, out) in [(0, &done.stderr), (1, &done.stdout)] {
+        let mut whole = 0;
+        for l in out.lines().filter(|l| l.starts_with('r')) {
+            let words: Vec<&str> = l.split(' ').collect();
+            let first = words[0].rsplit_once('.').map(|(p, _)| p).unwrap_or("");
+            let want: Vec<String> = (0..8).map(|p| format!("{first}.{p}")).collect();
+            assert_eq!(
+                words,
+                want,
+                "a line mixed with another: {l:?}\n{}",
+                done.dump()
+            );
+            assert!(first.split('.').nth(1) == Some(&k.to_string()), "{l:?}");
+            whole += 1;
+        }
+        assert_eq!(whole, 20, "{}", done.dump());
+    }
+}

@@ -622,39 +622,64 @@ async fn forward(
     tag: Option<String>,
     tx: std::sync::mpsc::Sender<Chunk>,
 ) {
+    // Whole lines are passed on as they complete, so that the output of processes on
+    // other nodes (other servers writing to the same terminal) never lands inside a line
+    // written in pieces (`eprintln!` makes several writes). A partial line is passed on
+    // when no more comes for a moment (a prompt), when it grows large, or at the end;
+    // with --tag-output only at a newline, the end, or when large.
     let mut buf = vec![0u8; 64 << 10];
-    let mut line: Vec<u8> = Vec::new();
-    loop {
-        let n = match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
+    let mut pending: Vec<u8> = Vec::new();
+    let lines = |bytes: Vec<u8>| -> Vec<u8> {
         match &tag {
-            None => {
-                let _ = tx.send(Chunk::Data(is_err, buf[..n].to_vec()));
-            }
+            None => bytes,
             Some(t) => {
-                let mut out = Vec::new();
-                for &b in &buf[..n] {
-                    line.push(b);
-                    if b == b'\n' {
-                        out.extend_from_slice(t.as_bytes());
-                        out.append(&mut line);
-                    }
+                let mut out = Vec::with_capacity(bytes.len() + t.len());
+                for l in bytes.split_inclusive(|&b| b == b'\n') {
+                    out.extend_from_slice(t.as_bytes());
+                    out.extend_from_slice(l);
                 }
-                if !out.is_empty() {
-                    let _ = tx.send(Chunk::Data(is_err, out));
-                }
+                out
             }
         }
+    };
+    loop {
+        let got = if pending.is_empty() || tag.is_some() {
+            Some(r.read(&mut buf).await)
+        } else {
+            tokio::time::timeout(PARTIAL_LINE_WAIT, r.read(&mut buf))
+                .await
+                .ok()
+        };
+        let n = match got {
+            None => {
+                let _ = tx.send(Chunk::Data(is_err, std::mem::take(&mut pending)));
+                continue;
+            }
+            Some(Ok(0) | Err(_)) => break,
+            Some(Ok(n)) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let cut = match pending.iter().rposition(|&b| b == b'\n') {
+            Some(i) => i + 1,
+            None if pending.len() >= PARTIAL_LINE_MAX => pending.len(),
+            None => continue,
+        };
+        let rest = pending.split_off(cut);
+        let done = std::mem::replace(&mut pending, rest);
+        let _ = tx.send(Chunk::Data(is_err, lines(done)));
     }
-    if let (Some(t), false) = (&tag, line.is_empty()) {
-        let mut out = t.as_bytes().to_vec();
-        out.append(&mut line);
-        out.push(b'\n');
-        let _ = tx.send(Chunk::Data(is_err, out));
+    if !pending.is_empty() {
+        if tag.is_some() {
+            pending.push(b'\n');
+        }
+        let _ = tx.send(Chunk::Data(is_err, lines(pending)));
     }
 }
+
+/// How long a partial output line waits for the rest before it is passed on.
+const PARTIAL_LINE_WAIT: Duration = Duration::from_millis(20);
+/// A partial output line this long is passed on as it is.
+const PARTIAL_LINE_MAX: usize = 64 << 10;
 
 fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
     let plan = &st.plan;
