@@ -1,0 +1,276 @@
+//! Tests of the engine: frame headers, hostile frames from a peer, stale control frames.
+
+use super::*;
+use proptest::prelude::*;
+
+proptest! {
+    #[test]
+    fn headers_round_trip(kind in any::<u8>(), src in any::<u32>(), ctx in any::<u64>(), tag in any::<u32>(), aux in any::<u32>(), len in any::<u64>()) {
+        let h = Hdr { kind, src, ctx, tag, aux, len };
+        prop_assert_eq!(Hdr::decode(&h.encode()), Some(h));
+    }
+}
+
+/// The engine of rank 0 of 2 (no inbox of its own, rank 1 reached by `resolve`).
+fn rank0(
+    eager_limit: usize,
+    single_copy: SingleCopy,
+    cma_split: usize,
+    resolve: Resolver,
+) -> Engine {
+    let cfg = Config {
+        eager_limit,
+        single_copy,
+        keep_registrations: false,
+        cma_split,
+    };
+    Engine::new(
+        0,
+        2,
+        None,
+        vec![0, 1],
+        cfg,
+        resolve,
+        Box::new(|_| None),
+        None,
+    )
+}
+
+#[test]
+fn short_headers_do_not_decode() {
+    assert_eq!(Hdr::decode(&[0u8; HDR - 1]), None);
+}
+
+/// A FIN that names a send's slot with another generation (a late frame for an
+/// earlier request of that slot) does not complete the send now in it.
+#[test]
+fn a_stale_fin_does_not_complete_a_reused_request() {
+    let name = format!("/weft-test-{}-engine-stale", std::process::id());
+    let _ = weft_shm::unlink(&name);
+    let _inbox = weft_shm::Inbox::create(&name, &weft_shm::InboxConfig::default()).expect("inbox");
+    let n = name.clone();
+    let resolve: Resolver = Box::new(move |_| match weft_shm::Outbox::connect(&n, 0) {
+        Ok(o) => Resolved::Shm(Box::new(o)),
+        Err(e) => Resolved::Unreachable(e.to_string()),
+    });
+    let mut e = rank0(64, SingleCopy::None, 0, resolve);
+    let big = vec![7u8; 4096];
+    let fin = |aux| {
+        let h = Hdr {
+            kind: FIN,
+            src: 1,
+            ctx: 0,
+            tag: 3,
+            aux,
+            len: 0,
+        };
+        h.encode().to_vec()
+    };
+    let first = e
+        .send(big.as_ptr(), big.len(), 1, 5, 3)
+        .unwrap()
+        .expect("a rendezvous");
+    let old = e.st.wire_id(first);
+    e.st.on_frame_from(1, &fin(old));
+    assert!(matches!(e.take(first), Some(Ok(_))));
+    // The next send takes the same slot; the first send's FIN comes again, late.
+    let second = e
+        .send(big.as_ptr(), big.len(), 1, 5, 3)
+        .unwrap()
+        .expect("a rendezvous");
+    assert_eq!(second, first, "the slot is reused");
+    e.st.on_frame_from(1, &fin(old));
+    assert!(
+        e.take(second).is_none(),
+        "a stale FIN completed the send in its slot"
+    );
+    e.st.on_frame_from(1, &fin(e.st.wire_id(second)));
+    assert!(
+        matches!(e.take(second), Some(Ok(_))),
+        "its own FIN must complete it"
+    );
+    drop(e);
+    let _ = weft_shm::unlink(&name);
+}
+
+/// Found by the fuzz below: a CMA_WRITE of 32 to 39 bytes read its serial past the
+/// payload's end (a panic); it is dropped like any short frame now.
+#[test]
+fn a_short_cma_write_is_dropped() {
+    let resolve: Resolver = Box::new(|_| Resolved::Unreachable("none".into()));
+    let mut e = rank0(256, SingleCopy::Cma, 0, resolve);
+    for len in [0, 31, 32, 34, 39] {
+        let h = Hdr {
+            kind: CMA_WRITE,
+            src: 1,
+            ctx: 0,
+            tag: 0,
+            aux: 0,
+            len: 0,
+        };
+        let mut f = h.encode().to_vec();
+        f.extend(std::iter::repeat_n(0xee, len));
+        e.st.on_frame_from(1, &f);
+    }
+    assert_eq!(e.backlog(), 0);
+}
+
+/// Hostile input: frames of every kind from a peer with random headers and payloads
+/// (lengths that lie, unknown request ids, wrong contexts, rendezvous offers naming
+/// our own memory or a process that does not exist), interleaved with posted
+/// receives, eager sends to that peer, progress, takes and cancels. No panic, and no
+/// completed receive reports more bytes than its buffer holds.
+#[test]
+fn fuzz_hostile_frames_from_a_peer() {
+    use weft_shm::fuzz::{run, Mutator};
+    use weft_shm::{Inbox, InboxConfig, Outbox};
+    const CTX: u64 = 7;
+    let name = format!("/weft-test-{}-engine-fuzz", std::process::id());
+    let _ = weft_shm::unlink(&name);
+    // Rank 1's inbox: what the engine sends it piles up there, unread.
+    let _peer_inbox = Inbox::create(
+        &name,
+        &InboxConfig {
+            fastbox_bytes: 4096,
+            queue_slots: 8,
+            ..InboxConfig::default()
+        },
+    )
+    .expect("inbox");
+    let engine = |m: &mut Mutator| {
+        let n = name.clone();
+        let resolve: Resolver = Box::new(move |r| match r {
+            1 => match Outbox::connect(&n, 0) {
+                Ok(o) => Resolved::Shm(Box::new(o)),
+                Err(e) => Resolved::Unreachable(e.to_string()),
+            },
+            _ => Resolved::Unreachable("no such peer".into()),
+        });
+        let copy = [SingleCopy::Cma, SingleCopy::None][m.below(2)];
+        rank0(256, copy, [0, 64, 1 << 16][m.below(3)], resolve)
+    };
+    let pid = std::process::id() as i32;
+    let mut m0 = Mutator::new(9);
+    let mut e = engine(&mut m0);
+    // Receive buffers outlive the engine that may write into them.
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let mut ids: Vec<(u32, usize)> = Vec::new();
+    let (mut frames, mut completed) = (0u64, 0u64);
+    run("engine-frames", 6, |m| {
+        if m.below(500) == 0 {
+            e = engine(m);
+            ids.clear();
+            bufs.clear();
+        }
+        match m.below(12) {
+            0..=2 => {
+                let cap = [0, 1, 8, 64, 300, 70_000][m.below(6)];
+                bufs.push(vec![0u8; cap]);
+                let b = bufs.last_mut().expect("just pushed");
+                let src = [Some(1), None, Some(0)][m.below(3)];
+                let tag = [Some(m.below(4) as u32), None][m.below(2)];
+                let ctx = if m.below(8) == 0 { m.next_u64() } else { CTX };
+                let id = e.recv(b.as_mut_ptr(), cap, ctx, src, tag);
+                ids.push((id, cap));
+            }
+            3..=7 => {
+                let kind = match m.below(12) {
+                    k @ 0..=9 => k as u8,
+                    _ => m.next_u64() as u8,
+                };
+                let src = if m.below(10) == 0 {
+                    m.below(4) as u32
+                } else {
+                    1
+                };
+                let ctx = if m.below(8) == 0 { m.next_u64() } else { CTX };
+                let aux = if m.below(4) == 0 {
+                    m.next_u64() as u32
+                } else {
+                    m.below(8) as u32
+                };
+                let mut payload: Vec<u8> = (0..m.below(120)).map(|_| m.next_u64() as u8).collect();
+                let len = match m.below(4) {
+                    0 => payload.len() as u64,
+                    1 => m.below(100_000) as u64,
+                    2 => m.next_u64(),
+                    _ => m.below(64) as u64,
+                };
+                // A rendezvous offer names our own memory (the only process it may
+                // read) or a pid that cannot exist; a write request never a real one.
+                if (kind == RTS || kind == RTS_RDMA) && payload.len() >= 12 {
+                    let src_buf = bufs.first().map_or(0, |b| b.as_ptr() as u64);
+                    let addr = if m.below(2) == 0 {
+                        src_buf
+                    } else {
+                        m.next_u64()
+                    };
+                    payload[..8].copy_from_slice(&addr.to_le_bytes());
+                    let p = if m.below(2) == 0 { pid } else { i32::MAX };
+                    payload[8..12].copy_from_slice(&p.to_le_bytes());
+                }
+                if kind == CMA_WRITE && payload.len() >= 16 {
+                    payload[12..16].copy_from_slice(&i32::MAX.to_le_bytes());
+                }
+                let frame: Vec<u8> = if kind == SHORT {
+                    let mut f = short_header(ctx, m.below(4) as u32).to_vec();
+                    f.extend_from_slice(&payload);
+                    f
+                } else {
+                    let h = Hdr {
+                        kind,
+                        src,
+                        ctx,
+                        tag: m.below(4) as u32,
+                        aux,
+                        len,
+                    };
+                    let mut f = h.encode().to_vec();
+                    f.extend_from_slice(&payload);
+                    f
+                };
+                let cut = if m.below(10) == 0 {
+                    m.below(frame.len() + 1)
+                } else {
+                    frame.len()
+                };
+                frames += 1;
+                e.st.on_frame_from(1, &frame[..cut]);
+            }
+            8 => {
+                let out = [1u8; 64];
+                let _ = e.send(out.as_ptr(), m.below(64), 1, CTX, m.below(4) as u32);
+            }
+            9 => {
+                e.progress();
+            }
+            10 if !ids.is_empty() => {
+                // A taken request's id is free again: it leaves the list.
+                let i = m.below(ids.len());
+                let (id, cap) = ids[i];
+                if let Some(r) = e.take(id) {
+                    ids.swap_remove(i);
+                    if let Ok(st) = r {
+                        completed += 1;
+                        assert!(
+                            st.count <= cap,
+                            "{} bytes reported in a {cap}-byte buffer",
+                            st.count
+                        );
+                    }
+                }
+            }
+            _ if !ids.is_empty() => {
+                let i = m.below(ids.len());
+                if e.cancel_recv(ids[i].0) {
+                    ids.swap_remove(i);
+                }
+            }
+            _ => {}
+        }
+    });
+    drop(e);
+    drop(bufs);
+    let _ = weft_shm::unlink(&name);
+    println!("fuzz engine-frames: {frames} hostile frames, {completed} receives completed");
+}

@@ -1,0 +1,183 @@
+//! Hostile client and peer messages through the server's real decoding path and
+//! handlers (a server state driven without sockets).
+
+use super::*;
+use crate::fuzz::tests::{peer_msgs, run};
+use crate::fuzz::{client_corpus, Mutator};
+use crate::proto::ClientMsg;
+
+/// A server state of node 0 of a 4-process job on 2 nodes, in a runtime (its timers
+/// and peer connections are real tasks; peers are unreachable loopback ports).
+struct Rig {
+    st: State,
+    ev_rx: UnboundedReceiver<Event>,
+    outs: Vec<UnboundedReceiver<Out>>,
+    next_conn: ConnId,
+    /// Connections that passed the hello, by rank.
+    live: Vec<(ConnId, Rank)>,
+}
+
+impl Rig {
+    fn new(plan: &Arc<JobPlan>, n: u64) -> Rig {
+        let name = format!("/weft-fuzzsrv{}-{n}-n0", std::process::id());
+        let _ = weft_shm::unlink(&name);
+        let store = StoreWriter::create(&name, 4 << 20, 1 << 12).expect("datastore");
+        let (ev, ev_rx) = unbounded_channel();
+        let (ctl_tx, _) = unbounded_channel();
+        let dead: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let st = State::new(0, plan.clone(), [1, 2], ev, store, vec![dead, dead], ctl_tx);
+        Rig {
+            st,
+            ev_rx,
+            outs: Vec::new(),
+            next_conn: 1,
+            live: Vec::new(),
+        }
+    }
+
+    /// A connection of local rank `rank` that passed the hello, if it may connect.
+    fn conn_of(&mut self, rank: Rank) -> Option<ConnId> {
+        if let Some(&(c, _)) = self.live.iter().find(|(_, r)| *r == rank) {
+            return Some(c);
+        }
+        if self.st.gone.contains_key(&rank) {
+            return None;
+        }
+        let (tx, rx) = unbounded_channel();
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let token = self.st.procs[&rank].token;
+        self.st.handle(Event::ClientHello {
+            conn,
+            rank,
+            token,
+            tx,
+        });
+        self.outs.push(rx);
+        self.live.push((conn, rank));
+        Some(conn)
+    }
+
+    /// Runs what the handlers spawned, feeds back what it produced, drops replies.
+    async fn settle(&mut self) {
+        tokio::task::yield_now().await;
+        while let Ok(ev) = self.ev_rx.try_recv() {
+            self.st.handle(ev);
+        }
+        for o in &mut self.outs {
+            while o.try_recv().is_ok() {}
+        }
+    }
+}
+
+#[test]
+fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
+    let args: Vec<String> = ["--nodes", "2", "-n", "4", "/bin/true"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let spec = crate::launcher::parse_run_args(&args).expect("spec");
+    let plan = Arc::new(crate::launcher::build_plan(&spec, "fuzzsrv").expect("plan"));
+    let local = plan.job.ranks_on(0);
+    let client: Vec<Vec<u8>> = client_corpus(local[0], 4)
+        .into_iter()
+        .chain(crate::fuzz::tests::saved("client"))
+        .collect();
+    let peer: Vec<Vec<u8>> = peer_msgs()
+        .iter()
+        .map(frame::encode)
+        .chain(crate::fuzz::tests::saved("peer"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let mut rigs = 0u64;
+    let mut rig = Rig::new(&plan, rigs);
+    let mut handled = 0u64;
+    let n = run("server-handlers", 2, |m: &mut Mutator| {
+        // A fresh server now and then (and once every local rank was dropped).
+        if m.below(400) == 0 || local.iter().all(|r| rig.st.gone.contains_key(r)) {
+            rigs += 1;
+            rig = Rig::new(&plan, rigs);
+        }
+        match m.below(10) {
+            0..=5 => {
+                let rank = local[m.below(local.len())];
+                let Some(conn) = rig.conn_of(rank) else {
+                    return;
+                };
+                // Mostly frames that decode (the handlers are the target); now and
+                // then one that does not (the client is dropped).
+                let i = m.below(client.len());
+                let mut bytes = client[i].clone();
+                let want_bad = m.below(50) == 0;
+                for _ in 0..8 {
+                    let b = m.mutate(&client[i]);
+                    if crate::fuzz::is_client_frame(&b) != want_bad {
+                        bytes = b;
+                        break;
+                    }
+                }
+                let mut r = &bytes[..];
+                match frame::read_sync::<ClientMsg>(&mut r, frame::MAX_CLIENT_FRAME) {
+                    Ok(msg) => {
+                        handled += 1;
+                        rig.st.handle(Event::Client { conn, msg });
+                    }
+                    // The real connection task drops a client whose frame is bad.
+                    Err(e) => {
+                        rig.live.retain(|(c, _)| *c != conn);
+                        rig.st.handle(Event::ClientGone {
+                            conn,
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+            6..=8 => {
+                let i = m.below(peer.len());
+                let bytes = if m.below(4) == 0 {
+                    peer[i].clone()
+                } else {
+                    m.mutate(&peer[i])
+                };
+                let mut r = &bytes[..];
+                if let Ok(msg) = frame::read_sync::<PeerMsg>(&mut r, frame::MAX_PEER_FRAME) {
+                    handled += 1;
+                    rig.st.handle(Event::Peer { msg });
+                }
+            }
+            _ => {
+                let rank = m.below(6) as Rank;
+                let ev = match m.below(5) {
+                    0 => Event::ChildExit {
+                        rank,
+                        how: ExitKind::Code(m.below(3) as i32),
+                    },
+                    1 => Event::GetTimeout {
+                        rank,
+                        conn: m.below(4) as ConnId,
+                        req: m.below(16) as u64,
+                    },
+                    2 => Event::PeerLost {
+                        node: m.below(3) as u32,
+                        reason: "fuzz".into(),
+                    },
+                    3 => Event::ConnLostCheck { rank },
+                    _ => Event::QueryTimeout {
+                        qid: (m.next_u64() % 8) | (1 << 48),
+                    },
+                };
+                rig.st.handle(ev);
+            }
+        }
+        rt.block_on(rig.settle());
+    });
+    println!(
+        "fuzz server-handlers: {handled} decoded messages handled by {} servers",
+        rigs + 1
+    );
+    assert!(n >= 16);
+}
