@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod conn;
 mod event;
 mod frame;
 #[doc(hidden)]
@@ -35,6 +36,7 @@ pub mod topology;
 mod value;
 
 pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
+pub use conn::ConnError;
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
