@@ -243,41 +243,25 @@ fn bytes_of_mut<T: Pod>(s: &mut [T]) -> (*mut u8, usize) {
 /// The process's fabric, shared by every thread and session.
 static SHARED: Mutex<Option<Arc<Inner>>> = Mutex::new(None);
 
-/// The process's wire-up client: one connection to the node's server, shared by the
-/// fabric, every session and every thread, finalized when the process exits.
-static WIRE: std::sync::Mutex<Option<Arc<Client>>> = std::sync::Mutex::new(None);
-
 extern "C" fn finalize_wire_at_exit() {
-    // try_lock: never block the exit path on a thread that died holding the lock.
-    if let Ok(w) = WIRE.try_lock() {
-        if let Some(c) = w.as_ref() {
-            // Not a plain finalize: the server reports a nonzero exit as such.
-            if let Err(e) = c.finalize_at_exit() {
-                tracing::debug!("finalize at exit: {e}");
-            }
-        }
-    }
+    // Not a plain finalize: the server reports a nonzero exit as such.
+    Client::finalize_shared_at_exit();
 }
 
-/// Connects the process to its wire-up server once.
+/// The process's wire-up client (`Client::shared`: one connection to the node's server,
+/// shared by the fabric, every session and every thread), finalized when the process
+/// exits.
 pub(crate) fn process_wire() -> Result<Arc<Client>, weft_wireup::InitError> {
-    let mut w = WIRE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(c) = w.as_ref() {
-        if c.is_finalized() {
-            return Err(weft_wireup::InitError::Finalized);
-        }
-        return Ok(c.clone());
-    }
-    // The process's one connection, which other code of the process may share
-    // (`Client::shared`).
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
     let c = Client::shared()?;
-    *w = Some(c.clone());
-    // SAFETY: atexit records a plain `extern "C"` function with no captured state; it
-    // runs during exit and only touches the static WIRE (through try_lock).
-    let rc = unsafe { libc::atexit(finalize_wire_at_exit) };
-    if rc != 0 {
-        tracing::warn!("atexit failed: the wire-up client will not finalize at exit");
-    }
+    AT_EXIT.call_once(|| {
+        // SAFETY: atexit records a plain `extern "C"` function with no captured state; it
+        // runs during exit and only touches wire-up's shared client (through a try-lock).
+        let rc = unsafe { libc::atexit(finalize_wire_at_exit) };
+        if rc != 0 {
+            tracing::warn!("atexit failed: the wire-up client will not finalize at exit");
+        }
+    });
     Ok(c)
 }
 

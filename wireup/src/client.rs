@@ -412,6 +412,19 @@ impl Client {
         Ok(c)
     }
 
+    /// Finalizes the process's shared client ([`Client::shared`]), if there is one, as the
+    /// process ends (see [`Client::finalize_at_exit`]): for an `atexit` handler, so it
+    /// never blocks on a thread that holds the shared client's lock.
+    pub fn finalize_shared_at_exit() {
+        if let Ok(shared) = SHARED.try_lock() {
+            if let Some(c) = shared.as_ref() {
+                if let Err(e) = c.finalize_at_exit() {
+                    tracing::debug!("finalize at exit: {e}");
+                }
+            }
+        }
+    }
+
     /// Runs `hook` about every millisecond while a call of this client waits for the
     /// server (a fence, a get, a group operation). A transport that must answer its peers
     /// (a connection handshake, a rendezvous) installs its progress here, so that a
