@@ -779,10 +779,7 @@ impl Client {
                 return Err(GetError::NotFound {
                     rank,
                     key: key.to_owned(),
-                    reason: format!(
-                        "it runs on node {} and a local-only get does not ask there",
-                        self.job.procs[rank as usize].node
-                    ),
+                    reason: crate::modex::local_only_reason(self.job.procs[rank as usize].node),
                 });
             }
         }
@@ -797,12 +794,7 @@ impl Client {
             timeout_ms: ms(opts.timeout),
         };
         match self.conn.call("get", msg, opts.timeout)? {
-            ServerMsg::Value { value: Some(v), .. } => Ok(v),
-            ServerMsg::Value { value: None, .. } => Err(GetError::NotFound {
-                rank,
-                key: key.to_owned(),
-                reason: "not committed".into(),
-            }),
+            ServerMsg::Value { value, .. } => Ok(value),
             ServerMsg::Missing { reason, .. } => Err(GetError::NotFound {
                 rank,
                 key: key.to_owned(),

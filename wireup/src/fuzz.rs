@@ -324,7 +324,7 @@ pub(crate) mod tests {
             ServerMsg::Done { req: 1 },
             ServerMsg::Value {
                 req: 2,
-                value: Some(Value::Bytes(vec![1; 40])),
+                value: Value::Bytes(vec![1; 40]),
             },
             ServerMsg::Missing {
                 req: 3,

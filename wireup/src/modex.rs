@@ -84,6 +84,11 @@ pub(crate) fn marker_fresh(m: &[u8]) -> Option<bool> {
     Some(gen >= want)
 }
 
+/// Why a local-only get of a rank on `node` (another node) finds nothing.
+pub(crate) fn local_only_reason(node: u32) -> String {
+    format!("it runs on node {node} and a local-only get does not ask there")
+}
+
 /// How a local process ended.
 #[derive(Debug, Clone)]
 struct End {
@@ -325,10 +330,7 @@ impl Modex {
             }
         }
         if flags.local_only {
-            return vec![reply(Answer::Missing(format!(
-                "it runs on node {} and a local-only get does not ask there",
-                self.owner(rank)
-            )))];
+            return vec![reply(Answer::Missing(local_only_reason(self.owner(rank))))];
         }
         let wait = !flags.immediate;
         let joinable = (!flags.refresh)

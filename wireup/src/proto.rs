@@ -345,7 +345,7 @@ pub(crate) enum ServerMsg {
     },
     Value {
         req: u64,
-        value: Option<Value>,
+        value: Value,
     },
     /// A get's key is not there and will not be for this get: why.
     Missing {

@@ -1328,10 +1328,7 @@ impl State {
             match a {
                 modex::Action::Reply { conn, req, answer } => {
                     let msg = match answer {
-                        Answer::Value(v) => ServerMsg::Value {
-                            req,
-                            value: Some(v),
-                        },
+                        Answer::Value(value) => ServerMsg::Value { req, value },
                         Answer::Missing(reason) => ServerMsg::Missing { req, reason },
                         Answer::Failed(error) => ServerMsg::Failed { req, error },
                     };
