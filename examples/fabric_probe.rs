@@ -22,6 +22,7 @@ fn main() {
         "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
         "slow-peer" => slow_peer(),
+        "wait-forever" => wait_forever(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -359,4 +360,23 @@ fn slow_peer() -> Res {
     println!("rank {me} ok");
     f.finalize()?;
     Ok(())
+}
+
+/// Every rank waits for a message its node partner never sends (the test kills a
+/// server meanwhile: its ranks must notice and end).
+fn wait_forever() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let local = f.wire().local_peers().to_vec();
+    let me = w.rank();
+    let pos = local
+        .iter()
+        .position(|&r| r == me)
+        .ok_or("not a local peer")?;
+    let partner = local[(pos + 1) % local.len()];
+    println!("rank {me} waiting");
+    std::io::stdout().flush()?;
+    let mut x = [0u8];
+    w.recv(&mut x, Source::Rank(partner), Tag(77))?;
+    Err("a message nobody sent arrived".into())
 }

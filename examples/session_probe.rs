@@ -467,6 +467,17 @@ fn end(how: &str) -> Res {
         "end",
         ErrHandler::Return,
     )?;
+    // Ranks 1 and 2 also share a communicator in which rank 1 is rank 0.
+    let sub = if me == 0 {
+        None
+    } else {
+        let g = s.group_from_pset("weft://world")?.excl(&[0])?;
+        Some(Communicator::create_from_group(
+            &g,
+            "end.sub",
+            ErrHandler::Return,
+        )?)
+    };
     wire.fence(
         Procs::All,
         FenceMode::SyncOnly,
@@ -497,6 +508,12 @@ fn end(how: &str) -> Res {
         other => return Err(format!("expected a fence error naming rank 1, got {other:?}").into()),
     }
     let mut x = [0u8; 1];
+    if let Some(sub) = &sub {
+        match sub.recv(&mut x, Source::Rank(0), Tag(0)) {
+            Err(e) => println!("rank {me} sub: {e}"),
+            Ok(st) => return Err(format!("a receive from an ended rank succeeded: {st:?}").into()),
+        }
+    }
     match world.recv(&mut x, Source::Rank(1), Tag(0)) {
         Err(e) => println!("rank {me} recv: {e}"),
         Ok(st) => return Err(format!("a receive from an ended rank succeeded: {st:?}").into()),

@@ -3,9 +3,9 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{example, run};
+use common::{alive, example, pids_whose, run, segments_of, Job};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -251,4 +251,53 @@ fn waiting_for_a_late_peers_card_does_not_stall_other_threads() {
         "the send did not wait for the late card: {line}"
     );
     assert!(meanwhile >= 100, "the other thread was stalled: {line}");
+}
+
+/// When a node's server dies, its processes, waiting on each other in shared memory
+/// (nothing in their datastore will ever say a peer is gone), notice that their server
+/// is lost and end within seconds instead of waiting for ever; the job leaves nothing.
+#[test]
+fn the_processes_of_a_killed_server_end() {
+    let p = example("fabric_probe");
+    let job = Job::start("orphans", &["--nodes", "2", "-n", "4", &p, "wait-forever"]);
+    let name = job.name.clone();
+    let ranks_of_node1 = || {
+        pids_whose("environ", |e| {
+            e.contains(&format!("WEFT_NSPACE=weft-{name} ")) && e.contains("WEFT_NODE=1 ")
+        })
+    };
+    let t0 = Instant::now();
+    while ranks_of_node1().len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the job did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let orphans = ranks_of_node1();
+    let server = pids_whose("cmdline", |c| {
+        c.contains(" server ") && c.contains(&format!("/{name} ")) && c.contains("--node 1 ")
+    });
+    assert_eq!(server.len(), 1, "one server of node 1: {server:?}");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server[0] as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while orphans.iter().any(|&o| alive(o)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the ranks of the killed server still run after 10 s: {orphans:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let done = job.wait(Duration::from_secs(30));
+    assert_ne!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        segments_of(&name).is_empty(),
+        "segments left: {:?}",
+        segments_of(&name)
+    );
 }

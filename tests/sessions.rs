@@ -211,6 +211,13 @@ fn the_end_of_a_rank_is_named_by_how_it_ended() {
                 "{how}: {recv:?} does not say {want:?}"
             );
         }
+        // In a communicator where rank 1 has another rank, the error names both.
+        let sub = format!("rank 2 sub: rank 0 is gone: job {want}");
+        assert!(
+            done.stdout.contains(&sub),
+            "{how}: no {sub:?}: {}",
+            done.dump()
+        );
     }
 }
 

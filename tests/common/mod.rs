@@ -292,3 +292,17 @@ pub fn alive(pid: u32) -> bool {
             .map(|s| !s.contains(") Z "))
             .unwrap_or(false)
 }
+
+/// The processes whose `/proc/PID/{file}` (NULs read as spaces) satisfies `keep`.
+pub fn pids_whose(file: &str, keep: impl Fn(&str) -> bool) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/{file}"))
+                .map(|b| keep(&String::from_utf8_lossy(&b).replace('\0', " ")))
+                .unwrap_or(false)
+        })
+        .collect()
+}

@@ -70,14 +70,52 @@ impl Rig {
     }
 }
 
-#[test]
-fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
+/// The plan of a 4-process job on 2 nodes.
+fn plan() -> Arc<JobPlan> {
     let args: Vec<String> = ["--nodes", "2", "-n", "4", "/bin/true"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     let spec = crate::launcher::parse_run_args(&args).expect("spec");
-    let plan = Arc::new(crate::launcher::build_plan(&spec, "fuzzsrv").expect("plan"));
+    Arc::new(crate::launcher::build_plan(&spec, "fuzzsrv").expect("plan"))
+}
+
+/// A second hello is a protocol violation: the client is dropped (closed, and reported
+/// gone with the reason), not logged and ignored (a hostile client could flood the log).
+#[test]
+fn a_second_hello_drops_the_client() {
+    let plan = plan();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let mut rig = Rig::new(&plan, 1_000_000);
+    let rank = plan.job.ranks_on(0)[0];
+    let conn = rig.conn_of(rank).expect("connected");
+    let token = rig.st.procs[&rank].token;
+    rig.st.handle(Event::Client {
+        conn,
+        msg: ClientMsg::Hello {
+            magic: crate::proto::MAGIC,
+            version: PROTOCOL_VERSION,
+            rank,
+            token,
+        },
+    });
+    let closed =
+        std::iter::from_fn(|| rig.outs[0].try_recv().ok()).any(|o| matches!(o, Out::Close));
+    assert!(closed, "the connection must be closed");
+    let why = rig.st.gone.get(&rank).map(|g| g.reason.clone());
+    assert_eq!(
+        why.as_deref(),
+        Some("was dropped by its server: it sent a second hello")
+    );
+}
+
+#[test]
+fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
+    let plan = plan();
     let local = plan.job.ranks_on(0);
     let client: Vec<Vec<u8>> = client_corpus(local[0], 4)
         .into_iter()
