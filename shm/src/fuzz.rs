@@ -84,6 +84,38 @@ impl Mutator {
     }
 }
 
+impl Mutator {
+    /// Corrupts `bytes[..within]` (a mapped segment) in 1 to `most` places: a flipped bit,
+    /// a random byte, or an aligned 8-byte word set to 0, 1, all ones, 2^32, a random
+    /// value, or its old value plus 8 (an offset that points one record on).
+    pub fn corrupt(&mut self, bytes: &mut [u8], within: usize, most: usize) {
+        let within = within.min(bytes.len());
+        if within < 8 {
+            return;
+        }
+        for _ in 0..1 + self.below(most) {
+            let at = self.below(within);
+            match self.below(3) {
+                0 => bytes[at] ^= 1 << self.below(8),
+                1 => bytes[at] = self.next_u64() as u8,
+                _ => {
+                    let at = (at & !7).min(within - 8);
+                    let old = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+                    let v = [
+                        0,
+                        1,
+                        u64::MAX,
+                        1 << 32,
+                        self.next_u64(),
+                        old.wrapping_add(8),
+                    ][self.below(6)];
+                    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
 /// How long each fuzz target runs (`WEFT_FUZZ_SECS`, default 1 s).
 pub fn budget() -> Duration {
     let secs = std::env::var("WEFT_FUZZ_SECS")

@@ -989,19 +989,7 @@ mod tests {
         let mut found = 0u64;
         crate::fuzz::run("store-reader", 4, |m| {
             map.copy_from_slice(&pristine);
-            for _ in 0..1 + m.below(8) {
-                let at = m.below(used);
-                match m.below(3) {
-                    0 => map[at] ^= 1 << m.below(8),
-                    1 => map[at] = m.next_u64() as u8,
-                    _ => {
-                        let at = (at & !7).min(map.len() - 8);
-                        let v =
-                            [0, 1, u64::MAX, m.next_u64(), get_u64(&pristine, at) + 8][m.below(5)];
-                        put_u64(&mut map, at, v);
-                    }
-                }
-            }
+            m.corrupt(&mut map, used, 8);
             for r in [Some(&early), StoreReader::open(&name).ok().as_ref()]
                 .into_iter()
                 .flatten()

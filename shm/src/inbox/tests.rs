@@ -789,18 +789,7 @@ fn fuzz_consumer_of_corrupted_segments() {
         // touches either mapping while the inbox is polled below.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
         let len = map.len();
-        for _ in 0..1 + m.below(6) {
-            let at = m.below(len);
-            match m.below(3) {
-                0 => map[at] ^= 1 << m.below(8),
-                1 => map[at] = m.next_u64() as u8,
-                _ => {
-                    let at = (at & !7).min(len - 8);
-                    let v: u64 = [0, 1, u64::MAX, m.next_u64(), 1 << 32][m.below(5)];
-                    map[at..at + 8].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
+        m.corrupt(&mut map, len, 6);
         for _ in 0..4 {
             polls += 1;
             delivered += inbox.poll(&mut |_, bytes| {
