@@ -1,0 +1,232 @@
+//! The rendezvous protocols that are not a transport's own: the offer (RTS), the
+//! receiver's answer (a single-copy read, or CTS asking the sender to stream DATA through
+//! the rings), and FIN, which frees the sender's buffer.
+
+use super::frame::{outcome, Hdr, CTS, FIN};
+use super::{Kind, Req, SingleCopy, State};
+use crate::{P2pError, Status};
+
+/// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Offer {
+    pub(super) src: u32,
+    pub(super) tag: u32,
+    pub(super) sreq: u32,
+    pub(super) addr: u64,
+    pub(super) pid: i32,
+    pub(super) len: usize,
+}
+
+impl State {
+    /// Tells `to` that its rendezvous send `sreq` is over (its buffer is free).
+    pub(super) fn fin(&mut self, to: u32, tag: u32, sreq: u32) {
+        self.control(to, FIN, tag, sreq, 0, &[]);
+    }
+
+    /// Sends control frame `kind` (no communicator) to `to`.
+    pub(super) fn control(
+        &mut self,
+        to: u32,
+        kind: u8,
+        tag: u32,
+        aux: u32,
+        len: u64,
+        payload: &[u8],
+    ) {
+        let hdr = Hdr {
+            kind,
+            src: self.me,
+            ctx: 0,
+            tag,
+            aux,
+            len,
+        }
+        .encode();
+        self.push(to, &hdr, payload);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rts_matched(
+        &mut self,
+        id: u32,
+        src: u32,
+        tag: u32,
+        sreq: u32,
+        addr: u64,
+        pid: i32,
+        len: u64,
+    ) {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
+            return;
+        };
+        let len = len as usize;
+        let n = len.min(cap);
+        let done = |st: &mut State| {
+            let r = outcome(src, tag, len, cap);
+            st.complete(id, r);
+        };
+        if self.cfg.single_copy == SingleCopy::Cma
+            && self.peers[src as usize].cma_ok
+            && self.cfg.cma_split > 0
+            && n >= self.cfg.cma_split
+        {
+            let offer = Offer {
+                src,
+                tag,
+                sreq,
+                addr,
+                pid,
+                len,
+            };
+            return self.cma_split(id, offer, buf, n);
+        }
+        if self.cfg.single_copy == SingleCopy::Cma {
+            // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n bytes.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf, n) };
+            match weft_shm::cma_read(pid, addr as usize, dst) {
+                Ok(()) => {
+                    self.peers[src as usize].cma_ok = true;
+                    self.fin(src, tag, sreq);
+                    return done(self);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
+                    ) =>
+                {
+                    if !self.cma_warned {
+                        tracing::info!("single-copy (CMA) refused ({e}); using pipelined copies through shared memory");
+                        self.cma_warned = true;
+                    }
+                    self.cfg.single_copy = SingleCopy::None;
+                }
+                Err(e) => {
+                    let reason = format!("single-copy read from rank {src} failed: {e}");
+                    return self.complete(id, Err(P2pError::PeerGone { rank: src, reason }));
+                }
+            }
+        }
+        // Pipelined: ask the sender to stream the data.
+        if let Some(Some(Req {
+            kind: Kind::Recv { pipe, .. },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            *pipe = Some((src, tag, len, 0));
+        }
+        let rreq = self.wire_id(id);
+        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
+        if len == 0 {
+            done(self);
+        }
+    }
+
+    pub(super) fn on_data(&mut self, h: Hdr, chunk: &[u8]) {
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    buf,
+                    cap,
+                    pipe: Some((src, tag, total, got)),
+                    split: None,
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        if *src != h.src {
+            tracing::error!(
+                "dropping a data chunk from rank {} for a receive from rank {src}",
+                h.src
+            );
+            return;
+        }
+        let off = h.len as usize;
+        if off < *cap {
+            let n = chunk.len().min(*cap - off);
+            // SAFETY: `buf` is the live receive buffer of `cap` bytes and off + n <= cap.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), buf.add(off), n) };
+        }
+        *got += chunk.len();
+        if *got >= *total {
+            let (src, tag, total, cap) = (*src, *tag, *total, *cap);
+            let r = outcome(src, tag, total, cap);
+            self.complete(id, r);
+        }
+    }
+
+    /// FIN: the receiver is done with the buffer of send `h.aux` (only the peer the send
+    /// went to may complete it).
+    pub(super) fn on_fin(&mut self, h: Hdr) {
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
+        let Some(Some(Req {
+            kind:
+                Kind::Send {
+                    dest,
+                    len,
+                    registered,
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get(id as usize)
+        else {
+            return;
+        };
+        if *dest != h.src {
+            return;
+        }
+        let s = Status {
+            source: *dest,
+            tag: h.tag,
+            count: *len,
+        };
+        if let (Some(region), Some(ep)) = (*registered, &mut self.verbs) {
+            // Ends this send's exposure only (other sends of the same buffer may still be
+            // read). Without kept registrations the endpoint never looks registrations up
+            // again (WEFT_VERBS_RCACHE off), so a buffer freed and reused is registered
+            // afresh.
+            ep.release(region);
+        }
+        self.complete(id, Ok(s));
+    }
+
+    /// CTS: the receiver of send `h.aux` asks for the data (payload: its request); the
+    /// stream is pushed by the path's flush.
+    pub(super) fn on_cts(&mut self, h: Hdr, payload: &[u8]) {
+        let rreq = u32::from_le_bytes(payload[..4].try_into().unwrap_or([0; 4]));
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
+        let Some(Some(Req {
+            kind:
+                Kind::Send {
+                    stream: stream @ None,
+                    dest,
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        if *dest != h.src {
+            return;
+        }
+        *stream = Some((rreq, 0));
+        let d = *dest;
+        if !self.busy.contains(&d) {
+            self.busy.push(d);
+        }
+    }
+}

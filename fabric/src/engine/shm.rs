@@ -1,0 +1,82 @@
+//! The shared-memory adapter: frames into a local peer's inbox rings, with the pipelined
+//! rendezvous (DATA chunks streamed after CTS) when single copy is off or refused.
+
+use super::frame::{Hdr, DATA, HDR};
+use super::{Kind, Path, Req, State};
+use crate::Status;
+
+impl State {
+    /// Pushes `dest`'s backlog, then its pipelined streams, as far as its rings allow;
+    /// true when some of it must wait for room.
+    pub(super) fn flush_shm(&mut self, dest: u32) -> bool {
+        let peer = &mut self.peers[dest as usize];
+        let Path::Shm(out) = &mut peer.path else {
+            return false;
+        };
+        while let Some(f) = peer.backlog.front() {
+            // A whole frame (a short header is shorter than HDR).
+            if out.try_send(f, &[]) {
+                peer.backlog.pop_front();
+            } else {
+                break;
+            }
+        }
+        if !peer.backlog.is_empty() {
+            return true;
+        }
+        let mut more = false;
+        let chunk = out.max_frame() - HDR;
+        let me = self.me;
+        for slot in self.reqs.iter_mut() {
+            let Some(Req {
+                kind:
+                    Kind::Send {
+                        buf,
+                        len,
+                        dest: d,
+                        stream,
+                        ..
+                    },
+                result,
+                ..
+            }) = slot
+            else {
+                continue;
+            };
+            if *d != dest {
+                continue;
+            }
+            let Some((rreq, off)) = stream else { continue };
+            while *off < *len {
+                let n = chunk.min(*len - *off);
+                let hdr = Hdr {
+                    kind: DATA,
+                    src: me,
+                    ctx: 0,
+                    tag: 0,
+                    aux: *rreq,
+                    len: *off as u64,
+                }
+                .encode();
+                // SAFETY: the send request keeps its buffer of `len` bytes alive until it
+                // completes, and off + n <= len.
+                let data = unsafe { std::slice::from_raw_parts(buf.add(*off), n) };
+                if !out.try_send(&hdr, data) {
+                    break;
+                }
+                *off += n;
+            }
+            if *off >= *len {
+                *result = Some(Ok(Status {
+                    source: dest,
+                    tag: 0,
+                    count: *len,
+                }));
+                *stream = None;
+            } else {
+                more = true;
+            }
+        }
+        more
+    }
+}

@@ -1,0 +1,295 @@
+//! The split single-copy rendezvous: the receiver reads the head of a large message from
+//! the sender's memory while the sender writes the tail into the receiver's
+//! (`process_vm_readv` / `process_vm_writev`), each half of the copy on its own core.
+
+use super::frame::{outcome, Hdr, CMA_DONE, CMA_WRITE};
+use super::rendezvous::Offer;
+use super::{Engine, Kind, Path, Req, State};
+use crate::P2pError;
+
+/// A single-copy rendezvous split between the receiver (head) and the sender (tail).
+#[derive(Debug)]
+pub(super) struct Split {
+    /// What the sender offered (its request, buffer and pid: to read the tail if the
+    /// sender may not write it).
+    pub(super) offer: Offer,
+    pub(super) head: usize,
+    pub(super) tail: usize,
+    /// The first failure; the receive completes with it once both parts are over.
+    pub(super) err: Option<String>,
+    /// Since when the sender has been reported gone while its part is outstanding.
+    pub(super) gone_since: Option<std::time::Instant>,
+}
+
+impl Engine {
+    /// Whether split receive `id` (if it is one) may fail now that its sender is
+    /// reported gone: a sender marked gone may still be alive (finalized, dropped by its
+    /// server) and write its part into the buffer, so only once its process is dead, or
+    /// after 30 s (then with a warning).
+    pub(super) fn split_may_fail(&mut self, id: u32) -> bool {
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    split: Some(sp),
+                    pipe: Some((src, ..)),
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.st.reqs.get_mut(id as usize)
+        else {
+            return true;
+        };
+        let Some(pid) = rustix::process::Pid::from_raw(sp.offer.pid) else {
+            return true;
+        };
+        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
+            return true;
+        }
+        let since = *sp.gone_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < std::time::Duration::from_secs(30) {
+            return false;
+        }
+        tracing::warn!(
+            "rank {src} is reported gone but its process {} lives on; failing a split receive from it after 30 s",
+            sp.offer.pid
+        );
+        true
+    }
+
+    pub(super) fn is_recv(&self, id: u32) -> bool {
+        matches!(
+            self.st.reqs.get(id as usize),
+            Some(Some(Req {
+                kind: Kind::Recv { .. },
+                ..
+            }))
+        )
+    }
+}
+
+impl State {
+    /// A split single-copy rendezvous (receiver side): asks the sender to write the
+    /// tail of the `n` bytes into `buf` while this process reads the head. The receive
+    /// completes, and FIN releases the sender's buffer, when both parts are in
+    /// (`split_progress`).
+    pub(super) fn cma_split(&mut self, id: u32, o: Offer, buf: *mut u8, n: usize) {
+        let (src, tag, sreq, len) = (o.src, o.tag, o.sreq, o.len);
+        let head = (n / 2) & !4095;
+        let tail = n - head;
+        let serial = self
+            .reqs
+            .get(id as usize)
+            .and_then(|r| r.as_ref())
+            .map_or(0, |r| r.serial);
+        let mut p = [0u8; 40];
+        p[32..40].copy_from_slice(&serial.to_le_bytes());
+        p[..4].copy_from_slice(&self.wire_id(id).to_le_bytes());
+        p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
+        p[12..16].copy_from_slice(&self.pid.to_le_bytes());
+        p[16..24].copy_from_slice(&(head as u64).to_le_bytes());
+        p[24..32].copy_from_slice(&(tail as u64).to_le_bytes());
+        self.control(src, CMA_WRITE, tag, sreq, 0, &p);
+        if let Some(Some(Req {
+            kind: Kind::Recv { pipe, split, .. },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            // Counted in message bytes: what truncation drops is done already.
+            *pipe = Some((src, tag, len, len - n));
+            *split = Some(Box::new(Split {
+                offer: o,
+                head,
+                tail,
+                err: None,
+                gone_since: None,
+            }));
+        }
+        // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
+        // sender writes only bytes head..n.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf, head) };
+        if let Err(e) = weft_shm::cma_read(o.pid, o.addr as usize, dst) {
+            self.split_error(id, format!("single-copy read from rank {src} failed: {e}"));
+        }
+        self.split_progress(id, src, head);
+    }
+
+    /// Records the first error of a split receive (it completes with it).
+    pub(super) fn split_error(&mut self, id: u32, reason: String) {
+        if let Some(Some(Req {
+            kind: Kind::Recv {
+                split: Some(sp), ..
+            },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            sp.err.get_or_insert(reason);
+        }
+    }
+
+    /// Adds `bytes` (done, or failed for good) to split receive `id`; when every byte is
+    /// accounted for, tells the sender (FIN) and completes the receive.
+    pub(super) fn split_progress(&mut self, id: u32, from: u32, bytes: usize) {
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    cap,
+                    pipe: Some((src, tag, total, got)),
+                    split,
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        if *src != from || split.is_none() {
+            return;
+        }
+        *got += bytes;
+        if *got < *total {
+            return;
+        }
+        let (src, tag, total, cap) = (*src, *tag, *total, *cap);
+        let Some(sp) = split.take() else { return };
+        self.fin(src, tag, sp.offer.sreq);
+        let r = match sp.err {
+            Some(reason) => Err(P2pError::Transport { rank: src, reason }),
+            None => outcome(src, tag, total, cap),
+        };
+        self.complete(id, r);
+    }
+
+    /// The sender side of a split rendezvous: writes its part into the receiver, then
+    /// says so (CMA_DONE: the byte count, 0 if the kernel refused, or an error).
+    pub(super) fn on_cma_write(&mut self, h: Hdr, p: &[u8]) {
+        let word = |a: usize, b: usize| -> u64 {
+            let mut w = [0u8; 8];
+            w[..b - a].copy_from_slice(&p[a..b]);
+            u64::from_le_bytes(w)
+        };
+        let serial = word(32, 40).to_le_bytes();
+        let (rreq, dst, pid, off, count) = (
+            word(0, 4) as u32,
+            word(4, 12),
+            word(12, 16) as u32 as i32,
+            word(16, 24) as usize,
+            word(24, 32) as usize,
+        );
+        let send = match self.own(h.aux).and_then(|id| self.reqs.get(id as usize)) {
+            Some(Some(Req {
+                kind: Kind::Send { buf, len, dest, .. },
+                result: None,
+                ..
+            })) if *dest == h.src => Some((*buf, *len)),
+            _ => None,
+        };
+        let Some((buf, _)) =
+            send.filter(|&(_, len)| off.checked_add(count).is_some_and(|e| e <= len))
+        else {
+            let why = format!(
+                "rank {} asked rank {} to write bytes {off}..{} of send {}, which it does not have",
+                h.src,
+                self.me,
+                off.saturating_add(count),
+                h.aux
+            );
+            tracing::error!("{why}");
+            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
+        };
+        // Write only into the process that owns the inbox we reach this rank through:
+        // a wrong pid (a bug, or a pid reused after the receiver died) is refused.
+        let owner = match &self.peers.get(h.src as usize).map(|p| &p.path) {
+            Some(Path::Shm(o)) => Some(o.receiver_pid()),
+            _ => None,
+        };
+        if owner != Some(pid as u32) {
+            let why = format!(
+                "rank {} asked for a single-copy write into pid {pid}, but its inbox belongs to {}",
+                h.src,
+                owner.map_or_else(|| "no known process".to_string(), |p| format!("pid {p}"))
+            );
+            tracing::error!("{why}");
+            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
+        }
+        // SAFETY: the send request is live (its FIN, which the receiver sends only after
+        // this part, has not come), so its buffer is borrowed; off + count <= len.
+        let part = unsafe { std::slice::from_raw_parts(buf.add(off), count) };
+        let (written, why) = match weft_shm::cma_write(pid, dst as usize, part) {
+            Ok(()) => (count as u64, String::new()),
+            // The receiver reads the part itself.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
+                ) =>
+            {
+                (0, String::new())
+            }
+            Err(e) => (
+                0,
+                format!("single-copy write to rank {} failed: {e}", h.src),
+            ),
+        };
+        self.cma_done(h.src, h.tag, rreq, serial, written, &why);
+    }
+
+    /// CMA_DONE to `to`: the receive `rreq` (with its serial), bytes written, and an
+    /// error message if the write failed.
+    pub(super) fn cma_done(
+        &mut self,
+        to: u32,
+        tag: u32,
+        rreq: u32,
+        serial: [u8; 8],
+        written: u64,
+        why: &str,
+    ) {
+        let mut p = Vec::with_capacity(8 + why.len());
+        p.extend_from_slice(&serial);
+        p.extend_from_slice(why.as_bytes());
+        self.control(to, CMA_DONE, tag, rreq, written, &p);
+    }
+
+    /// The sender's part of a split rendezvous is done, refused or failed.
+    pub(super) fn on_cma_done(&mut self, h: Hdr, p: &[u8]) {
+        let Some(id) = self.own(h.aux) else {
+            return;
+        };
+        let Some((serial, why)) = p.split_first_chunk::<8>() else {
+            return;
+        };
+        let serial = u64::from_le_bytes(*serial);
+        // Only the live split receive this answer is for: ids are reused, serials not.
+        let (buf, sp_addr, sp_pid, head, tail) = match self.reqs.get(id as usize) {
+            Some(Some(Req {
+                kind:
+                    Kind::Recv {
+                        buf,
+                        pipe: Some((src, ..)),
+                        split: Some(sp),
+                        ..
+                    },
+                result: None,
+                serial: live,
+            })) if *src == h.src && *live == serial => {
+                (*buf, sp.offer.addr, sp.offer.pid, sp.head, sp.tail)
+            }
+            _ => return,
+        };
+        if !why.is_empty() {
+            self.split_error(id, String::from_utf8_lossy(why).into_owned());
+        } else if h.len == 0 {
+            // Refused: the sender's buffer is still ours to read (no FIN yet).
+            // SAFETY: bytes head..head+tail of this receive's buffer, which the sender
+            // did not write.
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(head), tail) };
+            if let Err(e) = weft_shm::cma_read(sp_pid, sp_addr as usize + head, dst) {
+                let reason = format!("single-copy read from rank {} failed: {e}", h.src);
+                self.split_error(id, reason);
+            }
+        }
+        self.split_progress(id, h.src, tail);
+    }
+}

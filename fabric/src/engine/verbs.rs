@@ -1,0 +1,389 @@
+//! The verbs adapter: frames over RC connections (polled through [`VerbsSink`] so that a
+//! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
+//! waits and failures.
+
+use super::frame::{outcome, Hdr, RTS_RDMA};
+use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::{Kind, Path, State};
+use crate::P2pError;
+use weft_verbs::ConnId;
+
+/// The verbs endpoint's [`Deliver`](weft_verbs::Deliver) for a progress pass: frames go to
+/// `take` first, the others are kept for the queues.
+pub(super) struct VerbsSink<'a, T> {
+    pub(super) take: &'a mut T,
+    pub(super) taken: usize,
+    pub(super) scratch: &'a mut Vec<u8>,
+    pub(super) spans: &'a mut Vec<(u32, usize)>,
+}
+
+impl<T: TakeFrame> weft_verbs::Deliver for VerbsSink<'_, T> {
+    #[inline(always)]
+    fn frame(&mut self, peer: u32, frame: &[u8]) {
+        if self.take.offer(peer, frame) {
+            self.taken += 1;
+        } else {
+            keep_frame(self.scratch, self.spans, peer, frame);
+        }
+    }
+}
+
+/// Keeps a verbs frame that no receive took, for `on_frame_from` once the poll is over
+/// (off the path of a frame a receive takes).
+#[cold]
+#[inline(never)]
+fn keep_frame(scratch: &mut Vec<u8>, spans: &mut Vec<(u32, usize)>, peer: u32, frame: &[u8]) {
+    scratch.extend_from_slice(frame);
+    spans.push((peer, scratch.len()));
+}
+
+/// An RDMA read of a rendezvous in flight: the receive it fills.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Read {
+    pub(super) id: u32,
+    pub(super) src: u32,
+    pub(super) tag: u32,
+    pub(super) sreq: u32,
+    pub(super) len: usize,
+    pub(super) cap: usize,
+    pub(super) buf: *mut u8,
+}
+
+/// An RDMA read waiting for room on its connection.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingRead {
+    pub(super) read: Read,
+    pub(super) addr: u64,
+    pub(super) rkey: u32,
+}
+
+// SAFETY: as for `Kind`: `buf` is a receive buffer borrowed by its request.
+unsafe impl Send for Read {}
+
+impl State {
+    /// Waits until the verbs connection to `dest` is up (the first send to a peer pays
+    /// its handshake), so that a send that returns has handed its frame to the NIC
+    /// rather than left it waiting for a handshake the caller might never progress.
+    pub(super) fn wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
+        let mut spins = 0u32;
+        loop {
+            match &self.verbs {
+                Some(ep) if ep.is_ready(conn) => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+            self.progress_verbs();
+            if let Some(reason) = self.failed.get(&dest) {
+                return Err(P2pError::PeerGone {
+                    rank: dest,
+                    reason: reason.clone(),
+                });
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if let Some(reason) = (self.gone)(dest) {
+                    return Err(P2pError::PeerGone { rank: dest, reason });
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A rendezvous send over verbs: registers the buffer and offers it with RTS_RDMA;
+    /// the receiver reads it and answers FIN.
+    pub(super) fn send_rdma(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> Result<u32, P2pError> {
+        let Some(ep) = &mut self.verbs else {
+            return Err(P2pError::NoPath {
+                rank: dest,
+                reason: "the verbs transport is not open".into(),
+            });
+        };
+        // An empty message has nothing to read (and an empty buffer nothing to register).
+        let region = if len == 0 {
+            None
+        } else {
+            Some(ep.register(buf, len).map_err(|e| P2pError::Transport {
+                rank: dest,
+                reason: format!("registering the {len}-byte send buffer: {e}"),
+            })?)
+        };
+        let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
+        let id = self.alloc(Kind::Send {
+            buf,
+            len,
+            dest,
+            stream: None,
+            registered: region,
+        });
+        let hdr = Hdr {
+            kind: RTS_RDMA,
+            src: self.me,
+            ctx,
+            tag,
+            aux: self.wire_id(id),
+            len: len as u64,
+        }
+        .encode();
+        let mut p = [0u8; 12];
+        p[..8].copy_from_slice(&addr.to_le_bytes());
+        p[8..].copy_from_slice(&rkey.to_le_bytes());
+        self.push(dest, &hdr, &p);
+        Ok(id)
+    }
+
+    /// A receive matched an RTS_RDMA: read the data straight into its buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rdma_matched(
+        &mut self,
+        id: u32,
+        src: u32,
+        tag: u32,
+        sreq: u32,
+        addr: u64,
+        rkey: u32,
+        len: u64,
+    ) {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
+            return;
+        };
+        let read = Read {
+            id,
+            src,
+            tag,
+            sreq,
+            len: len as usize,
+            cap,
+            buf,
+        };
+        self.pending_reads
+            .push_back(PendingRead { read, addr, rkey });
+        self.start_reads();
+    }
+
+    /// Starts the RDMA reads waiting for room, in order.
+    pub(super) fn start_reads(&mut self) {
+        while let Some(p) = self.pending_reads.front().copied() {
+            let r = p.read;
+            let n = r.len.min(r.cap);
+            if n == 0 {
+                self.pending_reads.pop_front();
+                self.read_done(r, Ok(()));
+                continue;
+            }
+            if let Err(e) = self.path(r.src) {
+                self.pending_reads.pop_front();
+                self.complete(r.id, Err(e));
+                continue;
+            }
+            let Path::Verbs(conn) = self.peers[r.src as usize].path else {
+                self.pending_reads.pop_front();
+                let reason = "a verbs rendezvous from a peer not reached over verbs".into();
+                self.complete(
+                    r.id,
+                    Err(P2pError::Transport {
+                        rank: r.src,
+                        reason,
+                    }),
+                );
+                continue;
+            };
+            let Some(ep) = &mut self.verbs else { return };
+            // SAFETY: `r.buf` is the buffer of a live receive request, valid for `cap` >= n
+            // bytes; the request cannot complete (and so release the buffer) before this
+            // read is reported by `poll_reads`: `fail_if_gone` skips requests with reads
+            // in flight, and only `read_done` completes it.
+            match unsafe { ep.rdma_read(conn, r.buf, n, p.addr, p.rkey) } {
+                Ok(Some(token)) => {
+                    self.pending_reads.pop_front();
+                    self.reads.insert(token, r);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    self.pending_reads.pop_front();
+                    self.read_done(r, Err(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// An RDMA read finished: complete the receive, tell the sender.
+    pub(super) fn read_done(&mut self, r: Read, res: Result<(), String>) {
+        if !self.cfg.keep_registrations && r.len.min(r.cap) > 0 {
+            if let Some(ep) = &mut self.verbs {
+                ep.invalidate(r.buf, r.len.min(r.cap));
+            }
+        }
+        match res {
+            Ok(()) => {
+                self.fin(r.src, r.tag, r.sreq);
+                self.complete(r.id, outcome(r.src, r.tag, r.len, r.cap));
+            }
+            Err(reason) => {
+                self.failed.entry(r.src).or_insert_with(|| reason.clone());
+                self.complete(
+                    r.id,
+                    Err(P2pError::PeerGone {
+                        rank: r.src,
+                        reason: format!("RDMA read failed: {reason}"),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Polls the verbs endpoint: frames, finished reads, waiting reads.
+    pub(super) fn progress_verbs(&mut self) -> usize {
+        self.progress_verbs_with(&mut TakeNone)
+    }
+
+    /// [`State::progress_verbs`], offering each frame to `take` first (a direct receive:
+    /// true when it consumed the frame).
+    #[inline(always)]
+    pub(super) fn progress_verbs_with<T: TakeFrame>(&mut self, take: &mut T) -> usize {
+        let Some(ep) = &mut self.verbs else {
+            return 0;
+        };
+        // `scratch` and `spans` are empty between calls.
+        let mut sink = VerbsSink {
+            take,
+            taken: 0,
+            scratch: &mut self.scratch,
+            spans: &mut self.spans,
+        };
+        let polled = ep.poll_with(&mut sink);
+        let taken = sink.taken;
+        // The idle poll (and a frame taken straight into a receive) ends here: this runs
+        // in every spin of a wait.
+        if self.spans.is_empty()
+            && polled.is_ok()
+            && self.reads.is_empty()
+            && self.pending_reads.is_empty()
+        {
+            return taken;
+        }
+        let mut done = Vec::new();
+        if !self.reads.is_empty() {
+            ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
+        }
+        let frames = self.spans.len() + taken;
+        let (scratch, spans) = (
+            std::mem::take(&mut self.scratch),
+            std::mem::take(&mut self.spans),
+        );
+        let mut start = 0;
+        for &(peer, end) in &spans {
+            self.on_frame_from(peer, &scratch[start..end]);
+            start = end;
+        }
+        let (mut scratch, mut spans) = (scratch, spans);
+        scratch.clear();
+        spans.clear();
+        (self.scratch, self.spans) = (scratch, spans);
+        if let Err(e) = polled {
+            match e.peer() {
+                Some(peer) => self.verbs_failed(peer, &e),
+                None => tracing::error!("verbs: {e}"),
+            }
+        }
+        for (token, res) in done {
+            if let Some(r) = self.reads.remove(&token) {
+                self.read_done(r, res);
+            }
+        }
+        if !self.pending_reads.is_empty() {
+            self.start_reads();
+        }
+        frames
+    }
+
+    /// The verbs connection to `peer` failed: everything waiting on it fails, naming the
+    /// completion status.
+    pub(super) fn verbs_failed(&mut self, peer: u32, e: &weft_verbs::Error) {
+        let reason = e.to_string();
+        tracing::error!("verbs connection to rank {peer} failed: {reason}");
+        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.peers[peer as usize].backlog.clear();
+        let ids: Vec<u32> = self
+            .reqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let r = r.as_ref()?;
+                if r.result.is_some() {
+                    return None;
+                }
+                let waits = match &r.kind {
+                    Kind::Send { dest, .. } => *dest == peer,
+                    Kind::Recv { src, .. } => *src == Some(peer),
+                };
+                let reading = self.reads.values().any(|x| x.id == i as u32);
+                (waits && !reading).then_some(i as u32)
+            })
+            .collect();
+        for id in ids {
+            self.posted.retain(|p| p.id != id);
+            self.complete(
+                id,
+                Err(P2pError::PeerGone {
+                    rank: peer,
+                    reason: reason.clone(),
+                }),
+            );
+        }
+    }
+
+    /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
+    pub(super) fn on_rts_rdma(&mut self, h: Hdr, payload: &[u8]) {
+        let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+        let rkey = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+        match self.match_posted(h.ctx, h.src, h.tag) {
+            Some(id) => self.rdma_matched(id, h.src, h.tag, h.aux, addr, rkey, h.len),
+            None => self.unexpected.push_back(Unexpected {
+                ctx: h.ctx,
+                src: h.src,
+                tag: h.tag,
+                body: Body::RtsRdma {
+                    sreq: h.aux,
+                    addr,
+                    rkey,
+                    len: h.len,
+                },
+            }),
+        }
+    }
+
+    /// Pushes `dest`'s backlog onto its connection as far as credits and room allow;
+    /// true when some of it must wait.
+    pub(super) fn flush_verbs(&mut self, dest: u32, conn: ConnId) -> bool {
+        let Some(ep) = &mut self.verbs else {
+            return false;
+        };
+        let peer = &mut self.peers[dest as usize];
+        let mut failure = None;
+        while let Some(f) = peer.backlog.front() {
+            // The whole frame: a short header is shorter than HDR.
+            match ep.try_send(conn, f, &[]) {
+                Ok(true) => {
+                    peer.backlog.pop_front();
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            self.verbs_failed(dest, &e);
+            return false;
+        }
+        !self.peers[dest as usize].backlog.is_empty()
+    }
+}
