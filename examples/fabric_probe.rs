@@ -14,6 +14,8 @@ fn main() {
     let out = match scenario.as_str() {
         "dead-peer" => dead_peer(),
         "dead-peer-rendezvous" => dead_peer_rendezvous(),
+        "dead-receiver-mid-transfer" => dead_mid_transfer(1),
+        "dead-sender-mid-transfer" => dead_mid_transfer(0),
         "errors" => errors(),
         "all-to-all" => all_to_all(),
         "cma" => cma(false),
@@ -100,6 +102,59 @@ fn dead_peer_rendezvous() -> Res {
     }
     // Exit 0 without finalizing, so that the launcher reports the killed rank as the
     // first failure (a non-zero exit here could race with it).
+    std::process::exit(0);
+}
+
+/// Rank `victim` is killed while rank 0 sends rank 1 a 512 MiB message (the receive is
+/// posted and the payload is moving): the survivor's wait fails naming the dead rank,
+/// and a receive that fails was not handed a half-written buffer as complete.
+fn dead_mid_transfer(victim: u32) -> Res {
+    const LEN: usize = 512 << 20;
+    let f = Fabric::init()?;
+    let w = f.world();
+    let me = w.rank();
+    let mut big = vec![if me == 0 { 7u8 } else { 0 }; if me < 2 { LEN } else { 0 }];
+    // Both ranks are up, their buffers ready (the first message also connects them).
+    if me == 0 {
+        w.send(&[1u8], 1, Tag(1))?;
+    } else if me == 1 {
+        w.recv(&mut [0u8], Source::Rank(0), Tag(1))?;
+    }
+    if me == victim {
+        // Killed from another thread while the transfer runs.
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            println!("rank {victim} killing itself mid-transfer");
+            die();
+        });
+    }
+    let t0 = Instant::now();
+    let r = if me == 0 {
+        w.send(&big, 1, Tag(2))
+    } else if me == 1 {
+        w.recv(&mut big, Source::Rank(0), Tag(2)).map(|st| {
+            if st.count != LEN || big.iter().any(|&b| b != 7) {
+                eprintln!("rank 1: a completed receive holds wrong data");
+                std::process::exit(1);
+            }
+        })
+    } else {
+        Ok(())
+    };
+    if me == victim {
+        // Finished before the kill (a fast machine): nothing was tested.
+        std::thread::sleep(Duration::from_secs(5));
+        return Err(format!("rank {me}: the transfer ended before the kill: {r:?}").into());
+    }
+    match r {
+        Err(P2pError::PeerGone { rank, reason }) if rank == victim => println!(
+            "rank {me} saw rank {victim} gone after {} ms: {reason}",
+            t0.elapsed().as_millis()
+        ),
+        other => {
+            return Err(format!("expected PeerGone naming rank {victim}, got {other:?}").into())
+        }
+    }
     std::process::exit(0);
 }
 

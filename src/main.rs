@@ -125,12 +125,28 @@ fn main() -> ExitCode {
                 Ok(d) => println!("verbs: {d}"),
                 Err(e) => println!("verbs: unavailable ({e})"),
             }
+            // Outside a job the node's address is not known: the launcher's default.
+            let local = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+            match weft_tcp::Config::from_env(0, 0, [0; 2], local) {
+                Ok(c) if std::env::var_os("WEFT_TCP_ADDR").is_some()
+                    || std::env::var_os("WEFT_TCP_IF").is_some() =>
+                {
+                    println!("tcp: processes listen on {} (WEFT_TCP_ADDR / WEFT_TCP_IF), port chosen by the kernel; max frame {} B, queue {} B per connection", c.addr, c.max_frame, c.queue_bytes)
+                }
+                Ok(c) => println!("tcp: processes listen on their node server's address (127.0.0.1 for logical nodes; WEFT_TCP_ADDR or WEFT_TCP_IF to choose), port chosen by the kernel; max frame {} B, queue {} B per connection", c.max_frame, c.queue_bytes),
+                Err(e) => println!("tcp: misconfigured ({e})"),
+            }
             println!("tunables:");
+            let tcp = weft_tcp::TUNABLES
+                .iter()
+                .map(|t| (t.name, t.default, t.meaning));
             let all = TUNABLES
                 .iter()
                 .chain(weft_shm::TUNABLES)
                 .chain(weft_fabric::TUNABLES)
-                .chain(weft_verbs::TUNABLES);
+                .chain(weft_verbs::TUNABLES)
+                .copied()
+                .chain(tcp);
             for (name, default, what) in all {
                 let cur = std::env::var(name)
                     .map(|v| format!(" (set: {v})"))

@@ -104,10 +104,10 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
 }
 
 #[test]
-fn a_process_on_another_node_without_verbs_is_a_clear_no_path_error() {
+fn a_process_on_another_node_without_verbs_or_tcp_is_a_clear_no_path_error() {
     let probe = example("fabric_probe");
-    // Without verbs (excluded, or no device outside the soft-RoCE VM) another node is
-    // unreachable, and the error says why.
+    // With shared memory alone another node is unreachable, and the error says why for
+    // each transport.
     let done = run(
         "nopath",
         &[
@@ -125,7 +125,7 @@ fn a_process_on_another_node_without_verbs_is_a_clear_no_path_error() {
     assert_ne!(done.code(), Some(0));
     assert!(
         done.stderr
-            .contains("no path to rank 1: it runs on node 1 and WEFT_TRANSPORTS excludes verbs"),
+            .contains("no path to rank 1: it runs on node 1; WEFT_TRANSPORTS excludes verbs; WEFT_TRANSPORTS excludes tcp"),
         "{}",
         done.dump()
     );

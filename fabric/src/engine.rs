@@ -24,16 +24,22 @@ mod matching;
 mod rendezvous;
 mod shm;
 mod split;
+mod tcp;
 mod verbs;
 
 use frame::{
     decode_frame, short_header, Hdr, CMA_DONE, CMA_WRITE, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA,
-    SHORT_HDR,
+    RTS_TCP, SHORT_HDR,
 };
 pub(crate) use frame::{HDR, SHORT_MAX};
 use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
 use split::Split;
-use verbs::{PendingRead, Read};
+use tcp::TcpEvent;
+use verbs::{keep_frame, PendingRead, Read};
+
+/// How long a TCP connection to a peer reported gone may stay up before it is closed
+/// (what the peer wrote before it ended is read meanwhile).
+const TCP_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The request slot in a wire id ([`State::wire_id`]): 16 M requests at once at most.
 const WIRE_SLOT_MASK: u32 = 0x00ff_ffff;
@@ -69,6 +75,8 @@ pub(crate) enum Path {
     Shm(Box<Outbox>),
     /// A peer reached over verbs: its RC connection.
     Verbs(ConnId),
+    /// A peer reached over TCP: its connection.
+    Tcp(weft_tcp::ConnId),
     /// No way to reach it, and why.
     Unreachable(String),
 }
@@ -80,6 +88,8 @@ pub(crate) enum Resolved {
     Shm(Box<Outbox>),
     /// Its verbs card: the engine connects to it.
     VerbsCard(Vec<u8>),
+    /// Its TCP card: the engine connects to it.
+    TcpCard(Vec<u8>),
     /// No way to reach it, and why.
     Unreachable(String),
 }
@@ -96,6 +106,9 @@ pub(crate) struct Config {
     /// receiver (reads the head) and the sender (writes the tail) once CMA has worked;
     /// 0: never split.
     pub(crate) cma_split: usize,
+    /// Messages up to this many bytes go eagerly to a peer reached over TCP; larger ones
+    /// by rendezvous (their payload written straight from the sender's buffer).
+    pub(crate) tcp_eager_limit: usize,
 }
 
 struct Peer {
@@ -118,6 +131,8 @@ enum Kind {
         pipe: Option<(u32, u32, usize, usize)>,
         /// A split single-copy rendezvous in progress.
         split: Option<Box<Split>>,
+        /// The token of the TCP bulk transfer this receive's buffer is lent to.
+        bulk: Option<u64>,
     },
     Send {
         buf: *const u8,
@@ -176,10 +191,17 @@ struct State {
     reads: HashMap<ReadToken, Read>,
     /// RDMA reads waiting for room.
     pending_reads: VecDeque<PendingRead>,
-    /// Peers whose verbs connection failed, and why.
+    /// The TCP endpoint, when the process has one.
+    tcp: Option<weft_tcp::Endpoint>,
+    /// Bulk transfers and failures a TCP poll reported (reused).
+    tcp_events: Vec<TcpEvent>,
+    /// Since when each peer reached over TCP has been reported gone by wire-up while its
+    /// connection is still up.
+    tcp_gone_since: HashMap<u32, std::time::Instant>,
+    /// Peers whose verbs or TCP connection failed, and why.
     failed: HashMap<u32, String>,
-    /// Frames polled from the verbs endpoint, copied here so that handling them may use
-    /// the endpoint (reused: no allocation in the steady state).
+    /// Frames polled from the verbs or TCP endpoint, copied here so that handling them
+    /// may use the endpoint (reused: no allocation in the steady state).
     scratch: Vec<u8>,
     /// (peer, end offset in `scratch`) of each polled frame.
     spans: Vec<(u32, usize)>,
@@ -214,6 +236,7 @@ impl Engine {
         resolve: Resolver,
         gone: GoneCheck,
         verbs: Option<Endpoint>,
+        tcp: Option<weft_tcp::Endpoint>,
     ) -> Engine {
         let mut peers: Vec<Peer> = (0..size)
             .map(|_| Peer {
@@ -243,6 +266,9 @@ impl Engine {
                 verbs,
                 reads: HashMap::new(),
                 pending_reads: VecDeque::new(),
+                tcp,
+                tcp_events: Vec::new(),
+                tcp_gone_since: HashMap::new(),
                 failed: HashMap::new(),
                 scratch: Vec::new(),
                 spans: Vec::new(),
@@ -261,6 +287,9 @@ impl Engine {
         };
         if st.verbs.is_some() {
             n += st.progress_verbs();
+        }
+        if st.tcp.is_some() {
+            n += st.progress_tcp();
         }
         if !st.busy.is_empty() {
             st.flush();
@@ -315,6 +344,9 @@ impl Engine {
         if st.verbs.is_some() {
             st.progress_verbs_with(&mut taker);
         }
+        if st.tcp.is_some() {
+            st.progress_tcp_with(&mut taker);
+        }
         if let Some(inbox) = &mut self.inbox {
             inbox.poll(&mut |sid, frame| {
                 if let Some(&from) = st.sender_rank.get(sid as usize) {
@@ -324,7 +356,7 @@ impl Engine {
                 }
                 st.on_frame(sid, frame)
             });
-        } else if st.verbs.is_none() {
+        } else if st.verbs.is_none() && st.tcp.is_none() {
             return Direct::Queue;
         }
         if !st.busy.is_empty() {
@@ -351,6 +383,10 @@ impl Engine {
         if !st.busy.is_empty() || !st.unexpected.is_empty() {
             return false;
         }
+        // Only a poll tells whether a socket has data: never quiet with TCP.
+        if st.tcp.is_some() {
+            return false;
+        }
         if let Some(ep) = &mut st.verbs {
             if !st.reads.is_empty() || !st.pending_reads.is_empty() || !ep.idle() {
                 return false;
@@ -368,7 +404,7 @@ impl Engine {
     /// under emulation: QEMU's TCG leaves its execution loop on every one).
     #[inline]
     pub(crate) fn pause_between_looks(&self) -> bool {
-        self.st.verbs.is_none()
+        self.st.verbs.is_none() && self.st.tcp.is_none()
     }
 
     pub(crate) fn single_copy(&self) -> SingleCopy {
@@ -409,7 +445,9 @@ impl Engine {
                 tag: u.tag,
                 count: match &u.body {
                     Body::Eager(d) => d.len(),
-                    Body::Rts { len, .. } | Body::RtsRdma { len, .. } => *len as usize,
+                    Body::Rts { len, .. }
+                    | Body::RtsRdma { len, .. }
+                    | Body::RtsTcp { len, .. } => *len as usize,
                 },
             })
     }
@@ -477,6 +515,29 @@ impl Engine {
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
+        if still && matches!(self.st.peers[peer as usize].path, Path::Tcp(_)) {
+            // Over TCP the connection's end (EOF or reset, at once when a process dies)
+            // says that nothing more comes: what a peer wrote before it finalized may
+            // still be in flight. A connection still up 2 s after the peer is reported
+            // gone (a stopped process, a lost node) is closed, and its transfers with it.
+            if !self.st.failed.contains_key(&peer) {
+                let since = *self
+                    .st
+                    .tcp_gone_since
+                    .entry(peer)
+                    .or_insert_with(std::time::Instant::now);
+                if since.elapsed() < TCP_GONE_GRACE {
+                    return;
+                }
+                self.st.tcp_close(peer, &reason);
+            }
+        }
+        let still = self
+            .st
+            .reqs
+            .get(id as usize)
+            .and_then(|r| r.as_ref())
+            .is_some_and(|r| r.result.is_none());
         if still {
             self.st.posted.retain(|p| p.id != id);
             self.st
@@ -533,6 +594,13 @@ impl Engine {
                     )
                 })
                 .count()
+            + self.st.tcp.as_ref().map_or(0, |ep| {
+                self.st
+                    .peers
+                    .iter()
+                    .filter(|p| matches!(p.path, Path::Tcp(c) if ep.queued(c) > 0))
+                    .count()
+            })
     }
 }
 
@@ -595,6 +663,12 @@ impl State {
             // It connected to us first: answer on that connection.
             peer.path = Path::Verbs(c);
         }
+        if let (Path::Unresolved, Some(c)) = (
+            &peer.path,
+            self.tcp.as_ref().and_then(|ep| ep.conn_of(dest)),
+        ) {
+            peer.path = Path::Tcp(c);
+        }
         if let Path::Unresolved = peer.path {
             peer.path = match (self.resolve)(dest) {
                 Resolved::Shm(o) => Path::Shm(o),
@@ -604,6 +678,13 @@ impl State {
                     Some(ep) => match ep.connect(dest, &card) {
                         Ok(c) => Path::Verbs(c),
                         Err(e) => Path::Unreachable(format!("verbs connection failed: {e}")),
+                    },
+                },
+                Resolved::TcpCard(card) => match &mut self.tcp {
+                    None => Path::Unreachable("the TCP transport is not open".into()),
+                    Some(ep) => match ep.connect(dest, &card) {
+                        Ok(c) => Path::Tcp(c),
+                        Err(e) => Path::Unreachable(format!("TCP connection failed: {e}")),
                     },
                 },
             };
@@ -629,18 +710,34 @@ impl State {
         }
         let peer = &mut self.peers[dest as usize];
         if peer.backlog.is_empty() {
-            let sent = match &mut peer.path {
-                Path::Shm(out) => Ok(out.try_send(hdr, payload)),
-                Path::Verbs(conn) => match &mut self.verbs {
-                    Some(ep) => ep.try_send(*conn, hdr, payload),
-                    None => Ok(false),
+            match &mut peer.path {
+                Path::Shm(out) => {
+                    let sent = out.try_send(hdr, payload);
+                    if sent {
+                        return;
+                    }
+                }
+                Path::Verbs(conn) => match self
+                    .verbs
+                    .as_mut()
+                    .map(|ep| ep.try_send(*conn, hdr, payload))
+                {
+                    Some(Ok(true)) => return,
+                    Some(Err(e)) => return self.verbs_failed(dest, &e),
+                    _ => {}
                 },
-                _ => Ok(false),
-            };
-            match sent {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => return self.verbs_failed(dest, &e),
+                Path::Tcp(conn) => {
+                    if self.failed.contains_key(&dest) {
+                        // The connection is gone: what waits on it has failed.
+                        return;
+                    }
+                    match self.tcp.as_mut().map(|ep| ep.try_send(*conn, hdr, payload)) {
+                        Some(Ok(true)) => return,
+                        Some(Err(e)) => return self.tcp_failed(dest, &e.to_string()),
+                        _ => {}
+                    }
+                }
+                _ => {}
             }
         }
         let mut f = Vec::with_capacity(hdr.len() + payload.len());
@@ -659,6 +756,10 @@ impl State {
                 .verbs
                 .as_ref()
                 .map_or(0, |ep| ep.max_frame(*c).saturating_sub(HDR)),
+            Path::Tcp(_) => self
+                .tcp
+                .as_ref()
+                .map_or(0, |ep| ep.config().max_frame.saturating_sub(HDR)),
             _ => usize::MAX,
         }
     }
@@ -712,6 +813,29 @@ impl State {
                 }
             }
         }
+        // And for a peer reached over TCP: a short header, written at once when nothing
+        // is queued for the connection (the endpoint copies what the socket does not take).
+        if len <= self.cfg.tcp_eager_limit {
+            if let (
+                Some(Peer {
+                    path: Path::Tcp(conn),
+                    backlog,
+                    ..
+                }),
+                Some(ep),
+            ) = (self.peers.get_mut(dest as usize), self.tcp.as_mut())
+            {
+                if backlog.is_empty() && len + SHORT_HDR <= ep.config().max_frame {
+                    let hdr = short_header(ctx, tag);
+                    // SAFETY: as above, `buf` holds `len` readable bytes during this call.
+                    let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                    // A failed connection errs here: the slow path reports it.
+                    if let Ok(true) = ep.try_send(*conn, &hdr, data) {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
         self.send_general(buf, len, dest, ctx, tag)
     }
 
@@ -745,11 +869,26 @@ impl State {
             self.on_eager(hdr, data);
             return Ok(None);
         }
+        let tcp = matches!(self.peers[dest as usize].path, Path::Tcp(_));
         if let Path::Verbs(conn) = self.peers[dest as usize].path {
             self.wait_connected(dest, conn)?;
         }
-        let eager = len <= self.cfg.eager_limit.min(self.max_payload(dest));
-        if eager && len <= SHORT_MAX && matches!(self.peers[dest as usize].path, Path::Shm(_)) {
+        if let Path::Tcp(conn) = self.peers[dest as usize].path {
+            self.tcp_wait_connected(dest, conn)?;
+        }
+        let limit = if tcp {
+            self.cfg.tcp_eager_limit
+        } else {
+            self.cfg.eager_limit
+        };
+        let eager = len <= limit.min(self.max_payload(dest));
+        let short = match self.peers[dest as usize].path {
+            Path::Shm(_) => len <= SHORT_MAX,
+            // The endpoint names the sender, the frame's length is the message's.
+            Path::Tcp(_) => true,
+            _ => false,
+        };
+        if eager && short {
             // SAFETY: as above, `buf` holds `len` readable bytes during this call.
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
             self.push(dest, &short_header(ctx, tag), data);
@@ -772,6 +911,9 @@ impl State {
         }
         if let Path::Verbs(_) = self.peers[dest as usize].path {
             return self.send_rdma(buf, len, dest, ctx, tag).map(Some);
+        }
+        if tcp {
+            return Ok(Some(self.send_tcp_rts(buf, len, dest, ctx, tag)));
         }
         let id = self.alloc(Kind::Send {
             buf,
@@ -828,6 +970,7 @@ impl State {
                 self.on_rts(h, addr, pid)
             }
             RTS_RDMA if payload.len() >= 12 => self.on_rts_rdma(h, payload),
+            RTS_TCP => self.on_rts_tcp(h),
             FIN => self.on_fin(h),
             CTS if payload.len() >= 4 => self.on_cts(h, payload),
             DATA => self.on_data(h, payload),
@@ -849,6 +992,7 @@ impl State {
         for dest in busy {
             let more = match self.peers[dest as usize].path {
                 Path::Verbs(conn) => self.flush_verbs(dest, conn),
+                Path::Tcp(conn) => self.flush_tcp(dest, conn),
                 Path::Shm(_) => self.flush_shm(dest),
                 _ => false,
             };

@@ -46,6 +46,9 @@ const CARD_WAIT: Duration = Duration::from_secs(60);
 /// The key under which a process publishes its verbs card (Global scope, so that
 /// `WEFT_TRANSPORTS=verbs` works between processes of one node too).
 pub const VERBS_CARD_KEY: &str = "weft.verbs.card";
+/// The key under which a process publishes its TCP card (Global scope), or, as a string,
+/// why its TCP transport cannot open.
+pub const TCP_CARD_KEY: &str = "weft.tcp.card";
 
 /// The shared-memory card: the inbox segment's name and the layout version it speaks.
 fn shm_card(name: &str) -> String {
@@ -70,8 +73,13 @@ fn parse_shm_card(card: &str) -> Result<&str, String> {
 pub const TUNABLES: &[(&str, &str, &str)] = &[
     (
         "WEFT_TRANSPORTS",
-        "shm,verbs",
-        "transports to use: shm for peers on the node, verbs for the others; `verbs` alone sends to every peer over verbs, `shm` alone refuses other nodes",
+        "shm,verbs,tcp",
+        "transports to use, in this order of preference: shm for peers on the node, then verbs (when both ends have a usable RDMA device), then tcp for the others; without shm, peers on the node use the others too; `shm` alone refuses other nodes",
+    ),
+    (
+        "WEFT_TCP_EAGER_LIMIT",
+        "65536",
+        "largest message sent eagerly over TCP (bytes); larger ones go by rendezvous, written straight from the sender's buffer into the receiver's",
     ),
     (
         "WEFT_VERBS_KEEP_REGISTRATIONS",
@@ -205,6 +213,12 @@ pub enum InitError {
     /// The verbs transport was asked for (`WEFT_TRANSPORTS=verbs`) but cannot open.
     #[error("fabric init: WEFT_TRANSPORTS asks for verbs only, but the verbs transport cannot open: {0}")]
     Verbs(#[source] weft_verbs::Error),
+    /// TCP is the only way to the other processes (`WEFT_TRANSPORTS=tcp`, or verbs did
+    /// not open either) but the TCP transport cannot open.
+    #[error(
+        "fabric init: the TCP transport is the only way to other processes but cannot open: {0}"
+    )]
+    Tcp(String),
     /// A tunable has a bad value.
     #[error("fabric init: {var}={value:?}: {reason}")]
     Tunable {
@@ -439,44 +453,73 @@ fn config() -> Result<Config, InitError> {
         }
     };
     let cma_split: usize = tunable("WEFT_SHM_CMA_SPLIT", DEFAULT_CMA_SPLIT)?;
+    let tcp_eager_limit: usize = tunable("WEFT_TCP_EAGER_LIMIT", DEFAULT_TCP_EAGER_LIMIT)?;
+    if tcp_eager_limit > MAX_TCP_EAGER_LIMIT {
+        return Err(InitError::Tunable {
+            var: "WEFT_TCP_EAGER_LIMIT",
+            value: tcp_eager_limit.to_string(),
+            reason: format!("at most {MAX_TCP_EAGER_LIMIT} bytes"),
+        });
+    }
     Ok(Config {
         eager_limit,
         single_copy,
         keep_registrations,
         cma_split,
+        tcp_eager_limit,
     })
 }
 
 /// Default of `WEFT_SHM_CMA_SPLIT` (bytes).
 const DEFAULT_CMA_SPLIT: usize = 64 * 1024;
+/// Default of `WEFT_TCP_EAGER_LIMIT` (bytes).
+const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+/// Largest `WEFT_TCP_EAGER_LIMIT`: an eager frame is read whole into the endpoint's
+/// buffer before it is matched.
+const MAX_TCP_EAGER_LIMIT: usize = 1 << 20;
+
+/// The TCP endpoint's largest frame for an eager limit: the message and a full header.
+fn tcp_max_frame(eager_limit: usize) -> usize {
+    (eager_limit + engine::HDR).max(64 * 1024)
+}
+
+/// A 64-bit identity of the job for transport handshakes (FNV-1a of its namespace).
+fn job_hash(nspace: &str) -> u64 {
+    nspace.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// Which transports `WEFT_TRANSPORTS` allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Transports {
     shm: bool,
     verbs: bool,
+    tcp: bool,
 }
 
 fn transports() -> Result<Transports, InitError> {
-    let value = std::env::var("WEFT_TRANSPORTS").unwrap_or_else(|_| "shm,verbs".into());
+    let value = std::env::var("WEFT_TRANSPORTS").unwrap_or_else(|_| "shm,verbs,tcp".into());
     let mut t = Transports {
         shm: false,
         verbs: false,
+        tcp: false,
     };
     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part {
             "shm" => t.shm = true,
             "verbs" => t.verbs = true,
+            "tcp" => t.tcp = true,
             other => {
                 return Err(InitError::Tunable {
                     var: "WEFT_TRANSPORTS",
                     value: value.clone(),
-                    reason: format!("unknown transport {other:?} (shm, verbs)"),
+                    reason: format!("unknown transport {other:?} (shm, verbs, tcp)"),
                 })
             }
         }
     }
-    if !t.shm && !t.verbs {
+    if !t.shm && !t.verbs && !t.tcp {
         return Err(InitError::Tunable {
             var: "WEFT_TRANSPORTS",
             value,
@@ -558,7 +601,7 @@ impl Fabric {
                     wire.put(Scope::Global, VERBS_CARD_KEY, ep.card())?;
                     Some(ep)
                 }
-                Err(e) if !t.shm => return Err(InitError::Verbs(e)),
+                Err(e) if !t.shm && !t.tcp => return Err(InitError::Verbs(e)),
                 Err(e) => {
                     // Said once per process at info level: a send to another node fails
                     // with this reason (NoPath), which is where a user needs it.
@@ -574,20 +617,67 @@ impl Fabric {
             None
         };
         let verbs_open = verbs.is_some();
+        // TCP when some peer may need it: another node, or every peer when shm is off
+        // (verbs is preferred where both ends have it; TCP reaches the others).
+        let want_tcp = t.tcp && size > 1 && (remote_peers || !t.shm);
+        let mut tcp_down = None;
+        let tcp = if want_tcp {
+            let opened = match (wire.transport_secret(), wire.node_addr()) {
+                (Some(secret), addr) => {
+                    let addr = addr.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+                    weft_tcp::Config::from_env(me, job_hash(wire.nspace()), secret, addr)
+                        .map(|mut c| {
+                            c.max_frame = c.max_frame.max(tcp_max_frame(cfg.tcp_eager_limit));
+                            // A live peer is never given up for a slow handshake (it may be
+                            // busy outside any Weft call): the fabric asks wire-up whether
+                            // it lives, and a dead one is named by how it ended.
+                            if std::env::var_os("WEFT_TCP_HANDSHAKE_TIMEOUT_MS").is_none() {
+                                c.handshake_timeout = Duration::from_secs(365 * 24 * 3600);
+                            }
+                            c
+                        })
+                        .and_then(weft_tcp::Endpoint::open)
+                        .map_err(|e| e.to_string())
+                }
+                (None, _) => Err("the wire-up server gives no transport secret".to_string()),
+            };
+            match opened {
+                Ok(ep) => {
+                    wire.put(Scope::Global, TCP_CARD_KEY, ep.card())?;
+                    Some(ep)
+                }
+                Err(e) if !t.shm && !verbs_open => return Err(InitError::Tcp(e)),
+                Err(e) => {
+                    tracing::info!("the TCP transport cannot open ({e})");
+                    wire.put(Scope::Global, TCP_CARD_KEY, e.clone())?;
+                    tcp_down = Some(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let tcp_open = tcp.is_some();
         wire.commit()?;
         let my_local = wire.local_rank();
         let pairs = inbox.as_ref().map(Inbox::pair_host);
         let w2 = wire.clone();
-        // Which card reaches a peer: the shared-memory one on this node (when shm is on),
-        // else the verbs one (when verbs opened); none otherwise.
+        // Which card reaches a peer first: the shared-memory one on this node (when shm
+        // is on), else the verbs one (when verbs opened), else the TCP one; none
+        // otherwise. (A process commits its verbs and TCP cards together: once one is
+        // on the node, so is the other.)
         let card_key = {
             let w = wire.clone();
             move |rank: u32| -> Option<&'static str> {
                 let on_node = w.job().node_of(rank) == Some(w.node());
-                match (on_node && t.shm, t.verbs && verbs_open) {
-                    (true, _) => Some(SHM_CARD_KEY),
-                    (false, true) => Some(VERBS_CARD_KEY),
-                    (false, false) => None,
+                if on_node && t.shm {
+                    Some(SHM_CARD_KEY)
+                } else if t.verbs && verbs_open {
+                    Some(VERBS_CARD_KEY)
+                } else if t.tcp && tcp_open {
+                    Some(TCP_CARD_KEY)
+                } else {
+                    None
                 }
             }
         };
@@ -638,27 +728,50 @@ impl Fabric {
                     Err(e) => Resolved::Unreachable(format!("no shared-memory card: {e}")),
                 };
             }
+            // Verbs where both ends have it, else TCP; if neither, every reason.
+            let mut why = Vec::new();
             if !t.verbs {
-                return Resolved::Unreachable(format!(
-                    "it runs on node {node} and WEFT_TRANSPORTS excludes verbs"
-                ));
-            }
-            if !verbs_open {
-                let why = verbs_down.as_deref().unwrap_or("not opened");
-                return Resolved::Unreachable(format!(
-                    "it runs on node {node} and the verbs transport cannot open: {why}"
-                ));
-            }
-            match w2.get(rank, VERBS_CARD_KEY, timeout) {
-                Ok(Value::Str(why)) => {
-                    Resolved::Unreachable(format!("its verbs transport cannot open: {why}"))
+                why.push("WEFT_TRANSPORTS excludes verbs".to_string());
+            } else if !verbs_open {
+                let down = verbs_down.as_deref().unwrap_or("not opened");
+                why.push(format!("the verbs transport cannot open here: {down}"));
+            } else {
+                match w2.get(rank, VERBS_CARD_KEY, timeout) {
+                    Ok(Value::Bytes(card)) => return Resolved::VerbsCard(card),
+                    Ok(Value::Str(down)) => {
+                        why.push(format!("its verbs transport cannot open: {down}"))
+                    }
+                    Ok(v) => why.push(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}")),
+                    Err(e) => why.push(format!("no verbs card: {e}")),
                 }
-                Ok(Value::Bytes(card)) => Resolved::VerbsCard(card),
-                Ok(v) => {
-                    Resolved::Unreachable(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}"))
-                }
-                Err(e) => Resolved::Unreachable(format!("no verbs card: {e}")),
             }
+            if !t.tcp {
+                why.push("WEFT_TRANSPORTS excludes tcp".to_string());
+            } else if !tcp_open {
+                let down = tcp_down.as_deref().unwrap_or("not opened");
+                why.push(format!("the TCP transport cannot open here: {down}"));
+            } else {
+                // Committed with the verbs card: no second wait once that one was found.
+                let timeout = if t.verbs && verbs_open {
+                    GetOpts::default().immediate()
+                } else {
+                    timeout
+                };
+                match w2.get(rank, TCP_CARD_KEY, timeout) {
+                    Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
+                    Ok(Value::Str(down)) => {
+                        why.push(format!("its TCP transport cannot open: {down}"))
+                    }
+                    Ok(v) => why.push(format!("its card {TCP_CARD_KEY} is not bytes: {v:?}")),
+                    Err(e) => why.push(format!("no TCP card: {e}")),
+                }
+            }
+            let place = if on_node {
+                "it runs on this node, WEFT_TRANSPORTS excludes shm".to_string()
+            } else {
+                format!("it runs on node {node}")
+            };
+            Resolved::Unreachable(format!("{place}; {}", why.join("; ")))
         });
         let w3 = wire.clone();
         // A peer is gone when its server says so, and every peer is when our own server
@@ -673,7 +786,7 @@ impl Fabric {
                 shm_cfg.fastbox_bytes
             );
         }
-        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs);
+        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs, tcp);
         let world_ctx = wire.job().world_pgcid;
         Ok(Inner::new(
             engine,
@@ -792,6 +905,7 @@ impl Fabric {
             },
             keep_registrations: false,
             cma_split: DEFAULT_CMA_SPLIT,
+            tcp_eager_limit: DEFAULT_TCP_EAGER_LIMIT,
         };
         let engine = Engine::new(
             me,
@@ -801,6 +915,7 @@ impl Fabric {
             cfg,
             resolve,
             Box::new(|_| None),
+            None,
             None,
         );
         Fabric::without_wire(engine, me, size)
@@ -836,6 +951,7 @@ impl Fabric {
             single_copy: SingleCopy::None,
             keep_registrations: false,
             cma_split: 0,
+            tcp_eager_limit: DEFAULT_TCP_EAGER_LIMIT,
         };
         let engine = Engine::new(
             me,
@@ -845,6 +961,45 @@ impl Fabric {
             cfg,
             resolve,
             Box::new(|_| None),
+            Some(endpoint),
+            None,
+        );
+        Fabric::without_wire(engine, me, size)
+    }
+
+    /// A fabric over a TCP endpoint alone, for tests of the engine with several
+    /// endpoints in one process: `cards[r]` is rank r's TCP card. Messages up to
+    /// `eager_limit` bytes go eagerly, larger ones by rendezvous.
+    #[doc(hidden)]
+    pub fn from_tcp(
+        me: u32,
+        size: u32,
+        endpoint: weft_tcp::Endpoint,
+        cards: Vec<Option<Vec<u8>>>,
+        eager_limit: usize,
+    ) -> Fabric {
+        let resolve = Box::new(move |rank: u32| -> Resolved {
+            match cards.get(rank as usize).cloned().flatten() {
+                Some(card) => Resolved::TcpCard(card),
+                None => Resolved::Unreachable("no card".into()),
+            }
+        });
+        let cfg = Config {
+            eager_limit,
+            single_copy: SingleCopy::None,
+            keep_registrations: false,
+            cma_split: 0,
+            tcp_eager_limit: eager_limit,
+        };
+        let engine = Engine::new(
+            me,
+            size,
+            None,
+            vec![me],
+            cfg,
+            resolve,
+            Box::new(|_| None),
+            None,
             Some(endpoint),
         );
         Fabric::without_wire(engine, me, size)

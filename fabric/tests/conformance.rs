@@ -1,7 +1,8 @@
 //! The conformance suite of point-to-point semantics, run over every path: shared memory
 //! between two endpoints (eager, rendezvous by CMA, rendezvous pipelined through the
 //! rings), verbs (eager over the shared receive queue, rendezvous by RDMA read; skipped
-//! with a printed reason where there is no RDMA device) and loopback. Multi-process runs through `weft run` are in the root package.
+//! with a printed reason where there is no RDMA device), TCP on 127.0.0.1 (eager frames,
+//! rendezvous by bulk transfer) and loopback. Multi-process runs through `weft run` are in the root package.
 #![allow(missing_docs)]
 
 use std::sync::{Arc, Barrier, Mutex};
@@ -19,6 +20,17 @@ enum Via {
     Pipelined,
     /// Verbs (RC connections, rendezvous by RDMA read): needs an RDMA device.
     Verbs,
+    /// TCP on 127.0.0.1 (one connection, rendezvous by a bulk transfer from the sender's
+    /// buffer into the receiver's).
+    Tcp,
+}
+
+/// Opens a TCP endpoint for rank `me` on 127.0.0.1.
+fn tcp_endpoint(me: u32) -> weft_tcp::Endpoint {
+    let addr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let mut cfg = weft_tcp::Config::from_env(me, 7, [11, 13], addr).expect("TCP config");
+    cfg.addr = addr;
+    weft_tcp::Endpoint::open(cfg).expect("a TCP endpoint on 127.0.0.1")
 }
 
 /// Opens a verbs endpoint for rank `me`, or says why the verbs suite is skipped.
@@ -51,7 +63,13 @@ fn pair(name: &str, eager: usize, via: Via, case: fn(&Communicator, u32)) {
             let barrier = barrier.clone();
             let cards = cards.clone();
             std::thread::spawn(move || {
-                let f = if via == Via::Verbs {
+                let f = if via == Via::Tcp {
+                    let ep = tcp_endpoint(me);
+                    cards.lock().unwrap()[me as usize] = Some(ep.card());
+                    barrier.wait();
+                    let cards = cards.lock().unwrap().clone();
+                    Fabric::from_tcp(me, 2, ep, cards, eager)
+                } else if via == Via::Verbs {
                     let ep = verbs_endpoint(me).expect("a verbs endpoint");
                     cards.lock().unwrap()[me as usize] = Some(ep.card());
                     barrier.wait();
@@ -516,6 +534,8 @@ suite!(shm_pipelined, 8192, Via::Pipelined);
 suite!(shm_all_rendezvous, 0, Via::Cma);
 suite!(verbs_eager_and_rdma, 8192, Via::Verbs);
 suite!(verbs_all_rdma, 0, Via::Verbs);
+suite!(tcp_eager_and_bulk, 8192, Via::Tcp);
+suite!(tcp_all_bulk, 0, Via::Tcp);
 
 mod loopback {
     use super::*;

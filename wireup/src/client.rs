@@ -14,7 +14,7 @@ pub(crate) use crate::conn::lock;
 pub(crate) use crate::conn::ConnError;
 use crate::conn::{self, Conn};
 use crate::frame::{self, MAX_PEER_FRAME};
-use crate::job::JobInfo;
+use crate::job::{JobInfo, NodeNet};
 use crate::proto::{
     ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION,
 };
@@ -68,6 +68,8 @@ pub(crate) mod keys {
     pub(crate) const JOB_INFO: &[u8] = &[2];
     /// The names of the process sets defined while the job runs (postcard `Vec<String>`).
     pub(crate) const RUNTIME_PSETS: &[u8] = &[4];
+    /// The node's [`crate::job::NodeNet`] (postcard).
+    pub(crate) const NODE_NET: &[u8] = &[6];
     /// The members of runtime process set `name` (postcard `Option<Vec<Rank>>`; `None`
     /// once deleted).
     pub(crate) fn pset(name: &str) -> Vec<u8> {
@@ -339,6 +341,8 @@ pub struct Client {
     rank: Rank,
     node: u32,
     job: JobInfo,
+    /// The node's address and the transports' secret, from the datastore.
+    net: Option<NodeNet>,
     local_peers: Vec<Rank>,
     store: StoreReader,
     conn: Conn,
@@ -494,6 +498,10 @@ impl Client {
             ))
         })?;
         let local_peers = job.ranks_on(node);
+        // Absent only under a server that predates it: transports then choose alone.
+        let net = store
+            .get(keys::NODE_NET)
+            .and_then(|b| postcard::from_bytes::<NodeNet>(b).ok());
         let reader = s.try_clone().map_err(|e| hs(e.to_string()))?;
         // Reads return every READ_SLICE so that callers can check their own deadlines.
         reader
@@ -504,6 +512,7 @@ impl Client {
             node,
             local_peers,
             job,
+            net,
             store,
             conn: Conn::new(s, reader),
             pending: Mutex::new(Vec::new()),
@@ -534,6 +543,18 @@ impl Client {
     /// Everything known about the job at launch.
     pub fn job(&self) -> &JobInfo {
         &self.job
+    }
+    /// The address this node's wire-up server uses to reach the other nodes (the
+    /// interface toward the launcher): where a transport that listens for peers on other
+    /// nodes listens by default.
+    pub fn node_addr(&self) -> Option<std::net::IpAddr> {
+        self.net.as_ref().map(|n| n.addr)
+    }
+    /// A secret shared by the job's processes and no one else (derived by each node's
+    /// server from the launcher's job secret), for transports to authenticate the
+    /// connections between them.
+    pub fn transport_secret(&self) -> Option<[u64; 2]> {
+        self.net.as_ref().map(|n| n.transport_secret)
     }
     /// This process's node id.
     pub fn node(&self) -> u32 {

@@ -57,6 +57,39 @@ pub struct Pset {
     pub members: Vec<Rank>,
 }
 
+/// What a node's server tells its processes about the network (in the datastore).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NodeNet {
+    /// The address the server reaches other nodes from.
+    pub(crate) addr: std::net::IpAddr,
+    /// The job's transport secret ([`transport_secret`]).
+    pub(crate) transport_secret: [u64; 2],
+}
+
+impl std::fmt::Debug for NodeNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret.
+        f.debug_struct("NodeNet").field("addr", &self.addr).finish()
+    }
+}
+
+/// The secret the job's processes authenticate transport connections with, derived from
+/// the launcher's job secret (which stays with the servers): the same on every node, and
+/// not the job secret itself.
+pub(crate) fn transport_secret(job_secret: [u64; 2]) -> [u64; 2] {
+    // SplitMix64's finalizer over the secret and a domain constant: a fixed mixing that
+    // does not hand the servers' secret to every process.
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    const DOMAIN: u64 = 0x7765_6674_2d74_6370; // "weft-tcp"
+    let a = mix(job_secret[0] ^ mix(job_secret[1] ^ DOMAIN));
+    let b = mix(job_secret[1] ^ mix(a ^ DOMAIN.rotate_left(29)));
+    [a, b]
+}
+
 /// Everything known about a job at launch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobInfo {
@@ -141,6 +174,24 @@ impl JobInfo {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn the_transport_secret_is_derived_not_copied() {
+        let a = transport_secret([1, 2]);
+        // The same on every node (a function of the job secret alone)...
+        assert_eq!(a, transport_secret([1, 2]));
+        // ...never the job secret itself, and different for another job.
+        assert_ne!(a, [1, 2]);
+        assert_ne!(a, transport_secret([1, 3]));
+        assert_ne!(a, transport_secret([2, 2]));
+        assert_ne!(transport_secret([0, 0]), [0, 0]);
+        // Debug output never shows it.
+        let net = NodeNet {
+            addr: "127.0.0.1".parse().unwrap(),
+            transport_secret: a,
+        };
+        assert!(!format!("{net:?}").contains(&a[0].to_string()));
+    }
 
     /// A 5-process job over 2 nodes with two app contexts, for tests.
     pub(crate) fn sample() -> JobInfo {

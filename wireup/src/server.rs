@@ -26,6 +26,7 @@ use weft_shm::StoreWriter;
 
 use crate::client::keys;
 use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::job::{transport_secret, NodeNet};
 use crate::modex::{self, Answer, GetFlags, Modex};
 use crate::proto::{
     AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
@@ -393,6 +394,18 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
                 "job info of {} bytes does not fit the datastore",
                 job_bytes.len()
             )),
+        })?;
+    let net = NodeNet {
+        addr: bind_ip,
+        transport_secret: transport_secret(args.secret),
+    };
+    let net_bytes = postcard::to_stdvec(&net).expect("postcard encoding into a Vec");
+    store
+        .insert(keys::NODE_NET, &net_bytes)
+        .map_err(|_| ServerError::Setup {
+            node,
+            what: "datastore".into(),
+            source: io::Error::other("the node's network record does not fit the datastore"),
         })?;
     std::fs::create_dir_all(&args.job_dir).map_err(|e| setup("job directory", e))?;
     std::fs::set_permissions(&args.job_dir, std::fs::Permissions::from_mode(0o700))

@@ -23,6 +23,9 @@ pub(crate) const CMA_WRITE: u8 = 7;
 /// receiver's request; len: bytes written, or 0 when the kernel refused the write (the
 /// receiver then reads them itself); payload: an error message, if the write failed.
 pub(crate) const CMA_DONE: u8 = 8;
+/// Rendezvous over TCP (sender -> receiver): aux the sender's request, len the message's;
+/// no payload. The receiver answers CTS once its buffer is ready for the bulk transfer.
+pub(crate) const RTS_TCP: u8 = 10;
 
 /// A short eager message: `[SHORT, tag u32, ctx u64, payload]`, no source (the transport
 /// knows the sender) and no length (the frame's). Small enough (13 bytes of header) that an

@@ -79,6 +79,10 @@ pub(super) enum Body {
         rkey: u32,
         len: u64,
     },
+    RtsTcp {
+        sreq: u32,
+        len: u64,
+    },
 }
 
 pub(super) struct Unexpected {
@@ -123,6 +127,7 @@ impl State {
             src,
             pipe: None,
             split: None,
+            bulk: None,
         });
         if let Some(i) = self
             .unexpected
@@ -144,6 +149,7 @@ impl State {
                     rkey,
                     len,
                 } => self.rdma_matched(id, u.src, u.tag, sreq, addr, rkey, len),
+                Body::RtsTcp { sreq, len } => self.tcp_matched(id, u.src, u.tag, sreq, len),
             }
         } else {
             self.posted.push_back(Posted { id, ctx, src, tag });

@@ -3,7 +3,7 @@
 //! the rings), and FIN, which frees the sender's buffer.
 
 use super::frame::{outcome, Hdr, CTS, FIN};
-use super::{Kind, Req, SingleCopy, State};
+use super::{Kind, Path, Req, SingleCopy, State};
 use crate::{P2pError, Status};
 
 /// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
@@ -223,8 +223,11 @@ impl State {
         if *dest != h.src {
             return;
         }
-        *stream = Some((rreq, 0));
         let d = *dest;
+        if let Path::Tcp(conn) = self.peers[d as usize].path {
+            return self.tcp_send_bulk(id, conn, d, rreq);
+        }
+        *stream = Some((rreq, 0));
         if !self.busy.contains(&d) {
             self.busy.push(d);
         }

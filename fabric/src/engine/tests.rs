@@ -24,6 +24,7 @@ fn rank0(
         single_copy,
         keep_registrations: false,
         cma_split,
+        tcp_eager_limit: eager_limit,
     };
     Engine::new(
         0,
@@ -33,6 +34,7 @@ fn rank0(
         cfg,
         resolve,
         Box::new(|_| None),
+        None,
         None,
     )
 }

@@ -32,7 +32,12 @@ impl<T: TakeFrame> weft_verbs::Deliver for VerbsSink<'_, T> {
 /// (off the path of a frame a receive takes).
 #[cold]
 #[inline(never)]
-fn keep_frame(scratch: &mut Vec<u8>, spans: &mut Vec<(u32, usize)>, peer: u32, frame: &[u8]) {
+pub(super) fn keep_frame(
+    scratch: &mut Vec<u8>,
+    spans: &mut Vec<(u32, usize)>,
+    peer: u32,
+    frame: &[u8],
+) {
     scratch.extend_from_slice(frame);
     spans.push((peer, scratch.len()));
 }

@@ -1,0 +1,394 @@
+//! The TCP adapter: frames over one connection per peer pair (`weft-tcp`), and the
+//! rendezvous of large messages without a staging copy: the sender offers the message
+//! (RTS_TCP), the receiver, once matched, hands its buffer to the endpoint for the
+//! transfer and answers CTS, and the sender's endpoint writes the payload straight from
+//! the sender's buffer into the socket (`writev`), the receiver's reads it straight into
+//! the posted buffer. A bulk transfer is named by a token: the sender's request in the
+//! high 32 bits, the receiver's in the low ones (both wire ids, with their generations).
+
+use weft_tcp::ConnId;
+
+use super::frame::{outcome, Hdr, CTS, RTS_TCP};
+use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::{keep_frame, Kind, Path, Req, State};
+use crate::{P2pError, Status};
+
+/// What the endpoint reported in a poll besides frames, handled once the poll is over.
+#[derive(Debug)]
+pub(super) enum TcpEvent {
+    Received { peer: u32, token: u64, len: usize },
+    Sent { peer: u32, token: u64 },
+    Failed { peer: u32, reason: String },
+}
+
+/// The TCP endpoint's [`Deliver`](weft_tcp::Deliver) for a progress pass: frames go to
+/// `take` first, the others are kept for the queues; bulk and failure reports are kept
+/// as events.
+struct TcpSink<'a, T> {
+    take: &'a mut T,
+    taken: usize,
+    scratch: &'a mut Vec<u8>,
+    spans: &'a mut Vec<(u32, usize)>,
+    events: &'a mut Vec<TcpEvent>,
+}
+
+impl<T: TakeFrame> weft_tcp::Deliver for TcpSink<'_, T> {
+    #[inline(always)]
+    fn frame(&mut self, peer: u32, frame: &[u8]) {
+        if self.take.offer(peer, frame) {
+            self.taken += 1;
+        } else {
+            keep_frame(self.scratch, self.spans, peer, frame);
+        }
+    }
+
+    fn bulk_received(&mut self, peer: u32, token: u64, len: usize) {
+        self.events.push(TcpEvent::Received { peer, token, len });
+    }
+
+    fn bulk_sent(&mut self, peer: u32, token: u64) {
+        self.events.push(TcpEvent::Sent { peer, token });
+    }
+
+    fn failed(&mut self, peer: u32, reason: &str) {
+        self.events.push(TcpEvent::Failed {
+            peer,
+            reason: reason.to_string(),
+        });
+    }
+}
+
+/// The token of the bulk transfer of send `sreq` into receive `rreq` (wire ids).
+fn token(sreq: u32, rreq: u32) -> u64 {
+    (u64::from(sreq) << 32) | u64::from(rreq)
+}
+
+impl State {
+    /// Polls the TCP endpoint: frames, bulk transfers done, failures.
+    pub(super) fn progress_tcp(&mut self) -> usize {
+        self.progress_tcp_with(&mut TakeNone)
+    }
+
+    /// [`State::progress_tcp`], offering each frame to `take` first (a direct receive).
+    #[inline]
+    pub(super) fn progress_tcp_with<T: TakeFrame>(&mut self, take: &mut T) -> usize {
+        let Some(ep) = &mut self.tcp else {
+            return 0;
+        };
+        let mut sink = TcpSink {
+            take,
+            taken: 0,
+            scratch: &mut self.scratch,
+            spans: &mut self.spans,
+            events: &mut self.tcp_events,
+        };
+        ep.poll(&mut sink);
+        let taken = sink.taken;
+        if self.spans.is_empty() && self.tcp_events.is_empty() {
+            return taken;
+        }
+        let frames = self.spans.len() + taken;
+        let (mut scratch, mut spans) = (
+            std::mem::take(&mut self.scratch),
+            std::mem::take(&mut self.spans),
+        );
+        let mut start = 0;
+        for &(peer, end) in &spans {
+            self.on_frame_from(peer, &scratch[start..end]);
+            start = end;
+        }
+        scratch.clear();
+        spans.clear();
+        (self.scratch, self.spans) = (scratch, spans);
+        let mut events = std::mem::take(&mut self.tcp_events);
+        for ev in events.drain(..) {
+            match ev {
+                TcpEvent::Received { peer, token, len } => self.on_bulk_received(peer, token, len),
+                TcpEvent::Sent { peer, token } => self.on_bulk_sent(peer, token),
+                TcpEvent::Failed { peer, reason } => self.tcp_failed(peer, &reason),
+            }
+        }
+        self.tcp_events = events;
+        frames
+    }
+
+    /// Waits until the connection to `dest` is through its handshake (the first send to a
+    /// peer pays it), so that a send that returns has handed its frame to the kernel
+    /// rather than left it queued behind a handshake the caller might never progress.
+    pub(super) fn tcp_wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
+        let mut spins = 0u32;
+        loop {
+            match &self.tcp {
+                Some(ep) if ep.is_ready(conn) => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+            if let Some(reason) = self.failed.get(&dest) {
+                return Err(P2pError::PeerGone {
+                    rank: dest,
+                    reason: reason.clone(),
+                });
+            }
+            self.progress_tcp();
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if let Some(reason) = (self.gone)(dest) {
+                    return Err(P2pError::PeerGone { rank: dest, reason });
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A rendezvous send over TCP: offers the message (RTS_TCP); the payload follows the
+    /// receiver's CTS, straight from `buf`.
+    pub(super) fn send_tcp_rts(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        dest: u32,
+        ctx: u64,
+        tag: u32,
+    ) -> u32 {
+        let id = self.alloc(Kind::Send {
+            buf,
+            len,
+            dest,
+            stream: None,
+            registered: None,
+        });
+        let hdr = Hdr {
+            kind: RTS_TCP,
+            src: self.me,
+            ctx,
+            tag,
+            aux: self.wire_id(id),
+            len: len as u64,
+        }
+        .encode();
+        self.push(dest, &hdr, &[]);
+        id
+    }
+
+    /// An offer over TCP arrived: match it, or queue it as unexpected.
+    pub(super) fn on_rts_tcp(&mut self, h: Hdr) {
+        match self.match_posted(h.ctx, h.src, h.tag) {
+            Some(id) => self.tcp_matched(id, h.src, h.tag, h.aux, h.len),
+            None => self.unexpected.push_back(Unexpected {
+                ctx: h.ctx,
+                src: h.src,
+                tag: h.tag,
+                body: Body::RtsTcp {
+                    sreq: h.aux,
+                    len: h.len,
+                },
+            }),
+        }
+    }
+
+    /// Receive `id` matched a TCP offer: hands its buffer to the endpoint for the bulk
+    /// transfer, then asks for it (CTS).
+    pub(super) fn tcp_matched(&mut self, id: u32, src: u32, tag: u32, sreq: u32, len: u64) {
+        let Some((buf, cap)) = self.recv_buffer(id) else {
+            return;
+        };
+        let conn = match self.path(src).map(|()| &self.peers[src as usize].path) {
+            Ok(Path::Tcp(c)) => *c,
+            Ok(_) => {
+                let reason = "a TCP rendezvous from a peer not reached over TCP".to_string();
+                return self.complete(id, Err(P2pError::Transport { rank: src, reason }));
+            }
+            Err(e) => return self.complete(id, Err(e)),
+        };
+        if let Some(reason) = self.failed.get(&src) {
+            let reason = reason.clone();
+            return self.complete(id, Err(P2pError::PeerGone { rank: src, reason }));
+        }
+        let rreq = self.wire_id(id);
+        let t = token(sreq, rreq);
+        let Some(ep) = &mut self.tcp else { return };
+        // SAFETY: `buf` is the buffer of live receive request `id`, `cap` bytes, borrowed
+        // by the request until it completes; it completes only on the endpoint's report
+        // of this transfer (`on_bulk_received`) or after the connection is closed or
+        // failed (`tcp_failed`), when the endpoint has abandoned the transfer.
+        unsafe { ep.expect_bulk(conn, t, buf, cap) };
+        if let Some(Some(Req {
+            kind: Kind::Recv { pipe, bulk, .. },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            *pipe = Some((src, tag, len as usize, 0));
+            *bulk = Some(t);
+        }
+        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
+    }
+
+    /// CTS for send `id` over TCP connection `conn`: the endpoint writes the payload.
+    pub(super) fn tcp_send_bulk(&mut self, id: u32, conn: ConnId, dest: u32, rreq: u32) {
+        let sreq = self.wire_id(id);
+        let Some(Some(Req {
+            kind: Kind::Send {
+                buf, len, stream, ..
+            },
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        let (buf, len) = (*buf, *len);
+        // In flight until the endpoint reports it written (counted by `backlog`).
+        *stream = Some((rreq, len));
+        let Some(ep) = &mut self.tcp else { return };
+        // SAFETY: `buf` is the send request's buffer of `len` bytes, borrowed (and not
+        // written) until the request completes, which happens on the endpoint's report
+        // that the transfer is written (`on_bulk_sent`) or after the connection is closed
+        // or failed, when the endpoint has dropped it.
+        if let Err(e) = unsafe { ep.send_bulk(conn, token(sreq, rreq), buf, len) } {
+            self.tcp_failed(dest, &e.to_string());
+        }
+    }
+
+    /// The endpoint read a whole bulk transfer into a receive's buffer.
+    fn on_bulk_received(&mut self, peer: u32, t: u64, len: usize) {
+        let Some(id) = self.own(t as u32) else {
+            return;
+        };
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    cap,
+                    pipe: Some((src, tag, total, _)),
+                    bulk,
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        if *src != peer || *bulk != Some(t) {
+            return;
+        }
+        *bulk = None;
+        let (src, tag, total, cap) = (*src, *tag, *total, *cap);
+        let r = if len == total {
+            outcome(src, tag, total, cap)
+        } else {
+            Err(P2pError::Transport {
+                rank: src,
+                reason: format!("offered {total} bytes but sent {len}"),
+            })
+        };
+        self.complete(id, r);
+    }
+
+    /// The endpoint wrote a whole bulk transfer: the send is done.
+    fn on_bulk_sent(&mut self, peer: u32, t: u64) {
+        let Some(id) = self.own((t >> 32) as u32) else {
+            return;
+        };
+        if let Some(Some(Req {
+            kind: Kind::Send {
+                dest, len, stream, ..
+            },
+            result: result @ None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        {
+            if *dest == peer && stream.is_some() {
+                *stream = None;
+                *result = Some(Ok(Status {
+                    source: peer,
+                    tag: 0,
+                    count: *len,
+                }));
+            }
+        }
+    }
+
+    /// Pushes `dest`'s backlog onto its connection as far as the endpoint takes it; true
+    /// when some of it must wait.
+    pub(super) fn flush_tcp(&mut self, dest: u32, conn: ConnId) -> bool {
+        let Some(ep) = &mut self.tcp else {
+            return false;
+        };
+        let peer = &mut self.peers[dest as usize];
+        let mut failure = None;
+        while let Some(f) = peer.backlog.front() {
+            match ep.try_send(conn, f, &[]) {
+                Ok(true) => {
+                    peer.backlog.pop_front();
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = failure {
+            self.tcp_failed(dest, &reason);
+            return false;
+        }
+        !self.peers[dest as usize].backlog.is_empty()
+    }
+
+    /// The connection to `peer` is gone (the endpoint dropped it, with its transfers):
+    /// everything waiting on it fails, naming why.
+    pub(super) fn tcp_failed(&mut self, peer: u32, reason: &str) {
+        if (peer as usize) >= self.peers.len() {
+            return;
+        }
+        // A peer that finalized closes its connections: only waits on it fail, and they
+        // are named by how it ended when wire-up knows.
+        let reason = (self.gone)(peer).unwrap_or_else(|| reason.to_string());
+        tracing::debug!("TCP connection to rank {peer} ended: {reason}");
+        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.peers[peer as usize].backlog.clear();
+        let ids: Vec<u32> = self
+            .reqs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let r = r.as_ref()?;
+                if r.result.is_some() {
+                    return None;
+                }
+                let waits = match &r.kind {
+                    Kind::Send { dest, .. } => *dest == peer,
+                    Kind::Recv { src, pipe, .. } => {
+                        *src == Some(peer) || pipe.is_some_and(|p| p.0 == peer)
+                    }
+                };
+                waits.then_some(i as u32)
+            })
+            .collect();
+        for id in ids {
+            if let Some(Some(Req {
+                kind: Kind::Recv { bulk, .. },
+                ..
+            })) = self.reqs.get_mut(id as usize)
+            {
+                *bulk = None;
+            }
+            self.posted.retain(|p| p.id != id);
+            self.complete(
+                id,
+                Err(P2pError::PeerGone {
+                    rank: peer,
+                    reason: reason.clone(),
+                }),
+            );
+        }
+    }
+
+    /// Closes the connection to `peer` (the endpoint abandons its transfers, so that
+    /// their buffers may be given back), failing what waits on it.
+    pub(super) fn tcp_close(&mut self, peer: u32, reason: &str) {
+        if let Some(ep) = &mut self.tcp {
+            ep.close(peer);
+        }
+        self.tcp_failed(peer, reason);
+    }
+}
