@@ -129,18 +129,22 @@ static char *sbuf, *rbuf;
 static int window = 64;
 static long small_iters = 0; /* 0: the defaults */
 
-static long iters_for(long size, long small, long *skip)
+/* Timed iterations at `size`: `small` up to LARGE_MESSAGE, `large` above (with --iters N:
+ * N and N/10); a tenth of them untimed first. */
+static long iters_for(long size, long small, long large, long *skip)
 {
-    long n = small_iters > 0 ? small_iters : small;
-    if (size > LARGE_MESSAGE)
-        n = n / 10 > 0 ? n / 10 : 1;
+    long n;
+    if (small_iters > 0)
+        n = size > LARGE_MESSAGE ? (small_iters / 10 > 0 ? small_iters / 10 : 1) : small_iters;
+    else
+        n = size > LARGE_MESSAGE ? large : small;
     *skip = n / 10;
     return n;
 }
 
 static double latency(long size, long *iters_out)
 {
-    long skip, iters = iters_for(size, 1000, &skip);
+    long skip, iters = iters_for(size, 1000, 100, &skip);
     double t0 = 0.0;
     int peer = 1 - rank;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -273,7 +277,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int k = 0; k < nsizes && (benches & BW); k++) {
-        long skip, iters = iters_for(sizes[k], 100, &skip);
+        long skip, iters = iters_for(sizes[k], 100, 20, &skip);
         if (sizes[k] == 0)
             continue;
         double t = unidirectional(sizes[k], iters, skip);
@@ -284,7 +288,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int k = 0; k < nsizes && (benches & BIBW); k++) {
-        long skip, iters = iters_for(sizes[k], 100, &skip);
+        long skip, iters = iters_for(sizes[k], 100, 20, &skip);
         if (sizes[k] == 0)
             continue;
         double t = bibw(sizes[k], iters, skip);
@@ -296,7 +300,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int k = 0; k < nsizes && (benches & MR); k++) {
-        long skip, iters = iters_for(sizes[k], 100, &skip);
+        long skip, iters = iters_for(sizes[k], 100, 20, &skip);
         double t = unidirectional(sizes[k], iters, skip);
         double rate = (double)iters * window / t;
         if (rank == 0)
