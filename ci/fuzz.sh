@@ -3,7 +3,8 @@
 # server's request and peer handlers through the real decoding path, the server's data
 # state machine, a live server under hostile requests over its socket, the datastore
 # reader and the inbox consumer under corrupted segments, the verbs handshake decoder,
-# the fabric engine under hostile frames from a peer.
+# the fabric engine under hostile frames from a peer, and a live TCP endpoint taking
+# connection after connection of mutated handshakes and record streams.
 # Saved inputs (*/fuzz/corpus/) are replayed by every test run as well.
 #
 #   ci/fuzz.sh [SECONDS_PER_TARGET]     (default 30; WEFT_FUZZ_SEED picks the inputs)
@@ -18,6 +19,7 @@ run -p weft-wireup --lib fuzz_
 run -p weft-shm --lib fuzz_
 run -p weft-verbs --lib fuzz_
 run -p weft-fabric --lib fuzz_
+run -p weft-tcp --test fuzz fuzz_
 run -p weft --test wireup a_server_under_hostile_requests
 echo
 echo "ci/fuzz.sh: $WEFT_FUZZ_SECS s per target, $(($(date +%s) - start)) s in all:"
@@ -26,5 +28,5 @@ if grep -qE 'panicked|FAILED|test result: FAILED' "$log"; then
   echo "ci/fuzz.sh: a target failed (see above; rerun with its seed: WEFT_FUZZ_SEED=...)"
   exit 1
 fi
-[[ $(grep -c 'test result: ok' "$log") -ge 5 ]] || { echo "ci/fuzz.sh: some targets did not run"; exit 1; }
+[[ $(grep -c 'test result: ok' "$log") -ge 6 ]] || { echo "ci/fuzz.sh: some targets did not run"; exit 1; }
 echo "ci/fuzz.sh: no findings"
