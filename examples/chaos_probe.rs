@@ -1,7 +1,7 @@
 //! The program `ci/chaos.sh` runs under `weft run`: ITER rounds of fences in every mode
 //! with cards whose values it knows, gets of other ranks' cards, communicators made from
-//! groups (a PGCID each), and point-to-point rings among the processes of each node
-//! (eager and rendezvous sizes, checked byte for byte). Prints `rank R ok` at the end;
+//! groups (a PGCID each), and point-to-point rings among the processes of each node and
+//! around the whole job, across nodes (eager and rendezvous sizes, checked byte for byte). Prints `rank R ok` at the end;
 //! on any error prints `rank R error: ...` (the error names whom it lost) and exits 1.
 //!
 //!   weft run --nodes 2 -n 6 target/debug/examples/chaos_probe [ITER]
@@ -82,6 +82,16 @@ fn run(iters: u64) -> Res {
             let right = local[(pos + 1) % local.len()];
             let left = local[(pos + local.len() - 1) % local.len()];
             exchange(&world_comm, i, bytes, right, left)?;
+        }
+        // And around the whole job: across nodes (verbs or TCP) as well.
+        if i % 2 == 0 && size > 1 {
+            exchange(
+                &world_comm,
+                i + (1 << 20),
+                bytes,
+                (me + 1) % size,
+                (me + size - 1) % size,
+            )?;
         }
     }
     wire.fence(Procs::All, FenceMode::SyncOnly, Some(WAIT))?;

@@ -508,7 +508,13 @@ impl Engine {
             },
             None => return,
         };
+        let waited = self.waits_on(id);
         self.progress();
+        if self.waits_on(id) != waited {
+            // Matched meanwhile (a wildcard receive, now lent to one sender): judged again
+            // at the next look, by the peer it now waits on.
+            return;
+        }
         let still = self
             .st
             .reqs
@@ -728,7 +734,8 @@ impl State {
                 },
                 Path::Tcp(conn) => {
                     if self.failed.contains_key(&dest) {
-                        // The connection is gone: what waits on it has failed.
+                        // The connection is gone for good: what waits on it has failed.
+                        tracing::debug!("dropping a frame to rank {dest}: its connection failed");
                         return;
                     }
                     match self.tcp.as_mut().map(|ep| ep.try_send(*conn, hdr, payload)) {

@@ -144,6 +144,8 @@ struct Peer {
     lost_since: Option<Instant>,
     /// Why the last connection ended (for errors of later calls).
     down: Option<String>,
+    /// Given up on for good ([`Endpoint::forbid`]): no new connection either way.
+    forbidden: Option<String>,
     out: VecDeque<Out>,
     /// Unsent bytes of `Out::Bytes` entries (what `queue_bytes` bounds).
     out_copied: usize,
@@ -409,6 +411,7 @@ impl Endpoint {
             link: None,
             outgoing: None,
             lost_since: None,
+            forbidden: None,
             down: None,
             out: VecDeque::new(),
             out_copied: 0,
@@ -446,6 +449,12 @@ impl Endpoint {
             return Err(Error::SelfConnect { me: peer });
         }
         let pi = self.peer_index(peer);
+        if let Some(why) = &self.peers[pi].forbidden {
+            return Err(Error::ConnectionFailed {
+                peer,
+                reason: format!("given up on: {why}"),
+            });
+        }
         if self.peers[pi].alive() {
             return Ok(ConnId(pi as u32));
         }
@@ -672,6 +681,18 @@ impl Endpoint {
                 self.teardown(pi, reason);
             }
         }
+    }
+
+    /// Gives up on `peer` for good (its process is gone, or its connection failed and the
+    /// caller failed everything that waited on it): drops the connection as
+    /// [`Endpoint::close`] does, refuses its later connections with `reason` (so that
+    /// both sides know), and fails later [`Endpoint::connect`]s to it.
+    pub fn forbid(&mut self, peer: u32, reason: &str) {
+        self.close(peer);
+        let pi = self.peer_index(peer);
+        let p = &mut self.peers[pi];
+        p.forbidden.get_or_insert_with(|| reason.to_string());
+        p.down.get_or_insert_with(|| reason.to_string());
     }
 
     /// One non-blocking pass: accepts, handshakes, reads (frames delivered in order per
@@ -1034,13 +1055,21 @@ impl Endpoint {
             return refuse(
                 self,
                 format!(
-                    "{who} uses WEFT_TCP_MAX_FRAME={}, rank {me} uses {}: set it the same everywhere",
+                    "{who} uses WEFT_TCP_MAX_FRAME={}, rank {me} uses {}: set it (and WEFT_TCP_EAGER_LIMIT, which raises it) the same everywhere",
                     h.max_frame, self.cfg.max_frame
                 ),
                 true,
             );
         }
         let pi = self.peer_index(h.from);
+        if let Some(why) = &self.peers[pi].forbidden {
+            let why = why.clone();
+            return refuse(
+                self,
+                format!("rank {me} has given up on {who} ({why})"),
+                true,
+            );
+        }
         if self.peers[pi].link.is_some() {
             return refuse(
                 self,
@@ -1049,7 +1078,12 @@ impl Endpoint {
             );
         }
         if let Some(o) = self.peers[pi].outgoing {
-            if h.from > me {
+            // Ours wins only once it is connected (its HELLO on the way): one still
+            // connecting may never get through (one-way reachability), theirs did.
+            let ours_connected = self.shakes[o]
+                .as_ref()
+                .is_some_and(|s| s.phase != Phase::Connecting);
+            if h.from > me && ours_connected {
                 // Ours (initiated by the lower rank) wins: tell theirs to wait for it.
                 tracing::debug!(rank = me, peer = h.from, "simultaneous connect: ours wins");
                 let s = self.take_shake(si).expect("present");
@@ -1240,11 +1274,15 @@ impl Endpoint {
         for pi in 0..self.peers.len() {
             let p = &self.peers[pi];
             if let Some(t) = p.lost_since {
-                if now.duration_since(t) >= self.cfg.handshake_timeout {
+                // Its connection was already through its TCP connect when it told us so:
+                // it arrives at once, or something broke (bounded even for a patient
+                // caller, who would otherwise wait for ever on a live peer).
+                let limit = self.cfg.handshake_timeout.min(LOST_WAIT);
+                if now.duration_since(t) >= limit {
                     let reason = format!(
                         "rank {} answered our connection that its own would be used instead, \
-                         and that did not arrive within {:?}",
-                        p.rank, self.cfg.handshake_timeout
+                         and that did not arrive within {limit:?}",
+                        p.rank
                     );
                     self.fail(pi, reason);
                     continue;
@@ -1495,6 +1533,12 @@ fn parse<D: Deliver + ?Sized>(
     Ok(())
 }
 
+/// How long the loser of a crossed connect waits for the winner's connection, at most.
+const LOST_WAIT: Duration = Duration::from_secs(30);
+
+/// Reads into the receive buffer per [`read_link`] call, at most.
+const READ_BUDGET: u32 = 8;
+
 /// Reads what the socket has and delivers whole records; `Err` is the failure reason.
 /// After a short read it stops (the socket is drained: saves a `recv` per message) unless
 /// a record is incomplete or `hup` (epoll saw a hang-up: read on to the end of stream).
@@ -1505,8 +1549,15 @@ fn read_link<D: Deliver + ?Sized>(
     n: &mut usize,
     hup: bool,
 ) -> Result<(), String> {
+    // Buffer-fulls read per call: a peer that keeps the socket full cannot hold one poll
+    // (and what the caller keeps of its frames) for ever; level-triggered readiness, or
+    // the next direct read, picks the rest up.
+    let mut fills = 0u32;
     loop {
         parse(p.rank, &mut p.rx, &mut p.expects, max_frame, d, n)?;
+        if fills >= READ_BUDGET {
+            return Ok(());
+        }
         let Some(link) = &p.link else { return Ok(()) };
         let rx = &mut p.rx;
         // Straight into the landing memory when nothing is buffered.
@@ -1566,6 +1617,7 @@ fn read_link<D: Deliver + ?Sized>(
                     b.got += k as u64;
                 } else {
                     rx.end += k;
+                    fills += 1;
                 }
                 if k < want {
                     // Drained: deliver, and stop without another recv unless a record is

@@ -633,3 +633,76 @@ fn endpoint_is_send_and_works_across_threads() {
     let _ = Config::new(0, 0, [0, 0], "127.0.0.1".parse().unwrap());
     let _: Option<TcpStream> = None;
 }
+
+#[test]
+fn a_forbidden_peer_is_refused_for_good_on_both_sides() {
+    let mut a = Node::new(0);
+    let mut b = Node::new(1);
+    link(&mut a, &mut b);
+    a.ep.forbid(1, "its process was killed by signal 9");
+    pump(&mut [&mut a, &mut b], |n| !n[1].sink.failures().is_empty());
+    // b may try again: a refuses, naming why, and b reports it.
+    b.sink.evs.clear();
+    let c = b.ep.connect(0, &a.ep.card()).unwrap();
+    pump(&mut [&mut a, &mut b], |n| !n[1].sink.failures().is_empty());
+    let f = b.sink.failures();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].1.contains("has given up on rank 1") && f[0].1.contains("killed by signal 9"),
+        "{f:?}"
+    );
+    assert!(!b.ep.is_ready(c));
+    assert!(a.sink.frames().is_empty());
+    // And a will not connect to it either.
+    assert!(matches!(
+        a.ep.connect(1, &b.ep.card()),
+        Err(Error::ConnectionFailed { peer: 1, .. })
+    ));
+}
+
+#[test]
+fn a_flooding_peer_cannot_hold_one_poll() {
+    // A raw peer writes far more small frames than one poll's read budget holds: each poll
+    // delivers a bounded part, in order, and every frame arrives.
+    let mut a = Node::new(0);
+    let mut s = raw_peer(&mut a, 7, 0);
+    pump(&mut [&mut a], |n| {
+        n[0].ep.conn_of(7).is_some_and(|c| n[0].ep.is_ready(c))
+    });
+    let frames = 400_000usize;
+    let writer = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for i in 0..frames as u32 {
+            all.extend_from_slice(&rec_frame(&i.to_le_bytes()));
+        }
+        s.write_all(&all).unwrap();
+        s
+    });
+    let mut most = 0;
+    let t = std::time::Instant::now();
+    while a.sink.frames().len() < frames {
+        let before = a.sink.evs.len();
+        a.poll();
+        most = most.max(a.sink.evs.len() - before);
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "timed out"
+        );
+    }
+    let _s = writer.join().unwrap();
+    let got: Vec<u32> = a
+        .sink
+        .frames()
+        .iter()
+        .map(|(_, f)| u32::from_le_bytes(f[..4].try_into().unwrap()))
+        .collect();
+    assert!(
+        got.iter().copied().eq(0..frames as u32),
+        "out of order or lost"
+    );
+    // 20 bytes a frame: the whole flood is 8 MB, a poll reads a few receive buffers of it.
+    assert!(
+        most < frames / 4,
+        "one poll delivered {most} of {frames} frames"
+    );
+}

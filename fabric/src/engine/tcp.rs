@@ -118,16 +118,16 @@ impl State {
     pub(super) fn tcp_wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
         let mut spins = 0u32;
         loop {
-            match &self.tcp {
-                Some(ep) if ep.is_ready(conn) => return Ok(()),
-                Some(_) => {}
-                None => return Ok(()),
-            }
             if let Some(reason) = self.failed.get(&dest) {
                 return Err(P2pError::PeerGone {
                     rank: dest,
                     reason: reason.clone(),
                 });
+            }
+            match &self.tcp {
+                Some(ep) if ep.is_ready(conn) => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
             }
             self.progress_tcp();
             spins = spins.wrapping_add(1);
@@ -345,6 +345,11 @@ impl State {
         let reason = (self.gone)(peer).unwrap_or_else(|| reason.to_string());
         tracing::debug!("TCP connection to rank {peer} ended: {reason}");
         self.failed.entry(peer).or_insert_with(|| reason.clone());
+        // For good, on both sides: the peer's later connections are refused with this
+        // reason (what waited on it here has failed; it must not find a half-open way).
+        if let Some(ep) = &mut self.tcp {
+            ep.forbid(peer, &reason);
+        }
         self.peers[peer as usize].backlog.clear();
         let ids: Vec<u32> = self
             .reqs
@@ -383,12 +388,9 @@ impl State {
         }
     }
 
-    /// Closes the connection to `peer` (the endpoint abandons its transfers, so that
-    /// their buffers may be given back), failing what waits on it.
+    /// Closes the connection to `peer` for good (the endpoint abandons its transfers, so
+    /// that their buffers may be given back), failing what waits on it.
     pub(super) fn tcp_close(&mut self, peer: u32, reason: &str) {
-        if let Some(ep) = &mut self.tcp {
-            ep.close(peer);
-        }
         self.tcp_failed(peer, reason);
     }
 }
