@@ -15,6 +15,7 @@ fn main() {
         "dead-peer" => dead_peer(),
         "dead-peer-rendezvous" => dead_peer_rendezvous(),
         "dead-receiver-mid-transfer" => dead_mid_transfer(1),
+        "flow-control" => flow_control(),
         "dead-sender-mid-transfer" => dead_mid_transfer(0),
         "errors" => errors(),
         "all-to-all" => all_to_all(),
@@ -156,6 +157,48 @@ fn dead_mid_transfer(victim: u32) -> Res {
         }
     }
     std::process::exit(0);
+}
+
+/// Rank 0 sends rank 1 2000 eager-sized messages (60 KiB, 120 MB in all) while rank 1
+/// does not receive for 1.5 s: rank 0's sends must stall once the buffers on the way are
+/// full (no unbounded queue), then everything arrives intact and in order.
+fn flow_control() -> Res {
+    const N: u32 = 2000;
+    const LEN: usize = 60 << 10;
+    let f = Fabric::init()?;
+    let w = f.world();
+    match w.rank() {
+        0 => {
+            w.send(&[0u8], 1, Tag(1))?;
+            let t0 = Instant::now();
+            let mut early = 0;
+            let mut msg = vec![0u8; LEN];
+            for i in 0..N {
+                msg[..4].copy_from_slice(&i.to_le_bytes());
+                w.send(&msg, 1, Tag(2))?;
+                if t0.elapsed() < Duration::from_secs(1) {
+                    early += 1;
+                }
+            }
+            println!("rank 0 sent {early} of {N} before the receiver started");
+        }
+        1 => {
+            w.recv(&mut [0u8], Source::Rank(0), Tag(1))?;
+            std::thread::sleep(Duration::from_millis(1500));
+            let mut msg = vec![0u8; LEN];
+            for i in 0..N {
+                w.recv(&mut msg, Source::Rank(0), Tag(2))?;
+                let got = u32::from_le_bytes(msg[..4].try_into()?);
+                if got != i {
+                    return Err(format!("message {i} arrived as {got}").into());
+                }
+            }
+        }
+        _ => {}
+    }
+    println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
 }
 
 /// Clear errors for bad arguments, then a clean exchange.

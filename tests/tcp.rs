@@ -160,3 +160,43 @@ fn a_peer_killed_over_tcp_fails_the_wait_within_two_seconds() {
         );
     }
 }
+
+#[test]
+fn a_receiver_that_does_not_keep_up_stalls_the_sender_and_loses_nothing() {
+    let probe = example("fabric_probe");
+    let done = run(
+        "tcpflow",
+        &[
+            "-x",
+            SHM_TCP,
+            "--nodes",
+            "2",
+            "--map-by",
+            "node",
+            "-n",
+            "2",
+            &probe,
+            "flow-control",
+        ],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());
+    let early: u32 = done
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rank 0 sent ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no count\n{}", done.dump()));
+    // 60 KiB each: the socket buffers, the endpoint's 4 MiB queue and the fabric's 4 MiB
+    // backlog hold a few hundred at most; without a bound all 2000 (120 MB) would go.
+    assert!(
+        early < 1000,
+        "{early} of 2000 sends completed while the receiver slept"
+    );
+}

@@ -37,6 +37,10 @@ use split::Split;
 use tcp::TcpEvent;
 use verbs::{keep_frame, PendingRead, Read};
 
+/// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
+/// and the endpoint's queue) past which messages to it go by rendezvous.
+const TCP_BACKLOG_LIMIT: usize = 4 << 20;
+
 /// How long a TCP connection to a peer reported gone may stay up before it is closed
 /// (what the peer wrote before it ended is read meanwhile).
 const TCP_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -115,6 +119,8 @@ struct Peer {
     path: Path,
     /// Frames waiting for room in the peer's ring, in order.
     backlog: VecDeque<Vec<u8>>,
+    /// Bytes of `backlog`.
+    queued: usize,
     /// A single-copy read from this peer has succeeded (so a split rendezvous with it
     /// cannot end with a receiver that may not read).
     cma_ok: bool,
@@ -242,6 +248,7 @@ impl Engine {
             .map(|_| Peer {
                 path: Path::Unresolved,
                 backlog: VecDeque::new(),
+                queued: 0,
                 cma_ok: false,
             })
             .collect();
@@ -750,6 +757,7 @@ impl State {
         let mut f = Vec::with_capacity(hdr.len() + payload.len());
         f.extend_from_slice(hdr);
         f.extend_from_slice(payload);
+        peer.queued += f.len();
         peer.backlog.push_back(f);
         if !self.busy.contains(&dest) {
             self.busy.push(dest);
@@ -888,7 +896,11 @@ impl State {
         } else {
             self.cfg.eager_limit
         };
-        let eager = len <= limit.min(self.max_payload(dest));
+        // A peer that does not keep up (its socket, the endpoint's queue and then this
+        // backlog full) gets rendezvous offers instead: a send then waits for the
+        // receiver, and nothing queues without bound.
+        let congested = tcp && self.peers[dest as usize].queued >= TCP_BACKLOG_LIMIT;
+        let eager = len <= limit.min(self.max_payload(dest)) && !congested;
         let short = match self.peers[dest as usize].path {
             Path::Shm(_) => len <= SHORT_MAX,
             // The endpoint names the sender, the frame's length is the message's.

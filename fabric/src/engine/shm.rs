@@ -16,7 +16,9 @@ impl State {
         while let Some(f) = peer.backlog.front() {
             // A whole frame (a short header is shorter than HDR).
             if out.try_send(f, &[]) {
-                peer.backlog.pop_front();
+                if let Some(f) = peer.backlog.pop_front() {
+                    peer.queued -= f.len();
+                }
             } else {
                 break;
             }

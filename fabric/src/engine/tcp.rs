@@ -318,7 +318,9 @@ impl State {
         while let Some(f) = peer.backlog.front() {
             match ep.try_send(conn, f, &[]) {
                 Ok(true) => {
-                    peer.backlog.pop_front();
+                    if let Some(f) = peer.backlog.pop_front() {
+                        peer.queued -= f.len();
+                    }
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -351,6 +353,7 @@ impl State {
             ep.forbid(peer, &reason);
         }
         self.peers[peer as usize].backlog.clear();
+        self.peers[peer as usize].queued = 0;
         let ids: Vec<u32> = self
             .reqs
             .iter()

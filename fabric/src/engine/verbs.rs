@@ -315,6 +315,7 @@ impl State {
         tracing::error!("verbs connection to rank {peer} failed: {reason}");
         self.failed.entry(peer).or_insert_with(|| reason.clone());
         self.peers[peer as usize].backlog.clear();
+        self.peers[peer as usize].queued = 0;
         let ids: Vec<u32> = self
             .reqs
             .iter()
@@ -376,7 +377,9 @@ impl State {
             // The whole frame: a short header is shorter than HDR.
             match ep.try_send(conn, f, &[]) {
                 Ok(true) => {
-                    peer.backlog.pop_front();
+                    if let Some(f) = peer.backlog.pop_front() {
+                        peer.queued -= f.len();
+                    }
                 }
                 Ok(false) => break,
                 Err(e) => {
