@@ -50,6 +50,36 @@ fn the_default_transports_reach_another_node_without_rdma() {
     );
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert!(done.stdout.contains("ring ok"), "{}", done.dump());
+    // Every size from 0 B to 4 MiB across two nodes, and everyone to everyone
+    // (non-blocking, shared memory within a node) on four.
+    let pp = example("pingpong");
+    let done = run(
+        "tcpdefault-pp",
+        &[
+            "--nodes", "2", "--map-by", "node", "-n", "2", &pp, "--iters", "5",
+        ],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(done.stdout.contains("pingpong ok"), "{}", done.dump());
+    assert!(done.stdout.contains("4194304 bytes"), "{}", done.dump());
+    let probe = example("fabric_probe");
+    let done = run(
+        "tcpdefault-a2a",
+        &[
+            "--nodes",
+            "4",
+            "--map-by",
+            "node",
+            "-n",
+            "8",
+            &probe,
+            "all-to-all",
+        ],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 8, "{}", done.dump());
 }
 
 #[test]
