@@ -98,6 +98,10 @@ for scenario in first-send-to-a-fencing-peer first-send-to-a-busy-peer; do
   job "$scenario" 0 -n 2 -x WEFT_VERBS_HANDSHAKE_TIMEOUT_MS=1000 "$examples/fabric_probe" "$scenario"
   [[ $(echo "$out" | grep -c " ok$") == 2 ]] || bad "$scenario: expected 2 ok lines"
 done
+# A first send waiting for a busy peer's handshake lets the process's other thread go on.
+job busy-peer 0 -n 3 -x WEFT_TRANSPORTS=verbs "$examples/fabric_probe" busy-peer
+m=$(echo "$out" | sed -n 's/.* ms, \([0-9]*\) round trips.*/\1/p' | head -1)
+[[ -n $m && $m -ge 100 ]] || bad "busy-peer: rank 0's other thread was stalled while its first send waited (${m:-no} round trips)"
 sleep 1
 after=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')
 echo "rdma resources before: $baseline"

@@ -24,7 +24,8 @@ fn main() {
         "cma-split-refused" => cma_split_refused(),
         "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
-        "slow-peer" => slow_peer(),
+        "slow-peer" => slow_peer(false),
+        "busy-peer" => slow_peer(true),
         "wait-forever" => wait_forever(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
@@ -395,13 +396,19 @@ fn first_send_to_a_busy_peer() -> Res {
 /// Rank 2 starts its fabric 3 s late. Rank 0's first send to it waits for its card; a
 /// second thread of rank 0 ping-pongs with rank 1 meanwhile, and must not be stalled by
 /// that wait (the card is fetched without the engine lock).
-fn slow_peer() -> Res {
+/// With `busy`, rank 2 starts its fabric at once but then computes for 3 s outside any
+/// Weft call: rank 0's first send waits for the connection's handshake (verbs, TCP), and
+/// that wait must not stall rank 0's other thread either.
+fn slow_peer(busy: bool) -> Res {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
-    if me == 2 {
+    if me == 2 && !busy {
         std::thread::sleep(Duration::from_secs(3));
     }
     let f = Fabric::init()?;
+    if me == 2 && busy {
+        std::thread::sleep(Duration::from_secs(3));
+    }
     let w = f.world();
     match me {
         0 => {

@@ -230,3 +230,36 @@ fn a_receiver_that_does_not_keep_up_stalls_the_sender_and_loses_nothing() {
         "{early} of 2000 sends completed while the receiver slept"
     );
 }
+
+/// The first send to a peer that has published its card but computes outside any Weft call
+/// waits for the TCP handshake without the engine lock: another thread of the process keeps
+/// messaging meanwhile.
+#[test]
+fn waiting_for_a_busy_peers_handshake_does_not_stall_other_threads() {
+    let p = example("fabric_probe");
+    let done = run(
+        "tcpbusypeer",
+        &["-x", "WEFT_TRANSPORTS=tcp", "-n", "3", &p, "busy-peer"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 3, "{}", done.dump());
+    let line = done
+        .stdout
+        .lines()
+        .find(|l| l.contains("slow-peer:"))
+        .unwrap_or_else(|| panic!("no slow-peer line: {}", done.dump()));
+    let num = |after: &str| -> u64 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    let (waited, meanwhile) = (num("waited "), num("ms, "));
+    assert!(
+        waited >= 1500,
+        "the send did not wait for the busy peer: {line}"
+    );
+    assert!(meanwhile >= 100, "the other thread was stalled: {line}");
+}

@@ -418,6 +418,25 @@ impl Engine {
         self.st.cfg.single_copy
     }
 
+    /// Whether a send to `dest` would go out at once: its path resolved (connecting it if
+    /// needed) and, over verbs or TCP, its connection through its handshake. An error
+    /// (no path, a failed connection) is the send's to report.
+    pub(crate) fn ready_for(&mut self, dest: u32) -> Result<bool, P2pError> {
+        let st = &mut self.st;
+        st.path(dest)?;
+        if let Some(reason) = st.failed.get(&dest) {
+            return Err(P2pError::PeerGone {
+                rank: dest,
+                reason: reason.clone(),
+            });
+        }
+        Ok(match st.peers[dest as usize].path {
+            Path::Verbs(conn) => st.verbs.as_ref().is_none_or(|ep| ep.is_ready(conn)),
+            Path::Tcp(conn) => st.tcp.as_ref().is_none_or(|ep| ep.is_ready(conn)),
+            _ => true,
+        })
+    }
+
     /// Why `rank` is gone, if it is.
     pub(crate) fn gone_reason(&self, rank: u32) -> Option<String> {
         (self.st.gone)(rank)

@@ -297,6 +297,9 @@ struct Inner {
     /// the peer to publish it), run before the first send to it without the engine lock,
     /// so that a slow peer never stalls this process's other threads.
     prefetch: Option<Prefetch>,
+    /// Per job rank: the first send to it found its connection through its handshake
+    /// (or gave up on it), so later sends skip the check.
+    connected: Vec<AtomicBool>,
 }
 
 /// A peer's card fetched once: the fetch, and per peer whether it ran.
@@ -324,11 +327,13 @@ impl Inner {
             world_ctx,
             shm,
             prefetch,
+            connected: (0..size).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 
-    /// Before a send to job rank `job`: the first one fetches its card without the
-    /// engine lock (one relaxed load afterwards).
+    /// Before a send to job rank `job`: the first one fetches its card, then waits for
+    /// the connection's handshake, both without holding the engine for long (one relaxed
+    /// load afterwards).
     #[inline(always)]
     fn before_send(&self, job: u32) {
         if let Some(p) = &self.prefetch {
@@ -340,6 +345,41 @@ impl Inner {
             {
                 self.prefetch_card(p, job);
             }
+        }
+        // Relaxed: a hint too; the engine checks readiness itself on every send.
+        if self
+            .connected
+            .get(job as usize)
+            .is_some_and(|c| !c.load(Ordering::Relaxed))
+        {
+            self.connect_first(job);
+        }
+    }
+
+    /// The first send to `job`: resolves its path and waits until a verbs or TCP
+    /// connection to it is through its handshake, progressing the engine meanwhile and
+    /// letting go of it whenever another thread wants it (a busy peer never stalls this
+    /// process's other threads). Gives up at once on an error or a peer that is gone:
+    /// the send then reports it.
+    #[cold]
+    fn connect_first(&self, job: u32) {
+        let mut e = self.engine();
+        let mut backoff = Backoff::default();
+        loop {
+            match e.ready_for(job) {
+                Ok(true) | Err(_) => break,
+                Ok(false) => {}
+            }
+            e.progress();
+            let (g, check) = self.pause(e, &mut backoff);
+            e = g;
+            if check && e.gone_reason(job).is_some() {
+                break;
+            }
+        }
+        drop(e);
+        if let Some(c) = self.connected.get(job as usize) {
+            c.store(true, Ordering::Relaxed);
         }
     }
 
