@@ -2,8 +2,8 @@
 
 use crate::error::ShmError;
 use crate::layout::{
-    FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, PAIR_LINE_BYTES, QUEUE_SLOT_ALIGN,
-    RING_ALIGN,
+    CLAIM_BYTES, FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, PAIR_LINE_BYTES,
+    QUEUE_SLOT_ALIGN, RING_ALIGN,
 };
 
 /// Most fastboxes one inbox may have.
@@ -95,6 +95,7 @@ pub(crate) struct Geometry {
     pub(crate) pair_offset: usize,
     pub(crate) ring_offset: usize,
     pub(crate) queue_offset: usize,
+    pub(crate) claims_offset: usize,
     pub(crate) total_bytes: usize,
 }
 
@@ -236,9 +237,12 @@ impl InboxConfig {
             .checked_mul(peers)
             .and_then(|b| b.checked_add(ring_offset))
             .ok_or_else(too_big)?;
-        let total_bytes = (self.queue_slots as usize)
+        let claims_offset = (self.queue_slots as usize)
             .checked_mul(self.queue_slot_bytes as usize)
             .and_then(|b| b.checked_add(queue_offset))
+            .ok_or_else(too_big)?;
+        let total_bytes = claims_offset
+            .checked_add(CLAIM_BYTES)
             .filter(|&t| t <= isize::MAX as usize)
             .ok_or_else(too_big)?;
         Ok(Geometry {
@@ -246,6 +250,7 @@ impl InboxConfig {
             pair_offset,
             ring_offset,
             queue_offset,
+            claims_offset,
             total_bytes,
         })
     }
@@ -268,7 +273,10 @@ mod tests {
         assert_eq!(g.pair_offset, 256 + 32 * 256);
         assert_eq!(g.ring_offset, 12288);
         assert_eq!(g.queue_offset, 12288 + 32 * 65536);
-        assert_eq!(g.total_bytes, 12288 + 32 * 65536 + 1024 * 1024);
+        assert_eq!(
+            g.total_bytes,
+            12288 + 32 * 65536 + 1024 * 1024 + CLAIM_BYTES
+        );
         let lines = InboxConfig {
             pair_lines: 256,
             ..cfg.clone()

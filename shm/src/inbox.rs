@@ -20,6 +20,7 @@
 use core::fmt;
 use core::sync::atomic::Ordering;
 
+use crate::claim::ClaimTable;
 use crate::config::{Geometry, InboxConfig};
 use crate::error::ShmError;
 use crate::fastbox::{Consumer, PollEnd, Producer, ShmRing};
@@ -226,6 +227,23 @@ impl Inbox {
             host,
             waiting: Vec::new(),
         })
+    }
+
+    /// The inbox's split-copy claim words (see [`ClaimTable`]): take it once, and keep
+    /// it with the inbox's other receiving state.
+    pub fn claim_table(&self) -> ClaimTable {
+        // SAFETY: the claim words lie at `claims_offset` inside the mapping (geometry),
+        // 64-byte aligned (queue slots are multiples of 64), and the keepalive holds the
+        // mapping.
+        unsafe {
+            ClaimTable::new(
+                self.parts
+                    .base
+                    .add(self.parts.geometry.claims_offset)
+                    .cast::<std::sync::atomic::AtomicU64>(),
+                self.seg.keepalive(),
+            )
+        }
     }
 
     /// What pairs this process's outboxes with this inbox (see
@@ -504,6 +522,8 @@ pub struct Outbox {
     receiver_pid: u32,
     /// The inbox owner's sender id ([`NO_OWNER`] if it has none).
     receiver_id: u32,
+    /// The inbox's split-copy claim words.
+    claims: *const std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the raw pointers point into the segment the Outbox maps and owns;
@@ -578,12 +598,16 @@ impl Outbox {
         };
         // Relaxed: as `receiver_id`.
         let receiver_pid = parts.header().receiver_pid.load(Ordering::Relaxed);
+        // SAFETY: `validate` checked that the geometry, claim words included, fits the
+        // mapping, which the Outbox owns.
+        let claims = unsafe { seg.as_ptr().add(geometry.claims_offset) }.cast();
         Ok(Outbox {
             seg,
             sender_id,
             path,
             receiver_pid,
             receiver_id,
+            claims,
         })
     }
 
@@ -621,6 +645,13 @@ impl Outbox {
             }
             _ => false,
         }
+    }
+
+    /// Takes the receiver's split-copy claim `slot` of `generation` for this sender: true
+    /// when it was still open (this sender copies its part), false when the receiver took
+    /// it (or the slot or generation names no open claim).
+    pub fn claim_for_sender(&self, slot: u32, generation: u64) -> bool {
+        crate::claim::take_for_sender(self.claims, slot, generation)
     }
 
     /// The pid of the inbox's process (as it recorded when it created the inbox).

@@ -46,7 +46,9 @@
 //! queue_offset (= ring_offset + fastbox_peers * fastbox_bytes)
 //!              queue slots: queue_slots x queue_slot_bytes, each starting with a
 //!              QueueSlotHeader (16 bytes)
-//! total_bytes  (= queue_offset + queue_slots * queue_slot_bytes)
+//! claims_offset (= queue_offset + queue_slots * queue_slot_bytes)
+//!              split-copy claim words: CLAIM_SLOTS x u64
+//! total_bytes  (= claims_offset + CLAIM_SLOTS * 8)
 //! ```
 //!
 //! A fastbox frame starts at a slot boundary with an 8-byte header word
@@ -72,7 +74,22 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"WEFT-SHM");
 
 /// Version of the layout defined in this file; bump it on every change.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
+
+/// Split-copy claim words at the end of an inbox segment: who copies the second part of
+/// a large message split between its receiver and its sender (see `ClaimTable`). A word
+/// is `gen << 2 | state`: the receiver opens it (state [`CLAIM_OPEN`], a fresh `gen`),
+/// then the sender ([`CLAIM_SENDER`]) or the receiver ([`CLAIM_RECEIVER`]) takes it with
+/// one compare-and-swap, and only the taker copies.
+pub const CLAIM_SLOTS: usize = 256;
+/// Bytes of the claim words.
+pub const CLAIM_BYTES: usize = CLAIM_SLOTS * 8;
+/// Claim state: nobody took it yet.
+pub const CLAIM_OPEN: u64 = 0;
+/// Claim state: the sender copies.
+pub const CLAIM_SENDER: u64 = 1;
+/// Claim state: the receiver copies.
+pub const CLAIM_RECEIVER: u64 = 2;
 
 /// [`SegmentHeader::state`]: the creator is still initialising the segment.
 pub const STATE_INITIALIZING: u32 = 0;

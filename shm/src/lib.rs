@@ -82,11 +82,12 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p weft-shm --lib --release loom`
 //! (use a separate `CARGO_TARGET_DIR` to keep the normal build cached).
 
+#[doc(hidden)]
+mod claim;
 mod cma;
 mod config;
 mod error;
 mod fastbox;
-#[doc(hidden)]
 pub mod fuzz;
 mod inbox;
 pub mod layout;
@@ -98,6 +99,7 @@ pub mod store;
 #[cfg(test)]
 mod test_child;
 
+pub use claim::{Claim, ClaimTable};
 pub use cma::{cma_read, cma_write};
 pub use config::{InboxConfig, TUNABLES};
 pub use error::ShmError;
