@@ -22,6 +22,7 @@ fn main() {
         "cma" => cma(false),
         "cma-refused" => cma(true),
         "cma-split-refused" => cma_split_refused(),
+        "split-busy-sender" => split_busy_sender(),
         "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
         "slow-peer" => slow_peer(false),
@@ -267,6 +268,42 @@ fn all_to_all() -> Res {
 /// CMA (proving that it may), then makes itself non-dumpable, so that (without
 /// CAP_SYS_PTRACE) rank 0's process_vm_writev into it fails. Rank 0's 1 MiB + 4321 bytes
 /// must still arrive intact, rank 1 reading the tail itself.
+/// Rank 0 starts a 4 MiB send (split between the two: rank 1 reads the head, rank 0 is
+/// asked to write the tail) and then computes for 2 s outside any Weft call: rank 1's
+/// receive completes long before, rank 1 taking the tail over; rank 0's wait then ends.
+fn split_busy_sender() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let warm: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 % 253) as u8).collect();
+    let data: Vec<u8> = (0..4usize << 20).map(|i| (i * 13 % 251) as u8).collect();
+    if w.rank() == 0 {
+        // A first single-copy read proves that CMA works with this peer (splits need it).
+        w.send(&warm, 1, Tag(0))?;
+        w.scope(|s| -> Res {
+            let r = s.isend(&data, 1, Tag(2))?;
+            std::thread::sleep(Duration::from_secs(2));
+            r.wait()?;
+            Ok(())
+        })?;
+    } else if w.rank() == 1 {
+        let mut got = vec![0u8; warm.len()];
+        w.recv(&mut got, Source::Rank(0), Tag(0))?;
+        let mut got = vec![0u8; data.len()];
+        // Rank 0 is computing by the time this receive is posted.
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        w.recv(&mut got, Source::Rank(0), Tag(2))?;
+        let ms = t0.elapsed().as_millis();
+        if got != data {
+            return Err("the split message arrived corrupted".into());
+        }
+        println!("rank 1 received 4 MiB from a busy sender in {ms} ms");
+    }
+    println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
+}
+
 fn cma_split_refused() -> Res {
     let f = Fabric::init()?;
     let w = f.world();

@@ -301,3 +301,26 @@ fn the_processes_of_a_killed_server_end() {
         segments_of(&name)
     );
 }
+
+/// Issue 14, item 9: a split single-copy receive does not depend on its sender's progress:
+/// with the sender computing for 2 s, the receiver takes the sender's half over (the
+/// claim word in its inbox) and completes at once; the data is exact.
+#[test]
+fn a_split_receive_completes_while_its_sender_computes() {
+    let p = example("fabric_probe");
+    let done = run("splitbusy", &["-n", "2", &p, "split-busy-sender"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());
+    let ms: u64 = done
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rank 1 received 4 MiB from a busy sender in ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no timing line\n{}", done.dump()));
+    assert!(ms < 1000, "the receive waited {ms} ms for its busy sender");
+}

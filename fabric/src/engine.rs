@@ -197,6 +197,10 @@ struct State {
     reads: HashMap<ReadToken, Read>,
     /// RDMA reads waiting for room.
     pending_reads: VecDeque<PendingRead>,
+    /// The claim words of this process's inbox (split single-copy rendezvous).
+    claims: Option<weft_shm::ClaimTable>,
+    /// Split receives in progress (their tails may need taking over).
+    splits: Vec<u32>,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
     /// Bulk transfers and failures a TCP poll reported (reused).
@@ -253,6 +257,7 @@ impl Engine {
             })
             .collect();
         peers[me as usize].path = Path::Loopback;
+        let claims = inbox.as_ref().map(Inbox::claim_table);
         Engine {
             inbox,
             st: State {
@@ -273,6 +278,8 @@ impl Engine {
                 verbs,
                 reads: HashMap::new(),
                 pending_reads: VecDeque::new(),
+                claims,
+                splits: Vec::new(),
                 tcp,
                 tcp_events: Vec::new(),
                 tcp_gone_since: HashMap::new(),
@@ -297,6 +304,9 @@ impl Engine {
         }
         if st.tcp.is_some() {
             n += st.progress_tcp();
+        }
+        if !st.splits.is_empty() {
+            st.check_splits();
         }
         if !st.busy.is_empty() {
             st.flush();
@@ -485,9 +495,19 @@ impl Engine {
         if !done {
             return None;
         }
-        let r = slot.take().and_then(|r| r.result);
+        let req = slot.take();
+        if let Some(Req {
+            kind: Kind::Recv {
+                split: Some(sp), ..
+            },
+            ..
+        }) = &req
+        {
+            // Ended another way (its sender's process died): the claim word goes back.
+            self.st.split_over(id, sp.claim);
+        }
         self.st.free.push(id);
-        r
+        req.and_then(|r| r.result)
     }
 
     /// The serial of request `id` while the engine holds it (running, or done but not
@@ -517,9 +537,6 @@ impl Engine {
             // error) completes it.
             return;
         }
-        if !self.split_may_fail(id) {
-            return;
-        }
         let (peer, reason) = match self.waits_on(id) {
             Some(peer) if peer == self.st.me => return,
             Some(peer) => match (self.st.gone)(peer).or_else(|| self.st.failed.get(&peer).cloned())
@@ -534,6 +551,10 @@ impl Engine {
             },
             None => return,
         };
+        // Its sender is gone: a split receive takes the sender's part over first.
+        if !self.split_may_fail(id) {
+            return;
+        }
         let waited = self.waits_on(id);
         self.progress();
         if self.waits_on(id) != waited {
@@ -1012,8 +1033,7 @@ impl State {
             FIN => self.on_fin(h),
             CTS if payload.len() >= 4 => self.on_cts(h, payload),
             DATA => self.on_data(h, payload),
-            // Five fields and the receive's serial: 40 bytes.
-            CMA_WRITE if payload.len() >= 40 => self.on_cma_write(h, payload),
+            CMA_WRITE if payload.len() >= split::CMA_WRITE_LEN => self.on_cma_write(h, payload),
             CMA_DONE => self.on_cma_done(h, payload),
             k => tracing::error!(
                 "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",

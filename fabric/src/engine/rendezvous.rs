@@ -70,15 +70,18 @@ impl State {
             && self.cfg.cma_split > 0
             && n >= self.cfg.cma_split
         {
-            let offer = Offer {
-                src,
-                tag,
-                sreq,
-                addr,
-                pid,
-                len,
-            };
-            return self.cma_split(id, offer, buf, n);
+            // A claim word settles who copies the tail (none free: no split).
+            if let Some(claim) = self.claims.as_mut().and_then(|c| c.open()) {
+                let offer = Offer {
+                    src,
+                    tag,
+                    sreq,
+                    addr,
+                    pid,
+                    len,
+                };
+                return self.cma_split(id, offer, buf, n, claim);
+            }
         }
         if self.cfg.single_copy == SingleCopy::Cma {
             // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n bytes.

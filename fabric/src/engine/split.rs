@@ -1,6 +1,16 @@
 //! The split single-copy rendezvous: the receiver reads the head of a large message from
 //! the sender's memory while the sender writes the tail into the receiver's
 //! (`process_vm_readv` / `process_vm_writev`), each half of the copy on its own core.
+//!
+//! Who copies the tail is settled by a claim word in the receiver's inbox segment
+//! (`weft_shm::ClaimTable`): the sender takes it when it gets to the request, or the
+//! receiver does when the sender is late ([`SPLIT_TAKEOVER`]) or reported gone, and then
+//! reads the tail itself. So a split receive never waits on a sender that does not
+//! progress, and a late sender never writes into a buffer already handed back.
+
+use std::time::{Duration, Instant};
+
+use weft_shm::Claim;
 
 use super::frame::{outcome, Hdr, CMA_DONE, CMA_WRITE};
 use super::rendezvous::Offer;
@@ -17,44 +27,48 @@ pub(super) struct Split {
     pub(super) tail: usize,
     /// The first failure; the receive completes with it once both parts are over.
     pub(super) err: Option<String>,
-    /// Since when the sender has been reported gone while its part is outstanding.
-    pub(super) gone_since: Option<std::time::Instant>,
+    /// Who copies the tail: the claim word in this process's inbox.
+    pub(super) claim: Claim,
+    /// When the sender was asked (the receiver takes the tail over after
+    /// [`SPLIT_TAKEOVER`]).
+    pub(super) started: Instant,
+    /// The receiver took the tail over (an answer from the sender is then ignored).
+    pub(super) taken: bool,
 }
+
+/// Bytes of a CMA_WRITE payload: the receiver's request, destination, pid, offset, count,
+/// the receive's serial, and the claim (slot, generation).
+pub(super) const CMA_WRITE_LEN: usize = 52;
+
+/// How long a split receive waits for its sender to take its part before the receiver
+/// copies it itself.
+pub(super) const SPLIT_TAKEOVER: Duration = Duration::from_millis(1);
 
 impl Engine {
     /// Whether split receive `id` (if it is one) may fail now that its sender is
-    /// reported gone: a sender marked gone may still be alive (finalized, dropped by its
-    /// server) and write its part into the buffer, so only once its process is dead, or
-    /// after 30 s (then with a warning).
+    /// reported gone. The receiver first takes the tail over (it then completes, or fails
+    /// on its own read); if the sender took it first, it is writing now, and the receive
+    /// may fail only once the sender's process is dead.
     pub(super) fn split_may_fail(&mut self, id: u32) -> bool {
         let Some(Some(Req {
-            kind:
-                Kind::Recv {
-                    split: Some(sp),
-                    pipe: Some((src, ..)),
-                    ..
-                },
+            kind: Kind::Recv {
+                split: Some(sp), ..
+            },
             result: None,
             ..
-        })) = self.st.reqs.get_mut(id as usize)
+        })) = self.st.reqs.get(id as usize)
         else {
             return true;
         };
-        let Some(pid) = rustix::process::Pid::from_raw(sp.offer.pid) else {
-            return true;
-        };
-        if rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH) {
-            return true;
-        }
-        let since = *sp.gone_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < std::time::Duration::from_secs(30) {
+        let pid = sp.offer.pid;
+        if !sp.taken && self.st.split_takeover(id) {
+            // Completed (or failed) by the receiver's own copy.
             return false;
         }
-        tracing::warn!(
-            "rank {src} is reported gone but its process {} lives on; failing a split receive from it after 30 s",
-            sp.offer.pid
-        );
-        true
+        match rustix::process::Pid::from_raw(pid) {
+            Some(pid) => rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH),
+            None => true,
+        }
     }
 
     pub(super) fn is_recv(&self, id: u32) -> bool {
@@ -73,7 +87,7 @@ impl State {
     /// tail of the `n` bytes into `buf` while this process reads the head. The receive
     /// completes, and FIN releases the sender's buffer, when both parts are in
     /// (`split_progress`).
-    pub(super) fn cma_split(&mut self, id: u32, o: Offer, buf: *mut u8, n: usize) {
+    pub(super) fn cma_split(&mut self, id: u32, o: Offer, buf: *mut u8, n: usize, claim: Claim) {
         let (src, tag, sreq, len) = (o.src, o.tag, o.sreq, o.len);
         let head = (n / 2) & !4095;
         let tail = n - head;
@@ -82,8 +96,10 @@ impl State {
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .map_or(0, |r| r.serial);
-        let mut p = [0u8; 40];
+        let mut p = [0u8; CMA_WRITE_LEN];
         p[32..40].copy_from_slice(&serial.to_le_bytes());
+        p[40..44].copy_from_slice(&claim.slot.to_le_bytes());
+        p[44..52].copy_from_slice(&claim.generation.to_le_bytes());
         p[..4].copy_from_slice(&self.wire_id(id).to_le_bytes());
         p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
         p[12..16].copy_from_slice(&self.pid.to_le_bytes());
@@ -102,8 +118,11 @@ impl State {
                 head,
                 tail,
                 err: None,
-                gone_since: None,
+                claim,
+                started: Instant::now(),
+                taken: false,
             }));
+            self.splits.push(id);
         }
         // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
         // sender writes only bytes head..n.
@@ -153,12 +172,98 @@ impl State {
         }
         let (src, tag, total, cap) = (*src, *tag, *total, *cap);
         let Some(sp) = split.take() else { return };
+        self.split_over(id, sp.claim);
         self.fin(src, tag, sp.offer.sreq);
         let r = match sp.err {
             Some(reason) => Err(P2pError::Transport { rank: src, reason }),
             None => outcome(src, tag, total, cap),
         };
         self.complete(id, r);
+    }
+
+    /// Split receive `id` is over (its claim word goes back).
+    pub(super) fn split_over(&mut self, id: u32, claim: Claim) {
+        if let Some(c) = &mut self.claims {
+            c.close(claim);
+        }
+        self.splits.retain(|&s| s != id);
+    }
+
+    /// The receiver copies the tail of split receive `id` itself if the sender has not
+    /// taken it: true when it did (the receive then completes, or fails with the read's
+    /// error), false when the sender took it first (its answer completes the receive).
+    pub(super) fn split_takeover(&mut self, id: u32) -> bool {
+        let Some(Some(Req {
+            kind: Kind::Recv {
+                split: Some(sp), ..
+            },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return false;
+        };
+        if sp.taken || !self.claims.as_ref().is_some_and(|c| c.take(sp.claim)) {
+            return false;
+        }
+        self.read_tail(id);
+        true
+    }
+
+    /// The receiver reads the tail of split receive `id` from the sender's buffer and
+    /// accounts for it (the sender will not write it: the claim is the receiver's, or the
+    /// sender said it did not write).
+    fn read_tail(&mut self, id: u32) {
+        let Some(Some(Req {
+            kind:
+                Kind::Recv {
+                    buf,
+                    pipe: Some((src, ..)),
+                    split: Some(sp),
+                    ..
+                },
+            result: None,
+            ..
+        })) = self.reqs.get_mut(id as usize)
+        else {
+            return;
+        };
+        sp.taken = true;
+        let (buf, src, head, tail, pid, addr) =
+            (*buf, *src, sp.head, sp.tail, sp.offer.pid, sp.offer.addr);
+        // SAFETY: bytes head..head+tail of this receive's buffer (cap >= n = head + tail),
+        // which the sender does not write (see above); the sender's buffer is still
+        // offered (no FIN yet).
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(head), tail) };
+        if let Err(e) = weft_shm::cma_read(pid, addr as usize + head, dst) {
+            let reason = format!("single-copy read from rank {src} failed: {e}");
+            self.split_error(id, reason);
+        }
+        self.split_progress(id, src, tail);
+    }
+
+    /// Takes over the tails of split receives whose senders have not taken them within
+    /// [`SPLIT_TAKEOVER`] (busy outside any call, stopped, gone).
+    #[cold]
+    pub(super) fn check_splits(&mut self) {
+        let late: Vec<u32> = self
+            .splits
+            .iter()
+            .copied()
+            .filter(|&id| match self.reqs.get(id as usize) {
+                Some(Some(Req {
+                    kind:
+                        Kind::Recv {
+                            split: Some(sp), ..
+                        },
+                    ..
+                })) => !sp.taken && sp.started.elapsed() >= SPLIT_TAKEOVER,
+                _ => false,
+            })
+            .collect();
+        for id in late {
+            self.split_takeover(id);
+        }
     }
 
     /// The sender side of a split rendezvous: writes its part into the receiver, then
@@ -213,6 +318,15 @@ impl State {
             tracing::error!("{why}");
             return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
         }
+        // Write only with the claim: if the receiver took the tail over, it copies it.
+        let (slot, generation) = (word(40, 44) as u32, word(44, 52));
+        let claimed = match &self.peers.get(h.src as usize).map(|p| &p.path) {
+            Some(Path::Shm(o)) => o.claim_for_sender(slot, generation),
+            _ => false,
+        };
+        if !claimed {
+            return self.cma_done(h.src, h.tag, rreq, serial, 0, "");
+        }
         // SAFETY: the send request is live (its FIN, which the receiver sends only after
         // this part, has not come), so its buffer is borrowed; off + count <= len.
         let part = unsafe { std::slice::from_raw_parts(buf.add(off), count) };
@@ -262,11 +376,10 @@ impl State {
         };
         let serial = u64::from_le_bytes(*serial);
         // Only the live split receive this answer is for: ids are reused, serials not.
-        let (buf, sp_addr, sp_pid, head, tail) = match self.reqs.get(id as usize) {
+        let tail = match self.reqs.get(id as usize) {
             Some(Some(Req {
                 kind:
                     Kind::Recv {
-                        buf,
                         pipe: Some((src, ..)),
                         split: Some(sp),
                         ..
@@ -274,21 +387,25 @@ impl State {
                 result: None,
                 serial: live,
             })) if *src == h.src && *live == serial => {
-                (*buf, sp.offer.addr, sp.offer.pid, sp.head, sp.tail)
+                if sp.taken {
+                    // The receiver copied the tail itself: this answer says the sender
+                    // found the claim taken.
+                    return;
+                }
+                sp.tail
             }
             _ => return,
         };
         if !why.is_empty() {
             self.split_error(id, String::from_utf8_lossy(why).into_owned());
         } else if h.len == 0 {
-            // Refused: the sender's buffer is still ours to read (no FIN yet).
-            // SAFETY: bytes head..head+tail of this receive's buffer, which the sender
-            // did not write.
-            let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(head), tail) };
-            if let Err(e) = weft_shm::cma_read(sp_pid, sp_addr as usize + head, dst) {
-                let reason = format!("single-copy read from rank {} failed: {e}", h.src);
-                self.split_error(id, reason);
+            // Not written (the claim was not the sender's, or the kernel refused the
+            // write): the sender will not write, and its buffer is still ours to read
+            // (no FIN yet).
+            if !self.split_takeover(id) {
+                self.read_tail(id);
             }
+            return;
         }
         self.split_progress(id, h.src, tail);
     }
