@@ -19,6 +19,7 @@ use weft_verbs::{ConnId, Endpoint, ReadToken, RemoteRegion};
 
 use crate::{P2pError, Status};
 
+mod copy;
 mod frame;
 mod matching;
 mod rendezvous;
@@ -27,6 +28,7 @@ mod split;
 mod tcp;
 mod verbs;
 
+pub(crate) use copy::CopyJob;
 use frame::{
     decode_frame, short_header, Hdr, CMA_DONE, CMA_WRITE, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA,
     RTS_TCP, SHORT_HDR,
@@ -201,6 +203,12 @@ struct State {
     claims: Option<weft_shm::ClaimTable>,
     /// Split receives in progress (their tails may need taking over).
     splits: Vec<u32>,
+    /// Copies queued for a caller to run without the lock ([`copy`]).
+    copies: Vec<copy::CopyJob>,
+    /// Requests whose copies a caller runs now.
+    in_flight: Vec<u32>,
+    /// Progress passes so far (how old a queued copy is).
+    pass: u64,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
     /// Bulk transfers and failures a TCP poll reported (reused).
@@ -280,6 +288,9 @@ impl Engine {
                 pending_reads: VecDeque::new(),
                 claims,
                 splits: Vec::new(),
+                copies: Vec::new(),
+                in_flight: Vec::new(),
+                pass: 0,
                 tcp,
                 tcp_events: Vec::new(),
                 tcp_gone_since: HashMap::new(),
@@ -295,6 +306,10 @@ impl Engine {
     #[inline]
     pub(crate) fn progress(&mut self) -> usize {
         let st = &mut self.st;
+        st.pass += 1;
+        if !st.copies.is_empty() {
+            st.run_stale_copies();
+        }
         let mut n = match &mut self.inbox {
             Some(inbox) => inbox.poll(&mut |sid, frame| st.on_frame(sid, frame)),
             None => 0,
@@ -397,7 +412,7 @@ impl Engine {
         let st = &mut self.st;
         // Nothing unexpected either: another thread may have polled our message into
         // it while the engine was let go.
-        if !st.busy.is_empty() || !st.unexpected.is_empty() {
+        if !st.busy.is_empty() || !st.unexpected.is_empty() || !st.copies.is_empty() {
             return false;
         }
         // Only a poll tells whether a socket has data: never quiet with TCP.
@@ -532,6 +547,7 @@ impl Engine {
     pub(crate) fn fail_if_gone(&mut self, id: u32) {
         if self.st.reads.values().any(|r| r.id == id)
             || self.st.pending_reads.iter().any(|p| p.read.id == id)
+            || self.st.copying(id)
         {
             // The NIC may still write into its buffer: its read's completion (success or
             // error) completes it.

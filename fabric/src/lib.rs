@@ -416,6 +416,16 @@ impl Inner {
         g: Guard<'a, Engine>,
         backoff: &mut Backoff,
     ) -> (Guard<'a, Engine>, bool) {
+        let mut g = g;
+        if g.has_copies() {
+            // Large copies between processes run without the engine lock.
+            let jobs = g.take_copies();
+            drop(g);
+            let done = jobs.into_iter().map(engine::CopyJob::run).collect();
+            g = self.engine();
+            g.copies_done(done);
+            return (g, false);
+        }
         // SYNC: a hint only (see `engine`).
         if self.waiters.load(Ordering::Relaxed) == 0 && backoff.spinning() {
             let check = backoff.snooze();

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use weft_shm::Claim;
 
+use super::copy::CopyWhat;
 use super::frame::{outcome, Hdr, CMA_DONE, CMA_WRITE};
 use super::rendezvous::Offer;
 use super::{Engine, Kind, Path, Req, State};
@@ -124,13 +125,10 @@ impl State {
             }));
             self.splits.push(id);
         }
-        // SAFETY: `buf` is this receive's buffer, valid for `cap` >= n >= head bytes; the
-        // sender writes only bytes head..n.
-        let dst = unsafe { std::slice::from_raw_parts_mut(buf, head) };
-        if let Err(e) = weft_shm::cma_read(o.pid, o.addr as usize, dst) {
-            self.split_error(id, format!("single-copy read from rank {src} failed: {e}"));
-        }
-        self.split_progress(id, src, head);
+        // The head: bytes 0..head of this receive's buffer (cap >= n >= head), which the
+        // sender does not write; copied without the engine lock.
+        let what = CopyWhat::Read { from: src };
+        self.queue_copy(id, what, o.pid, o.addr as usize, buf, head);
     }
 
     /// Records the first error of a split receive (it completes with it).
@@ -231,15 +229,12 @@ impl State {
         sp.taken = true;
         let (buf, src, head, tail, pid, addr) =
             (*buf, *src, sp.head, sp.tail, sp.offer.pid, sp.offer.addr);
-        // SAFETY: bytes head..head+tail of this receive's buffer (cap >= n = head + tail),
-        // which the sender does not write (see above); the sender's buffer is still
-        // offered (no FIN yet).
-        let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(head), tail) };
-        if let Err(e) = weft_shm::cma_read(pid, addr as usize + head, dst) {
-            let reason = format!("single-copy read from rank {src} failed: {e}");
-            self.split_error(id, reason);
-        }
-        self.split_progress(id, src, tail);
+        // Bytes head..head+tail of this receive's buffer (cap >= n = head + tail), which
+        // the sender does not write (see above); its buffer is still offered (no FIN yet).
+        // SAFETY: head < n <= cap, inside the receive's buffer.
+        let local = unsafe { buf.add(head) };
+        let what = CopyWhat::Read { from: src };
+        self.queue_copy(id, what, pid, addr as usize + head, local, tail);
     }
 
     /// Takes over the tails of split receives whose senders have not taken them within
@@ -327,26 +322,19 @@ impl State {
         if !claimed {
             return self.cma_done(h.src, h.tag, rreq, serial, 0, "");
         }
-        // SAFETY: the send request is live (its FIN, which the receiver sends only after
-        // this part, has not come), so its buffer is borrowed; off + count <= len.
-        let part = unsafe { std::slice::from_raw_parts(buf.add(off), count) };
-        let (written, why) = match weft_shm::cma_write(pid, dst as usize, part) {
-            Ok(()) => (count as u64, String::new()),
-            // The receiver reads the part itself.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
-                ) =>
-            {
-                (0, String::new())
-            }
-            Err(e) => (
-                0,
-                format!("single-copy write to rank {} failed: {e}", h.src),
-            ),
+        // The send request is live (its FIN, which the receiver sends only after this
+        // part, has not come), so its buffer is borrowed; off + count <= len. Written
+        // without the engine lock; CMA_DONE follows.
+        let Some(sid) = self.own(h.aux) else { return };
+        // SAFETY: off + count <= len: inside the send's buffer.
+        let local = unsafe { buf.add(off) }.cast_mut();
+        let what = CopyWhat::Write {
+            to: h.src,
+            tag: h.tag,
+            rreq,
+            rserial: serial,
         };
-        self.cma_done(h.src, h.tag, rreq, serial, written, &why);
+        self.queue_copy(sid, what, pid, dst as usize, local, count);
     }
 
     /// CMA_DONE to `to`: the receive `rreq` (with its serial), bytes written, and an

@@ -277,3 +277,86 @@ fn fuzz_hostile_frames_from_a_peer() {
     let _ = weft_shm::unlink(&name);
     println!("fuzz engine-frames: {frames} hostile frames, {completed} receives completed");
 }
+
+/// A split single-copy receive leaves its copies to the caller (a wait loop runs them
+/// without the engine lock), and, when the sender does not take its half within
+/// `SPLIT_TAKEOVER`, the receiver copies that half itself: the data arrives exact.
+#[test]
+fn a_split_copy_is_left_to_the_caller_and_taken_over_from_a_silent_sender() {
+    use weft_shm::{Inbox, InboxConfig, Outbox};
+    const CTX: u64 = 9;
+    const LEN: usize = 256 << 10;
+    let own = format!("/weft-test-{}-engine-split-own", std::process::id());
+    let peer = format!("/weft-test-{}-engine-split-peer", std::process::id());
+    let _ = weft_shm::unlink(&own);
+    let _ = weft_shm::unlink(&peer);
+    let inbox = Inbox::create_for(&own, &InboxConfig::default(), 0).expect("own inbox");
+    // Rank 1 never reads its inbox: it is a sender that never progresses.
+    let _peer_inbox = Inbox::create(&peer, &InboxConfig::default()).expect("peer inbox");
+    let p = peer.clone();
+    let resolve: Resolver = Box::new(move |_| match Outbox::connect(&p, 0) {
+        Ok(o) => Resolved::Shm(Box::new(o)),
+        Err(e) => Resolved::Unreachable(e.to_string()),
+    });
+    let cfg = Config {
+        eager_limit: 64,
+        single_copy: SingleCopy::Cma,
+        keep_registrations: false,
+        cma_split: 64 << 10,
+        tcp_eager_limit: 64,
+    };
+    let mut e = Engine::new(
+        0,
+        2,
+        Some(inbox),
+        vec![0, 1],
+        cfg,
+        resolve,
+        // Rank 1 is reported gone (its process, this one, lives on).
+        Box::new(|r| (r == 1).then(|| "test: reported gone".to_string())),
+        None,
+        None,
+    );
+    // CMA works with rank 1 (its "memory" is this process's: the copies read it here).
+    e.st.path(1).expect("a path to rank 1");
+    e.st.peers[1].cma_ok = true;
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+    let mut buf = vec![0u8; LEN];
+    let id = e.recv(buf.as_mut_ptr(), LEN, CTX, Some(1), Some(4));
+    let mut rts = Hdr {
+        kind: RTS,
+        src: 1,
+        ctx: CTX,
+        tag: 4,
+        aux: 77,
+        len: LEN as u64,
+    }
+    .encode()
+    .to_vec();
+    rts.extend_from_slice(&(data.as_ptr() as u64).to_le_bytes());
+    rts.extend_from_slice(&(std::process::id() as i32).to_le_bytes());
+    e.st.on_frame_from(1, &rts);
+    // Matched and split, but nothing copied yet: the head read waits for the caller.
+    assert!(e.has_copies(), "the head read was done under the engine");
+    assert!(buf.iter().all(|&b| b == 0));
+    let jobs = e.take_copies();
+    assert_eq!(jobs.len(), 1);
+    // Taken out: the request is not failed under the running copy, even with its
+    // sender reported gone.
+    e.fail_if_gone(id);
+    assert!(e.take(id).is_none(), "failed while its copy runs");
+    let done = jobs.into_iter().map(CopyJob::run).collect();
+    e.copies_done(done);
+    assert!(e.take(id).is_none(), "complete without the sender's half");
+    // Rank 1 never takes its half: after SPLIT_TAKEOVER the receiver does.
+    std::thread::sleep(split::SPLIT_TAKEOVER * 2);
+    for _ in 0..3 {
+        e.progress();
+    }
+    let st = e.take(id).expect("complete").expect("no error");
+    assert_eq!(st.count, LEN);
+    assert!(buf == data, "the data arrived changed");
+    drop(e);
+    let _ = weft_shm::unlink(&own);
+    let _ = weft_shm::unlink(&peer);
+}
