@@ -285,7 +285,7 @@ fn fuzz_hostile_frames_from_a_peer() {
 fn a_split_copy_is_left_to_the_caller_and_taken_over_from_a_silent_sender() {
     use weft_shm::{Inbox, InboxConfig, Outbox};
     const CTX: u64 = 9;
-    const LEN: usize = 256 << 10;
+    const LEN: usize = 2 << 20;
     let own = format!("/weft-test-{}-engine-split-own", std::process::id());
     let peer = format!("/weft-test-{}-engine-split-peer", std::process::id());
     let _ = weft_shm::unlink(&own);
