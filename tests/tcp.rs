@@ -244,19 +244,7 @@ fn waiting_for_a_busy_peers_handshake_does_not_stall_other_threads() {
     );
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(done.lines_with(" ok"), 3, "{}", done.dump());
-    let line = done
-        .stdout
-        .lines()
-        .find(|l| l.contains("slow-peer:"))
-        .unwrap_or_else(|| panic!("no slow-peer line: {}", done.dump()));
-    let num = |after: &str| -> u64 {
-        line.split(after)
-            .nth(1)
-            .and_then(|r| r.split(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{line}"))
-    };
-    let (waited, meanwhile) = (num("waited "), num("ms, "));
+    let (waited, meanwhile, line) = done.slow_peer_figures();
     assert!(
         waited >= 1500,
         "the send did not wait for the busy peer: {line}"

@@ -447,19 +447,8 @@ impl Engine {
     /// needed) and, over verbs or TCP, its connection through its handshake. An error
     /// (no path, a failed connection) is the send's to report.
     pub(crate) fn ready_for(&mut self, dest: u32) -> Result<bool, P2pError> {
-        let st = &mut self.st;
-        st.path(dest)?;
-        if let Some(reason) = st.failed.get(&dest) {
-            return Err(P2pError::PeerGone {
-                rank: dest,
-                reason: reason.clone(),
-            });
-        }
-        Ok(match st.peers[dest as usize].path {
-            Path::Verbs(conn) => st.verbs.as_ref().is_none_or(|ep| ep.is_ready(conn)),
-            Path::Tcp(conn) => st.tcp.as_ref().is_none_or(|ep| ep.is_ready(conn)),
-            _ => true,
-        })
+        self.st.path(dest)?;
+        self.st.ready(dest)
     }
 
     /// Why `rank` is gone, if it is.
@@ -767,6 +756,42 @@ impl State {
         }
     }
 
+    /// Whether the path to `dest` (resolved) can take a frame at once: over verbs or TCP,
+    /// once its connection is through its handshake; an error if that connection failed.
+    fn ready(&self, dest: u32) -> Result<bool, P2pError> {
+        if let Some(reason) = self.failed.get(&dest) {
+            return Err(P2pError::PeerGone {
+                rank: dest,
+                reason: reason.clone(),
+            });
+        }
+        Ok(match self.peers[dest as usize].path {
+            Path::Verbs(conn) => self.verbs.as_ref().is_none_or(|ep| ep.is_ready(conn)),
+            Path::Tcp(conn) => self.tcp.as_ref().is_none_or(|ep| ep.is_ready(conn)),
+            _ => true,
+        })
+    }
+
+    /// Waits until the connection to `dest` is through its handshake, so that a send
+    /// that returns has handed its frame to the NIC or the kernel rather than left it
+    /// behind a handshake the caller might never progress. (The first send to a peer
+    /// waits for this outside the engine lock first: `Engine::ready_for`.)
+    fn wait_connected(&mut self, dest: u32) -> Result<(), P2pError> {
+        let mut spins = 0u32;
+        while !self.ready(dest)? {
+            self.progress_verbs();
+            self.progress_tcp();
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if let Some(reason) = (self.gone)(dest) {
+                    return Err(P2pError::PeerGone { rank: dest, reason });
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
     /// Sends a frame to `dest` or queues it behind earlier ones.
     fn push(&mut self, dest: u32, hdr: &[u8], payload: &[u8]) {
         if let Path::Unresolved = self.peers[dest as usize].path {
@@ -941,12 +966,7 @@ impl State {
             return Ok(None);
         }
         let tcp = matches!(self.peers[dest as usize].path, Path::Tcp(_));
-        if let Path::Verbs(conn) = self.peers[dest as usize].path {
-            self.wait_connected(dest, conn)?;
-        }
-        if let Path::Tcp(conn) = self.peers[dest as usize].path {
-            self.tcp_wait_connected(dest, conn)?;
-        }
+        self.wait_connected(dest)?;
         let limit = if tcp {
             self.cfg.tcp_eager_limit
         } else {
@@ -1011,6 +1031,23 @@ impl State {
         p[8..].copy_from_slice(&self.pid.to_le_bytes());
         self.push(dest, &hdr, &p);
         Ok(Some(id))
+    }
+
+    /// Hands the frames a verbs or TCP poll kept (in `scratch`, the poll being over) to
+    /// the queues, and keeps the buffers for the next poll.
+    fn replay_kept(&mut self) {
+        let (mut scratch, mut spans) = (
+            std::mem::take(&mut self.scratch),
+            std::mem::take(&mut self.spans),
+        );
+        let mut start = 0;
+        for &(peer, end) in &spans {
+            self.on_frame_from(peer, &scratch[start..end]);
+            start = end;
+        }
+        scratch.clear();
+        spans.clear();
+        (self.scratch, self.spans) = (scratch, spans);
     }
 
     /// A frame from the inbox, from local sender `sid`.

@@ -990,31 +990,8 @@ impl Fabric {
         cards: Vec<Option<Vec<u8>>>,
         eager_limit: usize,
     ) -> Fabric {
-        let resolve = Box::new(move |rank: u32| -> Resolved {
-            match cards.get(rank as usize).cloned().flatten() {
-                Some(card) => Resolved::VerbsCard(card),
-                None => Resolved::Unreachable("no card".into()),
-            }
-        });
-        let cfg = Config {
-            eager_limit,
-            single_copy: SingleCopy::None,
-            keep_registrations: false,
-            cma_split: 0,
-            tcp_eager_limit: DEFAULT_TCP_EAGER_LIMIT,
-        };
-        let engine = Engine::new(
-            me,
-            size,
-            None,
-            vec![me],
-            cfg,
-            resolve,
-            Box::new(|_| None),
-            Some(endpoint),
-            None,
-        );
-        Fabric::without_wire(engine, me, size)
+        let eps = (Some(endpoint), None);
+        Self::from_endpoint(me, size, eps, cards, eager_limit, Resolved::VerbsCard)
     }
 
     /// A fabric over a TCP endpoint alone, for tests of the engine with several
@@ -1028,9 +1005,23 @@ impl Fabric {
         cards: Vec<Option<Vec<u8>>>,
         eager_limit: usize,
     ) -> Fabric {
+        let eps = (None, Some(endpoint));
+        Self::from_endpoint(me, size, eps, cards, eager_limit, Resolved::TcpCard)
+    }
+
+    /// A fabric over one endpoint (verbs or TCP) whose peers' cards are `cards`, made
+    /// into a path by `card`.
+    fn from_endpoint(
+        me: u32,
+        size: u32,
+        (verbs, tcp): (Option<weft_verbs::Endpoint>, Option<weft_tcp::Endpoint>),
+        cards: Vec<Option<Vec<u8>>>,
+        eager_limit: usize,
+        card: fn(Vec<u8>) -> Resolved,
+    ) -> Fabric {
         let resolve = Box::new(move |rank: u32| -> Resolved {
             match cards.get(rank as usize).cloned().flatten() {
-                Some(card) => Resolved::TcpCard(card),
+                Some(c) => card(c),
                 None => Resolved::Unreachable("no card".into()),
             }
         });
@@ -1041,17 +1032,8 @@ impl Fabric {
             cma_split: 0,
             tcp_eager_limit: eager_limit,
         };
-        let engine = Engine::new(
-            me,
-            size,
-            None,
-            vec![me],
-            cfg,
-            resolve,
-            Box::new(|_| None),
-            None,
-            Some(endpoint),
-        );
+        let gone = Box::new(|_| None);
+        let engine = Engine::new(me, size, None, vec![me], cfg, resolve, gone, verbs, tcp);
         Fabric::without_wire(engine, me, size)
     }
 }

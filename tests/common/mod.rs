@@ -59,6 +59,25 @@ impl Done {
             .collect()
     }
 
+    /// `fabric_probe slow-peer|busy-peer`'s figures: how long rank 0's first send waited
+    /// (ms), how many round trips its other thread made meanwhile, and the line.
+    pub fn slow_peer_figures(&self) -> (u64, u64, String) {
+        let line = self
+            .stdout
+            .lines()
+            .find(|l| l.contains("slow-peer:"))
+            .unwrap_or_else(|| panic!("no slow-peer line: {}", self.dump()))
+            .to_string();
+        let num = |after: &str| -> u64 {
+            line.split(after)
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{line}"))
+        };
+        (num("waited "), num("ms, "), line)
+    }
+
     pub fn dump(&self) -> String {
         format!(
             "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",

@@ -88,18 +88,7 @@ impl State {
             return taken;
         }
         let frames = self.spans.len() + taken;
-        let (mut scratch, mut spans) = (
-            std::mem::take(&mut self.scratch),
-            std::mem::take(&mut self.spans),
-        );
-        let mut start = 0;
-        for &(peer, end) in &spans {
-            self.on_frame_from(peer, &scratch[start..end]);
-            start = end;
-        }
-        scratch.clear();
-        spans.clear();
-        (self.scratch, self.spans) = (scratch, spans);
+        self.replay_kept();
         let mut events = std::mem::take(&mut self.tcp_events);
         for ev in events.drain(..) {
             match ev {
@@ -110,34 +99,6 @@ impl State {
         }
         self.tcp_events = events;
         frames
-    }
-
-    /// Waits until the connection to `dest` is through its handshake (the first send to a
-    /// peer pays it), so that a send that returns has handed its frame to the kernel
-    /// rather than left it queued behind a handshake the caller might never progress.
-    pub(super) fn tcp_wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
-        let mut spins = 0u32;
-        loop {
-            if let Some(reason) = self.failed.get(&dest) {
-                return Err(P2pError::PeerGone {
-                    rank: dest,
-                    reason: reason.clone(),
-                });
-            }
-            match &self.tcp {
-                Some(ep) if ep.is_ready(conn) => return Ok(()),
-                Some(_) => {}
-                None => return Ok(()),
-            }
-            self.progress_tcp();
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                if let Some(reason) = (self.gone)(dest) {
-                    return Err(P2pError::PeerGone { rank: dest, reason });
-                }
-                std::thread::yield_now();
-            }
-        }
     }
 
     /// A rendezvous send over TCP: offers the message (RTS_TCP); the payload follows the

@@ -66,34 +66,6 @@ pub(super) struct PendingRead {
 unsafe impl Send for Read {}
 
 impl State {
-    /// Waits until the verbs connection to `dest` is up (the first send to a peer pays
-    /// its handshake), so that a send that returns has handed its frame to the NIC
-    /// rather than left it waiting for a handshake the caller might never progress.
-    pub(super) fn wait_connected(&mut self, dest: u32, conn: ConnId) -> Result<(), P2pError> {
-        let mut spins = 0u32;
-        loop {
-            match &self.verbs {
-                Some(ep) if ep.is_ready(conn) => return Ok(()),
-                Some(_) => {}
-                None => return Ok(()),
-            }
-            self.progress_verbs();
-            if let Some(reason) = self.failed.get(&dest) {
-                return Err(P2pError::PeerGone {
-                    rank: dest,
-                    reason: reason.clone(),
-                });
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                if let Some(reason) = (self.gone)(dest) {
-                    return Err(P2pError::PeerGone { rank: dest, reason });
-                }
-                std::thread::yield_now();
-            }
-        }
-    }
-
     /// A rendezvous send over verbs: registers the buffer and offers it with RTS_RDMA;
     /// the receiver reads it and answers FIN.
     pub(super) fn send_rdma(
@@ -278,19 +250,7 @@ impl State {
             ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
         }
         let frames = self.spans.len() + taken;
-        let (scratch, spans) = (
-            std::mem::take(&mut self.scratch),
-            std::mem::take(&mut self.spans),
-        );
-        let mut start = 0;
-        for &(peer, end) in &spans {
-            self.on_frame_from(peer, &scratch[start..end]);
-            start = end;
-        }
-        let (mut scratch, mut spans) = (scratch, spans);
-        scratch.clear();
-        spans.clear();
-        (self.scratch, self.spans) = (scratch, spans);
+        self.replay_kept();
         if let Err(e) = polled {
             match e.peer() {
                 Some(peer) => self.verbs_failed(peer, &e),
