@@ -128,6 +128,22 @@ struct Peer {
     cma_ok: bool,
 }
 
+impl Peer {
+    /// Sends queued frames, in order, while `send` takes them (`Ok(true)`); stops at the
+    /// first it refuses, or at an error (returned).
+    fn drain<E>(&mut self, mut send: impl FnMut(&[u8]) -> Result<bool, E>) -> Result<(), E> {
+        while let Some(f) = self.backlog.front() {
+            if !send(f)? {
+                break;
+            }
+            if let Some(f) = self.backlog.pop_front() {
+                self.queued -= f.len();
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 enum Kind {
     Recv {

@@ -275,23 +275,8 @@ impl State {
             return false;
         };
         let peer = &mut self.peers[dest as usize];
-        let mut failure = None;
-        while let Some(f) = peer.backlog.front() {
-            match ep.try_send(conn, f, &[]) {
-                Ok(true) => {
-                    if let Some(f) = peer.backlog.pop_front() {
-                        peer.queued -= f.len();
-                    }
-                }
-                Ok(false) => break,
-                Err(e) => {
-                    failure = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-        if let Some(reason) = failure {
-            self.tcp_failed(dest, &reason);
+        if let Err(e) = peer.drain(|f| ep.try_send(conn, f, &[])) {
+            self.tcp_failed(dest, &e.to_string());
             return false;
         }
         !self.peers[dest as usize].backlog.is_empty()

@@ -332,23 +332,8 @@ impl State {
             return false;
         };
         let peer = &mut self.peers[dest as usize];
-        let mut failure = None;
-        while let Some(f) = peer.backlog.front() {
-            // The whole frame: a short header is shorter than HDR.
-            match ep.try_send(conn, f, &[]) {
-                Ok(true) => {
-                    if let Some(f) = peer.backlog.pop_front() {
-                        peer.queued -= f.len();
-                    }
-                }
-                Ok(false) => break,
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failure {
+        // Whole frames: a short header is shorter than HDR.
+        if let Err(e) = peer.drain(|f| ep.try_send(conn, f, &[])) {
             self.verbs_failed(dest, &e);
             return false;
         }
