@@ -132,6 +132,9 @@ struct Link {
     epoch: u32,
     /// EPOLLOUT registered.
     pollout: bool,
+    /// Writing failed (why, and when): what the peer sent before it closed is still read
+    /// and delivered, then the failure is reported (after [`WRITE_DEAD_WAIT`] at most).
+    write_dead: Option<(String, Instant)>,
 }
 
 #[derive(Debug)]
@@ -580,6 +583,11 @@ impl Endpoint {
         if !p.alive() {
             return Err(p.down_error());
         }
+        if p.link.as_ref().is_some_and(|l| l.write_dead.is_some()) {
+            // Going down: dropped; the failure is reported once the peer's last frames
+            // are read.
+            return Ok(true);
+        }
         if p.out_copied >= self.cfg.queue_bytes {
             return Ok(false);
         }
@@ -597,8 +605,7 @@ impl Endpoint {
                 Ok(n) => skip = n,
                 Err(Errno::AGAIN) => {}
                 Err(e) => {
-                    let reason = self.write_error(pi, e);
-                    self.fail(pi, reason);
+                    self.write_failed(pi, e);
                     return Ok(true);
                 }
             }
@@ -1137,6 +1144,7 @@ impl Endpoint {
             addr,
             epoch: p.epoch,
             pollout: false,
+            write_dead: None,
         });
         tracing::debug!(rank = self.cfg.me, peer = p.rank, %addr, "TCP connection established");
         self.live.push(pi);
@@ -1178,12 +1186,22 @@ impl Endpoint {
         }
     }
 
+    /// Writing to peer `pi` failed with `e`: nothing more is written, what it sent is
+    /// still read, then the failure is reported (`read_peer`, `check_timeouts`).
+    fn write_failed(&mut self, pi: usize, e: Errno) {
+        let reason = self.write_error(pi, e);
+        if let Some(link) = &mut self.peers[pi].link {
+            link.write_dead.get_or_insert((reason, Instant::now()));
+        }
+        self.set_pollout(pi, false);
+    }
+
     /// Writes queued data until the socket is full or the queue empty.
     fn flush(&mut self, pi: usize) {
         loop {
             let p = &mut self.peers[pi];
             let Some(link) = &p.link else { return };
-            if p.out.is_empty() {
+            if p.out.is_empty() || link.write_dead.is_some() {
                 return self.set_pollout(pi, false);
             }
             let (res, want) = {
@@ -1231,17 +1249,20 @@ impl Endpoint {
                     }
                 }
                 Err(Errno::AGAIN) => return self.set_pollout(pi, true),
-                Err(e) => {
-                    let reason = self.write_error(pi, e);
-                    return self.fail(pi, reason);
-                }
+                Err(e) => return self.write_failed(pi, e),
             }
         }
     }
 
     fn read_peer<D: Deliver + ?Sized>(&mut self, pi: usize, d: &mut D, n: &mut usize, hup: bool) {
         if let Err(reason) = read_link(&mut self.peers[pi], self.cfg.max_frame, d, n, hup) {
-            self.fail(pi, reason);
+            // A failed write came first: it says more about what went wrong.
+            let first = self.peers[pi]
+                .link
+                .as_mut()
+                .and_then(|l| l.write_dead.take())
+                .map(|(why, _)| why);
+            self.fail(pi, first.unwrap_or(reason));
         }
     }
 
@@ -1273,6 +1294,13 @@ impl Endpoint {
         }
         for pi in 0..self.peers.len() {
             let p = &self.peers[pi];
+            if let Some((why, t)) = p.link.as_ref().and_then(|l| l.write_dead.as_ref()) {
+                if now.duration_since(*t) >= WRITE_DEAD_WAIT {
+                    let reason = why.clone();
+                    self.fail(pi, reason);
+                    continue;
+                }
+            }
             if let Some(t) = p.lost_since {
                 // Its connection was already through its TCP connect when it told us so:
                 // it arrives at once, or something broke (bounded even for a patient
@@ -1532,6 +1560,10 @@ fn parse<D: Deliver + ?Sized>(
     }
     Ok(())
 }
+
+/// How long a connection whose writes failed is still read before its failure is
+/// reported (its end of stream or reset normally comes at once).
+const WRITE_DEAD_WAIT: Duration = Duration::from_secs(1);
 
 /// How long the loser of a crossed connect waits for the winner's connection, at most.
 const LOST_WAIT: Duration = Duration::from_secs(30);

@@ -706,3 +706,34 @@ fn a_flooding_peer_cannot_hold_one_poll() {
         "one poll delivered {most} of {frames} frames"
     );
 }
+
+#[test]
+fn frames_sent_before_a_peer_closed_are_delivered_even_after_a_write_fails() {
+    // The raw peer (rank 6) sends three frames and closes. Writing to it then fails
+    // (reset, broken pipe) before anything was read here: the three frames must still be
+    // delivered, then the failure.
+    let mut a = Node::new(0);
+    let mut s = raw_peer(&mut a, 6, 0);
+    pump(&mut [&mut a], |n| {
+        n[0].ep.conn_of(6).is_some_and(|c| n[0].ep.is_ready(c))
+    });
+    let c = a.ep.conn_of(6).unwrap();
+    for i in 0..3u8 {
+        s.write_all(&rec_frame(&[i; 10])).unwrap();
+    }
+    drop(s);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    // Write until the kernel reports the broken connection (no poll meanwhile).
+    for _ in 0..100 {
+        match a.ep.try_send(c, b"ping", b"") {
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Err(_) => break,
+        }
+    }
+    pump(&mut [&mut a], |n| !n[0].sink.failures().is_empty());
+    let frames: Vec<Vec<u8>> = a.sink.frames().into_iter().map(|(_, f)| f).collect();
+    assert_eq!(frames, vec![vec![0u8; 10], vec![1u8; 10], vec![2u8; 10]]);
+    let f = a.sink.failures();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].0, 6);
+}
