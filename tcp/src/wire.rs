@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn card_round_trip_v4_and_v6() {
-        for addr in ["127.0.0.1:4242", "[::1]:65535", "10.1.2.3:1"] {
+        for addr in ["127.0.0.1:4242", "[::1]:65535", "127.0.0.2:1"] {
             let c = Card {
                 rank: 77,
                 addr: addr.parse().unwrap(),
