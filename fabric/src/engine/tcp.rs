@@ -111,24 +111,7 @@ impl State {
         ctx: u64,
         tag: u32,
     ) -> u32 {
-        let id = self.alloc(Kind::Send {
-            buf,
-            len,
-            dest,
-            stream: None,
-            registered: None,
-        });
-        let hdr = Hdr {
-            kind: RTS_TCP,
-            src: self.me,
-            ctx,
-            tag,
-            aux: self.wire_id(id),
-            len: len as u64,
-        }
-        .encode();
-        self.push(dest, &hdr, &[]);
-        id
+        self.offer(RTS_TCP, (buf, len, dest, ctx, tag), None, &[])
     }
 
     /// An offer over TCP arrived: match it, or queue it as unexpected.
@@ -282,8 +265,9 @@ impl State {
         !self.peers[dest as usize].backlog.is_empty()
     }
 
-    /// The connection to `peer` is gone (the endpoint dropped it, with its transfers):
-    /// everything waiting on it fails, naming why.
+    /// The connection to `peer` is gone, or must go (its process is reported gone): the
+    /// endpoint gives it up for good (closing it and abandoning its transfers, so their
+    /// buffers may be given back), and everything waiting on it fails, naming why.
     pub(super) fn tcp_failed(&mut self, peer: u32, reason: &str) {
         if (peer as usize) >= self.peers.len() {
             return;
@@ -298,48 +282,6 @@ impl State {
         if let Some(ep) = &mut self.tcp {
             ep.forbid(peer, &reason);
         }
-        self.peers[peer as usize].backlog.clear();
-        self.peers[peer as usize].queued = 0;
-        let ids: Vec<u32> = self
-            .reqs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let r = r.as_ref()?;
-                if r.result.is_some() {
-                    return None;
-                }
-                let waits = match &r.kind {
-                    Kind::Send { dest, .. } => *dest == peer,
-                    Kind::Recv { src, pipe, .. } => {
-                        *src == Some(peer) || pipe.is_some_and(|p| p.0 == peer)
-                    }
-                };
-                waits.then_some(i as u32)
-            })
-            .collect();
-        for id in ids {
-            if let Some(Some(Req {
-                kind: Kind::Recv { bulk, .. },
-                ..
-            })) = self.reqs.get_mut(id as usize)
-            {
-                *bulk = None;
-            }
-            self.posted.retain(|p| p.id != id);
-            self.complete(
-                id,
-                Err(P2pError::PeerGone {
-                    rank: peer,
-                    reason: reason.clone(),
-                }),
-            );
-        }
-    }
-
-    /// Closes the connection to `peer` for good (the endpoint abandons its transfers, so
-    /// that their buffers may be given back), failing what waits on it.
-    pub(super) fn tcp_close(&mut self, peer: u32, reason: &str) {
-        self.tcp_failed(peer, reason);
+        self.fail_waiting_on(peer, &reason);
     }
 }

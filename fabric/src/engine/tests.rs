@@ -1,6 +1,6 @@
 //! Tests of the engine: frame headers, hostile frames from a peer, stale control frames.
 
-use super::frame::SHORT;
+use super::frame::{short_header, Hdr, SHORT};
 use super::*;
 use proptest::prelude::*;
 

@@ -4,7 +4,7 @@
 
 use super::frame::{outcome, Hdr, RTS_RDMA};
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
-use super::{Kind, Path, State};
+use super::{Path, State};
 use crate::P2pError;
 use weft_verbs::ConnId;
 
@@ -92,27 +92,10 @@ impl State {
             })?)
         };
         let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
-        let id = self.alloc(Kind::Send {
-            buf,
-            len,
-            dest,
-            stream: None,
-            registered: region,
-        });
-        let hdr = Hdr {
-            kind: RTS_RDMA,
-            src: self.me,
-            ctx,
-            tag,
-            aux: self.wire_id(id),
-            len: len as u64,
-        }
-        .encode();
         let mut p = [0u8; 12];
         p[..8].copy_from_slice(&addr.to_le_bytes());
         p[8..].copy_from_slice(&rkey.to_le_bytes());
-        self.push(dest, &hdr, &p);
-        Ok(id)
+        Ok(self.offer(RTS_RDMA, (buf, len, dest, ctx, tag), region, &p))
     }
 
     /// A receive matched an RTS_RDMA: read the data straight into its buffer.
@@ -274,35 +257,7 @@ impl State {
         let reason = e.to_string();
         tracing::error!("verbs connection to rank {peer} failed: {reason}");
         self.failed.entry(peer).or_insert_with(|| reason.clone());
-        self.peers[peer as usize].backlog.clear();
-        self.peers[peer as usize].queued = 0;
-        let ids: Vec<u32> = self
-            .reqs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let r = r.as_ref()?;
-                if r.result.is_some() {
-                    return None;
-                }
-                let waits = match &r.kind {
-                    Kind::Send { dest, .. } => *dest == peer,
-                    Kind::Recv { src, .. } => *src == Some(peer),
-                };
-                let reading = self.reads.values().any(|x| x.id == i as u32);
-                (waits && !reading).then_some(i as u32)
-            })
-            .collect();
-        for id in ids {
-            self.posted.retain(|p| p.id != id);
-            self.complete(
-                id,
-                Err(P2pError::PeerGone {
-                    rank: peer,
-                    reason: reason.clone(),
-                }),
-            );
-        }
+        self.fail_waiting_on(peer, &reason);
     }
 
     /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
