@@ -1,0 +1,447 @@
+//! Setting a process's fabric up: the tunables, which transports a job may use, the
+//! cards a process publishes (shared memory, verbs, TCP), and which one reaches each peer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_shm::{Inbox, InboxConfig, Outbox};
+use weft_wireup::{Client, GetOpts, Scope, Value};
+
+use crate::engine::{self, Config, Engine, Resolved, SingleCopy};
+use crate::{Fabric, InitError, Inner, Prefetch};
+
+/// The key under which a process publishes its shared-memory inbox (Local scope).
+pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
+/// How long the first send to a peer waits for its card (the peer has not started its
+/// fabric yet).
+const CARD_WAIT: Duration = Duration::from_secs(60);
+/// The key under which a process publishes its verbs card (Global scope, so that
+/// `WEFT_TRANSPORTS=verbs` works between processes of one node too).
+pub const VERBS_CARD_KEY: &str = "weft.verbs.card";
+/// The key under which a process publishes its TCP card (Global scope), or, as a string,
+/// why its TCP transport cannot open.
+pub const TCP_CARD_KEY: &str = "weft.tcp.card";
+
+/// The shared-memory card: the inbox segment's name and the layout version it speaks.
+fn shm_card(name: &str) -> String {
+    format!("{name}#{}", weft_shm::layout::LAYOUT_VERSION)
+}
+
+/// Reads a shared-memory card; a card of another layout version is a clear error.
+fn parse_shm_card(card: &str) -> Result<&str, String> {
+    let malformed = || format!("malformed shared-memory card {card:?}");
+    let (name, v) = card.rsplit_once('#').ok_or_else(malformed)?;
+    let v: u32 = v.parse().map_err(|_| malformed())?;
+    if v != weft_shm::layout::LAYOUT_VERSION {
+        return Err(format!(
+            "its shared-memory layout version is {v}, this process speaks {} (mixed Weft builds?)",
+            weft_shm::layout::LAYOUT_VERSION
+        ));
+    }
+    Ok(name)
+}
+
+/// Tunables of the fabric, listed by `weft info`.
+pub const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        "WEFT_TRANSPORTS",
+        "shm,verbs,tcp",
+        "transports to use, in this order of preference: shm for peers on the node, then verbs (when both ends have a usable RDMA device), then tcp for the others; without shm, peers on the node use the others too; `shm` alone refuses other nodes",
+    ),
+    (
+        "WEFT_TCP_EAGER_LIMIT",
+        "65536",
+        "largest message sent eagerly over TCP (bytes); larger ones go by rendezvous, written straight from the sender's buffer into the receiver's",
+    ),
+    (
+        "WEFT_VERBS_KEEP_REGISTRATIONS",
+        "0",
+        "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes (for the fabric this decides WEFT_VERBS_RCACHE)",
+    ),
+    (
+        "WEFT_SHM_EAGER_LIMIT",
+        "8192",
+        "largest eager message (bytes), capped at the ring's largest frame minus 32 (16352 with 64 KiB fastboxes)",
+    ),
+    (
+        "WEFT_SHM_SINGLE_COPY",
+        "cma",
+        "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
+    ),
+    (
+        "WEFT_SHM_CMA_SPLIT",
+        "65536",
+        "single-copy rendezvous of at least this many bytes are split: the receiver reads the first half while the sender writes the second into the receiver (both cores copy); 0: the receiver copies everything",
+    ),
+];
+
+fn tunable<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, InitError>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(var) {
+        Err(_) => Ok(default),
+        Ok(value) => value.parse().map_err(|e: T::Err| InitError::Tunable {
+            var,
+            value,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn config() -> Result<Config, InitError> {
+    let eager_limit: usize = tunable("WEFT_SHM_EAGER_LIMIT", 8192)?;
+    let single_copy = match std::env::var("WEFT_SHM_SINGLE_COPY").as_deref() {
+        // Measured default (weft bench bw/latency, 2 cores, 2026-11-22): process_vm_readv
+        // beat the pipelined copy through the rings at every rendezvous size, 1.4-4x at
+        // 16 KiB-1 MiB and 12.0 against 8.6 GB/s at 4 MiB; it is also what Open MPI and
+        // MPICH use when the kernel allows it. An earlier host, a VM where page pinning
+        // cost ~2 us per message, measured the opposite: set `none` on such machines.
+        Err(_) | Ok("cma") => SingleCopy::Cma,
+        Ok("none") => SingleCopy::None,
+        Ok(other) => {
+            return Err(InitError::Tunable {
+                var: "WEFT_SHM_SINGLE_COPY",
+                value: other.into(),
+                reason: "must be cma or none".into(),
+            })
+        }
+    };
+    let keep_registrations = match std::env::var("WEFT_VERBS_KEEP_REGISTRATIONS").as_deref() {
+        Err(_) | Ok("0") => false,
+        Ok("1") => true,
+        Ok(other) => {
+            return Err(InitError::Tunable {
+                var: "WEFT_VERBS_KEEP_REGISTRATIONS",
+                value: other.into(),
+                reason: "must be 0 or 1".into(),
+            })
+        }
+    };
+    let cma_split: usize = tunable("WEFT_SHM_CMA_SPLIT", DEFAULT_CMA_SPLIT)?;
+    let tcp_eager_limit: usize = tunable("WEFT_TCP_EAGER_LIMIT", DEFAULT_TCP_EAGER_LIMIT)?;
+    if tcp_eager_limit > MAX_TCP_EAGER_LIMIT {
+        return Err(InitError::Tunable {
+            var: "WEFT_TCP_EAGER_LIMIT",
+            value: tcp_eager_limit.to_string(),
+            reason: format!("at most {MAX_TCP_EAGER_LIMIT} bytes"),
+        });
+    }
+    Ok(Config {
+        eager_limit,
+        single_copy,
+        keep_registrations,
+        cma_split,
+        tcp_eager_limit,
+    })
+}
+
+/// Default of `WEFT_SHM_CMA_SPLIT` (bytes).
+pub(crate) const DEFAULT_CMA_SPLIT: usize = 64 * 1024;
+/// Default of `WEFT_TCP_EAGER_LIMIT` (bytes).
+pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
+/// Largest `WEFT_TCP_EAGER_LIMIT`: an eager frame is read whole into the endpoint's
+/// buffer before it is matched.
+const MAX_TCP_EAGER_LIMIT: usize = 1 << 20;
+
+/// The TCP endpoint's largest frame for an eager limit: the message and a full header.
+fn tcp_max_frame(eager_limit: usize) -> usize {
+    (eager_limit + engine::HDR).max(64 * 1024)
+}
+
+/// A 64-bit identity of the job for transport handshakes (FNV-1a of its namespace).
+fn job_hash(nspace: &str) -> u64 {
+    nspace.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Which transports `WEFT_TRANSPORTS` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Transports {
+    shm: bool,
+    verbs: bool,
+    tcp: bool,
+}
+
+fn transports() -> Result<Transports, InitError> {
+    let value = std::env::var("WEFT_TRANSPORTS").unwrap_or_else(|_| "shm,verbs,tcp".into());
+    let mut t = Transports {
+        shm: false,
+        verbs: false,
+        tcp: false,
+    };
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "shm" => t.shm = true,
+            "verbs" => t.verbs = true,
+            "tcp" => t.tcp = true,
+            other => {
+                return Err(InitError::Tunable {
+                    var: "WEFT_TRANSPORTS",
+                    value: value.clone(),
+                    reason: format!("unknown transport {other:?} (shm, verbs, tcp)"),
+                })
+            }
+        }
+    }
+    if !t.shm && !t.verbs && !t.tcp {
+        return Err(InitError::Tunable {
+            var: "WEFT_TRANSPORTS",
+            value,
+            reason: "names no transport".into(),
+        });
+    }
+    Ok(t)
+}
+
+impl Fabric {
+    pub(crate) fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
+        let me = wire.rank();
+        let size = wire.size();
+        let local = wire.local_peers().to_vec();
+        let t = transports()?;
+        let cfg = config()?;
+        let remote_peers = size as usize > local.len();
+        let inbox = if t.shm && local.len() > 1 {
+            let name = format!("{}r{me}", wire.segment_prefix());
+            let inbox = Inbox::create_for(&name, &InboxConfig::from_env()?, wire.local_rank())?;
+            wire.put(Scope::Local, SHM_CARD_KEY, shm_card(&name))?;
+            Some(inbox)
+        } else {
+            None
+        };
+        // Verbs when some peer needs it: another node, or every peer when shm is off.
+        let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
+        let mut verbs_down = None;
+        let verbs = if want_verbs {
+            let vcfg = weft_verbs::Config::from_env(me).map(|mut c| {
+                // Registrations are looked up again only when the program promises not to
+                // free and reuse its buffers (WEFT_VERBS_KEEP_REGISTRATIONS=1).
+                c.rcache = cfg.keep_registrations;
+                // A live peer is never given up for a slow handshake: the fabric asks
+                // wire-up whether it lives (a dead one is named by how it ended).
+                c.patient_handshakes = true;
+                c
+            });
+            match vcfg.and_then(weft_verbs::Endpoint::open) {
+                Ok(ep) => {
+                    wire.put(Scope::Global, VERBS_CARD_KEY, ep.card())?;
+                    Some(ep)
+                }
+                Err(e) if !t.shm && !t.tcp => return Err(InitError::Verbs(e)),
+                Err(e) => {
+                    // Said once per process at info level: a send to another node fails
+                    // with this reason (NoPath), which is where a user needs it.
+                    tracing::info!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
+                    // Peers wait for a card until it is committed: a string tells them
+                    // at once why there is none.
+                    wire.put(Scope::Global, VERBS_CARD_KEY, format!("{e}"))?;
+                    verbs_down = Some(e.to_string());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let verbs_open = verbs.is_some();
+        // TCP when some peer may need it: another node, or every peer when shm is off
+        // (verbs is preferred where both ends have it; TCP reaches the others).
+        let want_tcp = t.tcp && size > 1 && (remote_peers || !t.shm);
+        let mut tcp_down = None;
+        let tcp = if want_tcp {
+            let opened = match (wire.transport_secret(), wire.node_addr()) {
+                (Some(secret), addr) => {
+                    let addr = addr.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+                    weft_tcp::Config::from_env(me, job_hash(wire.nspace()), secret, addr)
+                        .map(|mut c| {
+                            c.max_frame = c.max_frame.max(tcp_max_frame(cfg.tcp_eager_limit));
+                            // A live peer is never given up for a slow handshake (it may be
+                            // busy outside any Weft call): the fabric asks wire-up whether
+                            // it lives, and a dead one is named by how it ended.
+                            if std::env::var_os("WEFT_TCP_HANDSHAKE_TIMEOUT_MS").is_none() {
+                                c.handshake_timeout = Duration::from_secs(365 * 24 * 3600);
+                            }
+                            c
+                        })
+                        .and_then(weft_tcp::Endpoint::open)
+                        .map_err(|e| e.to_string())
+                }
+                (None, _) => Err("the wire-up server gives no transport secret".to_string()),
+            };
+            match opened {
+                Ok(ep) => {
+                    wire.put(Scope::Global, TCP_CARD_KEY, ep.card())?;
+                    Some(ep)
+                }
+                Err(e) if !t.shm && !verbs_open => return Err(InitError::Tcp(e)),
+                Err(e) => {
+                    tracing::info!("the TCP transport cannot open ({e})");
+                    wire.put(Scope::Global, TCP_CARD_KEY, e.clone())?;
+                    tcp_down = Some(e);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let tcp_open = tcp.is_some();
+        wire.commit()?;
+        let my_local = wire.local_rank();
+        let pairs = inbox.as_ref().map(Inbox::pair_host);
+        let w2 = wire.clone();
+        // Which card reaches a peer first: the shared-memory one on this node (when shm
+        // is on), else the verbs one (when verbs opened), else the TCP one; none
+        // otherwise. (A process commits its verbs and TCP cards together: once one is
+        // on the node, so is the other.)
+        let card_key = {
+            let w = wire.clone();
+            move |rank: u32| -> Option<&'static str> {
+                let on_node = w.job().node_of(rank) == Some(w.node());
+                if on_node && t.shm {
+                    Some(SHM_CARD_KEY)
+                } else if t.verbs && verbs_open {
+                    Some(VERBS_CARD_KEY)
+                } else if t.tcp && tcp_open {
+                    Some(TCP_CARD_KEY)
+                } else {
+                    None
+                }
+            }
+        };
+        let prefetched: Arc<Vec<AtomicBool>> =
+            Arc::new((0..size).map(|_| AtomicBool::new(false)).collect());
+        let prefetch: Box<dyn Fn(u32) + Send + Sync> = {
+            let (w, card_key) = (wire.clone(), card_key.clone());
+            Box::new(move |rank: u32| {
+                if let Some(key) = card_key(rank) {
+                    // The outcome is the resolver's to report (from the datastore then).
+                    let _ = w.get(rank, key, GetOpts::default().timeout(CARD_WAIT));
+                }
+            })
+        };
+        let done = prefetched.clone();
+        let resolve = Box::new(move |rank: u32| -> Resolved {
+            let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
+            let on_node = node == w2.node();
+            // Once prefetched (the wait is over) the card is on the node, or never comes:
+            // under the engine lock, only look.
+            let timeout = if done
+                .get(rank as usize)
+                .is_some_and(|d| d.load(Ordering::Relaxed))
+            {
+                GetOpts::default().immediate()
+            } else {
+                GetOpts::default().timeout(CARD_WAIT)
+            };
+            if on_node && t.shm {
+                return match w2.get(rank, SHM_CARD_KEY, timeout) {
+                    Ok(v) => match v.as_str().map(parse_shm_card) {
+                        Some(Err(why)) => Resolved::Unreachable(why),
+                        Some(Ok(name)) => match Outbox::connect(name, my_local) {
+                            Ok(mut o) => {
+                                if let Some(p) = &pairs {
+                                    p.pair(&mut o);
+                                }
+                                Resolved::Shm(Box::new(o))
+                            }
+                            Err(e) => Resolved::Unreachable(format!(
+                                "cannot connect to its inbox {name}: {e}"
+                            )),
+                        },
+                        None => Resolved::Unreachable(format!(
+                            "its card {SHM_CARD_KEY} is not a string: {v:?}"
+                        )),
+                    },
+                    Err(e) => Resolved::Unreachable(format!("no shared-memory card: {e}")),
+                };
+            }
+            // Verbs where both ends have it, else TCP; if neither, every reason.
+            let mut why = Vec::new();
+            if !t.verbs {
+                why.push("WEFT_TRANSPORTS excludes verbs".to_string());
+            } else if !verbs_open {
+                let down = verbs_down.as_deref().unwrap_or("not opened");
+                why.push(format!("the verbs transport cannot open here: {down}"));
+            } else {
+                match w2.get(rank, VERBS_CARD_KEY, timeout) {
+                    Ok(Value::Bytes(card)) => return Resolved::VerbsCard(card),
+                    Ok(Value::Str(down)) => {
+                        why.push(format!("its verbs transport cannot open: {down}"))
+                    }
+                    Ok(v) => why.push(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}")),
+                    Err(e) => why.push(format!("no verbs card: {e}")),
+                }
+            }
+            if !t.tcp {
+                why.push("WEFT_TRANSPORTS excludes tcp".to_string());
+            } else if !tcp_open {
+                let down = tcp_down.as_deref().unwrap_or("not opened");
+                why.push(format!("the TCP transport cannot open here: {down}"));
+            } else {
+                // Committed with the verbs card: no second wait once that one was found.
+                let timeout = if t.verbs && verbs_open {
+                    GetOpts::default().immediate()
+                } else {
+                    timeout
+                };
+                match w2.get(rank, TCP_CARD_KEY, timeout) {
+                    Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
+                    Ok(Value::Str(down)) => {
+                        why.push(format!("its TCP transport cannot open: {down}"))
+                    }
+                    Ok(v) => why.push(format!("its card {TCP_CARD_KEY} is not bytes: {v:?}")),
+                    Err(e) => why.push(format!("no TCP card: {e}")),
+                }
+            }
+            let place = if on_node {
+                "it runs on this node, WEFT_TRANSPORTS excludes shm".to_string()
+            } else {
+                format!("it runs on node {node}")
+            };
+            Resolved::Unreachable(format!("{place}; {}", why.join("; ")))
+        });
+        let w3 = wire.clone();
+        // A peer is gone when its server says so, and every peer is when our own server
+        // is (its datastore will never say so then).
+        let gone = Box::new(move |rank: u32| w3.gone_reason(rank).or_else(|| w3.server_lost()));
+        let shm_cfg = InboxConfig::from_env()?;
+        let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
+        if cfg.eager_limit > largest {
+            tracing::warn!(
+                "WEFT_SHM_EAGER_LIMIT={} exceeds the largest eager payload a fastbox frame holds ({largest} with WEFT_SHM_FASTBOX_BYTES={}); messages above {largest} bytes use rendezvous",
+                cfg.eager_limit,
+                shm_cfg.fastbox_bytes
+            );
+        }
+        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs, tcp);
+        let world_ctx = wire.job().world_pgcid;
+        Ok(Inner::new(
+            engine,
+            Some(wire),
+            me,
+            size,
+            world_ctx,
+            t.shm,
+            Some(Prefetch {
+                fetch: prefetch,
+                done: prefetched,
+            }),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_cards_carry_the_layout_version() {
+        let card = shm_card("/weft-j-n0-r3");
+        assert_eq!(parse_shm_card(&card), Ok("/weft-j-n0-r3"));
+        let old = format!("/weft-j-n0-r3#{}", weft_shm::layout::LAYOUT_VERSION + 1);
+        assert!(parse_shm_card(&old).unwrap_err().contains("layout version"));
+        assert!(parse_shm_card("nohash").unwrap_err().contains("malformed"));
+    }
+}
