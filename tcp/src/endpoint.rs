@@ -1,5 +1,7 @@
 //! The endpoint: a listener, one epoll instance, and per peer one connection with an
 //! ordered output queue (frames and bulk transfers) and a bounded receive buffer.
+//! Connections in handshake are in [`handshake`], the receive path in [`rx`]; the send
+//! path, polling, timeouts and failures are here.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice};
@@ -13,6 +15,12 @@ use rustix::net::{self as rnet, RecvFlags, SendAncillaryBuffer, SendFlags};
 
 use crate::wire::{self, Card, Hello, HelloError, Rec, Reply};
 use crate::{Config, Error};
+
+mod handshake;
+mod rx;
+
+use handshake::{Phase, Shake};
+use rx::{read_link, Landing, Rx};
 
 /// Epoll data of the listener.
 const LISTENER: u64 = u64::MAX;
@@ -74,13 +82,6 @@ pub struct Stats {
     pub failures: u64,
 }
 
-/// Memory given by `send_bulk` or `expect_bulk`, only touched under their contracts.
-#[derive(Debug, Clone, Copy)]
-struct Landing {
-    ptr: *mut u8,
-    cap: usize,
-}
-
 #[derive(Debug)]
 enum Out {
     /// Copied bytes (record headers and frames); `off` bytes already written.
@@ -102,27 +103,6 @@ impl Out {
             Out::Bulk { len, off, .. } => wire::REC_LEN + len - off,
         }
     }
-}
-
-/// A bulk transfer being received.
-#[derive(Debug)]
-struct InBulk {
-    token: u64,
-    total: u64,
-    /// Bytes consumed (landed or discarded).
-    got: u64,
-    dest: Option<Landing>,
-    /// When its header was parsed (for `bulk_wait` while `dest` is `None`).
-    since: Instant,
-}
-
-/// The receive side of an established connection.
-#[derive(Debug, Default)]
-struct Rx {
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-    bulk: Option<InBulk>,
 }
 
 #[derive(Debug)]
@@ -173,29 +153,6 @@ impl Peer {
                 .unwrap_or_else(|| "never connected".into()),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Ours: the non-blocking connect is under way.
-    Connecting,
-    /// Ours: writing the HELLO (`off` bytes written), then reading the reply.
-    Hello { off: usize },
-    /// Theirs: reading their HELLO.
-    Accepted,
-}
-
-#[derive(Debug)]
-struct Shake {
-    stream: TcpStream,
-    addr: SocketAddr,
-    gen: u32,
-    since: Instant,
-    phase: Phase,
-    /// Peer index (ours only).
-    peer: Option<usize>,
-    buf: [u8; wire::REPLY_LEN + wire::MAX_REASON],
-    got: usize,
 }
 
 /// One process's TCP endpoint (see the crate docs for the protocol).
@@ -249,10 +206,6 @@ fn link_data(pi: usize, epoch: u32) -> epoll::EventData {
     epoll::EventData::new_u64((epoch as u64) << 32 | pi as u64)
 }
 
-fn shake_data(si: usize, gen: u32) -> epoll::EventData {
-    epoll::EventData::new_u64(SHAKE_BIT | ((gen as u64) << 32) | si as u64)
-}
-
 fn send(fd: impl AsFd, iov: &[IoSlice<'_>]) -> Result<usize, Errno> {
     loop {
         match rnet::sendmsg(
@@ -265,26 +218,6 @@ fn send(fd: impl AsFd, iov: &[IoSlice<'_>]) -> Result<usize, Errno> {
             r => return r,
         }
     }
-}
-
-/// `recv` into raw memory.
-///
-/// # Safety
-/// `ptr..ptr+len` is valid for writes and not otherwise accessed during the call.
-unsafe fn recv_raw(fd: impl AsFd, ptr: *mut u8, len: usize) -> Result<usize, Errno> {
-    // SAFETY: guaranteed by the caller.
-    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-    loop {
-        match rnet::recv(&fd, &mut *buf, RecvFlags::DONTWAIT) {
-            Err(Errno::INTR) => continue,
-            r => return r.map(|(n, _)| n),
-        }
-    }
-}
-
-fn recv(fd: impl AsFd, buf: &mut [u8]) -> Result<usize, Errno> {
-    // SAFETY: a live, exclusively borrowed slice.
-    unsafe { recv_raw(fd, buf.as_mut_ptr(), buf.len()) }
 }
 
 impl Endpoint {
@@ -514,53 +447,6 @@ impl Endpoint {
             rnet::sockopt::set_socket_recv_buffer_size(&fd, n)?;
         }
         Ok(())
-    }
-
-    fn add_shake(
-        &mut self,
-        stream: TcpStream,
-        addr: SocketAddr,
-        phase: Phase,
-        peer: Option<usize>,
-    ) -> Result<usize, Errno> {
-        let si = self.free_shakes.pop().unwrap_or_else(|| {
-            self.shakes.push(None);
-            self.shakes.len() - 1
-        });
-        self.shake_gen = self.shake_gen.wrapping_add(1) & 0x7fff_ffff;
-        let gen = self.shake_gen;
-        let mut flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
-        if phase == Phase::Connecting {
-            flags |= epoll::EventFlags::OUT;
-        }
-        if let Err(e) = epoll::add(&self.epoll, &stream, shake_data(si, gen), flags) {
-            self.free_shakes.push(si);
-            return Err(e);
-        }
-        self.shakes[si] = Some(Shake {
-            stream,
-            addr,
-            gen,
-            since: Instant::now(),
-            phase,
-            peer,
-            buf: [0; wire::REPLY_LEN + wire::MAX_REASON],
-            got: 0,
-        });
-        self.n_shakes += 1;
-        Ok(si)
-    }
-
-    fn take_shake(&mut self, si: usize) -> Option<Shake> {
-        let s = self.shakes.get_mut(si)?.take()?;
-        self.free_shakes.push(si);
-        self.n_shakes -= 1;
-        if let Some(pi) = s.peer {
-            if self.peers[pi].outgoing == Some(si) {
-                self.peers[pi].outgoing = None;
-            }
-        }
-        Some(s)
     }
 
     /// Queues the frame `header ++ payload` after everything queued before on `conn` and
@@ -794,363 +680,6 @@ impl Endpoint {
             }
         }
         self.events = events;
-    }
-
-    fn accept_all(&mut self) {
-        for _ in 0..ACCEPTS_PER_POLL {
-            match self.listener.accept() {
-                Ok((s, addr)) => {
-                    if self.n_shakes >= MAX_SHAKES {
-                        tracing::warn!(
-                            rank = self.cfg.me,
-                            %addr,
-                            "refused a TCP connection: {MAX_SHAKES} connections already in handshake"
-                        );
-                        continue;
-                    }
-                    let setup = s
-                        .set_nonblocking(true)
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| self.tune(&s).map_err(|e| e.to_string()))
-                        .and_then(|()| {
-                            self.add_shake(s, addr, Phase::Accepted, None)
-                                .map_err(|e| e.to_string())
-                        });
-                    if let Err(e) = setup {
-                        tracing::warn!(rank = self.cfg.me, %addr, "dropped an accepted TCP connection: {e}");
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!(rank = self.cfg.me, "accept on the TCP listener failed: {e}");
-                    return;
-                }
-            }
-        }
-    }
-
-    fn on_shake(&mut self, si: usize) {
-        let me = self.cfg.me;
-        let s = self.shakes[si].as_mut().expect("checked by the caller");
-        match s.phase {
-            Phase::Connecting => {
-                let pi = s.peer.expect("ours");
-                let addr = s.addr;
-                let err = match rnet::sockopt::socket_error(&s.stream) {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) | Err(e) => Some(e),
-                };
-                if let Some(e) = err {
-                    if e == Errno::INPROGRESS || e == Errno::ALREADY {
-                        return;
-                    }
-                    let rank = self.peers[pi].rank;
-                    self.fail(
-                        pi,
-                        format!(
-                            "could not connect to rank {rank} at {addr}: {}",
-                            errno_io(e)
-                        ),
-                    );
-                    return;
-                }
-                s.phase = Phase::Hello { off: 0 };
-                self.on_shake(si);
-            }
-            Phase::Hello { off } if off < wire::HELLO_LEN => {
-                let pi = s.peer.expect("ours");
-                let hello = Hello {
-                    job: self.cfg.job,
-                    secret: self.cfg.secret,
-                    from: me,
-                    to: self.peers[pi].rank,
-                    max_frame: self.cfg.max_frame as u32,
-                }
-                .encode();
-                match send(&s.stream, &[IoSlice::new(&hello[off..])]) {
-                    Ok(k) => {
-                        s.phase = Phase::Hello { off: off + k };
-                        if off + k == wire::HELLO_LEN {
-                            let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
-                            let _ =
-                                epoll::modify(&self.epoll, &s.stream, shake_data(si, s.gen), flags);
-                            // The reply may be there already.
-                            self.on_shake(si);
-                        }
-                    }
-                    Err(Errno::AGAIN) => {}
-                    Err(e) => {
-                        let rank = self.peers[pi].rank;
-                        let addr = s.addr;
-                        self.fail(
-                            pi,
-                            format!(
-                                "sending the handshake to rank {rank} at {addr} failed: {}",
-                                errno_io(e)
-                            ),
-                        );
-                    }
-                }
-            }
-            Phase::Hello { .. } => self.read_reply(si),
-            Phase::Accepted => self.read_hello(si),
-        }
-    }
-
-    /// Reads into the shake's buffer up to `want` bytes: `Ok(true)` when there.
-    fn shake_read(s: &mut Shake, want: usize) -> Result<bool, String> {
-        while s.got < want {
-            match recv(&s.stream, &mut s.buf[s.got..want]) {
-                Ok(0) => {
-                    return Err(format!(
-                        "it closed the connection during the handshake ({} bytes received)",
-                        s.got
-                    ))
-                }
-                Ok(k) => s.got += k,
-                Err(Errno::AGAIN) => return Ok(false),
-                Err(e) => return Err(format!("reading the handshake failed: {}", errno_io(e))),
-            }
-        }
-        Ok(true)
-    }
-
-    fn read_reply(&mut self, si: usize) {
-        let s = self.shakes[si].as_mut().expect("checked by the caller");
-        let pi = s.peer.expect("ours");
-        let rank = self.peers[pi].rank;
-        let addr = s.addr;
-        let who = format!("rank {rank} at {addr}");
-        let mut want = wire::REPLY_LEN;
-        let parsed;
-        loop {
-            match Self::shake_read(s, want) {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(e) => return self.fail(pi, format!("handshake with {who} failed: {e}")),
-            }
-            let head: &[u8; wire::REPLY_LEN] = s.buf[..wire::REPLY_LEN].try_into().expect("16");
-            match wire::decode_reply(head) {
-                Ok((kind, from, len)) => {
-                    if want == wire::REPLY_LEN + len {
-                        parsed = (kind, from);
-                        break;
-                    }
-                    want = wire::REPLY_LEN + len;
-                }
-                Err(e) => return self.fail(pi, format!("handshake with {who} failed: {e}")),
-            }
-        }
-        let (kind, from) = parsed;
-        let reason = String::from_utf8_lossy(&s.buf[wire::REPLY_LEN..want]).into_owned();
-        match kind {
-            Reply::Nack => self.fail(pi, format!("{who} refused the connection: {reason}")),
-            _ if from != rank => self.fail(
-                pi,
-                format!(
-                    "the process at {addr} answered as rank {from}, not rank {rank} (stale card?)"
-                ),
-            ),
-            Reply::Lose => {
-                tracing::debug!(
-                    rank = self.cfg.me,
-                    peer = rank,
-                    "simultaneous connect: ours lost"
-                );
-                self.stats.superseded += 1;
-                self.take_shake(si);
-                let p = &mut self.peers[pi];
-                if p.link.is_none() {
-                    p.lost_since = Some(Instant::now());
-                }
-            }
-            Reply::Ack => {
-                let s = self.take_shake(si).expect("present");
-                if self.peers[pi].link.is_some() {
-                    tracing::warn!(
-                        rank = self.cfg.me,
-                        peer = rank,
-                        "dropped a second connection to rank {rank}"
-                    );
-                    return;
-                }
-                self.attach(pi, s.stream, s.addr);
-            }
-        }
-    }
-
-    fn read_hello(&mut self, si: usize) {
-        let me = self.cfg.me;
-        let s = self.shakes[si].as_mut().expect("checked by the caller");
-        let addr = s.addr;
-        match Self::shake_read(s, wire::HELLO_LEN) {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!(rank = me, %addr, "refused a TCP connection from {addr}: {e}");
-                self.stats.refused += 1;
-                self.take_shake(si);
-                return;
-            }
-        }
-        let h = Hello::decode(s.buf[..wire::HELLO_LEN].try_into().expect("48"));
-        let refuse = |me: &mut Self, why: String, answer: bool| {
-            tracing::warn!(rank = me.cfg.me, %addr, "refused a TCP connection from {addr}: {why}");
-            me.stats.refused += 1;
-            let s = me.take_shake(si).expect("present");
-            if answer {
-                let b = wire::encode_reply(Reply::Nack, me.cfg.me, &why);
-                let _ = send(&s.stream, &[IoSlice::new(&b)]);
-            }
-            let _ = s.stream.shutdown(Shutdown::Both);
-        };
-        let h = match h {
-            Ok(h) => h,
-            Err(HelloError::Magic) => {
-                return refuse(self, "not a Weft TCP peer (bad magic)".into(), false)
-            }
-            Err(HelloError::Version(v)) => {
-                return refuse(
-                    self,
-                    format!(
-                        "protocol version {v} is not supported (rank {me} speaks version {})",
-                        wire::VERSION
-                    ),
-                    true,
-                )
-            }
-            Err(HelloError::Kind(k)) => {
-                return refuse(
-                    self,
-                    format!("handshake message of kind {k} instead of HELLO"),
-                    false,
-                )
-            }
-        };
-        let who = format!("rank {}", h.from);
-        if h.job != self.cfg.job {
-            return refuse(
-                self,
-                format!(
-                    "{who} belongs to another job ({:#x}, this is {:#x})",
-                    h.job, self.cfg.job
-                ),
-                true,
-            );
-        }
-        // Compare without an early exit; never log the secret.
-        let diff = (h.secret[0] ^ self.cfg.secret[0]) | (h.secret[1] ^ self.cfg.secret[1]);
-        if diff != 0 {
-            return refuse(self, format!("{who} presented a wrong job secret"), true);
-        }
-        if h.to != me {
-            return refuse(
-                self,
-                format!("{who} meant to reach rank {}, this is rank {me}", h.to),
-                true,
-            );
-        }
-        if h.from == me {
-            return refuse(
-                self,
-                format!("a connection claims to come from this rank ({me})"),
-                true,
-            );
-        }
-        if h.max_frame as usize != self.cfg.max_frame {
-            return refuse(
-                self,
-                format!(
-                    "{who} uses WEFT_TCP_MAX_FRAME={}, rank {me} uses {}: set it (and WEFT_TCP_EAGER_LIMIT, which raises it) the same everywhere",
-                    h.max_frame, self.cfg.max_frame
-                ),
-                true,
-            );
-        }
-        let pi = self.peer_index(h.from);
-        if let Some(why) = &self.peers[pi].forbidden {
-            let why = why.clone();
-            return refuse(
-                self,
-                format!("rank {me} has given up on {who} ({why})"),
-                true,
-            );
-        }
-        if self.peers[pi].link.is_some() {
-            return refuse(
-                self,
-                format!("rank {me} already has a connection with {who}"),
-                true,
-            );
-        }
-        if let Some(o) = self.peers[pi].outgoing {
-            // Ours wins only once it is connected (its HELLO on the way): one still
-            // connecting may never get through (one-way reachability), theirs did.
-            let ours_connected = self.shakes[o]
-                .as_ref()
-                .is_some_and(|s| s.phase != Phase::Connecting);
-            if h.from > me && ours_connected {
-                // Ours (initiated by the lower rank) wins: tell theirs to wait for it.
-                tracing::debug!(rank = me, peer = h.from, "simultaneous connect: ours wins");
-                let s = self.take_shake(si).expect("present");
-                let b = wire::encode_reply(Reply::Lose, me, "");
-                let _ = send(&s.stream, &[IoSlice::new(&b)]);
-                let _ = s.stream.shutdown(Shutdown::Both);
-                return;
-            }
-            tracing::debug!(
-                rank = me,
-                peer = h.from,
-                "simultaneous connect: theirs wins"
-            );
-            self.stats.superseded += 1;
-            self.take_shake(o);
-        }
-        let s = self.take_shake(si).expect("present");
-        self.stats.accepted += 1;
-        let p = &mut self.peers[pi];
-        p.lost_since = None;
-        p.down = None;
-        // The ACK goes out first, then whatever was queued.
-        let ack = wire::encode_reply(Reply::Ack, me, "");
-        p.out_copied += ack.len();
-        p.out_total += ack.len();
-        p.out.push_front(Out::Bytes { buf: ack, off: 0 });
-        self.attach(pi, s.stream, s.addr);
-    }
-
-    /// The handshake of peer `pi` is done on `stream`: records flow.
-    fn attach(&mut self, pi: usize, stream: TcpStream, addr: SocketAddr) {
-        let p = &mut self.peers[pi];
-        p.epoch = p.epoch.wrapping_add(1) & 0x7fff_ffff;
-        let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
-        if let Err(e) = epoll::modify(&self.epoll, &stream, link_data(pi, p.epoch), flags) {
-            let reason = format!(
-                "epoll_ctl for the connection with rank {} failed: {e}",
-                p.rank
-            );
-            return self.report(pi, reason);
-        }
-        p.rx = Rx {
-            buf: vec![0; wire::REC_LEN + self.cfg.max_frame + RX_SLACK],
-            start: 0,
-            end: 0,
-            bulk: None,
-        };
-        p.lost_since = None;
-        p.link = Some(Link {
-            stream,
-            addr,
-            epoch: p.epoch,
-            pollout: false,
-            write_dead: None,
-        });
-        tracing::debug!(rank = self.cfg.me, peer = p.rank, %addr, "TCP connection established");
-        self.live.push(pi);
-        if !self.peers[pi].out.is_empty() {
-            self.flush(pi);
-        }
     }
 
     fn set_pollout(&mut self, pi: usize, on: bool) {
@@ -1433,248 +962,9 @@ fn advance(p: &mut Peer, mut w: usize, sent: &mut Vec<(u32, u64)>) {
     }
 }
 
-/// Whether the peer shut down its side (`POLLRDHUP`) though unread data remains: then
-/// how many bytes remain unread.
-fn peer_gone(s: &TcpStream) -> Option<u64> {
-    use rustix::event::{PollFd, PollFlags};
-    let mut fds = [PollFd::new(s, PollFlags::RDHUP)];
-    let zero = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    match rustix::event::poll(&mut fds, Some(&zero)) {
-        Ok(1)
-            if fds[0]
-                .revents()
-                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR) =>
-        {
-            Some(rustix::io::ioctl_fionread(s).unwrap_or(0))
-        }
-        _ => None,
-    }
-}
-
-/// What was being received when the connection ended: "" between records, else
-/// " in the middle of ...".
-fn midway(rx: &Rx) -> String {
-    let avail = rx.end - rx.start;
-    if let Some(b) = &rx.bulk {
-        let got = (b.got + avail as u64).min(b.total);
-        return format!(
-            " in the middle of a {}-byte bulk transfer ({got} bytes received)",
-            b.total
-        );
-    }
-    if avail == 0 {
-        return String::new();
-    }
-    if avail < wire::REC_LEN {
-        return format!(
-            " in the middle of a record header ({avail} of {} bytes received)",
-            wire::REC_LEN
-        );
-    }
-    let w0 = u64::from_le_bytes(rx.buf[rx.start..rx.start + 8].try_into().expect("8"));
-    format!(
-        " in the middle of a {}-byte frame ({} bytes received)",
-        w0 >> 8,
-        avail - wire::REC_LEN
-    )
-}
-
-/// Delivers every whole record buffered in `rx`.
-fn parse<D: Deliver + ?Sized>(
-    rank: u32,
-    rx: &mut Rx,
-    expects: &mut HashMap<u64, Landing>,
-    max_frame: usize,
-    d: &mut D,
-    n: &mut usize,
-) -> Result<(), String> {
-    loop {
-        if let Some(b) = &mut rx.bulk {
-            if b.dest.is_none() {
-                b.dest = expects.remove(&b.token);
-            }
-            let Some(dest) = b.dest else { break };
-            let avail = rx.end - rx.start;
-            let take = (avail as u64).min(b.total - b.got) as usize;
-            if take > 0 {
-                let cap = dest.cap as u64;
-                if b.got < cap {
-                    let c = (take as u64).min(cap - b.got) as usize;
-                    // SAFETY: `expect_bulk`'s contract: dest.ptr..+cap is ours to write until
-                    // reported; b.got + c <= cap. The source is our own buffer.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            rx.buf.as_ptr().add(rx.start),
-                            dest.ptr.add(b.got as usize),
-                            c,
-                        )
-                    };
-                }
-                b.got += take as u64;
-                rx.start += take;
-            }
-            if b.got < b.total {
-                break;
-            }
-            d.bulk_received(rank, b.token, b.total as usize);
-            *n += 1;
-            rx.bulk = None;
-            continue;
-        }
-        let avail = rx.end - rx.start;
-        if avail < wire::REC_LEN {
-            break;
-        }
-        let hdr: &[u8; wire::REC_LEN] = rx.buf[rx.start..rx.start + wire::REC_LEN]
-            .try_into()
-            .expect("16");
-        match wire::parse_rec(hdr, max_frame) {
-            Err(e) => return Err(format!("protocol error from rank {rank}: {e}")),
-            Ok(Rec::Frame(len)) => {
-                if avail < wire::REC_LEN + len {
-                    break;
-                }
-                let a = rx.start + wire::REC_LEN;
-                d.frame(rank, &rx.buf[a..a + len]);
-                *n += 1;
-                rx.start = a + len;
-            }
-            Ok(Rec::Bulk { token, len }) => {
-                rx.start += wire::REC_LEN;
-                rx.bulk = Some(InBulk {
-                    token,
-                    total: len,
-                    got: 0,
-                    dest: expects.remove(&token),
-                    since: Instant::now(),
-                });
-            }
-        }
-    }
-    if rx.start == rx.end {
-        rx.start = 0;
-        rx.end = 0;
-    }
-    Ok(())
-}
-
 /// How long a connection whose writes failed is still read before its failure is
 /// reported (its end of stream or reset normally comes at once).
 const WRITE_DEAD_WAIT: Duration = Duration::from_secs(1);
 
 /// How long the loser of a crossed connect waits for the winner's connection, at most.
 const LOST_WAIT: Duration = Duration::from_secs(30);
-
-/// Reads into the receive buffer per [`read_link`] call, at most.
-const READ_BUDGET: u32 = 8;
-
-/// Reads what the socket has and delivers whole records; `Err` is the failure reason.
-/// After a short read it stops (the socket is drained: saves a `recv` per message) unless
-/// a record is incomplete or `hup` (epoll saw a hang-up: read on to the end of stream).
-fn read_link<D: Deliver + ?Sized>(
-    p: &mut Peer,
-    max_frame: usize,
-    d: &mut D,
-    n: &mut usize,
-    hup: bool,
-) -> Result<(), String> {
-    // Buffer-fulls read per call: a peer that keeps the socket full cannot hold one poll
-    // (and what the caller keeps of its frames) for ever; level-triggered readiness, or
-    // the next direct read, picks the rest up.
-    let mut fills = 0u32;
-    loop {
-        parse(p.rank, &mut p.rx, &mut p.expects, max_frame, d, n)?;
-        if fills >= READ_BUDGET {
-            return Ok(());
-        }
-        let Some(link) = &p.link else { return Ok(()) };
-        let rx = &mut p.rx;
-        // Straight into the landing memory when nothing is buffered.
-        let direct = match &rx.bulk {
-            Some(InBulk {
-                dest: Some(dest),
-                got,
-                total,
-                ..
-            }) if rx.start == rx.end && *got < (*total).min(dest.cap as u64) => {
-                let want = ((*total).min(dest.cap as u64) - got) as usize;
-                // SAFETY: dest.ptr + got is inside the landing memory (got < cap).
-                Some((unsafe { dest.ptr.add(*got as usize) }, want))
-            }
-            _ => None,
-        };
-        let (res, want) = if let Some((ptr, want)) = direct {
-            // SAFETY: `expect_bulk`'s contract: ptr..ptr+want lies inside the landing memory,
-            // which only we access until the bulk is reported.
-            (unsafe { recv_raw(&link.stream, ptr, want) }, want)
-        } else {
-            if rx.start > 0 && rx.end == rx.buf.len() {
-                rx.buf.copy_within(rx.start..rx.end, 0);
-                rx.end -= rx.start;
-                rx.start = 0;
-            }
-            if rx.end == rx.buf.len() {
-                // Full of a bulk transfer nobody expects yet: leave the rest in the socket,
-                // but notice a peer that has gone (one poll(2) while stalled like this).
-                return match peer_gone(&link.stream) {
-                    Some(inq) => {
-                        let b = rx.bulk.as_ref().expect("only a bulk stalls");
-                        let got = (b.got + (rx.end - rx.start) as u64 + inq).min(b.total);
-                        Err(format!(
-                            "rank {} closed the connection in the middle of a {}-byte bulk transfer \
-                             ({got} bytes received)",
-                            p.rank, b.total
-                        ))
-                    }
-                    None => Ok(()),
-                };
-            }
-            let want = rx.buf.len() - rx.end;
-            (recv(&link.stream, &mut rx.buf[rx.end..]), want)
-        };
-        match res {
-            Ok(0) => {
-                return Err(format!(
-                    "rank {} closed the connection{}",
-                    p.rank,
-                    midway(&p.rx)
-                ))
-            }
-            Ok(k) => {
-                if direct.is_some() {
-                    let b = rx.bulk.as_mut().expect("direct implies a bulk");
-                    b.got += k as u64;
-                } else {
-                    rx.end += k;
-                    fills += 1;
-                }
-                if k < want {
-                    // Drained: deliver, and stop without another recv unless a record is
-                    // incomplete (then the next recv shows at once whether the peer is gone).
-                    parse(p.rank, &mut p.rx, &mut p.expects, max_frame, d, n)?;
-                    if !hup && p.rx.start == p.rx.end && p.rx.bulk.is_none() {
-                        return Ok(());
-                    }
-                }
-            }
-            Err(Errno::AGAIN) => return Ok(()),
-            Err(Errno::CONNRESET) => {
-                return Err(format!(
-                    "the connection with rank {} was reset{}",
-                    p.rank,
-                    midway(&p.rx)
-                ))
-            }
-            Err(e) => {
-                return Err(format!(
-                    "reading from rank {} failed: {}",
-                    p.rank,
-                    errno_io(e)
-                ))
-            }
-        }
-    }
-}
