@@ -23,6 +23,7 @@ mod copy;
 mod frame;
 mod matching;
 mod rendezvous;
+mod sched;
 mod send;
 mod shm;
 mod split;
@@ -31,8 +32,11 @@ mod verbs;
 
 pub(crate) use copy::CopyJob;
 pub(crate) use frame::HDR;
-use frame::{decode_frame, CMA_DONE, CMA_WRITE, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA, RTS_TCP};
+use frame::{
+    decode_frame, CMA_DONE, CMA_WRITE, COLL_ABORT, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA, RTS_TCP,
+};
 use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
+pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Split;
 use tcp::TcpEvent;
 use verbs::{keep_frame, PendingRead, Read};
@@ -237,6 +241,14 @@ struct State {
     scratch: Vec<u8>,
     /// (peer, end offset in `scratch`) of each polled frame.
     spans: Vec<(u32, usize)>,
+    /// Started schedules ([`sched`]), by slot.
+    scheds: Vec<Option<SchedRun>>,
+    /// Free slots of `scheds`.
+    sched_free: Vec<u32>,
+    /// Schedules in `scheds` (running or done but not taken).
+    sched_active: usize,
+    /// Collective operations (context id, tag) another member aborted: by whom, why.
+    aborted: HashMap<(u64, u32), (u32, String)>,
 }
 
 /// One process's engine.
@@ -311,6 +323,10 @@ impl Engine {
                 failed: HashMap::new(),
                 scratch: Vec::new(),
                 spans: Vec::new(),
+                scheds: Vec::new(),
+                sched_free: Vec::new(),
+                sched_active: 0,
+                aborted: HashMap::new(),
             },
         }
     }
@@ -339,6 +355,9 @@ impl Engine {
         }
         if !st.busy.is_empty() {
             st.flush();
+        }
+        if st.sched_active > 0 {
+            self.advance_scheds();
         }
         n
     }
@@ -508,6 +527,9 @@ impl Engine {
 
     /// Takes the result of a completed request (freeing it), or `None` if still running.
     pub(crate) fn take(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
+        if id & SCHED_BIT != 0 {
+            return self.take_sched(id);
+        }
         let slot = self.st.reqs.get_mut(id as usize)?;
         let done = slot.as_ref().is_some_and(|r| r.result.is_some());
         if !done {
@@ -531,6 +553,9 @@ impl Engine {
     /// The serial of request `id` while the engine holds it (running, or done but not
     /// taken): a request is still live when its id has the serial it was given.
     pub(crate) fn serial(&self, id: u32) -> Option<u64> {
+        if id & SCHED_BIT != 0 {
+            return self.sched_serial(id);
+        }
         self.st.reqs.get(id as usize)?.as_ref().map(|r| r.serial)
     }
 
@@ -548,6 +573,9 @@ impl Engine {
 
     /// Fails request `id` because `rank` is gone (after one more progress pass).
     pub(crate) fn fail_if_gone(&mut self, id: u32) {
+        if id & SCHED_BIT != 0 {
+            return self.sched_fail_if_gone(id);
+        }
         if self.st.reads.values().any(|r| r.id == id)
             || self.st.pending_reads.iter().any(|p| p.read.id == id)
             || self.st.copying(id)
@@ -819,6 +847,10 @@ impl State {
             DATA => self.on_data(h, payload),
             CMA_WRITE if payload.len() >= split::CMA_WRITE_LEN => self.on_cma_write(h, payload),
             CMA_DONE => self.on_cma_done(h, payload),
+            COLL_ABORT => {
+                let why = String::from_utf8_lossy(payload).into_owned();
+                self.aborted.entry((h.ctx, h.tag)).or_insert((h.src, why));
+            }
             k => tracing::error!(
                 "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",
                 frame.len(),

@@ -20,6 +20,7 @@
 
 mod engine;
 mod lock;
+pub mod sched;
 mod session;
 mod setup;
 
@@ -124,6 +125,32 @@ pub enum P2pError {
         /// Why.
         reason: String,
     },
+    /// A message of a collective operation had another size than this member expected:
+    /// the members disagree on the operation's arguments (a count, a type or the root).
+    #[error("rank {rank} sent {got} bytes (tag {tag}) where this member expected {expected}: the members of the collective disagree on its arguments")]
+    SizeMismatch {
+        /// The sender.
+        rank: u32,
+        /// The message's tag.
+        tag: u32,
+        /// Bytes expected.
+        expected: usize,
+        /// Bytes that came.
+        got: usize,
+    },
+    /// Another member failed its part of the collective operation (and told the others,
+    /// so that none waits for it).
+    #[error("rank {rank} failed its part of the collective operation: {reason}")]
+    Aborted {
+        /// The member that failed.
+        rank: u32,
+        /// Its error.
+        reason: String,
+    },
+    /// A schedule (`sched`) was refused before it started: a step outside its buffers or
+    /// the communicator.
+    #[error("schedule refused: {0}")]
+    Schedule(String),
     /// The transport refused the operation (a buffer it cannot register, a message
     /// beyond the device's limits).
     #[error("transport error with rank {rank}: {reason}")]
@@ -184,6 +211,39 @@ pod!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
 // SAFETY: an array of Pod has no padding between elements and inherits their validity.
 unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
 
+/// A value with an index: the element of min/max-with-location reductions (MPI's
+/// `MINLOC`/`MAXLOC` pair types, such as `MPI_DOUBLE_INT`). Plain data for the pairs
+/// whose two fields have the same size (so no padding): `(f64|i64|u64, i64)` and
+/// `(f32|i32|u32, i32)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Loc<V, I> {
+    /// The value compared.
+    pub value: V,
+    /// Where it came from (a rank, an index); the smaller one wins ties.
+    pub index: I,
+}
+
+macro_rules! loc_pod {
+    ($(($v:ty, $i:ty)),*) => { $(
+        const _: () = assert!(
+            std::mem::size_of::<Loc<$v, $i>>()
+                == std::mem::size_of::<$v>() + std::mem::size_of::<$i>()
+        );
+        // SAFETY: `repr(C)` with two fields of one size and alignment: no padding (the
+        // size is asserted above), and both fields accept every bit pattern.
+        unsafe impl Pod for Loc<$v, $i> {}
+    )* };
+}
+loc_pod!(
+    (f64, i64),
+    (i64, i64),
+    (u64, i64),
+    (f32, i32),
+    (i32, i32),
+    (u32, i32)
+);
+
 fn bytes_of<T: Pod>(s: &[T]) -> (*const u8, usize) {
     (s.as_ptr().cast(), std::mem::size_of_val(s))
 }
@@ -238,6 +298,8 @@ struct Inner {
     /// Per job rank: the first send to it found its connection through its handshake
     /// (or gave up on it), so later sends skip the check.
     connected: Vec<AtomicBool>,
+    /// What every handle of the world communicator shares.
+    world_shared: Arc<CommShared>,
 }
 
 /// A peer's card fetched once: the fetch, and per peer whether it ran.
@@ -266,6 +328,7 @@ impl Inner {
             shm,
             prefetch,
             connected: (0..size).map(|_| AtomicBool::new(false)).collect(),
+            world_shared: Arc::default(),
         }
     }
 
@@ -445,6 +508,7 @@ impl Fabric {
             size: self.inner.size,
             map: None,
             origin: None,
+            shared: self.inner.world_shared.clone(),
         }
     }
 
@@ -656,6 +720,17 @@ pub struct Communicator {
     map: Option<Arc<RankMap>>,
     /// What a communicator made from a session group needs for free/disconnect.
     pub(crate) origin: Option<Arc<session::CommOrigin>>,
+    /// What every handle of this communicator shares.
+    pub(crate) shared: Arc<CommShared>,
+}
+
+/// What every handle (clone) of one communicator shares.
+#[derive(Debug, Default)]
+pub(crate) struct CommShared {
+    /// Made by [`Communicator::derive`] (freed locally, no group behind it).
+    derived: bool,
+    /// A collective library's state for this communicator ([`Communicator::coll_state`]).
+    coll: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// How a communicator's ranks map to job ranks.
@@ -815,6 +890,21 @@ impl Communicator {
             P2pError::Transport { rank, reason } => P2pError::Transport {
                 rank: c(rank),
                 reason,
+            },
+            P2pError::Aborted { rank, reason } => P2pError::Aborted {
+                rank: c(rank),
+                reason,
+            },
+            P2pError::SizeMismatch {
+                rank,
+                tag,
+                expected,
+                got,
+            } => P2pError::SizeMismatch {
+                rank: c(rank),
+                tag,
+                expected,
+                got,
             },
             e => e,
         }

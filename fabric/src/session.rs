@@ -706,14 +706,71 @@ impl Communicator {
             size: members.len() as u32,
             map: (!identity).then(|| Arc::new(RankMap::new(&members))),
             origin: Some(origin),
+            shared: Arc::default(),
         })
+    }
+
+    /// A communicator of `members` (ranks of this one, in the new order, this process
+    /// among them) whose context id is a fresh PGCID from the root server: a group
+    /// construct named `id` over them, which every member calls with the same
+    /// arguments. For collective libraries, when they cannot derive an id locally
+    /// (see [`Communicator::derive`]). Freed locally, like a derived communicator.
+    pub fn construct_on_server(
+        &self,
+        members: &[u32],
+        id: &str,
+    ) -> Result<Communicator, CommError> {
+        let tag = format!("weft.coll/{id}");
+        let Some(wire) = self.inner.wire.as_ref() else {
+            return Err(CommError::Construct {
+                tag,
+                source: GroupError::Invalid {
+                    op: "group construct",
+                    id: id.into(),
+                    reason: "this fabric has no wire-up service".into(),
+                },
+            });
+        };
+        let jobs: Vec<u32> = members
+            .iter()
+            .filter(|&&m| m < self.size)
+            .map(|&m| self.job_rank(m))
+            .collect();
+        if jobs.len() != members.len() || !members.contains(&self.rank) {
+            return Err(CommError::NotMember {
+                tag,
+                rank: self.inner.me,
+            });
+        }
+        let directives = GroupDirectives::default().assign_context_id().no_data();
+        let info = wire
+            .group_construct(&tag, &jobs, &directives, None)
+            .map_err(|source| CommError::Construct {
+                tag: tag.clone(),
+                source,
+            })?;
+        let ctx = info.pgcid.ok_or_else(|| CommError::Construct {
+            tag: tag.clone(),
+            source: GroupError::Invalid {
+                op: "group construct",
+                id: tag.clone(),
+                reason: "no PGCID was assigned".into(),
+            },
+        })?;
+        self.derive(members, ctx)
+            .map_err(|e| CommError::Disconnect(format!("construct {tag}: {e}")))
     }
 
     /// Releases the communicator (MPI_Comm_free): local; its session's finalize
     /// synchronises with its peers later.
     pub fn free(self) -> Result<(), CommError> {
         let Some(o) = &self.origin else {
-            return Err(CommError::Predefined);
+            // A communicator derived by dup or split has no group behind it.
+            return if self.shared.derived {
+                Ok(())
+            } else {
+                Err(CommError::Predefined)
+            };
         };
         let mut st = o.state.lock().unwrap_or_else(PoisonError::into_inner);
         if *st == CommState::Active {
@@ -727,7 +784,14 @@ impl Communicator {
     /// session's finalize has nothing left to synchronise for it.
     pub fn disconnect(self) -> Result<(), CommError> {
         let Some(o) = &self.origin else {
-            return Err(CommError::Predefined);
+            if !self.shared.derived {
+                return Err(CommError::Predefined);
+            }
+            // Derived by dup or split: deliver what is buffered; no group to destruct.
+            let fabric = Fabric {
+                inner: self.inner.clone(),
+            };
+            return flush(&fabric, Duration::from_secs(10)).map_err(CommError::Disconnect);
         };
         if o.session.finalized() {
             return Err(CommError::SessionFinalized);

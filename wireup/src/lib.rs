@@ -35,6 +35,10 @@ pub mod server;
 pub mod topology;
 mod value;
 
+/// The reason a rank reported gone gives when it finalized cleanly (every other reason
+/// is a failure: an exit before finalize, a signal, a lost connection).
+pub const FINALIZED: &str = "has finalized";
+
 pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
 pub use conn::ConnError;
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};

@@ -1094,7 +1094,7 @@ impl State {
                 if !self.gone.contains_key(&rank) {
                     let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
                     let (why, fin) = if finalizing {
-                        ("has finalized".to_owned(), true)
+                        (crate::FINALIZED.to_owned(), true)
                     } else {
                         let why =
                             "lost its connection to the server (the process is still running)";
@@ -1158,7 +1158,7 @@ impl State {
                 if !self.gone.contains_key(&rank) {
                     let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
                     let (why, fin) = match &how {
-                        ExitKind::Code(0) if finalizing => ("has finalized".to_owned(), true),
+                        ExitKind::Code(0) if finalizing => (crate::FINALIZED.to_owned(), true),
                         ExitKind::Code(c) if !finalizing => {
                             (format!("exited with code {c} before finalize"), false)
                         }
@@ -1323,7 +1323,7 @@ impl State {
                         p.finalizing_at_exit = true;
                     }
                 } else if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, "has finalized".into(), true);
+                    self.proc_gone_local(rank, crate::FINALIZED.into(), true);
                 }
                 self.send_client(conn, &ServerMsg::Done { req });
             }

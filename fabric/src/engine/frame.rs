@@ -27,6 +27,11 @@ pub(crate) const CMA_DONE: u8 = 8;
 /// no payload. The receiver answers CTS once its buffer is ready for the bulk transfer.
 pub(crate) const RTS_TCP: u8 = 10;
 
+/// A collective operation failed at the sender (sender -> every other member of its
+/// communicator): ctx and tag name the operation (its schedule's), the payload is why
+/// (UTF-8). A receiver fails its schedule of that operation, now or when it starts.
+pub(crate) const COLL_ABORT: u8 = 11;
+
 /// A short eager message: `[SHORT, tag u32, ctx u64, payload]`, no source (the transport
 /// knows the sender) and no length (the frame's). Small enough (13 bytes of header) that an
 /// 8-byte message fits the 24 bytes of a pair line. Shared memory sends it for payloads up

@@ -1,0 +1,1267 @@
+//! Weft's collectives: barrier, broadcast, reductions, gathers, scatters, all-to-all and
+//! scans on every [`Communicator`], their non-blocking forms, and communicator
+//! management (dup, split, split by node, create) with context ids derived locally.
+//!
+//! ```no_run
+//! use weft_collectives::{Collectives, Op};
+//! # let fabric = weft_fabric::Fabric::init()?;
+//! let world = fabric.world();
+//! let mut sum = [0u64; 1];
+//! world.allreduce(&[world.rank() as u64], &mut sum, Op::Sum)?;
+//! let half = world.split(Some(world.rank() % 2), 0)?.expect("a color was given");
+//! half.barrier()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Non-blocking forms start inside a [`RequestScope`], like `isend` and `irecv`, and
+//! return the same [`Request`]s (test, wait, `wait_all` and `wait_any` mix both kinds):
+//!
+//! ```no_run
+//! use weft_collectives::{NonBlocking, Op};
+//! # let fabric = weft_fabric::Fabric::init()?;
+//! let world = fabric.world();
+//! let (mine, mut sum) = ([1.0f64; 8], [0.0f64; 8]);
+//! world.scope(|s| {
+//!     let r = s.iallreduce(&mine, &mut sum, Op::Sum)?;
+//!     // ... compute, or run point-to-point, meanwhile ...
+//!     r.wait()?;
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Semantics
+//! Every member calls the collectives of a communicator in the same order (MPI's rule);
+//! each operation's messages carry a tag from a per-communicator sequence number on the
+//! communicator's collective plane, so collectives never match point-to-point messages,
+//! and operations in flight at once (non-blocking ones, or collectives on other
+//! communicators from other threads) never match each other's. A member whose
+//! arguments disagree in a way a message shows (a count, a root) makes the operation
+//! fail with [`CollError::Mismatch`] rather than corrupt data; a member that dies makes
+//! it fail at every survivor with [`CollError::MemberGone`] naming it.
+//!
+//! # Algorithms
+//! Selected by size and shape, tunable with `WEFT_COLL_*` ([`TUNABLES`]): dissemination
+//! barrier; binomial and scatter+allgather broadcast; binomial reduce; recursive-doubling
+//! and ring allreduce; linear gather(v) and scatter(v); Bruck and ring allgather;
+//! pairwise all-to-all; ring and rank-ordered reduce-scatter; recursive-doubling scans.
+//! Non-commutative operations always reduce in rank order.
+
+#![forbid(unsafe_code)]
+
+mod algo;
+mod ids;
+mod op;
+mod tunables;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use weft_fabric::sched::{as_bytes, as_bytes_mut, Buf, Schedule};
+pub use weft_fabric::{Communicator, Group, Loc, P2pError, Pod, Request, RequestScope};
+
+use algo::At;
+pub use op::{Element, Op, UserOp};
+use tunables::{Allgather, Allreduce, Bcast, Config};
+pub use tunables::{Tunable, TUNABLES};
+
+/// Errors of collective operations and communicator management.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollError {
+    /// The root is not a rank of the communicator.
+    #[error("{op}: root {root} is not in the communicator (size {size})")]
+    InvalidRoot {
+        /// The operation.
+        op: &'static str,
+        /// The root given.
+        root: u32,
+        /// The communicator's size.
+        size: u32,
+    },
+    /// The arguments are wrong on this member (a buffer too small, counts that do not
+    /// fit the communicator).
+    #[error("{op}: {what}")]
+    InvalidArgs {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        what: String,
+    },
+    /// The reduction operation is not defined for the element type.
+    #[error("{op}: {reduction} is not defined for {ty}")]
+    UnsupportedOp {
+        /// The operation.
+        op: &'static str,
+        /// The reduction.
+        reduction: &'static str,
+        /// The element type.
+        ty: &'static str,
+    },
+    /// The members disagree on the operation's arguments (a message of another size
+    /// than this member expected).
+    #[error("{op}: the members disagree on the arguments: {source}")]
+    Mismatch {
+        /// The operation.
+        op: &'static str,
+        /// What the transport saw.
+        source: P2pError,
+    },
+    /// A member of the communicator is gone (died or finalized) during the operation.
+    #[error("{op}: rank {rank} is gone: {reason}")]
+    MemberGone {
+        /// The operation.
+        op: &'static str,
+        /// The member (communicator rank).
+        rank: u32,
+        /// What happened to it.
+        reason: String,
+    },
+    /// Another member failed its part of the operation and told the others (its error
+    /// is given: a disagreement it saw, a member it saw gone).
+    #[error("{op}: rank {rank} failed its part: {reason}")]
+    Aborted {
+        /// The operation.
+        op: &'static str,
+        /// The member that failed (communicator rank).
+        rank: u32,
+        /// Its error.
+        reason: String,
+    },
+    /// Another failure of the operation's messages.
+    #[error("{op}: {source}")]
+    Transport {
+        /// The operation.
+        op: &'static str,
+        /// The failure.
+        source: P2pError,
+    },
+    /// Making a communicator failed (a server construct after the derived ids ran out).
+    #[error("{op}: {reason}")]
+    Construct {
+        /// The operation.
+        op: &'static str,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl CollError {
+    fn of(op: &'static str, e: P2pError) -> CollError {
+        match e {
+            P2pError::PeerGone { rank, reason } => CollError::MemberGone { op, rank, reason },
+            P2pError::Aborted { rank, reason } => CollError::Aborted { op, rank, reason },
+            e @ (P2pError::SizeMismatch { .. } | P2pError::Truncated { .. }) => {
+                CollError::Mismatch { op, source: e }
+            }
+            e => CollError::Transport { op, source: e },
+        }
+    }
+}
+
+/// How a communicator is split by [`Collectives::split_type`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SplitType {
+    /// The processes that share a node (MPI_COMM_TYPE_SHARED).
+    Shared,
+}
+
+/// What this crate keeps per communicator (shared by its handles).
+#[derive(Debug, Default)]
+struct CollState {
+    /// The next operation's sequence number (its messages' tag).
+    seq: AtomicU32,
+    /// Children derived so far (the next one's counter is this plus one).
+    children: AtomicU64,
+}
+
+fn state(comm: &Communicator) -> &CollState {
+    // Only this crate uses the slot, always with `CollState`.
+    comm.coll_state(CollState::default)
+        .expect("the communicator's collective slot holds CollState")
+}
+
+/// The next operation on `comm`: where it runs, with its tag.
+fn at(comm: &Communicator) -> At {
+    // Relaxed: the counter orders nothing; each member advances its own alike.
+    let seq = state(comm).seq.fetch_add(1, Ordering::Relaxed);
+    At {
+        rank: comm.rank(),
+        size: comm.size(),
+        tag: seq & 0x7fff_ffff,
+    }
+}
+
+/// A planned operation: its schedule and the byte views of its buffers.
+struct Plan<'a> {
+    op: &'static str,
+    sched: Schedule,
+    send: &'a [u8],
+    recv: &'a mut [u8],
+}
+
+impl Plan<'_> {
+    fn run(self, comm: &Communicator) -> Result<(), CollError> {
+        let op = self.op;
+        comm.run_schedule(self.sched, self.send, self.recv)
+            .map_err(|e| CollError::of(op, e))
+    }
+}
+
+fn check_root(op: &'static str, comm: &Communicator, root: u32) -> Result<(), CollError> {
+    if root >= comm.size() {
+        return Err(CollError::InvalidRoot {
+            op,
+            root,
+            size: comm.size(),
+        });
+    }
+    Ok(())
+}
+
+fn check_op<T: Element>(op: &'static str, red: &Op<T>) -> Result<(), CollError> {
+    if !T::supports(red) {
+        return Err(CollError::UnsupportedOp {
+            op,
+            reduction: red.name(),
+            ty: T::NAME,
+        });
+    }
+    Ok(())
+}
+
+fn invalid(op: &'static str, what: String) -> CollError {
+    CollError::InvalidArgs { op, what }
+}
+
+/// Byte (offset, length) blocks from element counts and displacements.
+fn blocks<T>(
+    op: &'static str,
+    n: u32,
+    counts: &[usize],
+    displs: &[usize],
+    buf_len: usize,
+    which: &str,
+) -> Result<Vec<(usize, usize)>, CollError> {
+    let es = std::mem::size_of::<T>();
+    if counts.len() != n as usize || displs.len() != n as usize {
+        return Err(invalid(
+            op,
+            format!(
+                "{} {which} counts and {} displacements for a communicator of {n}",
+                counts.len(),
+                displs.len()
+            ),
+        ));
+    }
+    counts
+        .iter()
+        .zip(displs)
+        .enumerate()
+        .map(|(i, (&c, &d))| {
+            if d.checked_add(c).is_none_or(|end| end > buf_len) {
+                return Err(invalid(
+                    op,
+                    format!("rank {i}'s {which} block ({c} at {d}) lies outside the buffer of {buf_len}"),
+                ));
+            }
+            Ok((d * es, c * es))
+        })
+        .collect()
+}
+
+fn plan_barrier<'a>(comm: &Communicator) -> Plan<'a> {
+    Plan {
+        op: "barrier",
+        sched: algo::barrier(at(comm)),
+        send: &[],
+        recv: &mut [],
+    }
+}
+
+fn plan_bcast<'a, T: Pod>(
+    comm: &Communicator,
+    buf: &'a mut [T],
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    check_root("bcast", comm, root)?;
+    let at = at(comm);
+    let bytes = std::mem::size_of_val(buf);
+    let es = std::mem::size_of::<T>();
+    let cfg = Config::get();
+    let large = match cfg.bcast {
+        Bcast::Binomial => false,
+        Bcast::ScatterAllgather => true,
+        Bcast::Auto => bytes >= cfg.bcast_large && at.size > 2,
+    };
+    let sched = if large && at.size > 1 {
+        algo::bcast_scatter_allgather(at, root, bytes, es)
+    } else {
+        algo::bcast_binomial(at, root, bytes)
+    };
+    Ok(Plan {
+        op: "bcast",
+        sched,
+        send: &[],
+        recv: as_bytes_mut(buf),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_reduce<'a, T: Element>(
+    op: &'static str,
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    red: &Op<T>,
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    check_root(op, comm, root)?;
+    check_op(op, red)?;
+    let count = send.map_or(recv.len(), <[T]>::len);
+    if comm.rank() == root && recv.len() < count {
+        return Err(invalid(
+            op,
+            format!(
+                "the root's receive buffer holds {} elements, the operation has {count}",
+                recv.len()
+            ),
+        ));
+    }
+    let bytes = count * std::mem::size_of::<T>();
+    let mine = match send {
+        Some(_) => Buf::Send.at(0, bytes),
+        None => Buf::Recv.at(0, bytes),
+    };
+    // Off the root, the receive buffer is not used (unless in place: the input).
+    let recv = if comm.rank() == root || send.is_none() {
+        as_bytes_mut(recv)
+    } else {
+        &mut []
+    };
+    let sched = algo::reduce(
+        at(comm),
+        root,
+        bytes,
+        &op::byte_op(red),
+        red.commutative(),
+        mine,
+    );
+    Ok(Plan {
+        op,
+        sched,
+        send: send.map_or(&[][..], as_bytes),
+        recv,
+    })
+}
+
+fn plan_allreduce<'a, T: Element>(
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    red: &Op<T>,
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "allreduce";
+    check_op(OP, red)?;
+    let count = send.map_or(recv.len(), <[T]>::len);
+    if recv.len() != count {
+        return Err(invalid(
+            OP,
+            format!(
+                "the send buffer holds {count} elements, the receive buffer {}",
+                recv.len()
+            ),
+        ));
+    }
+    let es = std::mem::size_of::<T>();
+    let bytes = count * es;
+    let mine = match send {
+        Some(_) => Buf::Send.at(0, bytes),
+        None => Buf::Recv.at(0, bytes),
+    };
+    let at = at(comm);
+    let bop = op::byte_op(red);
+    let cfg = Config::get();
+    let ring_ok = red.commutative() && count >= at.size as usize;
+    let algo = match cfg.allreduce {
+        Allreduce::Auto if ring_ok && bytes >= cfg.allreduce_large && at.size > 2 => {
+            Allreduce::Ring
+        }
+        Allreduce::Auto => Allreduce::RecursiveDoubling,
+        Allreduce::Ring if !ring_ok => Allreduce::RecursiveDoubling,
+        a => a,
+    };
+    let sched = match algo {
+        Allreduce::Ring => algo::allreduce_ring(at, count, es, &bop, mine),
+        Allreduce::ReduceBcast => {
+            // A reduce to rank 0, then a binomial broadcast, in one schedule: the same
+            // tag serves both (their messages go opposite ways in order).
+            let mut s = algo::reduce(at, 0, bytes, &bop, red.commutative(), mine);
+            s.round();
+            s.append(algo::bcast_binomial(at, 0, bytes));
+            s
+        }
+        _ => algo::allreduce_rd(at, bytes, &bop, red.commutative(), mine),
+    };
+    Ok(Plan {
+        op: OP,
+        sched,
+        send: send.map_or(&[][..], as_bytes),
+        recv: as_bytes_mut(recv),
+    })
+}
+
+fn plan_gatherv<'a, T: Pod>(
+    op: &'static str,
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    counts: &[usize],
+    displs: &[usize],
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    check_root(op, comm, root)?;
+    let me = comm.rank();
+    let es = std::mem::size_of::<T>();
+    let (blks, mine) = if me == root {
+        let b = blocks::<T>(op, comm.size(), counts, displs, recv.len(), "receive")?;
+        let (o, l) = b[me as usize];
+        let mine = match send {
+            Some(s) if std::mem::size_of_val(s) != l => {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "the root sends {} elements, its own count is {}",
+                        s.len(),
+                        l / es
+                    ),
+                ))
+            }
+            Some(_) => Buf::Send.at(0, l),
+            None => Buf::Recv.at(o, l),
+        };
+        (b, mine)
+    } else {
+        let s = send.map_or(0, <[T]>::len);
+        (Vec::new(), Buf::Send.at(0, s * es))
+    };
+    let sched = algo::gatherv(at(comm), root, mine, &blks);
+    Ok(Plan {
+        op,
+        sched,
+        send: send.map_or(&[][..], as_bytes),
+        recv: if me == root {
+            as_bytes_mut(recv)
+        } else {
+            &mut []
+        },
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_scatterv<'a, T: Pod>(
+    op: &'static str,
+    comm: &Communicator,
+    send: &'a [T],
+    counts: &[usize],
+    displs: &[usize],
+    recv: Option<&'a mut [T]>,
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    check_root(op, comm, root)?;
+    let me = comm.rank();
+    let es = std::mem::size_of::<T>();
+    let blks = if me == root {
+        blocks::<T>(op, comm.size(), counts, displs, send.len(), "send")?
+    } else {
+        Vec::new()
+    };
+    let into = match &recv {
+        Some(r) => {
+            let len = if me == root {
+                blks[me as usize].1
+            } else {
+                std::mem::size_of_val(*r)
+            };
+            if len > std::mem::size_of_val(*r) {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "the root's own block has {} elements, its receive buffer {}",
+                        len / es,
+                        r.len()
+                    ),
+                ));
+            }
+            Some(Buf::Recv.at(0, len))
+        }
+        None => None,
+    };
+    let sched = algo::scatterv(at(comm), root, &blks, into);
+    Ok(Plan {
+        op,
+        sched,
+        send: if me == root { as_bytes(send) } else { &[] },
+        recv: recv.map_or(&mut [][..], as_bytes_mut),
+    })
+}
+
+fn plan_allgatherv<'a, T: Pod>(
+    op: &'static str,
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    counts: &[usize],
+    displs: &[usize],
+    equal: bool,
+) -> Result<Plan<'a>, CollError> {
+    let (n, me) = (comm.size(), comm.rank());
+    let es = std::mem::size_of::<T>();
+    let blks = blocks::<T>(op, n, counts, displs, recv.len(), "receive")?;
+    let (o, l) = blks[me as usize];
+    let mine = match send {
+        Some(s) if std::mem::size_of_val(s) != l => {
+            return Err(invalid(
+                op,
+                format!(
+                    "this rank sends {} elements, its count is {}",
+                    s.len(),
+                    l / es
+                ),
+            ))
+        }
+        Some(_) => Buf::Send.at(0, l),
+        None => Buf::Recv.at(o, l),
+    };
+    let at = at(comm);
+    let cfg = Config::get();
+    let bruck = equal
+        && match cfg.allgather {
+            Allgather::Bruck => true,
+            Allgather::Ring => false,
+            Allgather::Auto => l < cfg.allgather_large,
+        };
+    let sched = if bruck {
+        algo::allgather_bruck(at, mine, l)
+    } else {
+        algo::allgatherv_ring(at, mine, &blks)
+    };
+    Ok(Plan {
+        op,
+        sched,
+        send: send.map_or(&[][..], as_bytes),
+        recv: as_bytes_mut(recv),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_alltoallv<'a, T: Pod>(
+    op: &'static str,
+    comm: &Communicator,
+    send: &'a [T],
+    scounts: &[usize],
+    sdispls: &[usize],
+    recv: &'a mut [T],
+    rcounts: &[usize],
+    rdispls: &[usize],
+) -> Result<Plan<'a>, CollError> {
+    let n = comm.size();
+    let s = blocks::<T>(op, n, scounts, sdispls, send.len(), "send")?;
+    let r = blocks::<T>(op, n, rcounts, rdispls, recv.len(), "receive")?;
+    let me = comm.rank() as usize;
+    if s[me].1 != r[me].1 {
+        return Err(invalid(
+            op,
+            format!(
+                "this rank sends itself {} elements and expects {}",
+                scounts[me], rcounts[me]
+            ),
+        ));
+    }
+    Ok(Plan {
+        op,
+        sched: algo::alltoallv_pairwise(at(comm), &s, &r),
+        send: as_bytes(send),
+        recv: as_bytes_mut(recv),
+    })
+}
+
+fn plan_reduce_scatter_block<'a, T: Element>(
+    comm: &Communicator,
+    send: &'a [T],
+    recv: &'a mut [T],
+    red: &Op<T>,
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "reduce_scatter_block";
+    check_op(OP, red)?;
+    let n = comm.size() as usize;
+    let count = recv.len();
+    if send.len() != count * n {
+        return Err(invalid(
+            OP,
+            format!(
+                "the send buffer holds {} elements, {n} blocks of the receive buffer's {count} make {}",
+                send.len(),
+                count * n
+            ),
+        ));
+    }
+    let es = std::mem::size_of::<T>();
+    let input = Buf::Send.at(0, std::mem::size_of_val(send));
+    let at = at(comm);
+    let bop = op::byte_op(red);
+    let sched = if red.commutative() && n > 1 {
+        algo::reduce_scatter_block_ring(at, count, es, &bop, input)
+    } else {
+        algo::reduce_scatter_block_ordered(at, count, es, &bop, input)
+    };
+    Ok(Plan {
+        op: OP,
+        sched,
+        send: as_bytes(send),
+        recv: as_bytes_mut(recv),
+    })
+}
+
+fn plan_scan<'a, T: Element>(
+    op: &'static str,
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    red: &Op<T>,
+    exclusive: bool,
+) -> Result<Plan<'a>, CollError> {
+    check_op(op, red)?;
+    let count = send.map_or(recv.len(), <[T]>::len);
+    if recv.len() != count {
+        return Err(invalid(
+            op,
+            format!(
+                "the send buffer holds {count} elements, the receive buffer {}",
+                recv.len()
+            ),
+        ));
+    }
+    let bytes = count * std::mem::size_of::<T>();
+    let mine = match send {
+        Some(_) => Buf::Send.at(0, bytes),
+        None => Buf::Recv.at(0, bytes),
+    };
+    let sched = algo::scan(
+        at(comm),
+        bytes,
+        &op::byte_op(red),
+        red.commutative(),
+        exclusive,
+        mine,
+    );
+    Ok(Plan {
+        op,
+        sched,
+        send: send.map_or(&[][..], as_bytes),
+        recv: as_bytes_mut(recv),
+    })
+}
+
+/// Collective operations and communicator management on a [`Communicator`] (blocking).
+///
+/// Buffers are typed slices of plain data; counts are in elements. The receive buffer
+/// of a rooted operation matters only at its root (others may pass an empty slice).
+pub trait Collectives {
+    /// Waits until every member has entered the barrier.
+    fn barrier(&self) -> Result<(), CollError>;
+    /// Broadcasts `buf` from `root` to every member's `buf` (the same length everywhere).
+    fn bcast<T: Pod>(&self, buf: &mut [T], root: u32) -> Result<(), CollError>;
+    /// Reduces every member's `send` with `op` into `recv` at `root`.
+    fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<(), CollError>;
+    /// [`reduce`](Collectives::reduce) in place: `buf` is every member's input, and the
+    /// root's result.
+    fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<(), CollError>;
+    /// Reduces every member's `send` with `op` into every member's `recv`.
+    fn allreduce<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>)
+        -> Result<(), CollError>;
+    /// [`allreduce`](Collectives::allreduce) in place.
+    fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError>;
+    /// Gathers every member's `send` (the same length) into `recv` at `root`, in rank
+    /// order.
+    fn gather<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError>;
+    /// Gathers member i's `send` (`counts[i]` elements) to `recv[displs[i]..]` at `root`.
+    fn gatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<(), CollError>;
+    /// Scatters `send` (at `root`: member i's block is `recv.len()` elements at
+    /// `i * recv.len()`) into every member's `recv`.
+    fn scatter<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError>;
+    /// Scatters `send[displs[i]..][..counts[i]]` (at `root`) to member i's `recv`.
+    fn scatterv<T: Pod>(
+        &self,
+        send: &[T],
+        counts: &[usize],
+        displs: &[usize],
+        recv: &mut [T],
+        root: u32,
+    ) -> Result<(), CollError>;
+    /// Gathers every member's `send` (the same length) into every member's `recv`.
+    fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError>;
+    /// [`allgather`](Collectives::allgather) in place: each member's block is already
+    /// at `rank * (buf.len() / size)`.
+    fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError>;
+    /// Gathers member i's `send` (`counts[i]` elements) to every `recv[displs[i]..]`.
+    fn allgatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<(), CollError>;
+    /// Sends block j of `send` to member j and receives member i's block into block i
+    /// of `recv` (blocks of `send.len() / size` elements).
+    fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError>;
+    /// All-to-all with per-member counts and displacements (in elements).
+    #[allow(clippy::too_many_arguments)]
+    fn alltoallv<T: Pod>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<(), CollError>;
+    /// Reduces every member's `send` (size x `recv.len()` elements) with `op` and
+    /// leaves block i of the result at member i.
+    fn reduce_scatter_block<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Op<T>,
+    ) -> Result<(), CollError>;
+    /// Inclusive prefix reduction: member i gets `send_0 op ... op send_i`.
+    fn scan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError>;
+    /// Exclusive prefix reduction: member i > 0 gets `send_0 op ... op send_(i-1)`;
+    /// member 0's `recv` is left as it was.
+    fn exscan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError>;
+
+    /// A communicator of the same members with a new context id (MPI_Comm_dup),
+    /// derived locally: no message, no server call.
+    fn dup(&self) -> Result<Communicator, CollError>;
+    /// Splits by `color` (MPI_Comm_split): the members with the same color form a new
+    /// communicator, ranked by `key` then by their rank here; `None` (MPI_UNDEFINED)
+    /// joins none and gets `None`. One allgather of (color, key); the context ids are
+    /// derived locally.
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>, CollError>;
+    /// Splits by type: [`SplitType::Shared`] gives the members on this node.
+    fn split_type(&self, kind: SplitType, key: i32) -> Result<Communicator, CollError>;
+    /// A communicator of the members of `group` (job ranks; all of them members of
+    /// this communicator, in the group's order), called by every member of this one
+    /// with the same group (MPI_Comm_create); `None` for those outside it.
+    fn create(&self, group: &Group) -> Result<Option<Communicator>, CollError>;
+}
+
+fn counts_of(n: u32, count: usize) -> (Vec<usize>, Vec<usize>) {
+    (
+        vec![count; n as usize],
+        (0..n as usize).map(|i| i * count).collect(),
+    )
+}
+
+fn block_len(op: &'static str, comm: &Communicator, total: usize) -> Result<usize, CollError> {
+    let n = comm.size() as usize;
+    if total % n != 0 {
+        return Err(invalid(
+            op,
+            format!("a buffer of {total} elements is not {n} equal blocks"),
+        ));
+    }
+    Ok(total / n)
+}
+
+impl Collectives for Communicator {
+    fn barrier(&self) -> Result<(), CollError> {
+        plan_barrier(self).run(self)
+    }
+
+    fn bcast<T: Pod>(&self, buf: &mut [T], root: u32) -> Result<(), CollError> {
+        plan_bcast(self, buf, root)?.run(self)
+    }
+
+    fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<(), CollError> {
+        plan_reduce("reduce", self, Some(send), recv, &op, root)?.run(self)
+    }
+
+    fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<(), CollError> {
+        plan_reduce("reduce", self, None, buf, &op, root)?.run(self)
+    }
+
+    fn allreduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Op<T>,
+    ) -> Result<(), CollError> {
+        plan_allreduce(self, Some(send), recv, &op)?.run(self)
+    }
+
+    fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        plan_allreduce(self, None, buf, &op)?.run(self)
+    }
+
+    fn gather<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError> {
+        let (c, d) = counts_of(self.size(), send.len());
+        plan_gatherv("gather", self, Some(send), recv, &c, &d, root)?.run(self)
+    }
+
+    fn gatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+        root: u32,
+    ) -> Result<(), CollError> {
+        plan_gatherv("gatherv", self, Some(send), recv, counts, displs, root)?.run(self)
+    }
+
+    fn scatter<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError> {
+        let (c, d) = counts_of(self.size(), recv.len());
+        plan_scatterv("scatter", self, send, &c, &d, Some(recv), root)?.run(self)
+    }
+
+    fn scatterv<T: Pod>(
+        &self,
+        send: &[T],
+        counts: &[usize],
+        displs: &[usize],
+        recv: &mut [T],
+        root: u32,
+    ) -> Result<(), CollError> {
+        plan_scatterv("scatterv", self, send, counts, displs, Some(recv), root)?.run(self)
+    }
+
+    fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError> {
+        let (c, d) = counts_of(self.size(), send.len());
+        plan_allgatherv("allgather", self, Some(send), recv, &c, &d, true)?.run(self)
+    }
+
+    fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError> {
+        let b = block_len("allgather", self, buf.len())?;
+        let (c, d) = counts_of(self.size(), b);
+        plan_allgatherv("allgather", self, None, buf, &c, &d, true)?.run(self)
+    }
+
+    fn allgatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<(), CollError> {
+        plan_allgatherv("allgatherv", self, Some(send), recv, counts, displs, false)?.run(self)
+    }
+
+    fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError> {
+        let b = block_len("alltoall", self, send.len())?;
+        let (c, d) = counts_of(self.size(), b);
+        plan_alltoallv("alltoall", self, send, &c, &d, recv, &c, &d)?.run(self)
+    }
+
+    fn alltoallv<T: Pod>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<(), CollError> {
+        plan_alltoallv(
+            "alltoallv",
+            self,
+            send,
+            scounts,
+            sdispls,
+            recv,
+            rcounts,
+            rdispls,
+        )?
+        .run(self)
+    }
+
+    fn reduce_scatter_block<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: Op<T>,
+    ) -> Result<(), CollError> {
+        plan_reduce_scatter_block(self, send, recv, &op)?.run(self)
+    }
+
+    fn scan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        plan_scan("scan", self, Some(send), recv, &op, false)?.run(self)
+    }
+
+    fn exscan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        plan_scan("exscan", self, Some(send), recv, &op, true)?.run(self)
+    }
+
+    fn dup(&self) -> Result<Communicator, CollError> {
+        let members: Vec<u32> = (0..self.size()).collect();
+        child(self, "dup", &members, 1, 0)
+    }
+
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>, CollError> {
+        const OP: &str = "split";
+        // (color + 1, or 0 for none; key) of every member.
+        let mine = [color.map_or(0, |c| i64::from(c) + 1), i64::from(key)];
+        let mut all = vec![[0i64; 2]; self.size() as usize];
+        self.allgather(&[mine], &mut all).map_err(|e| match e {
+            CollError::MemberGone { rank, reason, .. } => CollError::MemberGone {
+                op: OP,
+                rank,
+                reason,
+            },
+            e => e,
+        })?;
+        let mut colors: Vec<i64> = all.iter().map(|c| c[0]).filter(|&c| c != 0).collect();
+        colors.sort_unstable();
+        colors.dedup();
+        let Some(color) = color else {
+            // Advance the counter like the others.
+            state(self)
+                .children
+                .fetch_add(colors.len() as u64, Ordering::Relaxed);
+            return Ok(None);
+        };
+        let c = i64::from(color) + 1;
+        let index = colors.iter().position(|&x| x == c).unwrap_or(0);
+        let mut members: Vec<u32> = (0..self.size())
+            .filter(|&r| all[r as usize][0] == c)
+            .collect();
+        members.sort_by_key(|&r| (all[r as usize][1], r));
+        child(self, OP, &members, colors.len() as u64, index as u64).map(Some)
+    }
+
+    fn split_type(&self, kind: SplitType, key: i32) -> Result<Communicator, CollError> {
+        const OP: &str = "split_type";
+        match kind {
+            SplitType::Shared => {
+                let node = self
+                    .node_of(self.rank())
+                    .ok_or_else(|| CollError::Construct {
+                        op: OP,
+                        reason: "this process's node is unknown (no wire-up service)".into(),
+                    })?;
+                let c = self.split(Some(node), key)?;
+                c.ok_or_else(|| CollError::Construct {
+                    op: OP,
+                    reason: "no communicator for this node".into(),
+                })
+            }
+        }
+    }
+
+    fn create(&self, group: &Group) -> Result<Option<Communicator>, CollError> {
+        const OP: &str = "create";
+        let jobs = self.job_ranks();
+        let mut members = Vec::with_capacity(group.members().len());
+        for &j in group.members() {
+            match jobs.iter().position(|&x| x == j) {
+                Some(r) => members.push(r as u32),
+                None => {
+                    return Err(invalid(
+                        OP,
+                        format!("job rank {j} of the group is not in the communicator"),
+                    ))
+                }
+            }
+        }
+        if !members.contains(&self.rank()) {
+            state(self).children.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        child(self, OP, &members, 1, 0).map(Some)
+    }
+}
+
+/// Child `index` of `count` made at once (a split's colors) of `parent`: a derived id
+/// if one is left, else a PGCID from the root server.
+fn child(
+    parent: &Communicator,
+    op: &'static str,
+    members: &[u32],
+    count: u64,
+    index: u64,
+) -> Result<Communicator, CollError> {
+    // Relaxed: each member advances its own counter alike (collective order).
+    let first = state(parent).children.fetch_add(count, Ordering::Relaxed) + 1;
+    let n = first + index;
+    let comm = match ids::derive(parent.context_id(), n) {
+        Some(ctx) => parent
+            .derive(members, ctx)
+            .map_err(|e| CollError::of(op, e))?,
+        None => {
+            tracing::debug!(
+                "{op}: no derived context id left below {:#x} (child {n}, capacity {}): asking the root server",
+                parent.context_id(),
+                ids::capacity(parent.context_id())
+            );
+            let id = format!("{:x}/{n}", parent.context_id());
+            parent
+                .construct_on_server(members, &id)
+                .map_err(|e| CollError::Construct {
+                    op,
+                    reason: e.to_string(),
+                })?
+        }
+    };
+    Ok(comm)
+}
+
+/// Non-blocking collectives, started in a [`RequestScope`] of the communicator (see
+/// [`Communicator::scope`]): the buffers stay borrowed until the scope ends, and the
+/// returned [`Request`] mixes with point-to-point ones.
+pub trait NonBlocking<'scope> {
+    /// Non-blocking [`Collectives::barrier`].
+    fn ibarrier(&'scope self) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::bcast`].
+    fn ibcast<T: Pod>(
+        &'scope self,
+        buf: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::reduce`].
+    fn ireduce<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::allreduce`].
+    fn iallreduce<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::allreduce_in_place`].
+    fn iallreduce_in_place<T: Element>(
+        &'scope self,
+        buf: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::gather`].
+    fn igather<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::scatter`].
+    fn iscatter<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::allgather`].
+    fn iallgather<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::alltoall`].
+    fn ialltoall<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::reduce_scatter_block`].
+    fn ireduce_scatter_block<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::scan`].
+    fn iscan<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError>;
+    /// Non-blocking [`Collectives::exscan`].
+    fn iexscan<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError>;
+}
+
+fn start<'scope>(
+    s: &'scope RequestScope<'scope, '_>,
+    p: Plan<'scope>,
+) -> Result<Request<'scope>, CollError> {
+    let op = p.op;
+    s.start_schedule(p.sched, p.send, p.recv)
+        .map_err(|e| CollError::of(op, e))
+}
+
+impl<'scope, 'env> NonBlocking<'scope> for RequestScope<'scope, 'env> {
+    fn ibarrier(&'scope self) -> Result<Request<'scope>, CollError> {
+        start(self, plan_barrier(self.comm()))
+    }
+
+    fn ibcast<T: Pod>(
+        &'scope self,
+        buf: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError> {
+        start(self, plan_bcast(self.comm(), buf, root)?)
+    }
+
+    fn ireduce<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+        root: u32,
+    ) -> Result<Request<'scope>, CollError> {
+        start(
+            self,
+            plan_reduce("reduce", self.comm(), Some(send), recv, &op, root)?,
+        )
+    }
+
+    fn iallreduce<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError> {
+        start(self, plan_allreduce(self.comm(), Some(send), recv, &op)?)
+    }
+
+    fn iallreduce_in_place<T: Element>(
+        &'scope self,
+        buf: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError> {
+        start(self, plan_allreduce(self.comm(), None, buf, &op)?)
+    }
+
+    fn igather<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError> {
+        let (c, d) = counts_of(self.comm().size(), send.len());
+        start(
+            self,
+            plan_gatherv("gather", self.comm(), Some(send), recv, &c, &d, root)?,
+        )
+    }
+
+    fn iscatter<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        root: u32,
+    ) -> Result<Request<'scope>, CollError> {
+        let (c, d) = counts_of(self.comm().size(), recv.len());
+        start(
+            self,
+            plan_scatterv("scatter", self.comm(), send, &c, &d, Some(recv), root)?,
+        )
+    }
+
+    fn iallgather<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+    ) -> Result<Request<'scope>, CollError> {
+        let (c, d) = counts_of(self.comm().size(), send.len());
+        start(
+            self,
+            plan_allgatherv("allgather", self.comm(), Some(send), recv, &c, &d, true)?,
+        )
+    }
+
+    fn ialltoall<T: Pod>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+    ) -> Result<Request<'scope>, CollError> {
+        let b = block_len("alltoall", self.comm(), send.len())?;
+        let (c, d) = counts_of(self.comm().size(), b);
+        start(
+            self,
+            plan_alltoallv("alltoall", self.comm(), send, &c, &d, recv, &c, &d)?,
+        )
+    }
+
+    fn ireduce_scatter_block<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError> {
+        start(
+            self,
+            plan_reduce_scatter_block(self.comm(), send, recv, &op)?,
+        )
+    }
+
+    fn iscan<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError> {
+        start(
+            self,
+            plan_scan("scan", self.comm(), Some(send), recv, &op, false)?,
+        )
+    }
+
+    fn iexscan<T: Element>(
+        &'scope self,
+        send: &'scope [T],
+        recv: &'scope mut [T],
+        op: Op<T>,
+    ) -> Result<Request<'scope>, CollError> {
+        start(
+            self,
+            plan_scan("exscan", self.comm(), Some(send), recv, &op, true)?,
+        )
+    }
+}

@@ -1,0 +1,432 @@
+//! Running schedules (`crate::sched`): each started schedule is a request whose id has
+//! [`SCHED_BIT`] set; `progress` advances every running one: when a round's messages have
+//! all completed, the next round's local steps run and its messages are posted.
+//!
+//! A schedule fails when one of its messages fails, when a message has another size than
+//! its step expects, or when a member of its communicator failed (died, exited before
+//! finalize: checked with the other dead-peer checks, so a collective fails at every
+//! survivor even when it waits on a live member that itself failed; a member that
+//! finalized cleanly, after its part, fails only what still waits on it), or when
+//! another member tells that its part failed. A member whose schedule fails tells every
+//! other live member (a COLL_ABORT frame naming the operation by context id and tag), so
+//! that a disagreement one member sees never leaves another waiting. A failing schedule
+//! lets go of the caller's buffers before it completes: receives not matched yet are
+//! cancelled, sends no receiver has started on are abandoned, and the others (their peer
+//! is moving the data) finish.
+
+use std::sync::Arc;
+
+use super::frame::{Hdr, COLL_ABORT};
+use super::{Engine, Kind, Req};
+use crate::sched::{Buf, Bufs, Schedule, Slice, Step};
+use crate::{P2pError, RankMap, Status};
+
+/// Bytes of the reason an abort carries, at most.
+const MAX_ABORT_REASON: usize = 512;
+
+/// Marks a request id as a schedule's.
+pub(crate) const SCHED_BIT: u32 = 1 << 31;
+
+/// A started schedule.
+pub(crate) struct SchedRun {
+    pub(crate) sched: Schedule,
+    pub(crate) send: *const u8,
+    pub(crate) send_len: usize,
+    pub(crate) recv: *mut u8,
+    pub(crate) recv_len: usize,
+    pub(crate) scratch: Vec<Vec<u128>>,
+    /// The collective plane's context id.
+    pub(crate) ctx: u64,
+    /// Communicator rank -> job rank (`None`: the identity).
+    pub(crate) map: Option<Arc<RankMap>>,
+    /// The communicator's size.
+    pub(crate) size: u32,
+    /// The next round to start.
+    round: usize,
+    pending: Vec<Sub>,
+    failing: Option<P2pError>,
+    /// The others were told of the failure (or told us of theirs).
+    abort_sent: bool,
+    /// The operation's tag (its first message's), which names it in an abort.
+    tag: Option<u32>,
+    result: Option<Result<Status, P2pError>>,
+    serial: u64,
+}
+
+// SAFETY: the raw pointers are the caller's buffers, borrowed (by the blocking call or
+// the scope of the `Request`) until the schedule completes; the engine that holds the run
+// is only touched under its lock, as for `Kind`.
+unsafe impl Send for SchedRun {}
+
+impl SchedRun {
+    /// A run of `sched` over the given buffers (checked already).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        sched: Schedule,
+        send: *const u8,
+        send_len: usize,
+        recv: *mut u8,
+        recv_len: usize,
+        ctx: u64,
+        map: Option<Arc<RankMap>>,
+        size: u32,
+    ) -> SchedRun {
+        let tag = sched.steps.iter().find_map(|s| match s {
+            Step::Send { tag, .. } | Step::Recv { tag, .. } => Some(*tag),
+            _ => None,
+        });
+        let scratch = sched
+            .scratch
+            .iter()
+            .map(|&b| vec![0u128; b.div_ceil(16)])
+            .collect();
+        SchedRun {
+            sched,
+            send,
+            send_len,
+            recv,
+            recv_len,
+            scratch,
+            ctx,
+            map,
+            size,
+            round: 0,
+            pending: Vec::new(),
+            failing: None,
+            abort_sent: false,
+            tag,
+            result: None,
+            serial: 0,
+        }
+    }
+
+    fn job(&self, r: u32) -> u32 {
+        match &self.map {
+            None => r,
+            Some(m) => m.to_job[r as usize],
+        }
+    }
+
+    fn ptr(&mut self, s: Slice) -> *mut u8 {
+        match s.buf {
+            // Only read through (sends); the cast keeps one pointer type.
+            Buf::Send => self.send.cast_mut().wrapping_add(s.off),
+            Buf::Recv => self.recv.wrapping_add(s.off),
+            Buf::Scratch(n) => self.scratch[n as usize]
+                .as_mut_ptr()
+                .cast::<u8>()
+                .wrapping_add(s.off),
+        }
+    }
+
+    /// Runs local step `i` (a copy or a closure) over the buffers.
+    fn run_local(&mut self, i: usize) {
+        let send: &[u8] = if self.send_len == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller's send buffer, borrowed until the schedule completes;
+            // only read.
+            unsafe { std::slice::from_raw_parts(self.send, self.send_len) }
+        };
+        let recv: &mut [u8] = if self.recv_len == 0 {
+            &mut []
+        } else {
+            // SAFETY: the caller's receive buffer, borrowed mutably until the schedule
+            // completes; local steps run between rounds, when none of the schedule's
+            // messages is in flight, so nothing else touches it meanwhile.
+            unsafe { std::slice::from_raw_parts_mut(self.recv, self.recv_len) }
+        };
+        let mut bufs = Bufs {
+            send,
+            recv,
+            scratch: &mut self.scratch,
+        };
+        match &mut self.sched.steps[i] {
+            Step::Copy { from, to } => {
+                let (f, t) = bufs.pair(*from, *to);
+                t.copy_from_slice(f);
+            }
+            Step::Local(f) => f(&mut bufs),
+            Step::Send { .. } | Step::Recv { .. } => {}
+        }
+    }
+}
+
+/// A message of a running schedule.
+#[derive(Debug, Clone, Copy)]
+struct Sub {
+    id: u32,
+    /// For a receive: (job rank of the sender, expected bytes).
+    recv: Option<(u32, usize)>,
+}
+
+impl Engine {
+    /// Starts a schedule; returns its request id. Its first rounds run at once.
+    pub(crate) fn start_sched(&mut self, mut run: SchedRun) -> u32 {
+        let st = &mut self.st;
+        run.serial = st.next_serial;
+        st.next_serial += 1;
+        let slot = match st.sched_free.pop() {
+            Some(s) => s,
+            None => {
+                st.scheds.push(None);
+                st.scheds.len() as u32 - 1
+            }
+        };
+        self.advance(&mut run);
+        self.st.scheds[slot as usize] = Some(run);
+        self.st.sched_active += 1;
+        slot | SCHED_BIT
+    }
+
+    /// Advances every running schedule.
+    pub(crate) fn advance_scheds(&mut self) {
+        for i in 0..self.st.scheds.len() {
+            let Some(mut run) = self.st.scheds[i].take() else {
+                continue;
+            };
+            if run.result.is_none() {
+                self.advance(&mut run);
+            }
+            self.st.scheds[i] = Some(run);
+        }
+    }
+
+    /// Takes a completed schedule's result (freeing its slot), `None` while it runs.
+    pub(crate) fn take_sched(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
+        let slot = (id & !SCHED_BIT) as usize;
+        let done = self
+            .st
+            .scheds
+            .get(slot)?
+            .as_ref()
+            .is_some_and(|r| r.result.is_some());
+        if !done {
+            return None;
+        }
+        let run = self.st.scheds[slot].take()?;
+        self.st.sched_free.push(slot as u32);
+        self.st.sched_active -= 1;
+        run.result
+    }
+
+    /// The serial of schedule `id` while the engine holds it.
+    pub(crate) fn sched_serial(&self, id: u32) -> Option<u64> {
+        let slot = (id & !SCHED_BIT) as usize;
+        self.st.scheds.get(slot)?.as_ref().map(|r| r.serial)
+    }
+
+    /// The dead-peer check of a schedule: fails it if a member of its communicator
+    /// failed, and runs the check of each of its messages (which fail on a peer they
+    /// wait on that is gone in any way, or whose connection failed).
+    pub(crate) fn sched_fail_if_gone(&mut self, id: u32) {
+        let slot = (id & !SCHED_BIT) as usize;
+        let Some(mut run) = self.st.scheds.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if run.result.is_none() {
+            if run.failing.is_none() {
+                let me = self.st.me;
+                for r in 0..run.size {
+                    let job = run.job(r);
+                    if job == me {
+                        continue;
+                    }
+                    // A member that finalized cleanly fails only what waits on it (its
+                    // messages' own checks below); one that failed fails the operation.
+                    let why = (self.st.gone)(job).filter(|w| w != weft_wireup::FINALIZED);
+                    if let Some(reason) = why {
+                        run.failing = Some(P2pError::PeerGone { rank: job, reason });
+                        break;
+                    }
+                }
+            }
+            for sub in run.pending.clone() {
+                self.fail_if_gone(sub.id);
+            }
+            self.advance(&mut run);
+        }
+        self.st.scheds[slot] = Some(run);
+    }
+
+    /// Advances one schedule as far as its messages allow.
+    fn advance(&mut self, run: &mut SchedRun) {
+        loop {
+            // Collect what completed.
+            let mut i = 0;
+            while i < run.pending.len() {
+                let sub = run.pending[i];
+                match self.take(sub.id) {
+                    None => i += 1,
+                    Some(r) => {
+                        run.pending.swap_remove(i);
+                        match (r, sub.recv) {
+                            (Ok(st), Some((from, want))) if st.count != want => {
+                                run.failing.get_or_insert(P2pError::SizeMismatch {
+                                    rank: from,
+                                    tag: st.tag,
+                                    expected: want,
+                                    got: st.count,
+                                });
+                            }
+                            (Ok(_), _) => {}
+                            (Err(e), _) => {
+                                run.failing.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+            }
+            if run.failing.is_none() {
+                if let Some((rank, reason)) =
+                    run.tag.and_then(|t| self.st.aborted.get(&(run.ctx, t)))
+                {
+                    run.failing = Some(P2pError::Aborted {
+                        rank: *rank,
+                        reason: reason.clone(),
+                    });
+                    run.abort_sent = true;
+                }
+            }
+            if run.failing.is_some() {
+                if !run.abort_sent {
+                    run.abort_sent = true;
+                    self.tell_abort(run);
+                }
+                self.let_go(run);
+                if run.pending.is_empty() {
+                    run.result = run.failing.take().map(Err);
+                }
+                return;
+            }
+            if !run.pending.is_empty() {
+                return;
+            }
+            if run.round >= run.sched.rounds.len() {
+                run.result = Some(Ok(Status {
+                    source: self.st.me,
+                    tag: 0,
+                    count: run.recv_len,
+                }));
+                return;
+            }
+            let start = run.sched.rounds[run.round];
+            let end = run
+                .sched
+                .rounds
+                .get(run.round + 1)
+                .copied()
+                .unwrap_or(run.sched.steps.len());
+            run.round += 1;
+            for i in start..end {
+                match run.sched.steps[i] {
+                    Step::Send { from, to, tag } => {
+                        let job = run.job(to);
+                        let p = run.ptr(from);
+                        match self.st.send(p, from.len, job, run.ctx, tag) {
+                            Ok(None) => {}
+                            Ok(Some(id)) => run.pending.push(Sub { id, recv: None }),
+                            Err(e) => {
+                                run.failing.get_or_insert(e);
+                                break;
+                            }
+                        }
+                    }
+                    Step::Recv { into, from, tag } => {
+                        let job = run.job(from);
+                        let p = run.ptr(into);
+                        let id = self.st.recv(p, into.len, run.ctx, Some(job), Some(tag));
+                        run.pending.push(Sub {
+                            id,
+                            recv: Some((job, into.len)),
+                        });
+                    }
+                    Step::Copy { .. } | Step::Local(_) => run.run_local(i),
+                }
+            }
+        }
+    }
+
+    /// Tells every other live member that this schedule failed (a COLL_ABORT frame), so
+    /// that none waits for a message from this process that will not come.
+    fn tell_abort(&mut self, run: &SchedRun) {
+        let Some(tag) = run.tag else {
+            return;
+        };
+        let why = run
+            .failing
+            .as_ref()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let mut why = why.into_bytes();
+        why.truncate(MAX_ABORT_REASON);
+        let hdr = Hdr {
+            kind: COLL_ABORT,
+            src: self.st.me,
+            ctx: run.ctx,
+            tag,
+            aux: 0,
+            len: why.len() as u64,
+        }
+        .encode();
+        for r in 0..run.size {
+            let job = run.job(r);
+            if job == self.st.me
+                || (self.st.gone)(job).is_some()
+                || self.st.failed.contains_key(&job)
+            {
+                continue;
+            }
+            if self.st.path(job).is_ok() {
+                self.st.push(job, &hdr, &why);
+            }
+        }
+    }
+
+    /// A failing schedule lets go of its messages that can be let go: receives not
+    /// matched yet are cancelled, sends that no receiver has started on are abandoned.
+    fn let_go(&mut self, run: &mut SchedRun) {
+        run.pending.retain(|sub| {
+            if sub.recv.is_some() {
+                !self.cancel_recv(sub.id)
+            } else {
+                !self.abandon_send(sub.id)
+            }
+        });
+    }
+
+    /// Forgets a send whose receiver has not started on it (no stream, no copy): the
+    /// engine never touches its buffer again, and a late answer for it is stale. Returns
+    /// false if the send must be waited for.
+    fn abandon_send(&mut self, id: u32) -> bool {
+        let st = &mut self.st;
+        let ok = matches!(
+            st.reqs.get(id as usize),
+            Some(Some(Req {
+                kind: Kind::Send { stream: None, .. },
+                ..
+            }))
+        ) && !st.copying(id);
+        if !ok {
+            return false;
+        }
+        if let Some(Some(Req {
+            kind:
+                Kind::Send {
+                    registered: Some(region),
+                    ..
+                },
+            result: None,
+            ..
+        })) = st.reqs.get(id as usize)
+        {
+            let region = *region;
+            if let Some(ep) = &mut st.verbs {
+                ep.release(region);
+            }
+        }
+        st.reqs[id as usize] = None;
+        st.free.push(id);
+        true
+    }
+}
