@@ -337,6 +337,11 @@ impl Inner {
     /// load afterwards).
     #[inline(always)]
     fn before_send(&self, job: u32) {
+        if job == self.me {
+            // Loopback: no card, no connection (a process alone on its node publishes
+            // no shared-memory card, so a fetch of its own would wait in vain).
+            return;
+        }
         if let Some(p) = &self.prefetch {
             // Relaxed: a hint; a second fetch only finds the card already on the node.
             if !p

@@ -226,20 +226,7 @@ impl Engine {
         };
         if run.result.is_none() {
             if run.failing.is_none() {
-                let me = self.st.me;
-                for r in 0..run.size {
-                    let job = run.job(r);
-                    if job == me {
-                        continue;
-                    }
-                    // A member that finalized cleanly fails only what waits on it (its
-                    // messages' own checks below); one that failed fails the operation.
-                    let why = (self.st.gone)(job).filter(|w| w != weft_wireup::FINALIZED);
-                    if let Some(reason) = why {
-                        run.failing = Some(P2pError::PeerGone { rank: job, reason });
-                        break;
-                    }
-                }
+                run.failing = self.failed_member(&run);
             }
             for sub in run.pending.clone() {
                 self.fail_if_gone(sub.id);
@@ -247,6 +234,21 @@ impl Engine {
             self.advance(&mut run);
         }
         self.st.scheds[slot] = Some(run);
+    }
+
+    /// A member of the schedule's communicator that failed (died, exited before
+    /// finalize), as the error to fail it with. A member that finalized cleanly fails
+    /// only what waits on it (its messages' own checks).
+    fn failed_member(&self, run: &SchedRun) -> Option<P2pError> {
+        (0..run.size).find_map(|r| {
+            let job = run.job(r);
+            if job == self.st.me {
+                return None;
+            }
+            (self.st.gone)(job)
+                .filter(|w| w != weft_wireup::FINALIZED)
+                .map(|reason| P2pError::PeerGone { rank: job, reason })
+        })
     }
 
     /// Advances one schedule as far as its messages allow.
@@ -270,6 +272,24 @@ impl Engine {
                                 });
                             }
                             (Ok(_), _) => {}
+                            // A message larger than its step's exact size: the members
+                            // disagree, as with a smaller one.
+                            (
+                                Err(P2pError::Truncated {
+                                    sender,
+                                    tag,
+                                    size,
+                                    capacity,
+                                }),
+                                _,
+                            ) => {
+                                run.failing.get_or_insert(P2pError::SizeMismatch {
+                                    rank: sender,
+                                    tag,
+                                    expected: capacity,
+                                    got: size,
+                                });
+                            }
                             (Err(e), _) => {
                                 run.failing.get_or_insert(e);
                             }
@@ -281,10 +301,13 @@ impl Engine {
                 if let Some((rank, reason)) =
                     run.tag.and_then(|t| self.st.aborted.get(&(run.ctx, t)))
                 {
-                    run.failing = Some(P2pError::Aborted {
+                    // Another member failed its part; if a member died, say so (the
+                    // abort most likely comes from that).
+                    let aborted = P2pError::Aborted {
                         rank: *rank,
                         reason: reason.clone(),
-                    });
+                    };
+                    run.failing = Some(self.failed_member(run).unwrap_or(aborted));
                     run.abort_sent = true;
                 }
             }

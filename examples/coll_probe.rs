@@ -1,0 +1,248 @@
+//! Collective scenarios the tests run under `weft run` (each prints what it saw; the test
+//! judges):
+//!
+//! - `die BYTES STAMP`: allreduces of BYTES in a loop on the world; the last rank kills
+//!   itself with SIGKILL at its 20th, having written the time to the file STAMP.
+//!   Survivors print `rank R: <error> after N ms` (from that time to the error), or
+//!   `rank R: no error` and exit 3.
+//! - `mismatch`: an allreduce where rank 1 gives one element more; every rank prints
+//!   `rank R: <error>` (or `rank R: no error`).
+//! - `bad-root`: a bcast with a root outside the communicator: `rank R: <error>`.
+//! - `ids CYCLES`: CYCLES rounds of dup, split and free, checking every context id is
+//!   new, then a family past its depth limit and one past its count limit (the root
+//!   server hands out the ids beyond): prints `rank R ids ok N` with the number of
+//!   distinct ids, or the duplicate.
+//! - `overlap`: concurrent splits of overlapping parents on two threads, then collectives
+//!   on all of them: `rank R overlap ok`.
+//! - `threads`: four threads, each running collectives on its own dup of the world:
+//!   `rank R threads ok`.
+//! - `self`: a message to oneself: `rank R self ok in N ms`.
+
+use std::collections::HashSet;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use weft::prelude::*;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rank = std::env::var("WEFT_RANK").unwrap_or_default();
+    if let Err(e) = run(&args) {
+        println!("rank {rank} failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> Res<()> {
+    let fabric = Fabric::init()?;
+    let world = fabric.world();
+    let me = world.rank();
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    match arg(0) {
+        Some("die") => {
+            let bytes: usize = arg(1).ok_or("die BYTES")?.parse()?;
+            let stamp = arg(2).ok_or("die BYTES STAMP")?;
+            let victim = world.size() - 1;
+            let n = bytes / 8;
+            let mine = vec![u64::from(me); n.max(1)];
+            let mut out = vec![0u64; n.max(1)];
+            for i in 0.. {
+                if me == victim && i == 20 {
+                    std::fs::write(stamp, now_ms().to_string())?;
+                    rustix::process::kill_process(
+                        rustix::process::getpid(),
+                        rustix::process::Signal::KILL,
+                    )?;
+                }
+                if let Err(e) = world.allreduce(&mine, &mut out, Op::Sum) {
+                    let died: u128 = std::fs::read_to_string(stamp)?.trim().parse()?;
+                    let after = now_ms().saturating_sub(died);
+                    println!("rank {me}: {e} after {after} ms");
+                    std::process::exit(0);
+                }
+                if i > 100_000 {
+                    break;
+                }
+            }
+            println!("rank {me}: no error");
+            std::process::exit(3);
+        }
+        Some("mismatch") => {
+            let n = 8 + usize::from(me == 1);
+            let mine = vec![1u64; n];
+            let mut out = vec![0u64; n];
+            match world.allreduce(&mine, &mut out, Op::Sum) {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => println!("rank {me}: {e}"),
+            }
+            // The world stays usable for the next operation.
+            world.barrier()?;
+            println!("rank {me}: barrier after the mismatch ok");
+        }
+        Some("bad-root") => {
+            let mut buf = [0u8; 4];
+            match world.bcast(&mut buf, world.size()) {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => println!("rank {me}: {e}"),
+            }
+        }
+        Some("ids") => {
+            let cycles: u32 = arg(1).ok_or("ids CYCLES")?.parse()?;
+            let mut seen = HashSet::new();
+            seen.insert(world.context_id());
+            let mut fresh = |c: &Communicator, what: &str| -> Res<()> {
+                let id = c.context_id();
+                if !seen.insert(id) {
+                    return Err(format!("{what}: context id {id:#x} seen before").into());
+                }
+                Ok(())
+            };
+            for i in 0..cycles {
+                let d = world.dup()?;
+                fresh(&d, &format!("dup {i}"))?;
+                if i % 16 == 0 {
+                    // Every member gets one id per color; split's children share none.
+                    let s = world.split(Some(me % 2), 0)?.ok_or("no split")?;
+                    fresh(&s, &format!("split {i}"))?;
+                    s.barrier()?;
+                    s.free()?;
+                }
+                d.free()?;
+            }
+            // A family down to its depth and count limits: deeper children come from the
+            // server instead, and still work.
+            let mut c = world.dup()?;
+            fresh(&c, "chain")?;
+            for depth in 0..6 {
+                let next = c.dup()?;
+                fresh(&next, &format!("chain depth {depth}"))?;
+                c = next;
+            }
+            // 300 children of a grandchild of the world, whose level holds 255.
+            let g = world.dup()?.dup()?;
+            fresh(&g, "grandchild")?;
+            let mut last = g.dup()?;
+            fresh(&last, "wide")?;
+            for k in 0..300 {
+                let d = g.dup()?;
+                fresh(&d, &format!("wide {k}"))?;
+                last = d;
+            }
+            let mut x = [u64::from(me)];
+            last.allreduce_in_place(&mut x, Op::Sum)?;
+            let want = u64::from(world.size()) * u64::from(world.size() - 1) / 2;
+            if x[0] != want {
+                return Err(
+                    format!("allreduce on the last child gave {}, not {want}", x[0]).into(),
+                );
+            }
+            world.barrier()?;
+            println!("rank {me} ids ok {}", seen.len());
+        }
+        Some("overlap") => {
+            // Two overlapping parents (the world and a dup), each split on its own thread
+            // at the same time; then collectives on every child.
+            let dup = world.dup()?;
+            let (a, b) = std::thread::scope(|s| -> Res<_> {
+                let t = s.spawn(|| world.split(Some(me % 2), 0).map_err(|e| e.to_string()));
+                let b = dup.split(Some(u32::from(me < world.size() / 2)), -(me as i32))?;
+                let a = t.join().map_err(|_| "thread panicked")??;
+                Ok((a.ok_or("no split")?, b.ok_or("no split")?))
+            })?;
+            let ids = [
+                world.context_id(),
+                dup.context_id(),
+                a.context_id(),
+                b.context_id(),
+            ];
+            let distinct: HashSet<u64> = ids.iter().copied().collect();
+            if distinct.len() != ids.len() {
+                return Err(format!("context ids collide: {ids:x?}").into());
+            }
+            std::thread::scope(|s| -> Res<()> {
+                let t = s.spawn(|| -> Result<(), String> {
+                    for _ in 0..200 {
+                        let mut x = [1u32];
+                        a.allreduce_in_place(&mut x, Op::Sum)
+                            .map_err(|e| e.to_string())?;
+                        if x[0] != a.size() {
+                            return Err(format!("sum on a: {}", x[0]));
+                        }
+                    }
+                    Ok(())
+                });
+                for _ in 0..200 {
+                    let mut x = [1u32];
+                    b.allreduce_in_place(&mut x, Op::Sum)?;
+                    if x[0] != b.size() {
+                        return Err(format!("sum on b: {}", x[0]).into());
+                    }
+                }
+                t.join().map_err(|_| "thread panicked")??;
+                Ok(())
+            })?;
+            world.barrier()?;
+            println!("rank {me} overlap ok");
+        }
+        Some("threads") => {
+            let comms: Vec<Communicator> = (0..4).map(|_| world.dup()).collect::<Result<_, _>>()?;
+            std::thread::scope(|s| -> Res<()> {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .enumerate()
+                    .map(|(t, c)| {
+                        s.spawn(move || -> Result<(), String> {
+                            let n = 1 + t * 1000;
+                            for i in 0..100u64 {
+                                let mine = vec![i + t as u64; n];
+                                let mut out = vec![0u64; n];
+                                c.allreduce(&mine, &mut out, Op::Sum)
+                                    .map_err(|e| e.to_string())?;
+                                let want = (i + t as u64) * u64::from(c.size());
+                                if out.iter().any(|&x| x != want) {
+                                    return Err(format!(
+                                        "thread {t} iteration {i}: {} not {want}",
+                                        out[0]
+                                    ));
+                                }
+                                let mut b = vec![i; n];
+                                c.bcast(&mut b, (i % u64::from(c.size())) as u32)
+                                    .map_err(|e| e.to_string())?;
+                                c.barrier().map_err(|e| e.to_string())?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().map_err(|_| "thread panicked")??;
+                }
+                Ok(())
+            })?;
+            world.barrier()?;
+            println!("rank {me} threads ok");
+        }
+        Some("self") => {
+            // A send to oneself (a communicator of one, say): no card, no connection.
+            let t = std::time::Instant::now();
+            world.send(&[7u64], me, Tag(1))?;
+            let mut got = [0u64];
+            world.recv(&mut got, Source::Rank(me), Tag(1))?;
+            if got[0] != 7 {
+                return Err(format!("got {} from myself", got[0]).into());
+            }
+            println!("rank {me} self ok in {} ms", t.elapsed().as_millis());
+        }
+        other => return Err(format!("unknown scenario {other:?}").into()),
+    }
+    fabric.finalize()?;
+    Ok(())
+}

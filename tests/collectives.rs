@@ -1,0 +1,254 @@
+//! Collectives through the real launcher: every collective checked against point-to-point
+//! references (`examples/coll_check.rs`) on 1 to 8 processes, with every algorithm
+//! forced, on two logical nodes with uneven placement over TCP; a member killed in the
+//! middle (named at every survivor within 2 s, no segment left); mismatched arguments;
+//! derived context ids; overlapping splits and threads (`examples/coll_probe.rs`).
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{example, run, segments_of};
+
+const T: Duration = Duration::from_secs(240);
+
+fn coll_check(name: &str, launcher: &[&str], max: &str) {
+    let prog = example("coll_check");
+    let mut args: Vec<&str> = launcher.to_vec();
+    args.extend([prog.as_str(), "--max", max]);
+    let done = run(name, &args, T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let n: usize = launcher
+        .iter()
+        .position(|&a| a == "-n")
+        .and_then(|i| launcher[i + 1].parse().ok())
+        .expect("-n N");
+    assert_eq!(done.lines_with("coll ok"), n, "{}", done.dump());
+    assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+}
+
+#[test]
+fn every_collective_matches_point_to_point_on_one_to_eight_processes() {
+    for (n, max) in [
+        ("1", "65536"),
+        ("2", "65536"),
+        ("3", "65536"),
+        ("5", "16384"),
+        ("8", "16384"),
+    ] {
+        coll_check(&format!("coll-n{n}"), &["-n", n], max);
+    }
+}
+
+#[test]
+fn every_algorithm_forced_through_the_tunables() {
+    for (i, algos) in [
+        [
+            "WEFT_COLL_ALLREDUCE=ring",
+            "WEFT_COLL_BCAST=scatter-allgather",
+            "WEFT_COLL_ALLGATHER=ring",
+        ],
+        [
+            "WEFT_COLL_ALLREDUCE=reduce-bcast",
+            "WEFT_COLL_BCAST=binomial",
+            "WEFT_COLL_ALLGATHER=bruck",
+        ],
+        [
+            "WEFT_COLL_ALLREDUCE=recursive-doubling",
+            "WEFT_COLL_BCAST=binomial",
+            "WEFT_COLL_ALLGATHER=ring",
+        ],
+    ]
+    .iter()
+    .enumerate()
+    {
+        for n in ["3", "4", "6"] {
+            let mut l = vec!["-n", n];
+            for a in algos {
+                l.extend(["-x", a]);
+            }
+            coll_check(&format!("coll-algo{i}-n{n}"), &l, "16384");
+        }
+    }
+}
+
+#[test]
+fn collectives_across_two_nodes_with_uneven_placement_over_tcp() {
+    // 2 + 1 and 3 + 2 processes: shared memory within a node, TCP between them.
+    for (name, l) in [
+        (
+            "coll-tcp3",
+            vec!["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "3"],
+        ),
+        (
+            "coll-tcp5",
+            vec!["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "5"],
+        ),
+        (
+            "coll-tcp4-ring",
+            vec![
+                "-x",
+                "WEFT_TRANSPORTS=shm,tcp",
+                "-x",
+                "WEFT_COLL_ALLREDUCE=ring",
+                "-x",
+                "WEFT_COLL_BCAST=scatter-allgather",
+                "--nodes",
+                "2",
+                "--map-by",
+                "node",
+                "-n",
+                "4",
+            ],
+        ),
+    ] {
+        coll_check(name, &l, "65536");
+    }
+}
+
+/// `(rank, error, ms)` of every survivor line `rank R: <error> after N ms`.
+fn survivors(stdout: &str) -> Vec<(String, String, u64)> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("rank ") && l.ends_with(" ms"))
+        .filter_map(|l| {
+            let (who, rest) = l.split_once(": ")?;
+            let (err, ms) = rest.rsplit_once(" after ")?;
+            Some((
+                who.to_string(),
+                err.to_string(),
+                ms.trim_end_matches(" ms").parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds() {
+    let probe = example("coll_probe");
+    for (name, bytes, nodes) in [
+        ("coll-die-shm-small", "8", "1"),
+        ("coll-die-shm-large", "1048576", "1"),
+        ("coll-die-tcp-small", "8", "2"),
+        ("coll-die-tcp-large", "1048576", "2"),
+    ] {
+        let stamp = std::env::temp_dir().join(format!("{name}-{}.died", std::process::id()));
+        let stamp_arg = stamp.display().to_string();
+        let done = run(
+            name,
+            &[
+                "--keep-going",
+                "-x",
+                "WEFT_TRANSPORTS=shm,tcp",
+                "--nodes",
+                nodes,
+                "-n",
+                "4",
+                &probe,
+                "die",
+                bytes,
+                &stamp_arg,
+            ],
+            T,
+        );
+        let _ = std::fs::remove_file(&stamp);
+        let s = survivors(&done.stdout);
+        assert_eq!(
+            s.len(),
+            3,
+            "{name}: every survivor reports\n{}",
+            done.dump()
+        );
+        for (who, err, ms) in &s {
+            assert!(
+                err.contains("allreduce") && err.contains("rank 3 is gone"),
+                "{name}: {who} said {err:?}\n{}",
+                done.dump()
+            );
+            assert!(*ms <= 2000, "{name}: {who} took {ms} ms\n{}", done.dump());
+        }
+        assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+    }
+}
+
+#[test]
+fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
+    let probe = example("coll_probe");
+    let done = run("coll-mismatch", &["-n", "4", &probe, "mismatch"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    // Every member fails the allreduce (none waits for ever, none gets wrong data)...
+    for r in 0..4 {
+        let line = done
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {r}: allreduce")))
+            .unwrap_or_else(|| panic!("rank {r} reported no error\n{}", done.dump()));
+        assert!(line.contains("disagree"), "rank {r}: {line}");
+    }
+    // ...and the communicator works afterwards.
+    assert_eq!(
+        done.lines_with("barrier after the mismatch ok"),
+        4,
+        "{}",
+        done.dump()
+    );
+    let done = run("coll-badroot", &["-n", "2", &probe, "bad-root"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(
+        done.lines_with("bcast: root 2 is not in the communicator (size 2)"),
+        2,
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn derived_context_ids_stay_unique_over_ten_thousand_cycles_and_past_their_limits() {
+    let probe = example("coll_probe");
+    let done = run("coll-ids", &["-n", "3", &probe, "ids", "10000"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    // 10,000 dups, 625 splits, a chain of 7, a grandchild and 301 children of it, and
+    // the world: every one distinct.
+    assert_eq!(done.lines_with("ids ok 10935"), 3, "{}", done.dump());
+}
+
+#[test]
+fn concurrent_splits_of_overlapping_parents_and_four_threads_of_collectives() {
+    let probe = example("coll_probe");
+    for (name, n) in [("coll-overlap", "4"), ("coll-overlap3", "3")] {
+        let done = run(name, &["-n", n, &probe, "overlap"], T);
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert_eq!(
+            done.lines_with("overlap ok"),
+            n.parse::<usize>().unwrap(),
+            "{}",
+            done.dump()
+        );
+    }
+    let done = run("coll-threads", &["-n", "3", &probe, "threads"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("threads ok"), 3, "{}", done.dump());
+}
+
+#[test]
+fn a_send_to_oneself_does_not_wait_for_a_card_when_alone_on_a_node() {
+    // Rank 2 is alone on node 1: it publishes no shared-memory card, and a send to
+    // itself once waited 60 s for one (CARD_WAIT) before going through loopback.
+    let probe = example("coll_probe");
+    let done = run("coll-self", &["--nodes", "2", "-n", "3", &probe, "self"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let ms: Vec<u64> = done
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            l.split(" self ok in ")
+                .nth(1)?
+                .trim_end_matches(" ms")
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(ms.len(), 3, "{}", done.dump());
+    assert!(ms.iter().all(|&m| m < 10_000), "a self-send waited: {ms:?}");
+}
