@@ -8,6 +8,7 @@
 //! | `bw`      | bandwidth of windows of 64 isends, each window acked (osu_bw)           |
 //! | `bibw`    | the same in both directions at once (osu_bibw)                          |
 //! | `mr`      | message rate of windows of 64 isends (osu_mbw_mr with one pair)         |
+//! | `coll`    | collective latency (osu_barrier, osu_bcast, osu_allreduce, ...)        |
 //! | `fence`   | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
 //! | `group`   | group construct with a PGCID; communicator creation from a group        |
 //! | `limit`   | the floor: cache-line ping-pong one-way time, single-core memcpy        |
@@ -20,6 +21,7 @@
 //! The sweep benchmarks share their options and output (`--sizes`, `--json`, `--plot`,
 //! OSU-style tables, a progress bar) through the crate-internal `osu` module.
 
+mod coll;
 mod fence;
 mod group;
 mod limit;
@@ -35,6 +37,10 @@ const BENCHES: &[(&str, &str)] = &[
     (Bench::Bw.name(), Bench::Bw.about()),
     (Bench::Bibw.name(), Bench::Bibw.about()),
     (Bench::Mr.name(), Bench::Mr.about()),
+    (
+        "coll",
+        "collective latency: barrier, bcast, reduce, allreduce, allgather, alltoall",
+    ),
     (
         "fence",
         "put + commit + fence (Full, Sparse, SyncOnly) and get latency",
@@ -71,6 +77,7 @@ pub fn main(args: &[String]) -> i32 {
         Some("bw") => p2p::main(Bench::Bw, &args[1..]),
         Some("bibw") => p2p::main(Bench::Bibw, &args[1..]),
         Some("mr") => p2p::main(Bench::Mr, &args[1..]),
+        Some("coll") => coll::main(&args[1..]),
         Some("fence") => fence::main(&args[1..]),
         Some("group") => group::main(&args[1..]),
         Some("limit") => limit::main(&args[1..]),

@@ -251,6 +251,15 @@ impl Engine {
         })
     }
 
+    /// Another member's abort of this schedule's operation, if one came.
+    fn abort_of(&self, run: &SchedRun) -> Option<P2pError> {
+        let (rank, reason) = self.st.aborted.get(&(run.ctx, run.tag?))?;
+        Some(P2pError::Aborted {
+            rank: *rank,
+            reason: reason.clone(),
+        })
+    }
+
     /// Advances one schedule as far as its messages allow.
     fn advance(&mut self, run: &mut SchedRun) {
         loop {
@@ -290,6 +299,16 @@ impl Engine {
                                     got: size,
                                 });
                             }
+                            (Err(e @ P2pError::PeerGone { .. }), _) if run.failing.is_none() => {
+                                // A peer gone in any way; the cause, when another member
+                                // died or aborted first, says more (a member that ended
+                                // after its own failure is the usual echo).
+                                let e = self
+                                    .failed_member(run)
+                                    .or_else(|| self.abort_of(run))
+                                    .unwrap_or(e);
+                                run.failing = Some(e);
+                            }
                             (Err(e), _) => {
                                 run.failing.get_or_insert(e);
                             }
@@ -298,15 +317,9 @@ impl Engine {
                 }
             }
             if run.failing.is_none() {
-                if let Some((rank, reason)) =
-                    run.tag.and_then(|t| self.st.aborted.get(&(run.ctx, t)))
-                {
+                if let Some(aborted) = self.abort_of(run) {
                     // Another member failed its part; if a member died, say so (the
                     // abort most likely comes from that).
-                    let aborted = P2pError::Aborted {
-                        rank: *rank,
-                        reason: reason.clone(),
-                    };
                     run.failing = Some(self.failed_member(run).unwrap_or(aborted));
                     run.abort_sent = true;
                 }
