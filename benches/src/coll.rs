@@ -100,14 +100,13 @@ fn measure(opts: &Args, fabric: &Fabric) -> Result<(), String> {
     let (me, n) = (world.rank(), world.size());
     let nodes = fabric.wire().job().num_nodes();
     for bench in &opts.benches {
-        let default = if bench == "barrier" {
-            vec![0]
+        // A barrier has no size: one row, whatever --sizes says.
+        let sweep = if bench == "barrier" {
+            Sweep::new(&SweepArgs::default(), vec![0])
         } else {
-            default_sizes(1, 1 << 20)
+            Sweep::new(&opts.sweep, default_sizes(1, 1 << 20))
         };
-        let sweep = Sweep::new(&opts.sweep, default);
-        let title =
-            format!("OSU MPI-style {bench} latency test (weft, {n} processes, {nodes} nodes)");
+        let title = format!("{bench} latency (weft, {n} processes, {nodes} nodes)");
         let mut report = Report::new(&opts.sweep, &sweep, bench, &title, Metric::LATENCY)
             .field("procs", n)
             .field("nodes", nodes);

@@ -145,27 +145,40 @@ pub(crate) fn reduce(
     let tree_root = if commutative { root } else { 0 };
     let vr = (r + n - tree_root) % n;
     let real = |v: u32| (v + tree_root) % n;
+    let mut children = Vec::new();
+    let mut parent = None;
+    let mut mask = 1;
+    while mask < n {
+        if vr & mask != 0 {
+            parent = Some(real(vr & !mask));
+            break;
+        }
+        if vr | mask < n {
+            children.push(real(vr | mask));
+        }
+        mask <<= 1;
+    }
     let mut s = Schedule::new();
+    // A leaf sends its input as it is; an inner node reduces into an accumulator (the
+    // result buffer at the root).
     let acc = if r == root && r == tree_root {
         Buf::Recv.at(0, bytes)
+    } else if children.is_empty() {
+        mine
     } else {
         s.scratch(bytes).at(0, bytes)
     };
     copy_if(&mut s, mine, acc);
-    let tmp = s.scratch(bytes).at(0, bytes);
-    let mut mask = 1;
-    while mask < n {
-        if vr & mask == 0 {
-            if vr | mask < n {
-                s.recv(tmp, real(vr | mask), at.tag);
-                reduce_right(&mut s, op, commutative, acc, tmp);
-            }
-        } else {
-            s.send(acc, real(vr & !mask), at.tag);
-            s.round();
-            break;
+    if !children.is_empty() {
+        let tmp = s.scratch(bytes).at(0, bytes);
+        for c in children {
+            s.recv(tmp, c, at.tag);
+            reduce_right(&mut s, op, commutative, acc, tmp);
         }
-        mask <<= 1;
+    }
+    if let Some(p) = parent {
+        s.send(acc, p, at.tag);
+        s.round();
     }
     if tree_root != root {
         if r == tree_root {

@@ -384,7 +384,7 @@ fn plan_allreduce<'a, T: Element>(
     let cfg = Config::get();
     let ring_ok = red.commutative() && count >= at.size as usize;
     let algo = match cfg.allreduce {
-        Allreduce::Auto if ring_ok && bytes >= cfg.allreduce_large && at.size > 2 => {
+        Allreduce::Auto if ring_ok && bytes >= cfg.allreduce_large && at.size > 1 => {
             Allreduce::Ring
         }
         Allreduce::Auto => Allreduce::RecursiveDoubling,

@@ -173,6 +173,17 @@ pub(crate) fn byte_op<T: Element>(op: &Op<T>) -> ByteOp {
     })
 }
 
+/// `inout[i] = f(input[i], inout[i])` in a loop the compiler can vectorize (one loop per
+/// operation, no call per element).
+macro_rules! zip_apply {
+    ($input:expr, $inout:expr, |$a:ident, $b:ident| $e:expr) => {
+        for (o, &$a) in $inout.iter_mut().zip($input) {
+            let $b = *o;
+            *o = $e;
+        }
+    };
+}
+
 macro_rules! int_element {
     ($($t:ty),*) => { $(
         impl Element for $t {
@@ -181,20 +192,17 @@ macro_rules! int_element {
                 !matches!(op, Op::MinLoc | Op::MaxLoc)
             }
             fn combine(op: &Op<Self>, input: &[Self], inout: &mut [Self]) {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => |a, b| a.wrapping_add(b),
-                    Op::Prod => |a, b| a.wrapping_mul(b),
-                    Op::Min => |a, b| a.min(b),
-                    Op::Max => |a, b| a.max(b),
-                    Op::BitAnd => |a, b| a & b,
-                    Op::BitOr => |a, b| a | b,
-                    Op::BitXor => |a, b| a ^ b,
-                    Op::LogicalAnd => |a, b| <$t>::from(a != 0 && b != 0),
-                    Op::LogicalOr => |a, b| <$t>::from(a != 0 || b != 0),
-                    Op::MinLoc | Op::MaxLoc | Op::User(_) => return,
-                };
-                for (o, &i) in inout.iter_mut().zip(input) {
-                    *o = f(i, *o);
+                match op {
+                    Op::Sum => zip_apply!(input, inout, |a, b| a.wrapping_add(b)),
+                    Op::Prod => zip_apply!(input, inout, |a, b| a.wrapping_mul(b)),
+                    Op::Min => zip_apply!(input, inout, |a, b| a.min(b)),
+                    Op::Max => zip_apply!(input, inout, |a, b| a.max(b)),
+                    Op::BitAnd => zip_apply!(input, inout, |a, b| a & b),
+                    Op::BitOr => zip_apply!(input, inout, |a, b| a | b),
+                    Op::BitXor => zip_apply!(input, inout, |a, b| a ^ b),
+                    Op::LogicalAnd => zip_apply!(input, inout, |a, b| <$t>::from(a != 0 && b != 0)),
+                    Op::LogicalOr => zip_apply!(input, inout, |a, b| <$t>::from(a != 0 || b != 0)),
+                    Op::MinLoc | Op::MaxLoc | Op::User(_) => {}
                 }
             }
         }
@@ -210,15 +218,12 @@ macro_rules! float_element {
                 matches!(op, Op::Sum | Op::Prod | Op::Min | Op::Max | Op::User(_))
             }
             fn combine(op: &Op<Self>, input: &[Self], inout: &mut [Self]) {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => |a, b| a + b,
-                    Op::Prod => |a, b| a * b,
-                    Op::Min => |a, b| a.min(b),
-                    Op::Max => |a, b| a.max(b),
-                    _ => return,
-                };
-                for (o, &i) in inout.iter_mut().zip(input) {
-                    *o = f(i, *o);
+                match op {
+                    Op::Sum => zip_apply!(input, inout, |a, b| a + b),
+                    Op::Prod => zip_apply!(input, inout, |a, b| a * b),
+                    Op::Min => zip_apply!(input, inout, |a, b| a.min(b)),
+                    Op::Max => zip_apply!(input, inout, |a, b| a.max(b)),
+                    _ => {}
                 }
             }
         }

@@ -249,6 +249,9 @@ struct State {
     sched_active: usize,
     /// Collective operations (context id, tag) another member aborted: by whom, why.
     aborted: HashMap<(u64, u32), (u32, String)>,
+    /// Scratch buffers of finished schedules, for the next ones, and their bytes.
+    scratch_pool: Vec<Vec<u128>>,
+    scratch_pooled: usize,
 }
 
 /// One process's engine.
@@ -327,6 +330,8 @@ impl Engine {
                 sched_free: Vec::new(),
                 sched_active: 0,
                 aborted: HashMap::new(),
+                scratch_pool: Vec::new(),
+                scratch_pooled: 0,
             },
         }
     }

@@ -117,7 +117,8 @@ impl Schedule {
         Schedule::default()
     }
 
-    /// A scratch buffer of `bytes` bytes (zeroed, 16-byte aligned), owned by the schedule.
+    /// A scratch buffer of `bytes` bytes (16-byte aligned, contents unspecified until the
+    /// schedule writes them), owned by the schedule.
     pub fn scratch(&mut self, bytes: usize) -> Buf {
         self.scratch.push(bytes);
         Buf::Scratch(self.scratch.len() as u32 - 1)

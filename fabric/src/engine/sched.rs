@@ -21,6 +21,9 @@ use super::{Engine, Kind, Req};
 use crate::sched::{Buf, Bufs, Schedule, Slice, Step};
 use crate::{P2pError, RankMap, Status};
 
+/// Bytes of scratch buffers kept for later schedules, at most.
+const SCRATCH_POOL_BYTES: usize = 64 << 20;
+
 /// Bytes of the reason an abort carries, at most.
 const MAX_ABORT_REASON: usize = 512;
 
@@ -75,11 +78,7 @@ impl SchedRun {
             Step::Send { tag, .. } | Step::Recv { tag, .. } => Some(*tag),
             _ => None,
         });
-        let scratch = sched
-            .scratch
-            .iter()
-            .map(|&b| vec![0u128; b.div_ceil(16)])
-            .collect();
+        let scratch = Vec::new();
         SchedRun {
             sched,
             send,
@@ -164,6 +163,25 @@ impl Engine {
     /// Starts a schedule; returns its request id. Its first rounds run at once.
     pub(crate) fn start_sched(&mut self, mut run: SchedRun) -> u32 {
         let st = &mut self.st;
+        // Scratch buffers from the pool of earlier schedules' (no page faults, no
+        // zeroing on the way: a schedule writes its scratch before reading it).
+        run.scratch = run
+            .sched
+            .scratch
+            .iter()
+            .map(|&b| {
+                let words = b.div_ceil(16);
+                match st.scratch_pool.iter().position(|v| v.capacity() >= words) {
+                    Some(i) => {
+                        let mut v = st.scratch_pool.swap_remove(i);
+                        st.scratch_pooled -= v.capacity() * 16;
+                        v.resize(words, 0);
+                        v
+                    }
+                    None => vec![0u128; words],
+                }
+            })
+            .collect();
         run.serial = st.next_serial;
         st.next_serial += 1;
         let slot = match st.sched_free.pop() {
@@ -204,9 +222,17 @@ impl Engine {
         if !done {
             return None;
         }
-        let run = self.st.scheds[slot].take()?;
+        let mut run = self.st.scheds[slot].take()?;
         self.st.sched_free.push(slot as u32);
         self.st.sched_active -= 1;
+        for mut v in run.scratch.drain(..) {
+            let bytes = v.capacity() * 16;
+            if self.st.scratch_pooled + bytes <= SCRATCH_POOL_BYTES {
+                v.clear();
+                self.st.scratch_pooled += bytes;
+                self.st.scratch_pool.push(v);
+            }
+        }
         run.result
     }
 
