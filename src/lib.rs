@@ -1,8 +1,10 @@
 //! Weft: a communication fabric for HPC.
 //!
-//! This facade re-exports the layers: [`wireup`] (launcher, servers, PMIx-style client)
-//! and [`fabric`] (sessions, groups, communicators and tagged point-to-point over shared
-//! memory and verbs). Depend on this crate and reach the layers through it.
+//! This facade re-exports the layers: [`wireup`] (launcher, servers, PMIx-style client),
+//! [`fabric`] (sessions, groups, communicators and tagged point-to-point over shared
+//! memory, verbs and TCP) and [`collectives`] (barrier, bcast, allreduce, ... and their
+//! non-blocking forms; dup and split). Depend on this crate and reach the layers through
+//! it.
 //!
 //! ```no_run
 //! use weft::prelude::*;
@@ -12,6 +14,8 @@
 //! world.send(&[world.rank() as u64], right, Tag(7))?;
 //! let mut got = [0u64; 1];
 //! let status = world.recv(&mut got, Source::Any, Tag(7))?;
+//! let mut sum = [0u64; 1];
+//! world.allreduce(&[world.rank() as u64], &mut sum, Op::Sum)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]

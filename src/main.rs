@@ -146,7 +146,12 @@ fn main() -> ExitCode {
                 .chain(weft_fabric::TUNABLES)
                 .chain(weft_verbs::TUNABLES)
                 .copied()
-                .chain(tcp);
+                .chain(tcp)
+                .chain(
+                    weft_collectives::TUNABLES
+                        .iter()
+                        .map(|t| (t.var, t.default, t.help)),
+                );
             for (name, default, what) in all {
                 let cur = std::env::var(name)
                     .map(|v| format!(" (set: {v})"))
