@@ -1,6 +1,6 @@
 //! Collectives through the real launcher: every collective checked against point-to-point
-//! references (`examples/coll_check.rs`) on 1 to 8 processes, with every algorithm
-//! forced, on two logical nodes with uneven placement over TCP; a member killed in the
+//! references (`examples/coll_check.rs`) on 1 to 8 processes (small ones through the
+//! node-local shared-memory segment), with every point-to-point algorithm forced, on two logical nodes with uneven placement over TCP; a member killed in the
 //! middle (named at every survivor within 2 s, no segment left); mismatched arguments;
 //! derived context ids; overlapping splits and threads (`examples/coll_probe.rs`).
 #![allow(missing_docs)]
@@ -43,9 +43,11 @@ fn every_collective_matches_point_to_point_on_five_and_eight_processes() {
     }
 }
 
+/// Runs coll_check with `algos` forced and the node-local segment off (so that the
+/// point-to-point algorithms run at every size on one node too).
 fn forced(i: usize, algos: &[&str]) {
     for n in ["3", "4"] {
-        let mut l = vec!["-n", n];
+        let mut l = vec!["-n", n, "-x", "WEFT_COLL_SHM=off"];
         for a in algos {
             l.extend(["-x", a]);
         }

@@ -51,6 +51,7 @@
 
 mod algo;
 mod ids;
+mod node;
 mod op;
 mod tunables;
 
@@ -173,6 +174,26 @@ struct CollState {
     seq: AtomicU32,
     /// Children derived so far (the next one's counter is this plus one).
     children: AtomicU64,
+    /// The node-local segment, once the first operation that could use it made it
+    /// (`None`: the communicator does not qualify, or it could not be made).
+    node: std::sync::OnceLock<Option<node::NodeColl>>,
+}
+
+/// The communicator's node-local segment, made on first use (collective: every member
+/// calls this at the same operation), if the communicator qualifies.
+fn node(comm: &Communicator) -> Option<&node::NodeColl> {
+    if !Config::get().shm {
+        return None;
+    }
+    state(comm).node.get_or_init(|| node::setup(comm)).as_ref()
+}
+
+/// The segment, for an operation of `bytes` (within `WEFT_COLL_SHM_MAX`).
+fn node_for(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
+    if bytes > Config::get().shm_max {
+        return None;
+    }
+    node(comm)
 }
 
 fn state(comm: &Communicator) -> &CollState {
@@ -774,6 +795,39 @@ pub trait Collectives {
     fn create(&self, group: &Group) -> Result<Option<Communicator>, CollError>;
 }
 
+/// A reduce (to `root`) or allreduce (`root` `None`) through the node's segment, when the
+/// communicator has one and the vector fits; `None` to take the point-to-point path
+/// (which also reports argument errors, before anything moves).
+fn shm_reduce<T: Element>(
+    op_name: &'static str,
+    comm: &Communicator,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    red: &Op<T>,
+    root: Option<u32>,
+) -> Option<Result<(), CollError>> {
+    let count = send.map_or(recv.len(), <[T]>::len);
+    let bytes = count * std::mem::size_of::<T>();
+    if let Some(r) = root {
+        check_root(op_name, comm, r).ok()?;
+    }
+    check_op(op_name, red).ok()?;
+    let here = root.is_none_or(|r| r == comm.rank());
+    if ((here || send.is_none()) && recv.len() < count) || (root.is_none() && recv.len() != count) {
+        return None;
+    }
+    let nc = node_for(comm, bytes)?;
+    Some(nc.reduce(
+        op_name,
+        comm,
+        send.map(as_bytes),
+        as_bytes_mut(recv),
+        bytes,
+        &op::byte_op(red),
+        root,
+    ))
+}
+
 fn counts_of(n: u32, count: usize) -> (Vec<usize>, Vec<usize>) {
     (
         vec![count; n as usize],
@@ -794,10 +848,17 @@ fn block_len(op: &'static str, comm: &Communicator, total: usize) -> Result<usiz
 
 impl Collectives for Communicator {
     fn barrier(&self) -> Result<(), CollError> {
+        if let Some(nc) = node(self) {
+            return nc.barrier(self);
+        }
         plan_barrier(self).run(self)
     }
 
     fn bcast<T: Pod>(&self, buf: &mut [T], root: u32) -> Result<(), CollError> {
+        check_root("bcast", self, root)?;
+        if let Some(nc) = node_for(self, std::mem::size_of_val(buf)) {
+            return nc.bcast(self, as_bytes_mut(buf), root);
+        }
         plan_bcast(self, buf, root)?.run(self)
     }
 
@@ -808,6 +869,9 @@ impl Collectives for Communicator {
         op: Op<T>,
         root: u32,
     ) -> Result<(), CollError> {
+        if let Some(r) = shm_reduce("reduce", self, Some(send), recv, &op, Some(root)) {
+            return r;
+        }
         plan_reduce("reduce", self, Some(send), recv, &op, root)?.run(self)
     }
 
@@ -817,6 +881,9 @@ impl Collectives for Communicator {
         op: Op<T>,
         root: u32,
     ) -> Result<(), CollError> {
+        if let Some(r) = shm_reduce("reduce", self, None, buf, &op, Some(root)) {
+            return r;
+        }
         plan_reduce("reduce", self, None, buf, &op, root)?.run(self)
     }
 
@@ -826,10 +893,16 @@ impl Collectives for Communicator {
         recv: &mut [T],
         op: Op<T>,
     ) -> Result<(), CollError> {
+        if let Some(r) = shm_reduce("allreduce", self, Some(send), recv, &op, None) {
+            return r;
+        }
         plan_allreduce(self, Some(send), recv, &op)?.run(self)
     }
 
     fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        if let Some(r) = shm_reduce("allreduce", self, None, buf, &op, None) {
+            return r;
+        }
         plan_allreduce(self, None, buf, &op)?.run(self)
     }
 

@@ -16,6 +16,16 @@ pub struct Tunable {
 /// Every collective tunable.
 pub const TUNABLES: &[Tunable] = &[
     Tunable {
+        var: "WEFT_COLL_SHM",
+        default: "on",
+        help: "node-local collectives through a shared-memory segment (barrier, bcast, reduce, allreduce): on, off",
+    },
+    Tunable {
+        var: "WEFT_COLL_SHM_MAX",
+        default: "4K",
+        help: "bytes up to which bcast, reduce and allreduce go through the segment (at most 4K)",
+    },
+    Tunable {
         var: "WEFT_COLL_BCAST",
         default: "auto",
         help: "broadcast algorithm: auto, binomial, scatter-allgather",
@@ -76,6 +86,8 @@ pub(crate) enum Allgather {
 /// The tunables' values.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Config {
+    pub(crate) shm: bool,
+    pub(crate) shm_max: usize,
     pub(crate) bcast: Bcast,
     pub(crate) bcast_large: usize,
     pub(crate) allreduce: Allreduce,
@@ -139,6 +151,8 @@ impl Config {
 
     fn from_env() -> Config {
         Config {
+            shm: choice("WEFT_COLL_SHM", &[("on", true), ("off", false)]),
+            shm_max: size("WEFT_COLL_SHM_MAX").min(weft_shm::CollSegment::CELL),
             bcast: choice(
                 "WEFT_COLL_BCAST",
                 &[

@@ -455,6 +455,41 @@ impl Communicator {
         w.job().node_of(self.job_rank(r))
     }
 
+    /// One pass of the fabric's progress (for libraries that wait on something else,
+    /// such as shared-memory flags, and must keep this process's transfers moving).
+    pub fn progress(&self) {
+        self.inner.engine().progress();
+    }
+
+    /// A member that failed (died, or exited before finalize), as (communicator rank,
+    /// why), if one did; members that finalized cleanly do not count.
+    pub fn failed_member(&self) -> Option<(u32, String)> {
+        let w = self.inner.wire.as_ref()?;
+        (0..self.size).find_map(|r| {
+            let job = self.job_rank(r);
+            if job == self.inner.me {
+                return None;
+            }
+            w.gone_reason(job)
+                .filter(|why| why != weft_wireup::FINALIZED)
+                .map(|why| (r, why))
+        })
+    }
+
+    /// When every member is on this node and reached through shared memory: the name
+    /// prefix of this node's segments for the job (its server removes them when the job
+    /// ends), under which a collective library may make a segment for the communicator.
+    pub fn node_segment_prefix(&self) -> Option<String> {
+        let w = self.inner.wire.as_ref()?;
+        if !self.inner.shm {
+            return None;
+        }
+        let node = w.node();
+        (0..self.size)
+            .all(|r| w.job().node_of(self.job_rank(r)) == Some(node))
+            .then(|| w.segment_prefix())
+    }
+
     /// The job ranks of the members, in rank order.
     pub fn job_ranks(&self) -> Vec<u32> {
         (0..self.size).map(|r| self.job_rank(r)).collect()

@@ -101,6 +101,75 @@ pub const KIND_DATASTORE: u32 = 1;
 /// [`SegmentHeader::kind`] of a shared-memory transport inbox.
 pub const KIND_INBOX: u32 = 2;
 
+/// [`SegmentHeader::kind`] of a node-local collective segment ([`crate::CollSegment`]).
+pub const KIND_COLL: u32 = 3;
+
+/// Payload bytes a collective line carries inline, per parity.
+pub const COLL_INLINE: usize = 48;
+const _: () = assert!(24 + 2 * COLL_INLINE + 8 == 128);
+/// Bytes of a member's cell in a collective segment, per parity.
+pub const COLL_CELL_BYTES: usize = 4096;
+
+/// One member's line of a collective segment: written by that member only (its sequence
+/// number and the payload of small operations), read by the others.
+///
+/// The owner writes `inline[p]` (and its cells of parity `p`) for operation `seq`, then
+/// stores `len` and `seq` (Release); a reader loads `seq` (Acquire) and reads the payload
+/// after. Parity `seq % 2` alternates, so a payload is rewritten two operations later,
+/// once every member has entered the operation in between (and so finished reading it).
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct CollLine {
+    /// The last operation this member entered (0: none).
+    pub seq: AtomicU64,
+    /// Bytes of this member's payload per parity (a disagreement check).
+    pub len: [AtomicU64; 2],
+    /// Inline payload per parity.
+    pub inline: [[u8; COLL_INLINE]; 2],
+    /// Reserved, zero.
+    pub _pad: [u8; 8],
+}
+
+const _: () = assert!(size_of::<CollLine>() == 128);
+const _: () = assert!(align_of::<CollLine>() == 128);
+const _: () = assert!(offset_of!(CollLine, seq) == 0);
+const _: () = assert!(offset_of!(CollLine, len) == 8);
+const _: () = assert!(offset_of!(CollLine, inline) == 24);
+
+/// Header of a collective segment, right after the [`SegmentHeader`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct CollHeader {
+    /// Members (lines).
+    pub members: AtomicU32,
+    /// Reserved, zero.
+    pub _pad: u32,
+    /// Bytes of a cell per parity ([`COLL_CELL_BYTES`] when created).
+    pub cell_bytes: AtomicU64,
+}
+
+const _: () = assert!(size_of::<CollHeader>() == 16);
+const _: () = assert!(offset_of!(CollHeader, members) == 0);
+const _: () = assert!(offset_of!(CollHeader, cell_bytes) == 8);
+
+/// Offset of the [`CollHeader`].
+pub const COLL_HEADER_OFFSET: usize = SEGMENT_HEADER_BYTES;
+/// Offset of the first [`CollLine`] (member 0's); member r's is `r * 128` further.
+pub const COLL_LINES_OFFSET: usize = 128;
+const _: () = assert!(COLL_HEADER_OFFSET + size_of::<CollHeader>() <= COLL_LINES_OFFSET);
+const _: () = assert!(COLL_LINES_OFFSET % align_of::<CollLine>() == 0);
+
+/// Offset of the cells of a segment of `members`: member r's cell of parity p is at
+/// `cells + (2 r + p) * COLL_CELL_BYTES`.
+pub const fn coll_cells_offset(members: usize) -> usize {
+    COLL_LINES_OFFSET + members * size_of::<CollLine>()
+}
+
+/// Total bytes of a collective segment of `members`.
+pub const fn coll_segment_bytes(members: usize) -> usize {
+    coll_cells_offset(members) + members * 2 * COLL_CELL_BYTES
+}
+
 /// Header at offset 0 of every Weft shared-memory segment.
 ///
 /// The creator writes every field, then stores [`STATE_READY`] into `state`

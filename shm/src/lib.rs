@@ -85,6 +85,7 @@
 #[doc(hidden)]
 mod claim;
 mod cma;
+mod coll;
 mod config;
 mod error;
 mod fastbox;
@@ -101,6 +102,7 @@ mod test_child;
 
 pub use claim::{Claim, ClaimTable};
 pub use cma::{cma_read, cma_write};
+pub use coll::CollSegment;
 pub use config::{InboxConfig, TUNABLES};
 pub use error::ShmError;
 pub use inbox::{Inbox, Outbox};

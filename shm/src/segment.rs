@@ -194,6 +194,8 @@ impl SegmentKind {
     pub const DATASTORE: SegmentKind = SegmentKind(crate::layout::KIND_DATASTORE);
     /// A shared-memory transport inbox ([`crate::Inbox`]).
     pub const INBOX: SegmentKind = SegmentKind(crate::layout::KIND_INBOX);
+    /// A node-local collective segment ([`crate::CollSegment`]).
+    pub const COLL: SegmentKind = SegmentKind(crate::layout::KIND_COLL);
 }
 
 /// Removes the segment `name`; a segment that does not exist is `Ok`.

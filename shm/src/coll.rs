@@ -1,0 +1,253 @@
+//! The node-local collective segment: one per communicator whose members share a node.
+//! Each member owns one 128-byte line ([`CollLine`]: its operation sequence number, its
+//! payload length and a small inline payload per parity) and two cells of
+//! [`COLL_CELL_BYTES`] for larger payloads. A member writes only its own line and cells;
+//! the others read them after an Acquire load of its sequence number (one writer per
+//! line, as Open MPI's coll/xhc and MPICH's release/gather collectives do).
+//!
+//! The creator (member 0) creates and publishes the segment; the others open it once
+//! they know it exists (the collective library tells them, with a message), and the
+//! creator unlinks the name once every member has it mapped, so nothing is left behind
+//! when a process dies. (The name lives under the job's segment prefix, so its server
+//! removes it in the short window before that, too.)
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::layout::{
+    coll_cells_offset, coll_segment_bytes, CollHeader, CollLine, COLL_CELL_BYTES,
+    COLL_HEADER_OFFSET, COLL_INLINE, COLL_LINES_OFFSET,
+};
+use crate::segment::{SegmentError, SegmentKind, SharedSegment, WritableSegment};
+
+/// The mapping held (created here, or opened).
+#[derive(Debug)]
+enum Held {
+    Created(WritableSegment),
+    Opened(SharedSegment),
+}
+
+/// A node-local collective segment, mapped read-write (see the module's documentation).
+#[derive(Debug)]
+pub struct CollSegment {
+    held: Held,
+    base: *mut u8,
+    members: usize,
+    me: usize,
+}
+
+// SAFETY: the mapping is plain shared memory, not tied to a thread; every access goes
+// through atomics or through the one-writer protocol of the methods below.
+unsafe impl Send for CollSegment {}
+// SAFETY: as above; `&CollSegment` methods only load atomics, store this member's own
+// line (one writer), or copy payloads under the protocol's happens-before edges.
+unsafe impl Sync for CollSegment {}
+
+impl CollSegment {
+    /// Bytes a member may put inline in its line (per parity).
+    pub const INLINE: usize = COLL_INLINE;
+    /// Bytes of a member's cell (per parity).
+    pub const CELL: usize = COLL_CELL_BYTES;
+
+    /// Creates and publishes segment `name` for `members` (this process is member 0).
+    pub fn create(name: &str, members: usize) -> Result<CollSegment, SegmentError> {
+        let seg = WritableSegment::create(name, coll_segment_bytes(members), SegmentKind::COLL)?;
+        let base = seg.as_ptr();
+        // SAFETY: the header lies inside the fresh mapping (its size is at least
+        // `coll_segment_bytes`), aligned (offset 64 of a page-aligned mapping), and no
+        // other process maps the segment before `publish`.
+        let hdr = unsafe { &*base.add(COLL_HEADER_OFFSET).cast::<CollHeader>() };
+        // Relaxed: published by the Release store of `publish`. The lines start zeroed
+        // (a fresh shm object reads as zeros).
+        hdr.members.store(members as u32, Ordering::Relaxed);
+        hdr.cell_bytes
+            .store(COLL_CELL_BYTES as u64, Ordering::Relaxed);
+        seg.publish();
+        Ok(CollSegment {
+            held: Held::Created(seg),
+            base,
+            members,
+            me: 0,
+        })
+    }
+
+    /// Opens segment `name` as member `me` of `members`, checking it was made for as many.
+    pub fn open(name: &str, members: usize, me: usize) -> Result<CollSegment, SegmentError> {
+        let seg = SharedSegment::open(name, SegmentKind::COLL)?;
+        let bad = |reason: String| SegmentError::InvalidConfig {
+            name: name.to_owned(),
+            reason,
+        };
+        if seg.bytes() < coll_segment_bytes(members) || me >= members {
+            return Err(bad(format!(
+                "{} bytes for member {me} of {members} (needs {})",
+                seg.bytes(),
+                coll_segment_bytes(members)
+            )));
+        }
+        let base = seg.as_ptr();
+        // SAFETY: inside the validated mapping (checked size above), aligned.
+        let hdr = unsafe { &*base.add(COLL_HEADER_OFFSET).cast::<CollHeader>() };
+        // Relaxed: `SharedSegment::open` acquired the segment's published state.
+        let (m, c) = (
+            hdr.members.load(Ordering::Relaxed) as usize,
+            hdr.cell_bytes.load(Ordering::Relaxed) as usize,
+        );
+        if m != members || c != COLL_CELL_BYTES {
+            return Err(bad(format!(
+                "made for {m} members with cells of {c} bytes, not {members} and {COLL_CELL_BYTES}"
+            )));
+        }
+        Ok(CollSegment {
+            held: Held::Opened(seg),
+            base,
+            members,
+            me,
+        })
+    }
+
+    /// Removes the segment's name (every member has it mapped): the memory lives until
+    /// the last member unmaps it.
+    pub fn unlink(&self) -> Result<(), SegmentError> {
+        let name = match &self.held {
+            Held::Created(s) => s.name(),
+            Held::Opened(s) => s.name(),
+        };
+        crate::segment::unlink(name)
+    }
+
+    /// Members of the segment.
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
+    fn line(&self, r: usize) -> &CollLine {
+        assert!(r < self.members, "member {r} of {}", self.members);
+        // SAFETY: line r lies inside the mapping (r < members, size checked at create or
+        // open), 128-byte aligned (page-aligned base + 128 + r * 128); its fields are
+        // atomics or only accessed by the protocol's methods.
+        unsafe {
+            &*self
+                .base
+                .add(COLL_LINES_OFFSET + r * 128)
+                .cast::<CollLine>()
+        }
+    }
+
+    /// Member `r`'s last operation (Acquire: its payload for it is visible after).
+    #[inline]
+    pub fn seq(&self, r: usize) -> u64 {
+        // SYNC: pairs with the Release store in `enter`.
+        self.line(r).seq.load(Ordering::Acquire)
+    }
+
+    /// Member `r`'s payload length in operation `seq` (read after seeing its
+    /// [`seq`](Self::seq) reach it; kept per parity like the payload).
+    #[inline]
+    pub fn len(&self, r: usize, seq: u64) -> u64 {
+        // Relaxed: ordered by the Acquire load of `seq` before it.
+        self.line(r).len[(seq & 1) as usize].load(Ordering::Relaxed)
+    }
+
+    /// This member enters operation `seq` with a payload of `len` bytes (written before
+    /// with [`put`](Self::put)): Release, so the payload and its length are visible to
+    /// whoever sees `seq`. The same protocol as `put`: every member entered `seq - 1`.
+    #[inline]
+    pub fn enter(&self, seq: u64, len: u64) {
+        let l = self.line(self.me);
+        // Relaxed: published by the Release store of `seq` below.
+        l.len[(seq & 1) as usize].store(len, Ordering::Relaxed);
+        // SYNC: pairs with the Acquire load in `seq`.
+        l.seq.store(seq, Ordering::Release);
+    }
+
+    /// This member enters operation `seq` with no payload (a barrier): its length words
+    /// stay as they are, so this needs no wait for the others.
+    #[inline]
+    pub fn enter_bare(&self, seq: u64) {
+        // SYNC: pairs with the Acquire load in `seq`.
+        self.line(self.me).seq.store(seq, Ordering::Release);
+    }
+
+    /// Where member `r`'s payload of `parity` lives: inline for up to [`Self::INLINE`]
+    /// bytes, else its cell.
+    fn payload(&self, r: usize, parity: u64, len: usize) -> *mut u8 {
+        assert!(len <= COLL_CELL_BYTES, "payload of {len} bytes");
+        let p = (parity & 1) as usize;
+        if len <= COLL_INLINE {
+            let l = self.line(r);
+            l.inline[p].as_ptr().cast_mut()
+        } else {
+            // SAFETY: the cell lies inside the mapping (r < members).
+            unsafe {
+                self.base
+                    .add(coll_cells_offset(self.members) + (2 * r + p) * COLL_CELL_BYTES)
+            }
+        }
+    }
+
+    /// Writes this member's payload of `parity` (before [`enter`](Self::enter)). The
+    /// caller keeps the protocol: it entered operation `seq - 1` and saw every member
+    /// enter it, so nobody still reads this parity's payload of operation `seq - 2`.
+    pub fn put(&self, parity: u64, data: &[u8]) {
+        let dst = self.payload(self.me, parity, data.len());
+        // SAFETY: `dst` has room for `data` (inline or cell, checked in `payload`); only
+        // this member writes its payloads, and by the protocol no member reads this one
+        // now.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Member `r`'s payload of `parity`, read after seeing its [`seq`](Self::seq) reach
+    /// the operation (so its writes are visible, and it will not rewrite them before
+    /// this member enters the next operation).
+    pub fn get(&self, r: usize, parity: u64, out: &mut [u8]) {
+        let src = self.payload(r, parity, out.len());
+        // SAFETY: `src` holds `out.len()` bytes (checked in `payload`); its writer
+        // finished them before its Release store of `seq`, which the caller acquired,
+        // and will not write them again before the caller enters its next operation.
+        unsafe { core::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+    }
+
+    /// The raw sequence word of member `r` (for waiting on several at once).
+    pub fn seq_word(&self, r: usize) -> &AtomicU64 {
+        &self.line(r).seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_members_exchange_inline_and_cell_payloads_by_parity() {
+        let name = format!("/weft-test-{}-coll", std::process::id());
+        let a = CollSegment::create(&name, 2).unwrap();
+        let b = CollSegment::open(&name, 2, 1).unwrap();
+        a.unlink().unwrap();
+        assert!(CollSegment::open(&name, 2, 1).is_err(), "unlinked");
+        assert_eq!((a.seq(1), b.seq(0)), (0, 0));
+        let big = vec![7u8; 1000];
+        a.put(1, &big);
+        a.enter(1, 1000);
+        b.put(1, b"hello");
+        b.enter(1, 5);
+        assert_eq!((b.seq(0), b.len(0, 1)), (1, 1000));
+        let mut got = vec![0u8; 1000];
+        b.get(0, 1, &mut got);
+        assert_eq!(got, big);
+        let mut small = [0u8; 5];
+        a.get(1, 1, &mut small);
+        assert_eq!(&small, b"hello");
+        // The other parity is untouched.
+        a.get(1, 0, &mut small);
+        assert_eq!(small, [0; 5]);
+    }
+
+    #[test]
+    fn open_refuses_another_membership() {
+        let name = format!("/weft-test-{}-coll-m", std::process::id());
+        let _a = CollSegment::create(&name, 3).unwrap();
+        assert!(CollSegment::open(&name, 2, 1).is_err());
+        assert!(CollSegment::open(&name, 3, 3).is_err());
+        assert!(CollSegment::open(&name, 3, 2).is_ok());
+    }
+}
