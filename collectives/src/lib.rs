@@ -817,15 +817,7 @@ fn shm_reduce<T: Element>(
         return None;
     }
     let nc = node_for(comm, bytes)?;
-    Some(nc.reduce(
-        op_name,
-        comm,
-        send.map(as_bytes),
-        as_bytes_mut(recv),
-        bytes,
-        &op::byte_op(red),
-        root,
-    ))
+    Some(nc.reduce(op_name, comm, send, recv, count, red, root))
 }
 
 fn counts_of(n: u32, count: usize) -> (Vec<usize>, Vec<usize>) {

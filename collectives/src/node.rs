@@ -22,11 +22,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use weft_fabric::sched::{as_bytes_mut, Buf};
+use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, Buf};
 use weft_fabric::{Communicator, P2pError};
 use weft_shm::CollSegment;
 
-use crate::op::ByteOp;
+use crate::op::{apply, ByteOp, Element, Op};
 use crate::{algo, at, CollError};
 
 /// Members past which the flat algorithms here stop paying (every member reads every
@@ -35,12 +35,20 @@ const MAX_MEMBERS: u32 = 64;
 /// How often a waiting member checks for failed members once it no longer spins.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
 
+/// Operation numbers of a segment (see [`NodeColl::epoch`]).
+#[derive(Debug, Default)]
+struct Epoch {
+    started: u64,
+    seen_all: u64,
+}
+
 /// A communicator's segment and its operation counter.
 #[derive(Debug)]
 pub(crate) struct NodeColl {
     seg: CollSegment,
-    /// The last operation started here (held during one: one operation at a time).
-    epoch: Mutex<u64>,
+    /// The last operation started here, and the last one every member was seen to
+    /// have entered (held during an operation: one at a time).
+    epoch: Mutex<Epoch>,
 }
 
 /// Makes the segment of `comm` (collective over its members), or `None` when the
@@ -95,19 +103,19 @@ pub(crate) fn setup(comm: &Communicator) -> Option<NodeColl> {
     }
     seg.map(|seg| NodeColl {
         seg,
-        epoch: Mutex::new(0),
+        epoch: Mutex::new(Epoch::default()),
     })
 }
 
 impl NodeColl {
     /// Starts the next operation: its number, and the lock that keeps it the only one.
-    fn begin(&self) -> (std::sync::MutexGuard<'_, u64>, u64) {
+    fn begin(&self) -> (std::sync::MutexGuard<'_, Epoch>, u64) {
         let mut g = self
             .epoch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *g += 1;
-        let e = *g;
+        g.started += 1;
+        let e = g.started;
         (g, e)
     }
 
@@ -149,8 +157,18 @@ impl NodeColl {
         }
     }
 
-    /// Waits until every member entered operation `e`.
-    fn wait_all(&self, op: &'static str, comm: &Communicator, e: u64) -> Result<(), CollError> {
+    /// Waits until every member entered operation `e` (at once when this member saw
+    /// them all enter it or a later one already).
+    fn wait_all(
+        &self,
+        op: &'static str,
+        comm: &Communicator,
+        ep: &mut Epoch,
+        e: u64,
+    ) -> Result<(), CollError> {
+        if ep.seen_all >= e {
+            return Ok(());
+        }
         let n = self.seg.members();
         let mut next = 0;
         self.wait(op, comm, || {
@@ -158,7 +176,9 @@ impl NodeColl {
                 next += 1;
             }
             next == n
-        })
+        })?;
+        ep.seen_all = e;
+        Ok(())
     }
 
     /// Checks that member `r` entered operation `e` with `len` bytes too.
@@ -179,9 +199,9 @@ impl NodeColl {
     }
 
     pub(crate) fn barrier(&self, comm: &Communicator) -> Result<(), CollError> {
-        let (_g, e) = self.begin();
+        let (mut g, e) = self.begin();
         self.seg.enter_bare(e);
-        self.wait_all("barrier", comm, e)
+        self.wait_all("barrier", comm, &mut g, e)
     }
 
     pub(crate) fn bcast(
@@ -191,9 +211,9 @@ impl NodeColl {
         root: u32,
     ) -> Result<(), CollError> {
         const OP: &str = "bcast";
-        let (_g, e) = self.begin();
+        let (mut g, e) = self.begin();
         let root = root as usize;
-        self.wait_all(OP, comm, e - 1)?;
+        self.wait_all(OP, comm, &mut g, e - 1)?;
         if comm.rank() as usize == root {
             self.seg.put(e, buf);
             self.seg.enter(e, buf.len() as u64);
@@ -208,43 +228,57 @@ impl NodeColl {
         Ok(())
     }
 
-    /// Reduce (to `root`, or to everyone when `root` is `None`) of `bytes` from `mine`
-    /// (this member's input: the send buffer, or `recv` itself in place) into `recv`.
+    /// Reduce (to `root`, or to everyone when `root` is `None`) of `count` elements from
+    /// `mine` (this member's input: the send buffer, or `recv` itself in place) into
+    /// `recv`, typed (no closure, no allocation for small vectors).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce(
+    pub(crate) fn reduce<T: Element>(
         &self,
         op_name: &'static str,
         comm: &Communicator,
-        mine: Option<&[u8]>,
-        recv: &mut [u8],
-        bytes: usize,
-        op: &ByteOp,
+        mine: Option<&[T]>,
+        recv: &mut [T],
+        count: usize,
+        op: &Op<T>,
         root: Option<u32>,
     ) -> Result<(), CollError> {
-        let (_g, e) = self.begin();
+        let (mut g, e) = self.begin();
         let n = self.seg.members();
         let me = comm.rank() as usize;
-        self.wait_all(op_name, comm, e - 1)?;
+        let bytes = count * std::mem::size_of::<T>();
+        self.wait_all(op_name, comm, &mut g, e - 1)?;
         match mine {
-            Some(m) => self.seg.put(e, m),
-            None => self.seg.put(e, &recv[..bytes]),
+            Some(m) => self.seg.put(e, as_bytes(m)),
+            None => self.seg.put(e, as_bytes(&recv[..count])),
         }
         self.seg.enter(e, bytes as u64);
         if root.is_some_and(|r| r as usize != me) {
             return Ok(());
         }
-        self.wait_all(op_name, comm, e)?;
+        self.wait_all(op_name, comm, &mut g, e)?;
         for r in 0..n {
             self.same_len(op_name, r, e, bytes)?;
         }
         // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
-        let out = &mut recv[..bytes];
-        let mut tmp = [0u128; CollSegment::CELL / 16];
-        let tmp = &mut as_bytes_mut(&mut tmp)[..bytes];
-        self.seg.get(n - 1, e, out);
+        let out = &mut recv[..count];
+        self.seg.get(n - 1, e, as_bytes_mut(out));
+        let mut small = [0u128; 4];
+        let mut large = Vec::new();
+        let words = bytes.div_ceil(16);
+        let tmp: &mut [u128] = if words <= small.len() {
+            &mut small[..words]
+        } else {
+            large.resize(words, 0u128);
+            &mut large
+        };
+        let tmp = &mut as_bytes_mut(tmp)[..bytes];
         for r in (0..n - 1).rev() {
             self.seg.get(r, e, tmp);
-            op(tmp, out);
+            let input = cast_slice::<T>(tmp).ok_or_else(|| CollError::InvalidArgs {
+                op: op_name,
+                what: "misaligned scratch".into(),
+            })?;
+            apply(op, input, out);
         }
         Ok(())
     }
