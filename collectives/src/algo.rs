@@ -445,17 +445,9 @@ pub(crate) fn reduce_scatter_block_ring(
     let acc = s.scratch(block * n as usize);
     s.copy(input, acc.at(0, input.len));
     let tmp = s.scratch(block);
-    // Chunks of exactly `count` elements: the ring's chunk i is block i.
-    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    let blk = |i: u32| acc.at(i as usize * block, block);
-    for step in 0..n - 1 {
-        let sc = (r + 2 * n - 1 - step) % n;
-        let rc = (r + 2 * n - 2 - step) % n;
-        s.send(blk(sc), right, at.tag);
-        s.recv(tmp.at(0, block), left, at.tag);
-        reduce_step(&mut s, op, tmp.at(0, block), blk(rc));
-    }
-    s.copy(blk(r), Buf::Recv.at(0, block));
+    // n chunks of exactly `count` elements: the ring's chunk i is block i.
+    ring_reduce_scatter(&mut s, at, acc, 0, count * n as usize, es, op, tmp);
+    s.copy(acc.at(r as usize * block, block), Buf::Recv.at(0, block));
     s
 }
 
