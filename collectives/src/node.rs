@@ -137,7 +137,7 @@ impl NodeColl {
             if spins % 256 == 0 {
                 comm.progress();
             }
-            let check = if spins < 1 << 14 {
+            let check = if spins < weft_fabric::spin_limit() {
                 std::hint::spin_loop();
                 spins % 4096 == 0
             } else {

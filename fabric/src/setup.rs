@@ -198,6 +198,7 @@ fn transports() -> Result<Transports, InitError> {
 
 impl Fabric {
     pub(crate) fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
+        crate::note_oversubscription(wire.local_size());
         let me = wire.rank();
         let size = wire.size();
         let local = wire.local_peers().to_vec();
