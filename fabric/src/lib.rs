@@ -781,7 +781,8 @@ impl std::fmt::Debug for Communicator {
 static SPIN_LIMIT: AtomicU32 = AtomicU32::new(Backoff::SPIN);
 
 /// Spins after which a waiting loop of this process should yield the CPU: 16,384 when
-/// the node runs at most as many processes as it has CPUs, 16 when it is oversubscribed
+/// the host runs at most as many of the job's processes as it has CPUs (logical nodes
+/// on one machine count together), 16 when it is oversubscribed
 /// (then the process waited for may need this CPU: Open MPI yields when idle in that
 /// case too). Set by [`Fabric::init`]; libraries that wait on their own (shared-memory
 /// flags) use it.
@@ -792,7 +793,8 @@ pub fn spin_limit() -> u32 {
 /// Spins before yielding when the node is oversubscribed.
 const OVERSUBSCRIBED_SPIN: u32 = 16;
 
-/// Notes whether this node runs more processes (`local`) than it has online CPUs.
+/// Notes whether this host runs more of the job's processes (`local`) than it has online
+/// CPUs.
 pub(crate) fn note_oversubscription(local: u32) {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     // The machine's online CPUs, not this process's affinity (a process bound to one

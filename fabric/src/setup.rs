@@ -198,7 +198,13 @@ fn transports() -> Result<Transports, InitError> {
 
 impl Fabric {
     pub(crate) fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
-        crate::note_oversubscription(wire.local_size());
+        // The job's processes on this machine (logical nodes share its CPUs: the
+        // launcher says how many), else this node's.
+        let on_host = std::env::var(weft_wireup::env::HOST_PROCS)
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        crate::note_oversubscription(on_host.max(wire.local_size()));
         let me = wire.rank();
         let size = wire.size();
         let local = wire.local_peers().to_vec();

@@ -450,7 +450,15 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         bind,
         datastore_bytes: spec.datastore_bytes,
         job_id: job_id.to_owned(),
-        env: spec.env.clone(),
+        env: {
+            let mut env = spec.env.clone();
+            // Logical nodes share this machine's CPUs: tell every process how many of the
+            // job's processes run here (waiting loops yield early past the CPU count).
+            if spec.hosts.is_none() && !env.iter().any(|(k, _)| k == crate::env::HOST_PROCS) {
+                env.push((crate::env::HOST_PROCS.to_owned(), total.to_string()));
+            }
+            env
+        },
     })
 }
 

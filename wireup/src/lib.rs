@@ -75,4 +75,7 @@ pub mod env {
     pub const APPNUM: &str = "WEFT_APPNUM";
     /// The pid of the node's server (the process's parent).
     pub const SERVER_PID: &str = "WEFT_SERVER_PID";
+    /// The number of the job's processes on this machine, when the launcher knows it
+    /// (logical nodes on one machine); otherwise the node's process count applies.
+    pub const HOST_PROCS: &str = "WEFT_HOST_PROCS";
 }
