@@ -18,6 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod backoff;
 mod engine;
 mod lock;
 pub mod sched;
@@ -35,6 +36,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use backoff::spin_limit;
+pub(crate) use backoff::{note_oversubscription, Backoff};
 use engine::{Config, Direct, Engine, Resolved, SingleCopy};
 use lock::{Guard, SpinLock};
 use setup::{DEFAULT_CMA_SPLIT, DEFAULT_TCP_EAGER_LIMIT};
@@ -691,38 +694,6 @@ impl Fabric {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_lists_count_their_cpus() {
-        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
-        assert_eq!(cpu_list_len("0"), Some(1));
-        assert_eq!(cpu_list_len("0-1"), Some(2));
-        assert_eq!(cpu_list_len("x"), None);
-        assert_eq!(cpu_list_len(""), None);
-    }
-
-    #[test]
-    fn backoff_reports_every_1024_calls_then_by_the_clock() {
-        let mut b = Backoff::default();
-        let ticks = (0..4096).filter(|_| b.snooze()).count();
-        assert_eq!(ticks, 4);
-        // Past the spin phase: the first yield reports, then not again within 5 ms.
-        b.spins = Backoff::SPIN;
-        assert!(b.snooze());
-        let t = Instant::now();
-        let mut n = 0;
-        while t.elapsed() < Duration::from_millis(2) {
-            n += usize::from(b.snooze());
-        }
-        assert_eq!(n, 0, "reported again within 2 ms");
-        std::thread::sleep(Backoff::CHECK_EVERY);
-        assert!(b.snooze(), "did not report after 5 ms");
-    }
-}
-
 /// A communicator: a group of processes with a context id carried in every message.
 #[derive(Clone)]
 pub struct Communicator {
@@ -774,127 +745,6 @@ impl std::fmt::Debug for Communicator {
             .field("rank", &self.rank)
             .field("size", &self.size)
             .finish()
-    }
-}
-
-/// Spins of a wait loop before it yields (see [`spin_limit`]).
-static SPIN_LIMIT: AtomicU32 = AtomicU32::new(Backoff::SPIN);
-
-/// Spins after which a waiting loop of this process should yield the CPU: 16,384 when
-/// the host runs at most as many of the job's processes as it has CPUs (logical nodes
-/// on one machine count together), 16 when it is oversubscribed
-/// (then the process waited for may need this CPU: Open MPI yields when idle in that
-/// case too). Set by [`Fabric::init`]; libraries that wait on their own (shared-memory
-/// flags) use it.
-pub fn spin_limit() -> u32 {
-    Backoff::spin_limit()
-}
-
-/// Spins before yielding when the node is oversubscribed.
-const OVERSUBSCRIBED_SPIN: u32 = 16;
-
-/// Notes whether this host runs more of the job's processes (`local`) than it has online
-/// CPUs.
-pub(crate) fn note_oversubscription(local: u32) {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    // The machine's online CPUs, not this process's affinity (a process bound to one
-    // core is not oversubscribed because of it).
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| cpu_list_len(s.trim()))
-        .unwrap_or(cpus);
-    let over = local as usize > online;
-    if over {
-        tracing::debug!("{local} processes on {online} CPUs: waiting loops yield early");
-    }
-    // Relaxed: read as a hint by wait loops.
-    SPIN_LIMIT.store(
-        if over {
-            OVERSUBSCRIBED_SPIN
-        } else {
-            Backoff::SPIN
-        },
-        Ordering::Relaxed,
-    );
-}
-
-/// The number of CPUs in a Linux CPU list such as `0-3,8,10-11`.
-fn cpu_list_len(s: &str) -> Option<usize> {
-    let mut n = 0;
-    for part in s.split(',').filter(|p| !p.is_empty()) {
-        n += match part.split_once('-') {
-            Some((a, b)) => {
-                b.parse::<usize>()
-                    .ok()?
-                    .checked_sub(a.parse::<usize>().ok()?)?
-                    + 1
-            }
-            None => {
-                part.parse::<usize>().ok()?;
-                1
-            }
-        };
-    }
-    (n > 0).then_some(n)
-}
-
-/// How a wait loop backs off: it spins (lowest latency) for a while, then yields the CPU
-/// at each poll, then, after a long idle stretch, sleeps briefly between polls so that an
-/// idle waiter costs almost nothing.
-#[derive(Debug, Default)]
-struct Backoff {
-    spins: u32,
-    /// When `snooze` last said to check for dead peers (once past the spin phase).
-    checked: Option<Instant>,
-}
-
-impl Backoff {
-    /// Spins before yielding.
-    const SPIN: u32 = 1 << 14;
-
-    /// Spins before yielding in this process: [`Backoff::SPIN`], or a few when the node
-    /// runs more processes than it has CPUs (a spinning waiter would then burn the time
-    /// slice of the process it waits for; see [`spin_limit`]).
-    #[inline]
-    fn spin_limit() -> u32 {
-        // Relaxed: a setting written once at init.
-        SPIN_LIMIT.load(Ordering::Relaxed)
-    }
-    /// Polls before sleeping (roughly a second of yields).
-    const YIELD: u32 = 1 << 20;
-    /// Once yielding or sleeping, how often to check for dead peers: by the clock, since a
-    /// yield on a loaded machine can take milliseconds.
-    const CHECK_EVERY: Duration = Duration::from_millis(5);
-
-    /// Whether the next `snooze` only spins (neither yields nor sleeps).
-    #[inline]
-    fn spinning(&self) -> bool {
-        self.spins < Self::spin_limit()
-    }
-
-    /// Waits a little; returns true when it is time to check for dead peers: every 1024
-    /// calls while spinning, then every [`Backoff::CHECK_EVERY`].
-    #[inline]
-    fn snooze(&mut self) -> bool {
-        self.spins = self.spins.saturating_add(1);
-        if self.spins <= Self::spin_limit() {
-            // No pause instruction while spinning: it costs up to ~140 cycles on recent
-            // x86, which would show directly in the latency of the next message.
-            return self.spins % 1024 == 0;
-        }
-        if self.spins > Self::YIELD {
-            std::thread::sleep(Duration::from_micros(50));
-        } else {
-            std::thread::yield_now();
-        }
-        let now = Instant::now();
-        match self.checked {
-            Some(t) if now.duration_since(t) < Self::CHECK_EVERY => false,
-            _ => {
-                self.checked = Some(now);
-                true
-            }
-        }
     }
 }
 
@@ -1187,15 +1037,7 @@ impl Communicator {
         };
         let serial = e.serial(id).unwrap_or(0);
         drop(e);
-        Ok(Request {
-            comm: self,
-            id,
-            serial,
-            recv: false,
-            done: false,
-            result: None,
-            _buf: PhantomData,
-        })
+        Ok(Request::pending(self, id, serial, false))
     }
 
     /// Starts a receive (through [`RequestScope::irecv`]).
@@ -1211,15 +1053,7 @@ impl Communicator {
         let id = e.recv(p, n, self.ctx, s, Self::tag_sel(tag));
         let serial = e.serial(id).unwrap_or(0);
         drop(e);
-        Ok(Request {
-            comm: self,
-            id,
-            serial,
-            recv: true,
-            done: false,
-            result: None,
-            _buf: PhantomData,
-        })
+        Ok(Request::pending(self, id, serial, true))
     }
 
     /// The status of a message that has arrived and matches, without receiving it.
@@ -1335,6 +1169,21 @@ pub struct Request<'a> {
     /// The result, once `test` has seen it (so that a later `wait` returns it).
     result: Option<Result<Status, P2pError>>,
     _buf: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Request<'a> {
+    /// A request the engine holds as `id` (with `serial`), not complete yet.
+    fn pending(comm: &'a Communicator, id: u32, serial: u64, recv: bool) -> Request<'a> {
+        Request {
+            comm,
+            id,
+            serial,
+            recv,
+            done: false,
+            result: None,
+            _buf: PhantomData,
+        }
+    }
 }
 
 impl Request<'_> {

@@ -19,7 +19,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::engine::SchedRun;
@@ -508,15 +507,7 @@ impl<'scope> RequestScope<'scope, '_> {
         let id = self.comm.start_schedule_raw(sched, send, recv)?;
         let serial = self.comm.inner.engine().serial(id).unwrap_or(0);
         self.started.borrow_mut().push((id, serial));
-        Ok(Request {
-            comm: self.comm,
-            id,
-            serial,
-            recv: false,
-            done: false,
-            result: None,
-            _buf: PhantomData,
-        })
+        Ok(Request::pending(self.comm, id, serial, false))
     }
 
     /// The scope's communicator.
