@@ -58,7 +58,7 @@ mod tunables;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use weft_fabric::sched::as_bytes_mut;
+use weft_fabric::sched::{as_bytes, as_bytes_mut};
 pub use weft_fabric::{Communicator, Group, Loc, P2pError, Pod, Request, RequestScope};
 
 use algo::At;
@@ -134,6 +134,18 @@ pub enum CollError {
         /// Its error.
         reason: String,
     },
+    /// Another member is in a different collective operation at this point, or in the
+    /// same one with another root (the members called collectives in different orders,
+    /// or disagree on the root).
+    #[error("{op}: rank {rank} {what}: the members disagree on the order or the roots of their collective operations")]
+    OutOfOrder {
+        /// The operation.
+        op: &'static str,
+        /// The member (communicator rank).
+        rank: u32,
+        /// What it did instead.
+        what: String,
+    },
     /// Another failure of the operation's messages.
     #[error("{op}: {source}")]
     Transport {
@@ -191,7 +203,11 @@ fn node(comm: &Communicator) -> Option<&node::NodeColl> {
     if !Config::get().shm {
         return None;
     }
-    state(comm).node.get_or_init(|| node::setup(comm)).as_ref()
+    let c = Config::get();
+    state(comm)
+        .node
+        .get_or_init(|| node::setup(comm, c.single_copy))
+        .as_ref()
 }
 
 /// The segment, for an operation of `bytes` (within `WEFT_COLL_SHM_MAX`).
@@ -200,6 +216,12 @@ fn node_for(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
         return None;
     }
     node(comm)
+}
+
+/// The segment, for an allgather or alltoall whose members' payloads are `bytes` each:
+/// through its cells up to `WEFT_COLL_SHM_MAX`, above with single-copy reads.
+fn node_gather(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
+    node(comm).filter(|nc| bytes <= Config::get().shm_max || nc.single_copy())
 }
 
 fn state(comm: &Communicator) -> &CollState {
@@ -423,12 +445,22 @@ impl Collectives for Communicator {
     }
 
     fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError> {
+        let b = std::mem::size_of_val(send);
+        if recv.len() == send.len() * self.size() as usize {
+            if let Some(nc) = node_gather(self, b) {
+                return nc.allgather(self, Some(as_bytes(send)), as_bytes_mut(recv), b);
+            }
+        }
         let (c, d) = counts_of(self.size(), send.len());
         plan_allgatherv("allgather", self, Some(send), recv, &c, &d, true)?.run(self)
     }
 
     fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError> {
         let b = block_len("allgather", self, buf.len())?;
+        let bytes = b * std::mem::size_of::<T>();
+        if let Some(nc) = node_gather(self, bytes) {
+            return nc.allgather(self, None, as_bytes_mut(buf), bytes);
+        }
         let (c, d) = counts_of(self.size(), b);
         plan_allgatherv("allgather", self, None, buf, &c, &d, true)?.run(self)
     }
@@ -445,6 +477,12 @@ impl Collectives for Communicator {
 
     fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError> {
         let b = block_len("alltoall", self, send.len())?;
+        let bytes = b * std::mem::size_of::<T>();
+        if recv.len() == send.len() {
+            if let Some(nc) = node_gather(self, self.size() as usize * bytes) {
+                return nc.alltoall(self, as_bytes(send), as_bytes_mut(recv), bytes);
+            }
+        }
         let (c, d) = counts_of(self.size(), b);
         plan_alltoallv("alltoall", self, send, &c, &d, recv, &c, &d)?.run(self)
     }

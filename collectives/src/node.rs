@@ -1,30 +1,62 @@
 //! Node-local collectives through a shared-memory segment ([`weft_shm::CollSegment`]):
-//! for a communicator whose members all share this node, barrier and small bcast,
-//! reduce and allreduce run on flags and payloads in one segment instead of messages.
+//! for a communicator whose members all share this node, barrier, bcast, reduce,
+//! allreduce, allgather and alltoall run on flags and payloads in one segment instead
+//! of messages.
 //!
-//! Operation `e` (a per-communicator counter every member advances alike): a member
-//! that contributes a payload waits until every member entered operation `e - 1` (so
-//! none still reads its payload of parity `e % 2` from operation `e - 2`; usually already
-//! true), writes it, and enters `e` (its sequence word, Release). A barrier or an
-//! allreduce waits until every member entered `e`; an allreduce then reduces every
-//! member's payload itself, in rank order (so non-commutative operations are right and
-//! every member gets the same bits); a reduce does so at the root only; a bcast's
-//! members wait for the root alone. Each member also publishes its payload length:
-//! members that disagree get [`CollError::Mismatch`]. Waiting spins, then yields, then
-//! naps, keeps the fabric progressing, and checks for failed members every few
-//! thousand looks: a dead member is a [`CollError::MemberGone`] within milliseconds.
+//! # Stages
+//! Every operation takes three stages of the segment (operation `k` owns stages
+//! `3k + 1 ..= 3k + 3`), whatever it is, so that members stay in step even when one of
+//! them fails an operation the others do not: a member's sequence word says the last
+//! stage it entered, and every operation ends with the member entering `3k + 3`.
 //!
-//! The segment is made on the first such operation: member 0 creates it under the
-//! job's segment prefix, tells the others with a point-to-point broadcast, they open it
-//! and all agree (a point-to-point allreduce) before member 0 unlinks the name; if any
+//! - Before a member writes anything for operation `k` (a payload, a descriptor, its
+//!   word) it waits until every member entered `3k` (the end of operation `k - 1`), so
+//!   nobody still reads what it wrote for operation `k - 2` in the same parity.
+//! - A member's word (per parity) packs the operation's number (12 bits), its kind, its
+//!   root and its byte count: a reader compares it with its own expectation, so a count
+//!   that differs ([`CollError::Mismatch`]), another root or another operation
+//!   ([`CollError::OutOfOrder`]) is an error, never a wrong read.
+//!
+//! # Small payloads (up to `WEFT_COLL_SHM_MAX`, 4 KiB)
+//! Payloads go inline in the member's line (48 B) or in its cell: a member writes its
+//! own, enters `3k + 3`, and reads the others' once they entered it. Reductions run in
+//! rank order at every reader, so non-commutative operations are right and every member
+//! gets the same bits.
+//!
+//! # Large payloads: single copy
+//! When every member can read every other's memory with cross-memory attach (probed
+//! when the segment is made; `WEFT_COLL_SINGLE_COPY`), larger reduce, allreduce,
+//! allgather and alltoall publish their buffers' addresses instead (stage `3k + 1`) and
+//! read each other's buffers with one copy each (`process_vm_readv`):
+//! - allgather and alltoall: each member reads its blocks from every other member, then
+//!   enters `3k + 3` and waits for all (its buffers are read until then);
+//! - reduce and allreduce: the vector is cut in one segment per member; each member
+//!   reduces its own segment from everyone's input, in chunks of 64 KiB that stay in
+//!   cache (stage `3k + 2`: done), then the members (allreduce) or the root (reduce)
+//!   read the reduced segments.
+//!
+//! A failure in the middle of such an operation (a member that died, a read the kernel
+//! refused) marks this member's word as aborted, so nobody waits for it, and leaves the
+//! communicator's segment unusable (later node-local operations fail at once).
+//!
+//! # Waiting
+//! Waiting spins, then yields, then naps, keeps the fabric progressing, and checks for
+//! failed members every few thousand looks: a dead member is a
+//! [`CollError::MemberGone`] within milliseconds.
+//!
+//! # Setup
+//! The segment is made on the first operation that could use it: member 0 creates it
+//! under the job's segment prefix, tells the others with a point-to-point broadcast,
+//! they open it and all agree (a point-to-point allreduce) before member 0 unlinks the
+//! name, then they probe single-copy reads of each other (another allreduce); if any
 //! step fails the communicator keeps using point-to-point algorithms.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, Buf};
+use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut, Buf};
 use weft_fabric::{Communicator, P2pError};
-use weft_shm::CollSegment;
+use weft_shm::{cma_read, CollSegment};
 
 use crate::op::{apply, ByteOp, Element, Op};
 use crate::{algo, at, CollError};
@@ -34,33 +66,84 @@ use crate::{algo, at, CollError};
 const MAX_MEMBERS: u32 = 64;
 /// How often a waiting member checks for failed members once it no longer spins.
 const CHECK_EVERY: Duration = Duration::from_millis(5);
+/// Stages per operation (see the module's documentation).
+const STAGES: u64 = 3;
+/// Bytes a member reduces at a time in a single-copy reduction (stays in cache).
+const CHUNK: usize = 64 << 10;
+/// What the setup probe reads from the other members.
+static PROBE: u64 = 0x5745_4654_5052_4f42;
 
-/// Operation numbers of a segment (see [`NodeColl::epoch`]).
-#[derive(Debug, Default)]
-struct Epoch {
-    started: u64,
-    seen_all: u64,
+/// The operations, as they appear in a member's word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Bcast = 1,
+    Reduce = 2,
+    Allreduce = 3,
+    Allgather = 4,
+    Alltoall = 5,
 }
 
-/// A communicator's segment and its operation counter.
+fn kind_name(k: u64) -> &'static str {
+    match k {
+        1 => "bcast",
+        2 => "reduce",
+        3 => "allreduce",
+        4 => "allgather",
+        5 => "alltoall",
+        _ => "another operation",
+    }
+}
+
+const BYTES_BITS: u32 = 40;
+const NO_ROOT: u64 = 0xff;
+
+/// The parity of the operation that stage `s` (at least 1) belongs to: operation
+/// `k = (s - 1) / 3` uses parity `(k + 1) % 2`, the parity of its first stage `3k + 1`.
+fn parity(s: u64) -> u64 {
+    ((s - 1) / STAGES + 1) & 1
+}
+
+/// A member's word for operation `base / 3` (see the module's documentation).
+fn word(base: u64, kind: Kind, root: Option<u32>, bytes: usize) -> u64 {
+    (((base / STAGES) & 0xfff) << 52)
+        | ((kind as u64) << 48)
+        | (root.map_or(NO_ROOT, |r| u64::from(r) & 0xff) << BYTES_BITS)
+        | (bytes as u64 & ((1 << BYTES_BITS) - 1))
+}
+
+/// A communicator's segment, its operation counter and scratch space.
 #[derive(Debug)]
 pub(crate) struct NodeColl {
     seg: CollSegment,
-    /// The last operation started here, and the last one every member was seen to
-    /// have entered (held during an operation: one at a time).
-    epoch: Mutex<Epoch>,
+    /// The members' process ids, when every member can read every other's memory
+    /// with one copy.
+    pids: Option<Vec<i32>>,
+    /// Held during an operation: one at a time.
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Operations started.
+    started: u64,
+    /// The last stage every member was seen to have entered.
+    seen_all: u64,
+    /// Why the segment is unusable, after a failure in the middle of an operation.
+    broken: Option<String>,
+    /// Chunks and partial results of single-copy reductions (16-byte aligned).
+    scratch: Vec<u128>,
 }
 
 /// Makes the segment of `comm` (collective over its members), or `None` when the
 /// communicator does not qualify or any member cannot map it.
-pub(crate) fn setup(comm: &Communicator) -> Option<NodeColl> {
+pub(crate) fn setup(comm: &Communicator, single_copy: bool) -> Option<NodeColl> {
     let n = comm.size();
     if !(2..=MAX_MEMBERS).contains(&n) {
         return None;
     }
     let prefix = comm.node_segment_prefix()?;
     let name = format!("{prefix}coll-{:x}", comm.context_id());
-    let me = comm.rank();
+    let me = comm.rank() as usize;
     // Member 0 creates; the others learn whether it could (a broadcast of one byte).
     let created = (me == 0).then(|| CollSegment::create(&name, n as usize));
     let mut ok = [u8::from(created.as_ref().is_none_or(Result::is_ok))];
@@ -74,7 +157,7 @@ pub(crate) fn setup(comm: &Communicator) -> Option<NodeColl> {
     }
     let seg = match created {
         Some(c) => c.ok(),
-        None => match CollSegment::open(&name, n as usize, me as usize) {
+        None => match CollSegment::open(&name, n as usize, me) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!("collective segment {name}: {e}; using point-to-point");
@@ -82,60 +165,113 @@ pub(crate) fn setup(comm: &Communicator) -> Option<NodeColl> {
             }
         },
     };
-    // Every member must have it (a min over the members, bitwise and of 0/1).
-    let mine = [u8::from(seg.is_some())];
-    let mut all = [0u8];
+    // What the others need to probe single-copy reads of this process: its pid and the
+    // address of `PROBE` (in the payload of parity 0, which operation 1 uses first,
+    // after everyone is done here).
+    if let Some(s) = &seg {
+        let mut desc = [0u8; 16];
+        desc[..8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+        desc[8..].copy_from_slice(&(&raw const PROBE as usize as u64).to_le_bytes());
+        s.put(0, &desc);
+    }
+    // Every member must have it (bitwise and over the members).
     let and: ByteOp = std::sync::Arc::new(|i: &[u8], o: &mut [u8]| o[0] &= i[0]);
-    run(
-        algo::allreduce_rd(at(comm), 1, &and, true, Buf::Send.at(0, 1)),
-        &mine,
-        &mut all,
-    )
-    .ok()?;
+    let all_and = |mine: bool| -> Option<bool> {
+        let mut all = [0u8];
+        run(
+            algo::allreduce_rd(at(comm), 1, &and, true, Buf::Send.at(0, 1)),
+            &[u8::from(mine)],
+            &mut all,
+        )
+        .ok()?;
+        Some(all[0] == 1)
+    };
+    let all = all_and(seg.is_some())?;
     if me == 0 {
         if let Some(s) = &seg {
             // Every member has it mapped (or gave up): the name can go.
             let _ = s.unlink();
         }
     }
-    if all[0] == 0 {
-        return None;
+    let seg = seg.filter(|_| all)?;
+    // Single-copy reads: every member reads every other's probe word.
+    let mut pids = vec![0i32; n as usize];
+    let mut readable = single_copy;
+    for (r, pid) in pids.iter_mut().enumerate() {
+        let mut desc = [0u8; 16];
+        seg.get(r, 0, &mut desc);
+        *pid = i32::try_from(u64::from_le_bytes(desc[..8].try_into().unwrap_or_default()))
+            .unwrap_or(0);
+        let addr = u64::from_le_bytes(desc[8..].try_into().unwrap_or_default()) as usize;
+        if readable && r != me {
+            let mut got = [0u8; 8];
+            match cma_read(*pid, addr, &mut got) {
+                Ok(()) if u64::from_ne_bytes(got) == PROBE => {}
+                Ok(()) => readable = false,
+                Err(e) => {
+                    tracing::debug!(
+                        "collective segment {name}: no single-copy reads of rank {r}: {e}"
+                    );
+                    readable = false;
+                }
+            }
+        }
     }
-    seg.map(|seg| NodeColl {
+    let readable = all_and(readable)?;
+    Some(NodeColl {
         seg,
-        epoch: Mutex::new(Epoch::default()),
+        pids: readable.then_some(pids),
+        state: Mutex::new(State::default()),
     })
 }
 
-impl NodeColl {
-    /// Starts the next operation: its number, and the lock that keeps it the only one.
-    fn begin(&self) -> (std::sync::MutexGuard<'_, Epoch>, u64) {
-        let mut g = self
-            .epoch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        g.started += 1;
-        let e = g.started;
-        (g, e)
+/// One operation in progress: its stages, and the state held meanwhile.
+struct Run<'a> {
+    nc: &'a NodeColl,
+    comm: &'a Communicator,
+    op: &'static str,
+    st: MutexGuard<'a, State>,
+    /// Stage `3k` of operation `k`.
+    base: u64,
+}
+
+impl Run<'_> {
+    fn slot(&self) -> u64 {
+        self.base + 1
+    }
+
+    fn fin(&self) -> u64 {
+        self.base + STAGES
+    }
+
+    /// Whether member `r` passed stage `s` (an error when it gave up).
+    fn passed(&self, r: usize, s: u64) -> Result<bool, CollError> {
+        if s == 0 {
+            return Ok(true);
+        }
+        let v = self.nc.seg.seq(r, parity(s));
+        if v & CollSegment::ABORTED != 0 {
+            return Err(CollError::Aborted {
+                op: self.op,
+                rank: r as u32,
+                reason: "it gave up on the node's collective segment after a failure".into(),
+            });
+        }
+        Ok(v >= s)
     }
 
     /// Waits until `ready` holds, keeping the fabric progressing and failing if a member
     /// failed.
-    fn wait(
-        &self,
-        op: &'static str,
-        comm: &Communicator,
-        mut ready: impl FnMut() -> bool,
-    ) -> Result<(), CollError> {
+    fn wait(&self, mut ready: impl FnMut() -> Result<bool, CollError>) -> Result<(), CollError> {
         let mut spins = 0u32;
         let mut checked = Instant::now();
         loop {
-            if ready() {
+            if ready()? {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
             if spins % 256 == 0 {
-                comm.progress();
+                self.comm.progress();
             }
             let check = if spins < weft_fabric::spin_limit() {
                 std::hint::spin_loop();
@@ -150,58 +286,178 @@ impl NodeColl {
             };
             if check {
                 checked = Instant::now();
-                if let Some((rank, reason)) = comm.failed_member() {
-                    return Err(CollError::MemberGone { op, rank, reason });
+                if let Some((rank, reason)) = self.comm.failed_member() {
+                    return Err(CollError::MemberGone {
+                        op: self.op,
+                        rank,
+                        reason,
+                    });
                 }
             }
         }
     }
 
-    /// Waits until every member entered operation `e` (at once when this member saw
-    /// them all enter it or a later one already).
-    fn wait_all(
-        &self,
-        op: &'static str,
-        comm: &Communicator,
-        ep: &mut Epoch,
-        e: u64,
-    ) -> Result<(), CollError> {
-        if ep.seen_all >= e {
+    fn wait_member(&self, r: usize, s: u64) -> Result<(), CollError> {
+        self.wait(|| self.passed(r, s))
+    }
+
+    /// Waits until every member entered stage `s` (at once when this member saw them
+    /// all enter it or a later one already).
+    fn wait_all(&mut self, s: u64) -> Result<(), CollError> {
+        if self.st.seen_all >= s {
             return Ok(());
         }
-        let n = self.seg.members();
+        let n = self.nc.seg.members();
         let mut next = 0;
-        self.wait(op, comm, || {
-            while next < n && self.seg.seq(next) >= e {
+        self.wait(|| {
+            while next < n {
+                if !self.passed(next, s)? {
+                    return Ok(false);
+                }
                 next += 1;
             }
-            next == n
+            Ok(true)
         })?;
-        ep.seen_all = e;
+        self.st.seen_all = s;
         Ok(())
     }
 
-    /// Checks that member `r` entered operation `e` with `len` bytes too.
-    fn same_len(&self, op: &'static str, r: usize, e: u64, len: usize) -> Result<(), CollError> {
-        let got = self.seg.len(r, e) as usize;
-        if got != len {
+    /// Enters `stage` of this operation.
+    fn enter(&self, stage: u64) {
+        self.nc.seg.enter(self.slot(), stage);
+    }
+
+    /// Publishes this member's word (and payload, written before) and enters `stage`.
+    fn publish(&self, w: u64, stage: u64) {
+        self.nc.seg.set_word(self.slot(), w);
+        self.enter(stage);
+    }
+
+    /// Checks member `r`'s word against `mine` (read after it passed the slot).
+    fn check(&self, r: usize, mine: u64) -> Result<(), CollError> {
+        let got = self.nc.seg.word(r, self.slot());
+        if got == mine {
+            return Ok(());
+        }
+        let high = |w: u64| w >> BYTES_BITS;
+        let bytes = |w: u64| (w & ((1 << BYTES_BITS) - 1)) as usize;
+        if high(got) == high(mine) {
             return Err(CollError::Mismatch {
-                op,
+                op: self.op,
                 source: P2pError::SizeMismatch {
                     rank: r as u32,
                     tag: 0,
-                    expected: len,
-                    got,
+                    expected: bytes(mine),
+                    got: bytes(got),
                 },
             });
         }
-        Ok(())
+        let what = if (got >> 52) != (mine >> 52) {
+            "is in another collective operation (or none)".to_string()
+        } else {
+            let root = (got >> BYTES_BITS) & 0xff;
+            let root = if root == NO_ROOT {
+                String::new()
+            } else {
+                format!(" with root {root}")
+            };
+            format!("called {}{root}", kind_name((got >> 48) & 0xf))
+        };
+        Err(CollError::OutOfOrder {
+            op: self.op,
+            rank: r as u32,
+            what,
+        })
+    }
+
+    /// Checks every member's word (after all passed the slot).
+    fn check_all(&self, mine: u64) -> Result<(), CollError> {
+        (0..self.nc.seg.members()).try_for_each(|r| self.check(r, mine))
+    }
+
+    /// Gives up on the segment after a failure in the middle of an operation.
+    fn fail(&mut self, e: CollError) -> CollError {
+        self.nc.seg.abort();
+        self.st.broken = Some(e.to_string());
+        e
+    }
+
+    /// Reads `dst.len()` bytes at `addr` of member `r` with one copy.
+    fn read(&self, r: usize, addr: u64, dst: &mut [u8]) -> Result<(), CollError> {
+        let pid = self.nc.pids.as_ref().map_or(0, |p| p[r]);
+        cma_read(pid, addr as usize, dst).map_err(|e| {
+            if let Some((rank, reason)) = self.comm.failed_member() {
+                return CollError::MemberGone {
+                    op: self.op,
+                    rank,
+                    reason,
+                };
+            }
+            CollError::Transport {
+                op: self.op,
+                source: P2pError::Transport {
+                    rank: r as u32,
+                    reason: format!("single-copy read of {} bytes: {e}", dst.len()),
+                },
+            }
+        })
+    }
+
+    /// Member `r`'s published addresses (a single-copy operation's descriptor).
+    fn desc(&self, r: usize) -> [u64; 2] {
+        let mut d = [0u8; 16];
+        self.nc.seg.get(r, self.slot(), &mut d);
+        [
+            u64::from_le_bytes(d[..8].try_into().unwrap_or_default()),
+            u64::from_le_bytes(d[8..].try_into().unwrap_or_default()),
+        ]
+    }
+
+    fn put_desc(&self, a: usize, b: usize) {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&(a as u64).to_le_bytes());
+        d[8..].copy_from_slice(&(b as u64).to_le_bytes());
+        self.nc.seg.put(self.slot(), &d);
+    }
+}
+
+/// Where a reduction's input is: the send buffer, or the receive buffer (in place).
+type Input<'a, T> = Option<&'a [T]>;
+
+impl NodeColl {
+    /// Whether large operations can read each other's buffers with one copy.
+    pub(crate) fn single_copy(&self) -> bool {
+        self.pids.is_some()
+    }
+
+    /// Starts the next operation.
+    fn begin<'a>(&'a self, op: &'static str, comm: &'a Communicator) -> Result<Run<'a>, CollError> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = &st.broken {
+            return Err(CollError::Aborted {
+                op,
+                rank: comm.rank(),
+                reason: format!(
+                    "the communicator's node-local collectives are unusable after an earlier failure ({why})"
+                ),
+            });
+        }
+        let base = st.started * STAGES;
+        st.started += 1;
+        Ok(Run {
+            nc: self,
+            comm,
+            op,
+            st,
+            base,
+        })
     }
 
     pub(crate) fn barrier(&self, comm: &Communicator) -> Result<(), CollError> {
-        let (mut g, e) = self.begin();
-        self.seg.enter_bare(e);
-        self.wait_all("barrier", comm, &mut g, e)
+        let mut run = self.begin("barrier", comm)?;
+        run.enter(run.fin());
+        let fin = run.fin();
+        run.wait_all(fin)
     }
 
     pub(crate) fn bcast(
@@ -210,58 +466,83 @@ impl NodeColl {
         buf: &mut [u8],
         root: u32,
     ) -> Result<(), CollError> {
-        const OP: &str = "bcast";
-        let (mut g, e) = self.begin();
+        let mut run = self.begin("bcast", comm)?;
+        let w = word(run.base, Kind::Bcast, Some(root), buf.len());
         let root = root as usize;
-        self.wait_all(OP, comm, &mut g, e - 1)?;
         if comm.rank() as usize == root {
-            self.seg.put(e, buf);
-            self.seg.enter(e, buf.len() as u64);
-            // Members have nothing for the root: done (they read before entering e + 1,
-            // which the root's next payload of this parity waits for).
+            run.wait_all(run.base)?;
+            self.seg.put(run.slot(), buf);
+            run.publish(w, run.fin());
+            // Members have nothing for the root: done (they read before entering the
+            // next operation's last stage, which the root's next payload of this parity
+            // waits for).
             return Ok(());
         }
-        self.seg.enter(e, buf.len() as u64);
-        self.wait(OP, comm, || self.seg.seq(root) >= e)?;
-        self.same_len(OP, root, e, buf.len())?;
-        self.seg.get(root, e, buf);
+        // A member writes nothing here (so it need not wait for the others).
+        run.enter(run.fin());
+        run.wait_member(root, run.slot())?;
+        run.check(root, w)?;
+        self.seg.get(root, run.slot(), buf);
         Ok(())
     }
 
     /// Reduce (to `root`, or to everyone when `root` is `None`) of `count` elements from
     /// `mine` (this member's input: the send buffer, or `recv` itself in place) into
-    /// `recv`, typed (no closure, no allocation for small vectors).
+    /// `recv`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn reduce<T: Element>(
         &self,
         op_name: &'static str,
         comm: &Communicator,
-        mine: Option<&[T]>,
+        mine: Input<'_, T>,
+        recv: &mut [T],
+        count: usize,
+        op: &Op<T>,
+        root: Option<u32>,
+        small: bool,
+    ) -> Result<(), CollError> {
+        let mut run = self.begin(op_name, comm)?;
+        let bytes = count * std::mem::size_of::<T>();
+        let kind = if root.is_some() {
+            Kind::Reduce
+        } else {
+            Kind::Allreduce
+        };
+        let w = word(run.base, kind, root, bytes);
+        run.wait_all(run.base)?;
+        if small {
+            self.reduce_small(&mut run, w, mine, recv, count, op, root)
+        } else {
+            self.reduce_large(&mut run, w, mine, recv, count, op, root)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_small<T: Element>(
+        &self,
+        run: &mut Run<'_>,
+        w: u64,
+        mine: Input<'_, T>,
         recv: &mut [T],
         count: usize,
         op: &Op<T>,
         root: Option<u32>,
     ) -> Result<(), CollError> {
-        let (mut g, e) = self.begin();
         let n = self.seg.members();
-        let me = comm.rank() as usize;
         let bytes = count * std::mem::size_of::<T>();
-        self.wait_all(op_name, comm, &mut g, e - 1)?;
         match mine {
-            Some(m) => self.seg.put(e, as_bytes(m)),
-            None => self.seg.put(e, as_bytes(&recv[..count])),
+            Some(m) => self.seg.put(run.slot(), as_bytes(m)),
+            None => self.seg.put(run.slot(), as_bytes(&recv[..count])),
         }
-        self.seg.enter(e, bytes as u64);
-        if root.is_some_and(|r| r as usize != me) {
+        run.publish(w, run.fin());
+        if root.is_some_and(|r| r != run.comm.rank()) {
             return Ok(());
         }
-        self.wait_all(op_name, comm, &mut g, e)?;
-        for r in 0..n {
-            self.same_len(op_name, r, e, bytes)?;
-        }
+        run.wait_all(run.fin())?;
+        run.check_all(w)?;
         // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
         let out = &mut recv[..count];
-        self.seg.get(n - 1, e, as_bytes_mut(out));
+        self.seg.get(n - 1, run.slot(), as_bytes_mut(out));
         let mut small = [0u128; 4];
         let mut large = Vec::new();
         let words = bytes.div_ceil(16);
@@ -273,13 +554,250 @@ impl NodeColl {
         };
         let tmp = &mut as_bytes_mut(tmp)[..bytes];
         for r in (0..n - 1).rev() {
-            self.seg.get(r, e, tmp);
-            let input = cast_slice::<T>(tmp).ok_or_else(|| CollError::InvalidArgs {
-                op: op_name,
-                what: "misaligned scratch".into(),
-            })?;
+            self.seg.get(r, run.slot(), tmp);
+            let input = cast_slice::<T>(tmp).ok_or_else(|| misaligned(run.op))?;
             apply(op, input, out);
         }
         Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_large<T: Element>(
+        &self,
+        run: &mut Run<'_>,
+        w: u64,
+        mine: Input<'_, T>,
+        recv: &mut [T],
+        count: usize,
+        op: &Op<T>,
+        root: Option<u32>,
+    ) -> Result<(), CollError> {
+        let n = self.seg.members();
+        let me = run.comm.rank() as usize;
+        let es = std::mem::size_of::<T>();
+        let seg_of = |r: usize| (count * r / n, count * (r + 1) / n);
+        let (lo, hi) = seg_of(me);
+        // This member's reduced segment goes to its receive buffer when it gets the
+        // result, else to scratch (where the root reads it).
+        let in_recv = root.is_none_or(|r| r as usize == me);
+        let chunk = (CHUNK / es).max(1);
+        let partial = if in_recv { 0 } else { (hi - lo) * es };
+        let scratch_bytes = 2 * chunk * es + partial;
+        let st = &mut run.st;
+        if st.scratch.len() * 16 < scratch_bytes {
+            st.scratch.resize(scratch_bytes.div_ceil(16), 0);
+        }
+        let mut scratch = std::mem::take(&mut st.scratch);
+        let res = (|| {
+            let part = &as_bytes(&scratch[..])[2 * chunk * es..][..partial];
+            let input_addr = mine.map_or(recv.as_ptr() as usize, |m| m.as_ptr() as usize);
+            let out_addr = if in_recv {
+                recv[lo..].as_ptr() as usize
+            } else {
+                part.as_ptr() as usize
+            };
+            run.put_desc(input_addr, out_addr);
+            run.publish(w, run.slot());
+            run.wait_all(run.slot())?;
+            run.check_all(w)?;
+            Ok(())
+        })();
+        if let Err(e) = res {
+            // Everyone saw the same words: they all stop here too.
+            run.st.scratch = scratch;
+            run.enter(run.fin());
+            return Err(e);
+        }
+        let res = (|| {
+            let (tmps, part) = as_bytes_mut(&mut scratch[..]).split_at_mut(2 * chunk * es);
+            let part = &mut part[..partial];
+            let (tmp, save) = tmps.split_at_mut(chunk * es);
+            let tmp = cast_slice_mut::<T>(tmp).ok_or_else(|| misaligned(run.op))?;
+            let save = cast_slice_mut::<T>(save).ok_or_else(|| misaligned(run.op))?;
+            let descs: Vec<[u64; 2]> = (0..n).map(|r| run.desc(r)).collect();
+            // The order of the contributions: commutative ones start from another
+            // member's input read straight into the output (or from this member's own
+            // when it is already there, in place); the others go right to left.
+            let out_is_input = mine.is_none() && in_recv;
+            let order: Vec<usize> = if op.commutative() {
+                if out_is_input {
+                    std::iter::once(me)
+                        .chain((1..n).map(|k| (me + k) % n))
+                        .collect()
+                } else {
+                    let first = (me + 1) % n;
+                    std::iter::once(first)
+                        .chain(std::iter::once(me))
+                        .chain((2..n).map(|k| (me + k) % n))
+                        .collect()
+                }
+            } else {
+                (0..n).rev().collect()
+            };
+            let (out_all, input): (&mut [T], Option<&[T]>) = if in_recv {
+                (&mut recv[lo..hi], mine)
+            } else {
+                let p = cast_slice_mut::<T>(part).ok_or_else(|| misaligned(run.op))?;
+                let inp = match mine {
+                    Some(m) => m,
+                    None => &recv[..count],
+                };
+                (p, Some(inp))
+            };
+            let mut a = lo;
+            while a < hi {
+                let b = (a + chunk).min(hi);
+                let out = &mut out_all[a - lo..b - lo];
+                let saved = &mut save[..b - a];
+                if out_is_input && order[0] != me {
+                    saved.copy_from_slice(out);
+                }
+                for (i, &c) in order.iter().enumerate() {
+                    let at = descs[c][0] + (a * es) as u64;
+                    if i == 0 {
+                        if c != me {
+                            run.read(c, at, as_bytes_mut(out))?;
+                        } else if let Some(inp) = input {
+                            out.copy_from_slice(&inp[a..b]);
+                        }
+                        continue;
+                    }
+                    if c == me {
+                        match input {
+                            Some(inp) => apply(op, &inp[a..b], out),
+                            None => apply(op, saved, out),
+                        }
+                    } else {
+                        let t = &mut tmp[..b - a];
+                        run.read(c, at, as_bytes_mut(t))?;
+                        apply(op, t, out);
+                    }
+                }
+                a = b;
+            }
+            run.enter(run.base + 2);
+            run.wait_all(run.base + 2)?;
+            // The reduced segments.
+            if in_recv {
+                for k in 1..n {
+                    let r = (me + k) % n;
+                    let (l, h) = seg_of(r);
+                    run.read(r, descs[r][1], as_bytes_mut(&mut recv[l..h]))?;
+                }
+            }
+            run.enter(run.fin());
+            if root.is_none() {
+                // The others read this member's segment until they enter the last stage.
+                run.wait_all(run.fin())?;
+            }
+            Ok(())
+        })();
+        run.st.scratch = scratch;
+        res.map_err(|e| run.fail(e))
+    }
+
+    /// Allgather of `b` bytes per member: this member's block is `send`, or its block
+    /// of `recv` (in place).
+    pub(crate) fn allgather(
+        &self,
+        comm: &Communicator,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        b: usize,
+    ) -> Result<(), CollError> {
+        let mut run = self.begin("allgather", comm)?;
+        let n = self.seg.members();
+        let me = comm.rank() as usize;
+        let w = word(run.base, Kind::Allgather, None, b);
+        run.wait_all(run.base)?;
+        let small = b <= crate::Config::get().shm_max;
+        if small {
+            self.seg
+                .put(run.slot(), send.unwrap_or(&recv[me * b..(me + 1) * b]));
+            run.publish(w, run.fin());
+        } else {
+            let src = send.map_or(recv[me * b..].as_ptr(), <[u8]>::as_ptr);
+            run.put_desc(src as usize, 0);
+            run.publish(w, run.slot());
+        }
+        if let Some(s) = send {
+            recv[me * b..(me + 1) * b].copy_from_slice(s);
+        }
+        let stop = run.wait_all(run.slot()).and_then(|()| run.check_all(w));
+        if small {
+            stop?;
+            for r in (0..n).filter(|&r| r != me) {
+                self.seg.get(r, run.slot(), &mut recv[r * b..(r + 1) * b]);
+            }
+            return Ok(());
+        }
+        if let Err(e) = stop {
+            run.enter(run.fin());
+            return Err(e);
+        }
+        let res = (|| {
+            for k in 1..n {
+                let r = (me + k) % n;
+                let d = run.desc(r);
+                run.read(r, d[0], &mut recv[r * b..(r + 1) * b])?;
+            }
+            run.enter(run.fin());
+            run.wait_all(run.fin())
+        })();
+        res.map_err(|e| run.fail(e))
+    }
+
+    /// Alltoall of `b` bytes per pair of members.
+    pub(crate) fn alltoall(
+        &self,
+        comm: &Communicator,
+        send: &[u8],
+        recv: &mut [u8],
+        b: usize,
+    ) -> Result<(), CollError> {
+        let mut run = self.begin("alltoall", comm)?;
+        let n = self.seg.members();
+        let me = comm.rank() as usize;
+        let w = word(run.base, Kind::Alltoall, None, b);
+        run.wait_all(run.base)?;
+        let small = n * b <= crate::Config::get().shm_max;
+        if small {
+            self.seg.put(run.slot(), send);
+            run.publish(w, run.fin());
+        } else {
+            run.put_desc(send.as_ptr() as usize, 0);
+            run.publish(w, run.slot());
+        }
+        recv[me * b..(me + 1) * b].copy_from_slice(&send[me * b..(me + 1) * b]);
+        let stop = run.wait_all(run.slot()).and_then(|()| run.check_all(w));
+        if small {
+            stop?;
+            for r in (0..n).filter(|&r| r != me) {
+                self.seg
+                    .get_at(r, run.slot(), n * b, me * b, &mut recv[r * b..(r + 1) * b]);
+            }
+            return Ok(());
+        }
+        if let Err(e) = stop {
+            run.enter(run.fin());
+            return Err(e);
+        }
+        let res = (|| {
+            for k in 1..n {
+                let r = (me + k) % n;
+                let d = run.desc(r);
+                run.read(r, d[0] + (me * b) as u64, &mut recv[r * b..(r + 1) * b])?;
+            }
+            run.enter(run.fin());
+            run.wait_all(run.fin())
+        })();
+        res.map_err(|e| run.fail(e))
+    }
+}
+
+fn misaligned(op: &'static str) -> CollError {
+    CollError::InvalidArgs {
+        op,
+        what: "misaligned scratch".into(),
     }
 }

@@ -7,7 +7,7 @@ use weft_fabric::{Communicator, Pod};
 
 use crate::op::{self, Element, Op};
 use crate::tunables::{Allgather, Allreduce, Bcast, Config};
-use crate::{algo, at, node_for, CollError};
+use crate::{algo, at, CollError};
 
 /// A planned operation: its schedule and the byte views of its buffers.
 pub(crate) struct Plan<'a> {
@@ -505,8 +505,9 @@ pub(crate) fn shm_reduce<T: Element>(
     if ((here || send.is_none()) && recv.len() < count) || (root.is_none() && recv.len() != count) {
         return None;
     }
-    let nc = node_for(comm, bytes)?;
-    Some(nc.reduce(op_name, comm, send, recv, count, red, root))
+    let small = bytes <= crate::Config::get().shm_max;
+    let nc = crate::node(comm).filter(|nc| small || nc.single_copy())?;
+    Some(nc.reduce(op_name, comm, send, recv, count, red, root, small))
 }
 
 pub(crate) fn counts_of(n: u32, count: usize) -> (Vec<usize>, Vec<usize>) {

@@ -23,7 +23,12 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         var: "WEFT_COLL_SHM_MAX",
         default: "4K",
-        help: "bytes up to which bcast, reduce and allreduce go through the segment (at most 4K)",
+        help: "bytes up to which bcast, reduce, allreduce, allgather (per rank) and alltoall (in all) go through the segment's cells (at most 4K)",
+    },
+    Tunable {
+        var: "WEFT_COLL_SINGLE_COPY",
+        default: "auto",
+        help: "node-local reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
     },
     Tunable {
         var: "WEFT_COLL_BCAST",
@@ -88,6 +93,7 @@ pub(crate) enum Allgather {
 pub(crate) struct Config {
     pub(crate) shm: bool,
     pub(crate) shm_max: usize,
+    pub(crate) single_copy: bool,
     pub(crate) bcast: Bcast,
     pub(crate) bcast_large: usize,
     pub(crate) allreduce: Allreduce,
@@ -153,6 +159,7 @@ impl Config {
         Config {
             shm: choice("WEFT_COLL_SHM", &[("on", true), ("off", false)]),
             shm_max: size("WEFT_COLL_SHM_MAX").min(weft_shm::CollSegment::CELL),
+            single_copy: choice("WEFT_COLL_SINGLE_COPY", &[("auto", true), ("off", false)]),
             bcast: choice(
                 "WEFT_COLL_BCAST",
                 &[

@@ -1,6 +1,6 @@
 //! The node-local collective segment: one per communicator whose members share a node.
-//! Each member owns one 128-byte line ([`CollLine`]: its operation sequence number, its
-//! payload length and a small inline payload per parity) and two cells of
+//! Each member owns one 128-byte line ([`CollLine`]: per parity, in one 64-byte half, its
+//! sequence number, a word and a small inline payload) and two cells of
 //! [`COLL_CELL_BYTES`] for larger payloads. A member writes only its own line and cells;
 //! the others read them after an Acquire load of its sequence number (one writer per
 //! line, as Open MPI's coll/xhc and MPICH's release/gather collectives do).
@@ -11,7 +11,7 @@
 //! when a process dies. (The name lives under the job's segment prefix, so its server
 //! removes it in the short window before that, too.)
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
 use crate::layout::{
     coll_cells_offset, coll_segment_bytes, CollHeader, CollLine, COLL_CELL_BYTES,
@@ -47,6 +47,8 @@ impl CollSegment {
     pub const INLINE: usize = COLL_INLINE;
     /// Bytes of a member's cell (per parity).
     pub const CELL: usize = COLL_CELL_BYTES;
+    /// The bit of a sequence word that says its member gave up (see [`Self::abort`]).
+    pub const ABORTED: u64 = 1 << 63;
 
     /// Creates and publishes segment `name` for `members` (this process is member 0).
     pub fn create(name: &str, members: usize) -> Result<CollSegment, SegmentError> {
@@ -133,39 +135,57 @@ impl CollSegment {
         }
     }
 
-    /// Member `r`'s last operation (Acquire: its payload for it is visible after).
+    /// Member `r`'s sequence word of `parity`: the last stage it entered in an
+    /// operation of that parity, with [`Self::ABORTED`] set once it gave up on the
+    /// segment (Acquire: what it wrote before is visible).
     #[inline]
-    pub fn seq(&self, r: usize) -> u64 {
-        // SYNC: pairs with the Release store in `enter`.
-        self.line(r).seq.load(Ordering::Acquire)
+    pub fn seq(&self, r: usize, parity: u64) -> u64 {
+        // SYNC: pairs with the Release stores in `enter` and `abort`.
+        self.line(r).half[(parity & 1) as usize]
+            .seq
+            .load(Ordering::Acquire)
     }
 
-    /// Member `r`'s payload length in operation `seq` (read after seeing its
-    /// [`seq`](Self::seq) reach it; kept per parity like the payload).
+    /// Member `r`'s word of `parity` (its payload length and whatever else the caller
+    /// packs in it), read after seeing its [`seq`](Self::seq) pass the stage that
+    /// published it.
     #[inline]
-    pub fn len(&self, r: usize, seq: u64) -> u64 {
+    pub fn word(&self, r: usize, parity: u64) -> u64 {
         // Relaxed: ordered by the Acquire load of `seq` before it.
-        self.line(r).len[(seq & 1) as usize].load(Ordering::Relaxed)
+        self.line(r).half[(parity & 1) as usize]
+            .word
+            .load(Ordering::Relaxed)
     }
 
-    /// This member enters operation `seq` with a payload of `len` bytes (written before
-    /// with [`put`](Self::put)): Release, so the payload and its length are visible to
-    /// whoever sees `seq`. The same protocol as `put`: every member entered `seq - 1`.
+    /// Sets this member's word of `parity`, published by the next
+    /// [`enter`](Self::enter). The same protocol as [`put`](Self::put).
     #[inline]
-    pub fn enter(&self, seq: u64, len: u64) {
-        let l = self.line(self.me);
-        // Relaxed: published by the Release store of `seq` below.
-        l.len[(seq & 1) as usize].store(len, Ordering::Relaxed);
-        // SYNC: pairs with the Acquire load in `seq`.
-        l.seq.store(seq, Ordering::Release);
+    pub fn set_word(&self, parity: u64, word: u64) {
+        // Relaxed: published by the Release store of `enter`.
+        self.line(self.me).half[(parity & 1) as usize]
+            .word
+            .store(word, Ordering::Relaxed);
     }
 
-    /// This member enters operation `seq` with no payload (a barrier): its length words
-    /// stay as they are, so this needs no wait for the others.
+    /// This member enters stage `seq` of an operation of `parity` (Release: its
+    /// payload and word of that parity are visible to whoever sees it).
     #[inline]
-    pub fn enter_bare(&self, seq: u64) {
+    pub fn enter(&self, parity: u64, seq: u64) {
         // SYNC: pairs with the Acquire load in `seq`.
-        self.line(self.me).seq.store(seq, Ordering::Release);
+        self.line(self.me).half[(parity & 1) as usize]
+            .seq
+            .store(seq, Ordering::Release);
+    }
+
+    /// Marks this member as gone from the segment ([`Self::ABORTED`] in both sequence
+    /// words): whoever waits for it sees that instead of waiting.
+    pub fn abort(&self) {
+        for h in &self.line(self.me).half {
+            // Relaxed: only this member writes its words.
+            let s = h.seq.load(Ordering::Relaxed);
+            // SYNC: pairs with the Acquire load in `seq`.
+            h.seq.store(s | Self::ABORTED, Ordering::Release);
+        }
     }
 
     /// Where member `r`'s payload of `parity` lives: inline for up to [`Self::INLINE`]
@@ -174,8 +194,7 @@ impl CollSegment {
         assert!(len <= COLL_CELL_BYTES, "payload of {len} bytes");
         let p = (parity & 1) as usize;
         if len <= COLL_INLINE {
-            let l = self.line(r);
-            l.inline[p].as_ptr().cast_mut()
+            self.line(r).half[p].inline.as_ptr().cast_mut()
         } else {
             // SAFETY: the cell lies inside the mapping (r < members).
             unsafe {
@@ -207,9 +226,18 @@ impl CollSegment {
         unsafe { core::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
     }
 
-    /// The raw sequence word of member `r` (for waiting on several at once).
-    pub fn seq_word(&self, r: usize) -> &AtomicU64 {
-        &self.line(r).seq
+    /// Bytes `offset..offset + out.len()` of member `r`'s payload of `parity`, which
+    /// holds `len` bytes (what decides inline or cell); as [`get`](Self::get).
+    pub fn get_at(&self, r: usize, parity: u64, len: usize, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset.checked_add(out.len()).is_some_and(|end| end <= len),
+            "bytes {offset}+{} of a payload of {len}",
+            out.len()
+        );
+        let src = self.payload(r, parity, len);
+        // SAFETY: `src` holds `len` bytes (checked in `payload`) and the range lies
+        // inside them (asserted above); published and stable as for `get`.
+        unsafe { core::ptr::copy_nonoverlapping(src.add(offset), out.as_mut_ptr(), out.len()) };
     }
 }
 
@@ -224,13 +252,16 @@ mod tests {
         let b = CollSegment::open(&name, 2, 1).unwrap();
         a.unlink().unwrap();
         assert!(CollSegment::open(&name, 2, 1).is_err(), "unlinked");
-        assert_eq!((a.seq(1), b.seq(0)), (0, 0));
+        assert_eq!((a.seq(1, 1), b.seq(0, 1)), (0, 0));
         let big = vec![7u8; 1000];
         a.put(1, &big);
-        a.enter(1, 1000);
+        a.set_word(1, 1000);
+        a.enter(1, 1);
         b.put(1, b"hello");
-        b.enter(1, 5);
-        assert_eq!((b.seq(0), b.len(0, 1)), (1, 1000));
+        b.set_word(1, 5);
+        b.enter(1, 1);
+        assert_eq!((b.seq(0, 1), b.word(0, 1)), (1, 1000));
+        assert_eq!((b.seq(0, 0), b.word(0, 0)), (0, 0));
         let mut got = vec![0u8; 1000];
         b.get(0, 1, &mut got);
         assert_eq!(got, big);
@@ -240,6 +271,15 @@ mod tests {
         // The other parity is untouched.
         a.get(1, 0, &mut small);
         assert_eq!(small, [0; 5]);
+        let mut part = [0u8; 3];
+        a.get_at(1, 1, 5, 2, &mut part);
+        assert_eq!(&part, b"llo");
+        b.get_at(0, 1, 1000, 997, &mut part);
+        assert_eq!(part, [7; 3]);
+        // Giving up shows in the sequence word, past any stage.
+        b.abort();
+        assert_eq!(a.seq(1, 1), 1 | CollSegment::ABORTED);
+        assert_eq!(a.seq(1, 0), CollSegment::ABORTED);
     }
 
     #[test]

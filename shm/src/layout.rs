@@ -106,35 +106,45 @@ pub const KIND_COLL: u32 = 3;
 
 /// Payload bytes a collective line carries inline, per parity.
 pub const COLL_INLINE: usize = 48;
-const _: () = assert!(24 + 2 * COLL_INLINE + 8 == 128);
 /// Bytes of a member's cell in a collective segment, per parity.
-pub const COLL_CELL_BYTES: usize = 4096;
+pub const COLL_CELL_BYTES: usize = 16384;
 
-/// One member's line of a collective segment: written by that member only (its sequence
-/// number and the payload of small operations), read by the others.
+/// One parity of a member's line: everything a reader needs for one operation of that
+/// parity in one 64-byte cache line (so the owner's next operation, of the other parity,
+/// does not disturb readers still finishing this one).
 ///
-/// The owner writes `inline[p]` (and its cells of parity `p`) for operation `seq`, then
-/// stores `len` and `seq` (Release); a reader loads `seq` (Acquire) and reads the payload
-/// after. Parity `seq % 2` alternates, so a payload is rewritten two operations later,
-/// once every member has entered the operation in between (and so finished reading it).
+/// The owner writes `inline` (or its cell of this parity) and `word` for an operation,
+/// then stores `seq` (Release); a reader loads `seq` (Acquire) and reads the rest after.
+/// Parities alternate, so a payload is rewritten two operations later, once every member
+/// has finished the operation in between (and so finished reading it).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct CollHalf {
+    /// The last stage this member entered in an operation of this parity (0: none), with
+    /// bit 63 set once it gave up on the segment.
+    pub seq: AtomicU64,
+    /// The operation's word: what the member called, with which root and byte count.
+    pub word: AtomicU64,
+    /// Inline payload.
+    pub inline: [u8; COLL_INLINE],
+}
+
+const _: () = assert!(size_of::<CollHalf>() == 64);
+const _: () = assert!(offset_of!(CollHalf, seq) == 0);
+const _: () = assert!(offset_of!(CollHalf, word) == 8);
+const _: () = assert!(offset_of!(CollHalf, inline) == 16);
+
+/// One member's line of a collective segment (one [`CollHalf`] per parity): written by
+/// that member only, read by the others.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct CollLine {
-    /// The last operation this member entered (0: none).
-    pub seq: AtomicU64,
-    /// Bytes of this member's payload per parity (a disagreement check).
-    pub len: [AtomicU64; 2],
-    /// Inline payload per parity.
-    pub inline: [[u8; COLL_INLINE]; 2],
-    /// Reserved, zero.
-    pub _pad: [u8; 8],
+    /// Parity 0 and parity 1.
+    pub half: [CollHalf; 2],
 }
 
 const _: () = assert!(size_of::<CollLine>() == 128);
 const _: () = assert!(align_of::<CollLine>() == 128);
-const _: () = assert!(offset_of!(CollLine, seq) == 0);
-const _: () = assert!(offset_of!(CollLine, len) == 8);
-const _: () = assert!(offset_of!(CollLine, inline) == 24);
 
 /// Header of a collective segment, right after the [`SegmentHeader`].
 #[repr(C)]
