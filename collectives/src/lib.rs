@@ -219,9 +219,15 @@ fn node_for(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
 }
 
 /// The segment, for an allgather or alltoall whose members' payloads are `bytes` each:
-/// through its cells up to `WEFT_COLL_SHM_MAX`, above with single-copy reads.
+/// through its cells up to [`gather_cells_max`], above with single-copy reads.
 fn node_gather(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
-    node(comm).filter(|nc| bytes <= Config::get().shm_max || nc.single_copy())
+    node(comm).filter(|nc| bytes <= gather_cells_max() || nc.single_copy())
+}
+
+/// Bytes per member up to which allgather and alltoall go through the segment's cells
+/// (every member reads every other's: beyond 4 KiB single-copy reads win).
+fn gather_cells_max() -> usize {
+    Config::get().shm_max.min(4096)
 }
 
 fn state(comm: &Communicator) -> &CollState {

@@ -70,6 +70,11 @@ const CHECK_EVERY: Duration = Duration::from_millis(5);
 const STAGES: u64 = 3;
 /// Bytes a member reduces at a time in a single-copy reduction (stays in cache).
 const CHUNK: usize = 64 << 10;
+/// Bytes up to which a two-member single-copy reduction reads the other's whole input
+/// (one phase, clean data) rather than reduce-scatter (two phases, the second reading
+/// segments dirty in the other core's cache): measured on 2 cores, the crossover lies
+/// between 256 KiB and 1 MiB.
+const PAIR_MAX: usize = 256 << 10;
 /// What the setup probe reads from the other members.
 static PROBE: u64 = 0x5745_4654_5052_4f42;
 
@@ -264,7 +269,8 @@ impl Run<'_> {
     /// failed.
     fn wait(&self, mut ready: impl FnMut() -> Result<bool, CollError>) -> Result<(), CollError> {
         let mut spins = 0u32;
-        let mut checked = Instant::now();
+        // Taken once spinning stops (reading the clock costs more than a short wait).
+        let mut checked: Option<Instant> = None;
         loop {
             if ready()? {
                 return Ok(());
@@ -282,10 +288,10 @@ impl Run<'_> {
                 } else {
                     std::thread::sleep(Duration::from_micros(50));
                 }
-                checked.elapsed() >= CHECK_EVERY
+                checked.is_none_or(|t| t.elapsed() >= CHECK_EVERY)
             };
             if check {
-                checked = Instant::now();
+                checked = Some(Instant::now());
                 if let Some((rank, reason)) = self.comm.failed_member() {
                     return Err(CollError::MemberGone {
                         op: self.op,
@@ -575,6 +581,7 @@ impl NodeColl {
         let n = self.seg.members();
         let me = run.comm.rank() as usize;
         let es = std::mem::size_of::<T>();
+        let bytes = count * es;
         let seg_of = |r: usize| (count * r / n, count * (r + 1) / n);
         let (lo, hi) = seg_of(me);
         // This member's reduced segment goes to its receive buffer when it gets the
@@ -607,6 +614,15 @@ impl NodeColl {
             run.st.scratch = scratch;
             run.enter(run.fin());
             return Err(e);
+        }
+        // (Not for an allreduce in place: each would overwrite what the other reads.)
+        let overwrites = mine.is_none() && root.is_none();
+        if n == 2 && op.commutative() && bytes <= PAIR_MAX && !overwrites {
+            let res = cast_slice_mut::<T>(&mut as_bytes_mut(&mut scratch[..])[..chunk * es])
+                .ok_or_else(|| misaligned(run.op))
+                .and_then(|tmp| reduce_pair(run, tmp, mine, recv, count, op, root));
+            run.st.scratch = scratch;
+            return res.map_err(|e| run.fail(e));
         }
         let res = (|| {
             let (tmps, part) = as_bytes_mut(&mut scratch[..]).split_at_mut(2 * chunk * es);
@@ -710,7 +726,7 @@ impl NodeColl {
         let me = comm.rank() as usize;
         let w = word(run.base, Kind::Allgather, None, b);
         run.wait_all(run.base)?;
-        let small = b <= crate::Config::get().shm_max;
+        let small = b <= crate::gather_cells_max();
         if small {
             self.seg
                 .put(run.slot(), send.unwrap_or(&recv[me * b..(me + 1) * b]));
@@ -760,7 +776,7 @@ impl NodeColl {
         let me = comm.rank() as usize;
         let w = word(run.base, Kind::Alltoall, None, b);
         run.wait_all(run.base)?;
-        let small = n * b <= crate::Config::get().shm_max;
+        let small = n * b <= crate::gather_cells_max();
         if small {
             self.seg.put(run.slot(), send);
             run.publish(w, run.fin());
@@ -793,6 +809,55 @@ impl NodeColl {
         })();
         res.map_err(|e| run.fail(e))
     }
+}
+
+/// A single-copy reduction of two members with a commutative operation: whoever gets
+/// the result reads the other's whole input (clean in its cache, where reduced segments
+/// would be dirty in the other core's) and reduces it into its own, `mine op theirs`
+/// (the same bits at both: two operands commute exactly).
+#[allow(clippy::too_many_arguments)]
+fn reduce_pair<T: Element>(
+    run: &mut Run<'_>,
+    tmp: &mut [T],
+    mine: Input<'_, T>,
+    recv: &mut [T],
+    count: usize,
+    op: &Op<T>,
+    root: Option<u32>,
+) -> Result<(), CollError> {
+    let me = run.comm.rank() as usize;
+    let peer = 1 - me;
+    let es = std::mem::size_of::<T>();
+    if root.is_some_and(|r| r as usize != me) {
+        // The root reads this member's input until it enters its last stage.
+        run.enter(run.fin());
+        return run.wait_member(peer, run.fin());
+    }
+    let at = run.desc(peer)[0];
+    let mut a = 0;
+    while a < count {
+        let b = (a + tmp.len()).min(count);
+        let addr = at + (a * es) as u64;
+        let out = &mut recv[a..b];
+        match mine {
+            Some(m) => {
+                run.read(peer, addr, as_bytes_mut(out))?;
+                apply(op, &m[a..b], out);
+            }
+            None => {
+                let t = &mut tmp[..b - a];
+                run.read(peer, addr, as_bytes_mut(t))?;
+                apply(op, t, out);
+            }
+        }
+        a = b;
+    }
+    run.enter(run.fin());
+    if root.is_none() {
+        // The other reads this member's input until it enters its last stage.
+        run.wait_all(run.fin())?;
+    }
+    Ok(())
 }
 
 fn misaligned(op: &'static str) -> CollError {

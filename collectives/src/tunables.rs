@@ -22,8 +22,8 @@ pub const TUNABLES: &[Tunable] = &[
     },
     Tunable {
         var: "WEFT_COLL_SHM_MAX",
-        default: "4K",
-        help: "bytes up to which bcast, reduce, allreduce, allgather (per rank) and alltoall (in all) go through the segment's cells (at most 4K)",
+        default: "8K",
+        help: "bytes up to which bcast, reduce and allreduce go through the segment's cells (at most 16K; allgather per rank and alltoall in all: up to the smaller of this and 4K)",
     },
     Tunable {
         var: "WEFT_COLL_SINGLE_COPY",
