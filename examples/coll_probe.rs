@@ -5,8 +5,12 @@
 //!   itself with SIGKILL at its 20th, having written the time to the file STAMP.
 //!   Survivors print `rank R: <error> after N ms` (from that time to the error), or
 //!   `rank R: no error` and exit 3.
-//! - `mismatch`: an allreduce where rank 1 gives one element more; every rank prints
-//!   `rank R: <error>` (or `rank R: no error`).
+//! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
+//!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
+//!   `rank R: barrier after the mismatch ok`.
+//! - `order`: rank 0 calls an allreduce where the others call a bcast, then a reduce
+//!   where ranks 0 and 1 each name themselves the root: `rank R: <error>` (or
+//!   `rank R: no error`) for each, then `rank R: barrier after the disorder ok`.
 //! - `bad-root`: a bcast with a root outside the communicator: `rank R: <error>`.
 //! - `ids CYCLES`: CYCLES rounds of dup, split and free, checking every context id is
 //!   new, then a family past its depth limit and one past its count limit (the root
@@ -76,7 +80,8 @@ fn run(args: &[String]) -> Res<()> {
             std::process::exit(3);
         }
         Some("mismatch") => {
-            let n = 8 + usize::from(me == 1);
+            let count: usize = arg(1).map_or(Ok(8), str::parse)?;
+            let n = count + usize::from(me == 1);
             let mine = vec![1u64; n];
             let mut out = vec![0u64; n];
             match world.allreduce(&mine, &mut out, Op::Sum) {
@@ -86,6 +91,23 @@ fn run(args: &[String]) -> Res<()> {
             // The world stays usable for the next operation.
             world.barrier()?;
             println!("rank {me}: barrier after the mismatch ok");
+        }
+        Some("order") => {
+            let report = |r: Result<(), CollError>| match r {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => println!("rank {me}: {e}"),
+            };
+            let mut buf = [1u64; 4];
+            let mut out = [0u64; 4];
+            report(if me == 0 {
+                world.allreduce(&buf, &mut out, Op::Sum)
+            } else {
+                world.bcast(&mut buf, 0)
+            });
+            let root = u32::from(me != 0);
+            report(world.reduce(&buf, &mut out, Op::Sum, root));
+            world.barrier()?;
+            println!("rank {me}: barrier after the disorder ok");
         }
         Some("bad-root") => {
             let mut buf = [0u8; 4];

@@ -207,6 +207,37 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
         "{}",
         done.dump()
     );
+    // Counts on both sides of the cells' limit (8 KiB): cells at some members, single
+    // copy at the others; without single copy, point-to-point for the larger.
+    for (name, count, env) in [
+        (
+            "coll-mismatch-straddle",
+            "1024",
+            "WEFT_COLL_SINGLE_COPY=auto",
+        ),
+        (
+            "coll-mismatch-large",
+            "100000",
+            "WEFT_COLL_SINGLE_COPY=auto",
+        ),
+    ] {
+        let done = run(name, &["-n", "3", "-x", env, &probe, "mismatch", count], T);
+        assert_eq!(done.code(), Some(0), "{name}: {}", done.dump());
+        for r in 0..3 {
+            let line = done
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r}: allreduce")))
+                .unwrap_or_else(|| panic!("{name}: rank {r} reported no error\n{}", done.dump()));
+            assert!(line.contains("disagree"), "{name}: rank {r}: {line}");
+        }
+        assert_eq!(
+            done.lines_with("barrier after the mismatch ok"),
+            3,
+            "{name}: {}",
+            done.dump()
+        );
+    }
     let done = run("coll-badroot", &["-n", "2", &probe, "bad-root"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(
@@ -214,6 +245,49 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
         2,
         "{}",
         done.dump()
+    );
+}
+
+#[test]
+fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs() {
+    let probe = example("coll_probe");
+    let done = run("coll-order", &["-n", "3", &probe, "order"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    // Rank 0's allreduce against the others' bcast fails everywhere; a reduce where
+    // ranks 0 and 1 both act as the root fails at both (rank 2 only contributes).
+    for (r, n) in [(0, 2), (1, 2), (2, 1)] {
+        let errors: Vec<&str> = done
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("rank {r}: ")) && l.contains("disagree"))
+            .collect();
+        assert_eq!(errors.len(), n, "rank {r}\n{}", done.dump());
+    }
+    assert!(
+        done.stdout
+            .contains("rank 1: bcast: rank 0 called allreduce"),
+        "{}",
+        done.dump()
+    );
+    assert_eq!(
+        done.lines_with("barrier after the disorder ok"),
+        3,
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn large_node_local_collectives_with_and_without_single_copy() {
+    // Single-copy reduce-scatter (3 and 4 members), the two-member one-phase reduction
+    // and reads of whole inputs (2), up to 1 MiB; then the same without single copy
+    // (cells up to 8 KiB, point-to-point above).
+    coll_check("coll-cma-n2", &["-n", "2"], "1048576");
+    coll_check("coll-cma-n4", &["-n", "4"], "262144");
+    coll_check(
+        "coll-nocma-n3",
+        &["-n", "3", "-x", "WEFT_COLL_SINGLE_COPY=off"],
+        "65536",
     );
 }
 

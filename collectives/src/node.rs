@@ -110,7 +110,8 @@ fn parity(s: u64) -> u64 {
 
 /// A member's word for operation `base / 3` (see the module's documentation).
 fn word(base: u64, kind: Kind, root: Option<u32>, bytes: usize) -> u64 {
-    (((base / STAGES) & 0xfff) << 52)
+    // 1 to 4095: never the stamp of a word not written yet (0).
+    ((((base / STAGES) % 0xfff) + 1) << 52)
         | ((kind as u64) << 48)
         | (root.map_or(NO_ROOT, |r| u64::from(r) & 0xff) << BYTES_BITS)
         | (bytes as u64 & ((1 << BYTES_BITS) - 1))
