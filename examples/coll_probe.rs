@@ -21,6 +21,11 @@
 //! - `threads`: four threads, each running collectives on its own dup of the world:
 //!   `rank R threads ok`.
 //! - `self`: a message to oneself: `rank R self ok in N ms`.
+//! - `fence`: three rounds of put (Local, Remote, Global) + commit + a fabric fence
+//!   (`Collectives::fence`) on the world, a server fence between rounds 2 and 3, then a
+//!   fabric fence on each half of a split; after each, every rank reads every other's
+//!   cards that its scope lets it see from this process alone (`GetOpts::local_only`:
+//!   no server is asked) and checks the values of that round: `rank R fence ok`.
 
 use std::collections::HashSet;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -34,6 +39,71 @@ fn now_ms() -> u128 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
+}
+
+/// The `fence` scenario (see the module's documentation).
+fn fence_rounds(fabric: &Fabric, world: &Communicator) -> Res<()> {
+    let wire = fabric.wire();
+    let me = world.rank();
+    let card = |scope: &str, r: u32, round: u32| format!("{scope}{r}-{round}");
+    let check = |c: &Communicator, round: u32| -> Res<()> {
+        for i in 0..c.size() {
+            let r = c.job_rank(i);
+            if r == me {
+                continue;
+            }
+            let same = wire.job().node_of(r) == Some(wire.node());
+            for (scope, key, visible) in [
+                ("L", "f.local", same),
+                ("R", "f.remote", !same),
+                ("G", "f.global", true),
+            ] {
+                let got = wire.get(r, key, GetOpts::default().local_only());
+                match (visible, got) {
+                    (true, Ok(Value::Str(v))) if v == card(scope, r, round) => {}
+                    (false, Err(_)) => {}
+                    // An older round's copy of an invisible key is not possible either:
+                    // none was ever delivered.
+                    (v, g) => {
+                        return Err(format!(
+                            "round {round}: {key} of rank {r} (visible: {v}): got {g:?}"
+                        )
+                        .into())
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    let put_round = |round: u32| -> Res<()> {
+        wire.put(Scope::Local, "f.local", card("L", me, round))?;
+        wire.put(Scope::Remote, "f.remote", card("R", me, round))?;
+        wire.put(Scope::Global, "f.global", card("G", me, round))?;
+        wire.commit()?;
+        Ok(())
+    };
+    for round in 1..=3 {
+        put_round(round)?;
+        world.fence()?;
+        check(world, round)?;
+        if round == 2 {
+            // A server fence in between: the servers' copies take over.
+            wire.fence(Procs::All, FenceMode::Full, None)?;
+            check(world, round)?;
+            // (Nobody puts round 3 before everyone read round 2 from the servers' copies.)
+            world.barrier()?;
+        }
+    }
+    // Each half fences alone: its members see each other's round 4.
+    let half = world
+        .split(Some(me % 2), 0)?
+        .ok_or("split with a color gave no communicator")?;
+    put_round(4)?;
+    half.fence()?;
+    check(&half, 4)?;
+    world.barrier()?;
+    println!("rank {me} fence ok");
+    Ok(())
 }
 
 fn main() {
@@ -263,6 +333,7 @@ fn run(args: &[String]) -> Res<()> {
             }
             println!("rank {me} self ok in {} ms", t.elapsed().as_millis());
         }
+        Some("fence") => fence_rounds(&fabric, &world)?,
         other => return Err(format!("unknown scenario {other:?}").into()),
     }
     fabric.finalize()?;

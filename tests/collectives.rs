@@ -292,6 +292,27 @@ fn large_node_local_collectives_with_and_without_single_copy() {
 }
 
 #[test]
+fn a_fabric_fence_delivers_every_members_committed_cards_by_scope() {
+    // One node, then two logical nodes over TCP (Local cards stay on their node, Remote
+    // ones leave it); the probe reads with local_only, so only the fence's copies count.
+    let probe = example("coll_probe");
+    for (name, launcher) in [
+        ("coll-fence-n4", vec!["-n", "4"]),
+        (
+            "coll-fence-tcp5",
+            vec!["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "5"],
+        ),
+    ] {
+        let mut args = launcher.clone();
+        args.extend([probe.as_str(), "fence"]);
+        let done = run(name, &args, T);
+        assert_eq!(done.code(), Some(0), "{name}: {}", done.dump());
+        let n: usize = launcher[launcher.len() - 1].parse().unwrap();
+        assert_eq!(done.lines_with("fence ok"), n, "{name}: {}", done.dump());
+    }
+}
+
+#[test]
 fn derived_context_ids_stay_unique_over_ten_thousand_cycles_and_past_their_limits() {
     let probe = example("coll_probe");
     let done = run("coll-ids", &["-n", "3", &probe, "ids", "10000"], T);

@@ -15,6 +15,9 @@ use clap::{Parser, ValueEnum};
 use weft_wireup::launcher::{self, AppContext, LaunchSpec, MapBy};
 use weft_wireup::{Client, FenceMode, GetOpts, Procs, Rank, Scope};
 
+use weft_collectives::Collectives;
+use weft_fabric::{Communicator, Fabric};
+
 use crate::stats::{us, Summary};
 
 /// Key of the Remote card timed in the fences and pulled in the Sparse get test.
@@ -65,7 +68,7 @@ struct Args {
     card: Vec<usize>,
     /// Fence modes to time.
     #[arg(long, value_enum, value_name = "MODE[,MODE...]", value_delimiter = ',',
-          default_values_t = [Mode::Full, Mode::Sparse, Mode::Sync])]
+          default_values_t = [Mode::Full, Mode::Sparse, Mode::Sync, Mode::Fabric])]
     modes: Vec<Mode>,
     /// Timed iterations per mode and card size.
     #[arg(long, value_name = "I", default_value_t = 50,
@@ -88,6 +91,10 @@ enum Mode {
     Sparse,
     /// A barrier.
     Sync,
+    /// The fabric's fence (`Collectives::fence` on the world): the cards committed since
+    /// the last fence move with an allgather over shared memory and the network, not
+    /// through the servers.
+    Fabric,
 }
 
 impl Mode {
@@ -96,13 +103,16 @@ impl Mode {
             Mode::Full => "full",
             Mode::Sparse => "sparse",
             Mode::Sync => "sync",
+            Mode::Fabric => "fabric",
         }
     }
-    fn fence_mode(self) -> FenceMode {
+    /// The server fence's mode (`None`: the fabric's fence).
+    fn fence_mode(self) -> Option<FenceMode> {
         match self {
-            Mode::Full => FenceMode::Full,
-            Mode::Sparse => FenceMode::Sparse,
-            Mode::Sync => FenceMode::SyncOnly,
+            Mode::Full => Some(FenceMode::Full),
+            Mode::Sparse => Some(FenceMode::Sparse),
+            Mode::Sync => Some(FenceMode::SyncOnly),
+            Mode::Fabric => None,
         }
     }
 }
@@ -294,11 +304,26 @@ fn card(rank: Rank, seq: u64, len: usize) -> Vec<u8> {
 }
 
 fn run_rank(opts: &Args) -> Result<(), String> {
-    let wire = Client::init().map_err(|e| format!("init: {e}"))?;
-    let me = wire.rank();
-    let report = measure(&wire, opts).map_err(|e| format!("rank {me}: {e}"))?;
-    wire.finalize()
-        .map_err(|e| format!("rank {me}: finalize: {e}"))?;
+    // The fabric (for its fence) only when asked: its start-up exchanges cards too.
+    let report = if opts.modes.contains(&Mode::Fabric) {
+        let fabric = Fabric::init().map_err(|e| format!("fabric init: {e}"))?;
+        let me = fabric.wire().rank();
+        let world = fabric.world();
+        let report =
+            measure(fabric.wire(), Some(&world), opts).map_err(|e| format!("rank {me}: {e}"))?;
+        drop(world);
+        fabric
+            .finalize()
+            .map_err(|e| format!("rank {me}: finalize: {e}"))?;
+        report
+    } else {
+        let wire = Client::init().map_err(|e| format!("init: {e}"))?;
+        let me = wire.rank();
+        let report = measure(&wire, None, opts).map_err(|e| format!("rank {me}: {e}"))?;
+        wire.finalize()
+            .map_err(|e| format!("rank {me}: finalize: {e}"))?;
+        report
+    };
     if let Some(r) = report {
         let text = if opts.json {
             json_lines(&r)
@@ -315,8 +340,12 @@ fn fence(wire: &Client, mode: FenceMode, what: impl FnOnce() -> String) -> Resul
         .map_err(|e| format!("{}: {e}", what()))
 }
 
-/// Runs every test; returns the report on rank 0.
-fn measure(wire: &Client, opts: &Args) -> Result<Option<Report>, String> {
+/// Runs every test (the fabric's fence on `world`); returns the report on rank 0.
+fn measure(
+    wire: &Client,
+    world: Option<&Communicator>,
+    opts: &Args,
+) -> Result<Option<Report>, String> {
     let me = wire.rank();
     let job = wire.job();
     let nodes = job.num_nodes();
@@ -376,8 +405,13 @@ fn measure(wire: &Client, opts: &Args) -> Result<Option<Report>, String> {
                     .map_err(|e| format!("{}: put: {e}", what()))?;
                 wire.commit()
                     .map_err(|e| format!("{}: commit: {e}", what()))?;
-                wire.fence(Procs::All, mode.fence_mode(), Some(FENCE_TIMEOUT))
-                    .map_err(|e| format!("{}: {e}", what()))?;
+                match (mode.fence_mode(), world) {
+                    (Some(m), _) => wire
+                        .fence(Procs::All, m, Some(FENCE_TIMEOUT))
+                        .map_err(|e| format!("{}: {e}", what()))?,
+                    (None, Some(w)) => w.fence().map_err(|e| format!("{}: {e}", what()))?,
+                    (None, None) => return Err(format!("{}: no fabric", what())),
+                }
                 let dt = t0.elapsed();
                 if it >= opts.warmup {
                     samples.push(dt);
@@ -707,7 +741,10 @@ mod tests {
         let a = parse(&[]).unwrap();
         assert_eq!((a.procs, a.nodes, a.iters, a.warmup), (8, 1, 50, 5));
         assert_eq!(a.card, vec![64, 1024, 16384]);
-        assert_eq!(a.modes, vec![Mode::Full, Mode::Sparse, Mode::Sync]);
+        assert_eq!(
+            a.modes,
+            vec![Mode::Full, Mode::Sparse, Mode::Sync, Mode::Fabric]
+        );
         assert_eq!(a.map_by, Placement::Slot);
         let a = parse(&[
             "-n",

@@ -50,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 mod algo;
+mod fence;
 mod ids;
 mod node;
 mod op;
@@ -356,6 +357,15 @@ pub trait Collectives {
     /// this communicator, in the group's order), called by every member of this one
     /// with the same group (MPI_Comm_create); `None` for those outside it.
     fn create(&self, group: &Group) -> Result<Option<Communicator>, CollError>;
+    /// A fence among the members run by the fabric instead of the wire-up servers
+    /// (called by every member): afterwards a get of any member's key sees what it
+    /// committed before the fence, as after a server fence of mode Full among them.
+    /// What each member committed since its last fence moves with an allgather (through
+    /// the node's shared memory and the network), so with nothing committed it costs
+    /// about a barrier; the servers are not involved, and processes outside the
+    /// communicator find the data at the servers as before. Needs the wire-up service
+    /// (a fabric started by `weft run`).
+    fn fence(&self) -> Result<(), CollError>;
 }
 
 impl Collectives for Communicator {
@@ -586,6 +596,10 @@ impl Collectives for Communicator {
                 })
             }
         }
+    }
+
+    fn fence(&self) -> Result<(), CollError> {
+        fence::run(self)
     }
 
     fn create(&self, group: &Group) -> Result<Option<Communicator>, CollError> {

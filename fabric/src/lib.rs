@@ -762,6 +762,12 @@ impl Communicator {
         self.ctx
     }
 
+    /// The wire-up client of this process, when the fabric runs under the wire-up
+    /// service (for fences and cards moved by collectives).
+    pub fn wire(&self) -> Option<&weft_wireup::Client> {
+        self.inner.wire.as_deref()
+    }
+
     /// The job rank of communicator rank `r` (`r < size`).
     #[inline]
     pub fn job_rank(&self, r: u32) -> u32 {

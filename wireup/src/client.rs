@@ -347,6 +347,8 @@ pub struct Client {
     store: StoreReader,
     conn: Conn,
     pending: Mutex<Vec<(Scope, String, Value)>>,
+    /// Commits since the last fence, and copies delivered by fences outside the servers.
+    pub(crate) handoff: crate::handoff::Handoff,
     seqs: Mutex<HashMap<(CollKind, Procs, String), u64>>,
     /// The groups this process constructed and has not destructed, by id.
     pub(crate) my_groups: Mutex<HashMap<String, crate::GroupInfo>>,
@@ -516,6 +518,7 @@ impl Client {
             store,
             conn: Conn::new(s, reader),
             pending: Mutex::new(Vec::new()),
+            handoff: crate::handoff::Handoff::default(),
             seqs: Mutex::new(HashMap::new()),
             my_groups: Mutex::new(HashMap::new()),
             events: Mutex::new(crate::event::Registry::default()),
@@ -676,6 +679,7 @@ impl Client {
     /// once, other nodes after a fence (Full) or on demand (Sparse).
     pub fn commit(&self) -> Result<(), CommitError> {
         let entries = std::mem::take(&mut *lock(&self.pending));
+        self.handoff.record(&entries);
         // No reply is awaited: the server handles a connection's frames in order, so any
         // fence or get sent after this sees the data, and a commit cannot fail on a
         // healthy connection (keys and sizes were checked by `put`).
@@ -708,7 +712,7 @@ impl Client {
                 });
             }
         }
-        let id = self.coll_id(CollKind::Fence, procs, "");
+        let id = self.coll_id(CollKind::Fence, procs.clone(), "");
         let timeout_ms = ms(timeout);
         let reply = self.conn.call(
             "fence",
@@ -722,7 +726,10 @@ impl Client {
         );
         self.dispatch_events();
         match reply? {
-            ServerMsg::Done { .. } => Ok(()),
+            ServerMsg::Done { .. } => {
+                self.handoff.server_fence(&procs);
+                Ok(())
+            }
             ServerMsg::Failed { error, .. } => Err(match error {
                 WireError::Timeout { missing, .. } => FenceError::Timeout { missing },
                 WireError::ProcGone { rank, reason, .. } => FenceError::ProcGone { rank, reason },
@@ -770,6 +777,11 @@ impl Client {
         let size = self.size();
         if rank >= size {
             return Err(GetError::InvalidRank { rank, size });
+        }
+        if !opts.refresh {
+            if let Some(v) = self.handoff.get(rank, key) {
+                return Ok(v);
+            }
         }
         let on_node = self.job.procs[rank as usize].node == self.node;
         if !opts.refresh && !self.store.overflowed() {

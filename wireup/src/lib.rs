@@ -27,6 +27,7 @@ mod frame;
 #[doc(hidden)]
 pub mod fuzz;
 mod group;
+mod handoff;
 mod job;
 pub mod launcher;
 mod modex;
