@@ -22,6 +22,7 @@ fn main() {
         "thread" => thread(),
         "fatal" => fatal(),
         "split" => split(),
+        "fabric-comm" => fabric_comm(),
         "reinit" => reinit(),
         "end" => end(args.get(1).map(String::as_str).unwrap_or("")),
         other => Err(format!("unknown scenario {other:?}").into()),
@@ -452,6 +453,59 @@ fn split() -> Res {
     check(x[0] == half.members()[peer as usize], "half pair")?;
     println!("rank {me} split ok pgcid {}", c.context_id());
     c.disconnect()?;
+    s.finalize()?;
+    Ok(())
+}
+
+/// Communicators from groups agreed over the fabric (`FabricGroup::create_comm`): three
+/// in a row from the world group, one from each half at once (the same tag), a dup of
+/// one (its id from the root server); collectives on each, every id the same at every
+/// member and distinct: prints `rank R fabric-comm ok N` with the number of distinct ids.
+fn fabric_comm() -> Res {
+    let s = session()?;
+    let world = s.group_from_pset("weft://world")?;
+    let me = s.fabric().wire().rank();
+    let n = world.size();
+    let mut ids = std::collections::HashSet::new();
+    let mut comms = Vec::new();
+    let agreed = |c: &Communicator, what: &str| -> Res {
+        let id = c.context_id();
+        let (mut hi, mut lo) = ([0u64], [0u64]);
+        c.allreduce(&[id], &mut hi, Op::Max)?;
+        c.allreduce(&[id], &mut lo, Op::Min)?;
+        check(hi[0] == id && lo[0] == id, what)
+    };
+    for i in 0..3 {
+        let c = world.create_comm("probe.fabric")?;
+        check(
+            ids.insert(c.context_id()),
+            "a fresh id for each communicator",
+        )?;
+        check(c.rank() == me && c.size() == n, "world order")?;
+        let mut sum = [0u64];
+        c.allreduce(&[u64::from(me)], &mut sum, Op::Sum)?;
+        check(sum[0] == u64::from(n * (n - 1) / 2), "allreduce on it")?;
+        agreed(&c, &format!("communicator {i}: one id at every member"))?;
+        comms.push(c);
+    }
+    let mine: Vec<u32> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    let half = world.incl(&mine)?;
+    let h = half.create_comm("probe.half")?;
+    check(ids.insert(h.context_id()), "a fresh id for the half")?;
+    let mut sum = [0u32];
+    h.allreduce(&[me], &mut sum, Op::Sum)?;
+    check(sum[0] == mine.iter().sum::<u32>(), "allreduce on the half")?;
+    agreed(&h, "the half: one id at every member")?;
+    let d = h.dup()?;
+    check(ids.insert(d.context_id()), "a fresh id for the dup")?;
+    agreed(&d, "the dup: one id at every member")?;
+    d.barrier()?;
+    println!("rank {me} fabric-comm ok {}", ids.len());
+    d.free()?;
+    h.free()?;
+    for c in comms {
+        c.free()?;
+    }
     s.finalize()?;
     Ok(())
 }

@@ -26,7 +26,9 @@ pub use weft_wireup as wireup;
 
 /// The names most programs need.
 pub mod prelude {
-    pub use weft_collectives::{CollError, Collectives, Element, Loc, NonBlocking, Op, SplitType};
+    pub use weft_collectives::{
+        CollError, Collectives, Element, FabricGroup, Loc, NonBlocking, Op, SplitType,
+    };
     pub use weft_fabric::{
         wait_all, wait_any, CommError, Communicator, ErrHandler, Fabric, Group, GroupCompare, Info,
         P2pError, Pod, Request, Session, SessionError, Source, Status, Tag, ThreadLevel,

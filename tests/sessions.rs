@@ -139,6 +139,32 @@ fn disjoint_groups_may_use_one_tag_at_once() {
 }
 
 #[test]
+fn communicators_from_groups_agreed_over_the_fabric() {
+    // Three in a row from the world, both halves at once with one tag, a dup: five
+    // distinct ids, the same at every member; on one node and on two over TCP.
+    let done = probe("sess-fabric-comm", "4", "fabric-comm");
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("fabric-comm ok 5"), 4, "{}", done.dump());
+    let p = example("session_probe");
+    let done = run(
+        "sess-fabric-comm-tcp",
+        &[
+            "-x",
+            "WEFT_TRANSPORTS=shm,tcp",
+            "--nodes",
+            "2",
+            "-n",
+            "3",
+            &p,
+            "fabric-comm",
+        ],
+        T,
+    );
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("fabric-comm ok 5"), 3, "{}", done.dump());
+}
+
+#[test]
 fn bench_group_prints_one_json_row_per_operation_and_job() {
     let tmp = std::env::temp_dir().join(format!("weft-tests/bench-group-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
@@ -160,9 +186,14 @@ fn bench_group_prints_one_json_row_per_operation_and_job() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
-    assert_eq!(rows.len(), 6, "{stdout}");
+    assert_eq!(rows.len(), 8, "{stdout}");
     for nodes in [1, 2] {
-        for op in ["construct", "construct+data", "comm_create"] {
+        for op in [
+            "construct",
+            "construct+data",
+            "comm_create",
+            "comm_create_fabric",
+        ] {
             let r = rows
                 .iter()
                 .find(|r| r["op"] == op && r["nodes"] == nodes)

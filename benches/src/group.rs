@@ -1,6 +1,8 @@
 //! `weft bench group`: the time of a group construct that assigns a PGCID, with and
 //! without the members' data, and of creating a communicator from a session group
-//! (`Communicator::create_from_group`, which runs such a construct).
+//! (`Communicator::create_from_group`, which runs such a construct), and the same from
+//! the fabric (`comm_create_fabric`: `FabricGroup::create_comm`, the members agreeing
+//! with one allreduce, no server).
 //!
 //! Started alone, the benchmark launches one job per (N, K) of `-n` and `--nodes`, each
 //! of N processes on K logical nodes running `weft bench group --job` with the same
@@ -10,6 +12,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use weft_collectives::FabricGroup;
 use weft_fabric::{Communicator, ErrHandler, Info, Session};
 use weft_wireup::{launcher, Client, FenceMode, GroupDirectives, Procs, Scope};
 
@@ -202,6 +205,16 @@ fn measure(session: &Session, opts: &Args) -> Result<Vec<Row>, String> {
     )?;
     rows.push(Row {
         op: "comm_create",
+        time: t,
+    });
+    let t = time(
+        wire,
+        opts,
+        |_| world.create_comm("bench.fabric").map_err(|e| e.to_string()),
+        |_, c| c.disconnect().map_err(|e| e.to_string()),
+    )?;
+    rows.push(Row {
+        op: "comm_create_fabric",
         time: t,
     });
     Ok(rows)

@@ -14,6 +14,16 @@
 //! - the limits are depth 4 below a PGCID and the counts above; past them (or for a
 //!   PGCID of 4 M or more) the collective asks the root server for a PGCID instead, and
 //!   that communicator starts a family of its own.
+//!
+//! Communicators made from session groups by their members ([`crate::FabricGroup`]) take
+//! ids of base 0, which no PGCID is (the root server counts from 1):
+//! `DERIVED_CTX | leader << 20 | counter`, where `leader` is the job rank of the group's
+//! first member (below 2^19) and `counter` that process's count of such communicators it
+//! led (1 to 2^20 - 1), so no two ever share one; past the limits the members ask the
+//! root server instead. Their members agree on the id over a bootstrap id
+//! `DERIVED_CTX | 1 << 39 | hash` (39 bits of a hash of the tag, the members and how
+//! often they made one with both). Such communicators derive no children of their own:
+//! their dup and split get a PGCID from the root server and start a family there.
 
 use weft_fabric::sched::DERIVED_CTX;
 
@@ -25,6 +35,9 @@ const BASE_BITS: u32 = 22;
 /// How many children a communicator of id `parent` may derive (its level's counter
 /// range), or 0 if its path is full.
 pub(crate) fn capacity(parent: u64) -> u32 {
+    if is_group_made(parent) {
+        return 0;
+    }
     let path = if parent & DERIVED_CTX != 0 {
         parent & ((1 << BASE_SHIFT) - 1)
     } else {
@@ -38,6 +51,9 @@ pub(crate) fn capacity(parent: u64) -> u32 {
 
 /// The id of child number `counter` (from 1) of `parent`, or `None` past the limits.
 pub(crate) fn derive(parent: u64, counter: u64) -> Option<u64> {
+    if is_group_made(parent) {
+        return None;
+    }
     let (base, path) = if parent & DERIVED_CTX != 0 {
         (
             (parent >> BASE_SHIFT) & ((1 << BASE_BITS) - 1),
@@ -55,6 +71,26 @@ pub(crate) fn derive(parent: u64, counter: u64) -> Option<u64> {
         return None;
     }
     Some(DERIVED_CTX | base << BASE_SHIFT | path | counter << sh)
+}
+
+/// Whether `id` was made from a group by its members (or is such a bootstrap id).
+fn is_group_made(id: u64) -> bool {
+    id & DERIVED_CTX != 0 && (id >> BASE_SHIFT) & ((1 << BASE_BITS) - 1) == 0
+}
+
+const LEADER_BITS: u32 = 19;
+const COUNTER_BITS: u32 = 20;
+
+/// The id of the `counter`-th communicator (from 1) led by job rank `leader`, or `None`
+/// past the limits.
+pub(crate) fn from_group(leader: u64, counter: u64) -> Option<u64> {
+    (leader < 1 << LEADER_BITS && (1..1 << COUNTER_BITS).contains(&counter))
+        .then_some(DERIVED_CTX | leader << COUNTER_BITS | counter)
+}
+
+/// The bootstrap id for `hash`.
+pub(crate) fn bootstrap(hash: u64) -> u64 {
+    DERIVED_CTX | 1 << 39 | (hash & ((1 << 39) - 1))
 }
 
 #[cfg(test)]
@@ -83,6 +119,34 @@ mod tests {
         }
         for id in &seen {
             assert_eq!(id & weft_fabric::sched::COLL_PLANE, 0);
+        }
+    }
+
+    #[test]
+    fn group_made_ids_never_meet_derived_ones_or_each_other() {
+        let mut seen = HashSet::new();
+        for pg in 1u64..3 {
+            for c1 in 1..300 {
+                seen.insert(derive(pg, c1).unwrap());
+            }
+        }
+        let derived = seen.len();
+        for leader in [0u64, 1, 7, (1 << 19) - 1] {
+            for counter in [1u64, 2, 1000, (1 << 20) - 1] {
+                let id = from_group(leader, counter).unwrap();
+                assert!(seen.insert(id), "{id:#x}");
+                assert_eq!(capacity(id), 0);
+                assert!(derive(id, 1).is_none());
+            }
+        }
+        assert_eq!(seen.len(), derived + 16);
+        assert!(from_group(1 << 19, 1).is_none());
+        assert!(from_group(0, 0).is_none());
+        assert!(from_group(0, 1 << 20).is_none());
+        for h in [0u64, 1, u64::MAX] {
+            let b = bootstrap(h);
+            assert!(!seen.contains(&b) && b & weft_fabric::sched::COLL_PLANE == 0);
+            assert!(is_group_made(b) && capacity(b) == 0);
         }
     }
 

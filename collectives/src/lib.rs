@@ -51,6 +51,7 @@
 
 mod algo;
 mod fence;
+mod group;
 mod ids;
 mod node;
 mod op;
@@ -175,6 +176,27 @@ impl CollError {
             }
             e => CollError::Transport { op, source: e },
         }
+    }
+}
+
+/// Communicators from session groups, agreed among their members over the fabric.
+pub trait FabricGroup {
+    /// A communicator of the group's members (ranks in group order), like
+    /// `Communicator::create_from_group` (MPI_Comm_create_from_group): collective over
+    /// the members, which must all call it with the same group and tag. The members
+    /// agree with one allreduce among themselves instead of a group construct at the
+    /// servers, and the context id comes from the group's first member (its job rank and
+    /// a count of its own), so no server is involved (past the id scheme's limits, a
+    /// construct at the servers is used instead). Like one made by dup or split, the
+    /// communicator has no wire-up group behind it: `free` is local and the session's
+    /// finalize has nothing to destruct for it; its own dup and split get their ids
+    /// from the root server.
+    fn create_comm(&self, tag: &str) -> Result<Communicator, CollError>;
+}
+
+impl FabricGroup for Group {
+    fn create_comm(&self, tag: &str) -> Result<Communicator, CollError> {
+        group::create(self, tag)
     }
 }
 

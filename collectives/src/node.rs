@@ -257,6 +257,15 @@ impl Run<'_> {
         }
         let v = self.nc.seg.seq(r, parity(s));
         if v & CollSegment::ABORTED != 0 {
+            // Usually because a member died: the node's store already says which (the
+            // member that gave up read it there), and that is the error to give.
+            if let Some((rank, reason)) = self.comm.failed_member() {
+                return Err(CollError::MemberGone {
+                    op: self.op,
+                    rank,
+                    reason,
+                });
+            }
             return Err(CollError::Aborted {
                 op: self.op,
                 rank: r as u32,

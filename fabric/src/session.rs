@@ -503,6 +503,43 @@ impl Group {
         &self.members
     }
 
+    /// A communicator of the group's members (ranks in group order) with context id
+    /// `ctx`, made without any message: every member must call it with the same `ctx`.
+    /// For collective libraries that agree on an id among the members themselves (the
+    /// id must be unique in the job, never a PGCID the root server hands out, and
+    /// without [`crate::sched::COLL_PLANE`]). Like a communicator from dup or split, it
+    /// has no wire-up group behind it: free is local, disconnect delivers what is
+    /// buffered, and the session's finalize has nothing to destruct for it.
+    pub fn derive_comm(&self, ctx: u64) -> Result<Communicator, CommError> {
+        if self.session.finalized() {
+            return Err(CommError::SessionFinalized);
+        }
+        let Some(rank) = self.rank() else {
+            return Err(CommError::NotMember {
+                tag: format!("{ctx:#x}"),
+                rank: self.me,
+            });
+        };
+        if ctx & crate::sched::COLL_PLANE != 0 {
+            return Err(CommError::Disconnect(format!(
+                "context id {ctx:#x} has the collective plane's bit"
+            )));
+        }
+        let identity = self.members.iter().enumerate().all(|(i, &r)| i as u32 == r);
+        Ok(Communicator {
+            inner: self.fabric.inner.clone(),
+            ctx,
+            rank,
+            size: self.members.len() as u32,
+            map: (!identity).then(|| Arc::new(RankMap::new(&self.members))),
+            origin: None,
+            shared: Arc::new(crate::CommShared {
+                derived: true,
+                ..crate::CommShared::default()
+            }),
+        })
+    }
+
     fn derive(&self, members: Vec<u32>) -> Group {
         Group {
             me: self.me,

@@ -271,15 +271,28 @@ impl Endpoint {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
-                tracing::warn!(rank = me, %addr, "refused a TCP connection from {addr}: {e}");
+                if s.got == 0 {
+                    // Usually the other side of a simultaneous connect dropping its
+                    // attempt (it kept ours): nothing to warn about.
+                    tracing::debug!(rank = me, %addr, "refused a TCP connection from {addr}: {e}");
+                } else {
+                    tracing::warn!(rank = me, %addr, "refused a TCP connection from {addr}: {e}");
+                }
                 self.stats.refused += 1;
                 self.take_shake(si);
                 return;
             }
         }
         let h = Hello::decode(s.buf[..wire::HELLO_LEN].try_into().expect("48"));
+        // A second connection from a peer already connected is the other half of a
+        // simultaneous connect: refused quietly.
+        let quiet = std::cell::Cell::new(false);
         let refuse = |me: &mut Self, why: String, answer: bool| {
-            tracing::warn!(rank = me.cfg.me, %addr, "refused a TCP connection from {addr}: {why}");
+            if quiet.get() {
+                tracing::debug!(rank = me.cfg.me, %addr, "refused a TCP connection from {addr}: {why}");
+            } else {
+                tracing::warn!(rank = me.cfg.me, %addr, "refused a TCP connection from {addr}: {why}");
+            }
             me.stats.refused += 1;
             let s = me.take_shake(si).expect("present");
             if answer {
@@ -361,6 +374,7 @@ impl Endpoint {
             );
         }
         if self.peers[pi].link.is_some() {
+            quiet.set(true);
             return refuse(
                 self,
                 format!("rank {me} already has a connection with {who}"),
