@@ -52,6 +52,7 @@
 mod algo;
 mod fence;
 mod group;
+mod hier;
 mod ids;
 mod node;
 mod op;
@@ -218,6 +219,9 @@ struct CollState {
     /// The node-local segment, once the first operation that could use it made it
     /// (`None`: the communicator does not qualify, or it could not be made).
     node: std::sync::OnceLock<Option<node::NodeColl>>,
+    /// The node and leader sub-communicators, once the first operation that could use
+    /// them made them (`None`: the communicator does not span nodes usefully).
+    hier: std::sync::OnceLock<Option<hier::Hier>>,
 }
 
 /// The communicator's node-local segment, made on first use (collective: every member
@@ -231,6 +235,15 @@ fn node(comm: &Communicator) -> Option<&node::NodeColl> {
         .node
         .get_or_init(|| node::setup(comm, c.single_copy))
         .as_ref()
+}
+
+/// The hierarchy of a communicator that spans nodes (made on first use, without
+/// messages), if it helps and `WEFT_COLL_HIER` allows.
+fn hier(comm: &Communicator) -> Option<&hier::Hier> {
+    if !Config::get().hier {
+        return None;
+    }
+    state(comm).hier.get_or_init(|| hier::setup(comm)).as_ref()
 }
 
 /// The segment, for an operation of `bytes` (within `WEFT_COLL_SHM_MAX`).
@@ -251,6 +264,25 @@ fn node_gather(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
 /// (every member reads every other's: beyond 4 KiB single-copy reads win).
 fn gather_cells_max() -> usize {
     Config::get().shm_max.min(4096)
+}
+
+/// The hierarchy, for an allreduce of `count` elements into `recv_len` with `op`: only
+/// commutative operations (the order is not rank order) defined for the type, up to
+/// `WEFT_COLL_HIER_MAX`, with arguments the flat path would accept (it reports them).
+fn hier_reduce<'c, T: Element>(
+    comm: &'c Communicator,
+    count: usize,
+    recv_len: usize,
+    op: &Op<T>,
+) -> Option<&'c hier::Hier> {
+    if count != recv_len
+        || !op.commutative()
+        || count * std::mem::size_of::<T>() > Config::get().hier_max
+        || plan::check_op("allreduce", op).is_err()
+    {
+        return None;
+    }
+    hier(comm)
 }
 
 fn state(comm: &Communicator) -> &CollState {
@@ -395,6 +427,9 @@ impl Collectives for Communicator {
         if let Some(nc) = node(self) {
             return nc.barrier(self);
         }
+        if let Some(h) = hier(self) {
+            return h.barrier(self);
+        }
         plan_barrier(self).run(self)
     }
 
@@ -402,6 +437,9 @@ impl Collectives for Communicator {
         check_root("bcast", self, root)?;
         if let Some(nc) = node_for(self, std::mem::size_of_val(buf)) {
             return nc.bcast(self, as_bytes_mut(buf), root);
+        }
+        if let Some(h) = hier(self) {
+            return h.bcast(self, buf, root);
         }
         plan_bcast(self, buf, root)?.run(self)
     }
@@ -440,12 +478,18 @@ impl Collectives for Communicator {
         if let Some(r) = shm_reduce("allreduce", self, Some(send), recv, &op, None) {
             return r;
         }
+        if let Some(h) = hier_reduce(self, send.len(), recv.len(), &op) {
+            return h.allreduce(self, Some(send), recv, &op);
+        }
         plan_allreduce(self, Some(send), recv, &op)?.run(self)
     }
 
     fn allreduce_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {
         if let Some(r) = shm_reduce("allreduce", self, None, buf, &op, None) {
             return r;
+        }
+        if let Some(h) = hier_reduce(self, buf.len(), buf.len(), &op) {
+            return h.allreduce(self, None, buf, &op);
         }
         plan_allreduce(self, None, buf, &op)?.run(self)
     }

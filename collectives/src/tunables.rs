@@ -31,6 +31,16 @@ pub const TUNABLES: &[Tunable] = &[
         help: "node-local reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
     },
     Tunable {
+        var: "WEFT_COLL_HIER",
+        default: "on",
+        help: "communicators that span nodes with two or more members on some node: barrier, bcast and small allreduce in phases (node, leaders, node): on, off",
+    },
+    Tunable {
+        var: "WEFT_COLL_HIER_MAX",
+        default: "4K",
+        help: "bytes up to which allreduce (commutative operations) is hierarchical",
+    },
+    Tunable {
         var: "WEFT_COLL_BCAST",
         default: "auto",
         help: "broadcast algorithm: auto, binomial, scatter-allgather",
@@ -94,6 +104,8 @@ pub(crate) struct Config {
     pub(crate) shm: bool,
     pub(crate) shm_max: usize,
     pub(crate) single_copy: bool,
+    pub(crate) hier: bool,
+    pub(crate) hier_max: usize,
     pub(crate) bcast: Bcast,
     pub(crate) bcast_large: usize,
     pub(crate) allreduce: Allreduce,
@@ -160,6 +172,8 @@ impl Config {
             shm: choice("WEFT_COLL_SHM", &[("on", true), ("off", false)]),
             shm_max: size("WEFT_COLL_SHM_MAX").min(weft_shm::CollSegment::CELL),
             single_copy: choice("WEFT_COLL_SINGLE_COPY", &[("auto", true), ("off", false)]),
+            hier: choice("WEFT_COLL_HIER", &[("on", true), ("off", false)]),
+            hier_max: size("WEFT_COLL_HIER_MAX"),
             bcast: choice(
                 "WEFT_COLL_BCAST",
                 &[
