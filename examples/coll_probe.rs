@@ -21,6 +21,9 @@
 //! - `threads`: four threads, each running collectives on its own dup of the world:
 //!   `rank R threads ok`.
 //! - `self`: a message to oneself: `rank R self ok in N ms`.
+//! - `exchange [ITERS]`: two ranks swap 8 bytes ITERS times (irecv, send, wait), the
+//!   point-to-point core of a two-member barrier or allreduce, without any collective:
+//!   `rank R exchange X us` (average per swap).
 //! - `fence`: three rounds of put (Local, Remote, Global) + commit + a fabric fence
 //!   (`Collectives::fence`) on the world, a server fence between rounds 2 and 3, then a
 //!   fabric fence on each half of a split; after each, every rank reads every other's
@@ -334,6 +337,32 @@ fn run(args: &[String]) -> Res<()> {
             println!("rank {me} self ok in {} ms", t.elapsed().as_millis());
         }
         Some("fence") => fence_rounds(&fabric, &world)?,
+        Some("exchange") => {
+            let iters: u32 = arg(1).map_or(Ok(10_000), str::parse)?;
+            if world.size() != 2 {
+                return Err("exchange needs 2 ranks".into());
+            }
+            let peer = 1 - me;
+            let warm = iters / 10 + 1;
+            let mut got = [0u64];
+            let mut t = std::time::Instant::now();
+            for i in 0..warm + iters {
+                if i == warm {
+                    world.barrier()?;
+                    t = std::time::Instant::now();
+                }
+                world.scope(|s| {
+                    let r = s.irecv(&mut got, Source::Rank(peer), Tag(5))?;
+                    world.send(&[u64::from(i)], peer, Tag(5))?;
+                    r.wait()
+                })?;
+                if got[0] != u64::from(i) {
+                    return Err(format!("swap {i}: got {}", got[0]).into());
+                }
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+            println!("rank {me} exchange {us:.2} us");
+        }
         other => return Err(format!("unknown scenario {other:?}").into()),
     }
     fabric.finalize()?;

@@ -86,7 +86,18 @@ fn recursive_doubling_allreduce_forced() {
 
 #[test]
 fn collectives_across_two_nodes_with_uneven_placement_over_tcp() {
-    // 2 + 1 and 3 + 2 processes: shared memory within a node, TCP between them.
+    // 1 + 1 (two-member exchanges), 2 + 1 and 3 + 2 processes: shared memory within a
+    // node, TCP between them; 2 on one node with the node path off (exchanges again).
+    coll_check(
+        "coll-tcp2",
+        &["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "2"],
+        "65536",
+    );
+    coll_check(
+        "coll-noshm2",
+        &["-x", "WEFT_COLL_SHM=off", "-n", "2"],
+        "65536",
+    );
     coll_check(
         "coll-tcp3",
         &["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "3"],
@@ -142,12 +153,14 @@ fn survivors(stdout: &str) -> Vec<(String, String, u64)> {
 fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds() {
     let probe = example("coll_probe");
     // Over TCP, 2 + 2 processes (the last one a node's second member) and 2 + 1 (the
-    // last one its node's leader): small allreduces run hierarchically there.
+    // last one its node's leader): small allreduces run hierarchically there; 1 + 1: one
+    // exchange without a schedule.
     for (name, bytes, nodes, n) in [
         ("coll-die-shm-small", "8", "1", 4),
         ("coll-die-shm-large", "1048576", "1", 4),
         ("coll-die-tcp-small", "8", "2", 4),
         ("coll-die-tcp-leader", "8", "2", 3),
+        ("coll-die-tcp-pair", "8", "2", 2),
         ("coll-die-tcp-large", "1048576", "2", 4),
     ] {
         let procs = n.to_string();

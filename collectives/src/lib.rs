@@ -56,6 +56,7 @@ mod hier;
 mod ids;
 mod node;
 mod op;
+mod pair;
 mod plan;
 mod tunables;
 
@@ -285,6 +286,19 @@ fn hier_reduce<'c, T: Element>(
     hier(comm)
 }
 
+/// Whether an allreduce of `count` elements into `recv_len` with `op` on a two-member
+/// communicator (without a node segment: those took it already) is one exchange: up to
+/// `WEFT_COLL_ALLREDUCE_LARGE` with the algorithm left to Weft, and arguments the flat
+/// path would accept (it reports them).
+fn pair_reduce<T: Element>(comm: &Communicator, count: usize, recv_len: usize, op: &Op<T>) -> bool {
+    let c = Config::get();
+    comm.size() == 2
+        && count == recv_len
+        && c.allreduce == tunables::Allreduce::Auto
+        && count * std::mem::size_of::<T>() < c.allreduce_large
+        && plan::check_op("allreduce", op).is_ok()
+}
+
 fn state(comm: &Communicator) -> &CollState {
     // Only this crate uses the slot, always with `CollState`.
     comm.coll_state(CollState::default)
@@ -430,6 +444,9 @@ impl Collectives for Communicator {
         if let Some(h) = hier(self) {
             return h.barrier(self);
         }
+        if self.size() == 2 {
+            return pair::barrier(self);
+        }
         plan_barrier(self).run(self)
     }
 
@@ -481,6 +498,9 @@ impl Collectives for Communicator {
         if let Some(h) = hier_reduce(self, send.len(), recv.len(), &op) {
             return h.allreduce(self, Some(send), recv, &op);
         }
+        if pair_reduce(self, send.len(), recv.len(), &op) {
+            return pair::allreduce(self, Some(send), recv, &op);
+        }
         plan_allreduce(self, Some(send), recv, &op)?.run(self)
     }
 
@@ -490,6 +510,9 @@ impl Collectives for Communicator {
         }
         if let Some(h) = hier_reduce(self, buf.len(), buf.len(), &op) {
             return h.allreduce(self, None, buf, &op);
+        }
+        if pair_reduce(self, buf.len(), buf.len(), &op) {
+            return pair::allreduce(self, None, buf, &op);
         }
         plan_allreduce(self, None, buf, &op)?.run(self)
     }

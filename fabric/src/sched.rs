@@ -360,6 +360,63 @@ impl Communicator {
         self.fix(self.wait_id(id)).map(|_| ())
     }
 
+    /// Swaps `send` with member `peer`'s message of tag `tag` on this communicator's
+    /// collective plane: the two-member step of a collective library without a schedule
+    /// (a schedule costs a few hundred nanoseconds more, which counts when a message
+    /// takes a microsecond or two). The peer's message must hold exactly `recv.len()`
+    /// bytes, else [`P2pError::SizeMismatch`]; a peer that is gone fails it, and nothing
+    /// refers to `recv` after it returns.
+    pub fn coll_exchange(
+        &self,
+        peer: u32,
+        tag: u32,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<(), P2pError> {
+        if peer >= self.size {
+            return Err(P2pError::InvalidRank {
+                rank: peer,
+                size: self.size,
+            });
+        }
+        let job = self.job_rank(peer);
+        let ctx = self.ctx | COLL_PLANE;
+        self.inner.before_send(job);
+        let mut e = self.inner.engine();
+        let rid = e.recv(recv.as_mut_ptr(), recv.len(), ctx, Some(job), Some(tag));
+        let sent = e.send(send.as_ptr(), send.len(), job, ctx, tag);
+        drop(e);
+        let sent = match sent {
+            Ok(sid) => sid.map_or(Ok(()), |id| self.wait_id(id).map(|_| ())),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = sent {
+            // Nothing may refer to `recv` after this returns: take the receive back, or
+            // let it finish if it already matched.
+            let cancelled = self.inner.engine().cancel_recv(rid);
+            if !cancelled {
+                let _ = self.wait_id(rid);
+            }
+            return Err(self.fix_err(err));
+        }
+        match self.wait_id(rid) {
+            Ok(st) if st.count != recv.len() => Err(P2pError::SizeMismatch {
+                rank: peer,
+                tag,
+                expected: recv.len(),
+                got: st.count,
+            }),
+            Ok(_) => Ok(()),
+            Err(P2pError::Truncated { size, capacity, .. }) => Err(P2pError::SizeMismatch {
+                rank: peer,
+                tag,
+                expected: capacity,
+                got: size,
+            }),
+            Err(err) => Err(self.fix_err(err)),
+        }
+    }
+
     /// Checks and starts `sched`; returns its request id. The caller keeps `send` and
     /// `recv` borrowed until the request completes.
     fn start_schedule_raw(
