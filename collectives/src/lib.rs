@@ -255,6 +255,16 @@ fn node_for(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
     node(comm)
 }
 
+/// The segment, for a bcast above `WEFT_COLL_SHM_MAX`: every member reads the root's
+/// buffer with one copy, when there are 3 or more (for two, the point-to-point
+/// rendezvous splits the copy between both and wins).
+fn bcast_single_copy(comm: &Communicator) -> Option<&node::NodeColl> {
+    if comm.size() < 3 {
+        return None;
+    }
+    node(comm).filter(|nc| nc.single_copy())
+}
+
 /// The segment, for an allgather or alltoall whose members' payloads are `bytes` each:
 /// through its cells up to [`gather_cells_max`], above with single-copy reads.
 fn node_gather(comm: &Communicator, bytes: usize) -> Option<&node::NodeColl> {
@@ -453,6 +463,9 @@ impl Collectives for Communicator {
     fn bcast<T: Pod>(&self, buf: &mut [T], root: u32) -> Result<(), CollError> {
         check_root("bcast", self, root)?;
         if let Some(nc) = node_for(self, std::mem::size_of_val(buf)) {
+            return nc.bcast(self, as_bytes_mut(buf), root);
+        }
+        if let Some(nc) = bcast_single_copy(self) {
             return nc.bcast(self, as_bytes_mut(buf), root);
         }
         if let Some(h) = hier(self) {

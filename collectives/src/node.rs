@@ -25,15 +25,18 @@
 //!
 //! # Large payloads: single copy
 //! When every member can read every other's memory with cross-memory attach (probed
-//! when the segment is made; `WEFT_COLL_SINGLE_COPY`), larger reduce, allreduce,
+//! when the segment is made; `WEFT_COLL_SINGLE_COPY`), larger bcast, reduce, allreduce,
 //! allgather and alltoall publish their buffers' addresses instead (stage `3k + 1`) and
 //! read each other's buffers with one copy each (`process_vm_readv`):
 //! - allgather and alltoall: each member reads its blocks from every other member, then
 //!   enters `3k + 3` and waits for all (its buffers are read until then);
+//! - bcast (3 or more members): each member reads the root's buffer, and the root
+//!   returns once all have entered `3k + 3`;
 //! - reduce and allreduce: the vector is cut in one segment per member; each member
 //!   reduces its own segment from everyone's input, in chunks of 64 KiB that stay in
 //!   cache (stage `3k + 2`: done), then the members (allreduce) or the root (reduce)
-//!   read the reduced segments.
+//!   read the reduced segments; with two members and up to 256 KiB, each reads the
+//!   other's whole input instead (one phase, clean data).
 //!
 //! A failure in the middle of such an operation (a member that died, a read the kernel
 //! refused) marks this member's word as aborted, so nobody waits for it, and leaves the
@@ -485,6 +488,9 @@ impl NodeColl {
         let mut run = self.begin("bcast", comm)?;
         let w = word(run.base, Kind::Bcast, Some(root), buf.len());
         let root = root as usize;
+        if buf.len() > crate::Config::get().shm_max {
+            return self.bcast_large(&mut run, w, buf, root);
+        }
         if comm.rank() as usize == root {
             run.wait_all(run.base)?;
             self.seg.put(run.slot(), buf);
@@ -500,6 +506,34 @@ impl NodeColl {
         run.check(root, w)?;
         self.seg.get(root, run.slot(), buf);
         Ok(())
+    }
+
+    /// A bcast above the cells' limit: the root publishes its buffer's address, every
+    /// member reads it with one copy, and the root returns once all have (3 or more
+    /// members, single copy available: see `bcast_single_copy` in the crate root).
+    fn bcast_large(
+        &self,
+        run: &mut Run<'_>,
+        w: u64,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        if run.comm.rank() as usize == root {
+            run.wait_all(run.base)?;
+            run.put_desc(buf.as_ptr() as usize, 0);
+            run.publish(w, run.fin());
+            // Members read the buffer until they enter the last stage.
+            return run.wait_all(run.fin()).map_err(|e| run.fail(e));
+        }
+        run.wait_member(root, run.slot())?;
+        if let Err(e) = run.check(root, w) {
+            run.enter(run.fin());
+            return Err(e);
+        }
+        let d = run.desc(root);
+        let res = run.read(root, d[0], buf);
+        run.enter(run.fin());
+        res.map_err(|e| run.fail(e))
     }
 
     /// Reduce (to `root`, or to everyone when `root` is `None`) of `count` elements from
