@@ -45,7 +45,15 @@
 //! barrier; binomial and scatter+allgather broadcast; binomial reduce; recursive-doubling
 //! and ring allreduce; linear gather(v) and scatter(v); Bruck and ring allgather;
 //! pairwise all-to-all; ring and rank-ordered reduce-scatter; recursive-doubling scans.
-//! Non-commutative operations always reduce in rank order.
+//! Non-commutative operations always reduce in rank order. Within a node, a shared-memory
+//! segment (`node`: flags, inline payloads, cells, single-copy reads); across nodes,
+//! hierarchical barrier, bcast and small allreduce (`hier`); two members without a
+//! segment exchange once (`pair`).
+//!
+//! # Beyond collectives
+//! [`Collectives::fence`] moves the cards committed since the last fence with an
+//! allgather instead of through the servers, and [`FabricGroup::create_comm`] makes a
+//! communicator from a session group with one allreduce among its members.
 
 #![forbid(unsafe_code)]
 

@@ -28,7 +28,7 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         var: "WEFT_COLL_SINGLE_COPY",
         default: "auto",
-        help: "node-local reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
+        help: "node-local bcast (3+ members), reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
     },
     Tunable {
         var: "WEFT_COLL_HIER",
