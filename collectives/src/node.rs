@@ -54,11 +54,10 @@
 //! name, then they probe single-copy reads of each other (another allreduce); if any
 //! step fails the communicator keeps using point-to-point algorithms.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut, Buf};
-use weft_fabric::{Communicator, P2pError};
+use weft_fabric::{Communicator, P2pError, SpinGuard, SpinLock};
 use weft_shm::{cma_read, CollSegment};
 
 use crate::op::{apply, ByteOp, Element, Op};
@@ -127,8 +126,9 @@ pub(crate) struct NodeColl {
     /// The members' process ids, when every member can read every other's memory
     /// with one copy.
     pids: Option<Vec<i32>>,
-    /// Held during an operation: one at a time.
-    state: Mutex<State>,
+    /// Held during an operation: one at a time (a lock whose release is a plain store:
+    /// `std`'s would wait for the flag just published to leave the store buffer).
+    state: SpinLock<State>,
 }
 
 #[derive(Debug, Default)]
@@ -230,7 +230,7 @@ pub(crate) fn setup(comm: &Communicator, single_copy: bool) -> Option<NodeColl> 
     Some(NodeColl {
         seg,
         pids: readable.then_some(pids),
-        state: Mutex::new(State::default()),
+        state: SpinLock::new(State::default()),
     })
 }
 
@@ -239,7 +239,7 @@ struct Run<'a> {
     nc: &'a NodeColl,
     comm: &'a Communicator,
     op: &'static str,
-    st: MutexGuard<'a, State>,
+    st: SpinGuard<'a, State>,
     /// Stage `3k` of operation `k`.
     base: u64,
 }
@@ -451,7 +451,7 @@ impl NodeColl {
 
     /// Starts the next operation.
     fn begin<'a>(&'a self, op: &'static str, comm: &'a Communicator) -> Result<Run<'a>, CollError> {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut st = self.state.lock();
         if let Some(why) = &st.broken {
             return Err(CollError::Aborted {
                 op,

@@ -21,6 +21,7 @@
 mod backoff;
 mod engine;
 mod lock;
+pub use lock::{Guard as SpinGuard, SpinLock};
 pub mod sched;
 mod session;
 mod setup;
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 pub use backoff::spin_limit;
 pub(crate) use backoff::{note_oversubscription, Backoff};
 use engine::{Config, Direct, Engine, Resolved, SingleCopy};
-use lock::{Guard, SpinLock};
+use lock::Guard;
 use setup::{DEFAULT_CMA_SPLIT, DEFAULT_TCP_EAGER_LIMIT};
 pub use setup::{SHM_CARD_KEY, TCP_CARD_KEY, TUNABLES, VERBS_CARD_KEY};
 use weft_shm::{Inbox, Outbox};

@@ -22,8 +22,11 @@ const YIELDS: u32 = 64;
 /// One nap of a thread that keeps finding the lock taken.
 const NAP: Duration = Duration::from_micros(20);
 
-/// A value behind a test-and-set lock.
-pub(crate) struct SpinLock<T> {
+/// A value behind a test-and-set lock whose release is one plain store (see the module's
+/// documentation): for state held briefly on fast paths, such as a collective library's
+/// per-communicator state, where `std::sync::Mutex`'s release would wait for the store
+/// buffer to drain right after the store that publishes a flag.
+pub struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -34,8 +37,15 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: as above; the lock owns its value.
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
+impl<T> std::fmt::Debug for SpinLock<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinLock").finish_non_exhaustive()
+    }
+}
+
 impl<T> SpinLock<T> {
-    pub(crate) fn new(value: T) -> SpinLock<T> {
+    /// A lock holding `value`.
+    pub fn new(value: T) -> SpinLock<T> {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
@@ -44,7 +54,7 @@ impl<T> SpinLock<T> {
 
     /// The value, if no other thread holds it: one compare-and-swap.
     #[inline]
-    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
         // SYNC: Acquire pairs with the Release store in `Guard::drop`: the previous
         // holder's writes to the value happen before ours.
         self.locked
@@ -58,7 +68,7 @@ impl<T> SpinLock<T> {
     }
 
     /// The value, waiting for it: spins, then yields, then naps.
-    pub(crate) fn lock(&self) -> Guard<'_, T> {
+    pub fn lock(&self) -> Guard<'_, T> {
         let mut tries = 0u32;
         loop {
             // Relaxed: a hint before the compare-and-swap, which orders.
@@ -79,9 +89,15 @@ impl<T> SpinLock<T> {
     }
 }
 
+impl<T> std::fmt::Debug for Guard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").finish_non_exhaustive()
+    }
+}
+
 /// The locked value; dropping it releases the lock (also while unwinding: the engine's
 /// queues are consistent between calls, so a panic does not poison it).
-pub(crate) struct Guard<'a, T> {
+pub struct Guard<'a, T> {
     lock: &'a SpinLock<T>,
     /// The guard lends out `&mut T`: it is `Send` and `Sync` only as that is.
     _value: PhantomData<&'a mut T>,
