@@ -85,6 +85,28 @@ fn recursive_doubling_allreduce_forced() {
 }
 
 #[test]
+fn rabenseifner_allreduce_forced() {
+    forced(3, &["WEFT_COLL_ALLREDUCE=rabenseifner"]);
+    // Five members (one folds in) across two nodes.
+    coll_check(
+        "coll-raben-tcp5",
+        &[
+            "-x",
+            "WEFT_TRANSPORTS=shm,tcp",
+            "-x",
+            "WEFT_COLL_ALLREDUCE=rabenseifner",
+            "-x",
+            "WEFT_COLL_HIER=off",
+            "--nodes",
+            "2",
+            "-n",
+            "5",
+        ],
+        "16384",
+    );
+}
+
+#[test]
 fn collectives_across_two_nodes_with_uneven_placement_over_tcp() {
     // 1 + 1 (two-member exchanges), 2 + 1 and 3 + 2 processes: shared memory within a
     // node, TCP between them; 2 on one node with the node path off (exchanges again).

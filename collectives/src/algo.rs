@@ -319,6 +319,99 @@ pub(crate) fn allreduce_ring(
     s
 }
 
+/// Rabenseifner's allreduce (commutative ops): a recursive-halving reduce-scatter, then a
+/// recursive-doubling allgather, among the largest power of two of members (the others
+/// fold into a neighbour first and get the result from it last, as in recursive
+/// doubling): 2 log2 n steps moving about twice the vector, for vectors between the
+/// recursive doubling's and the ring's.
+pub(crate) fn allreduce_rabenseifner(
+    at: At,
+    count: usize,
+    es: usize,
+    op: &ByteOp,
+    mine: Slice,
+) -> Schedule {
+    let (n, r) = (at.size, at.rank);
+    let bytes = count * es;
+    let mut s = Schedule::new();
+    let acc = Buf::Recv.at(0, bytes);
+    copy_if(&mut s, mine, acc);
+    if n == 1 {
+        return s;
+    }
+    let tmp = s.scratch(bytes);
+    let pof2 = 1u32 << (31 - n.leading_zeros());
+    let rem = n - pof2;
+    let newrank = if r < 2 * rem {
+        if r % 2 == 0 {
+            s.send(acc, r + 1, at.tag);
+            s.round();
+            None
+        } else {
+            let t = tmp.at(0, bytes);
+            s.recv(t, r - 1, at.tag);
+            reduce_step(&mut s, op, t, acc);
+            Some(r / 2)
+        }
+    } else {
+        Some(r - rem)
+    };
+    let real = |nr: u32| if nr < rem { nr * 2 + 1 } else { nr + rem };
+    // Chunks [a, b) of the vector cut into pof2.
+    let chunks = |a: u32, b: u32| {
+        let start = chunk_range(count, pof2, a).0;
+        let end = if b >= pof2 {
+            count
+        } else {
+            chunk_range(count, pof2, b).0
+        };
+        Buf::Recv.at(start * es, (end - start) * es)
+    };
+    if let Some(nr) = newrank {
+        let (mut lo, mut hi) = (0u32, pof2);
+        let mut mask = pof2 >> 1;
+        while mask > 0 {
+            let partner = real(nr ^ mask);
+            let mid = lo + mask;
+            let (keep, give) = if nr & mask == 0 {
+                ((lo, mid), (mid, hi))
+            } else {
+                ((mid, hi), (lo, mid))
+            };
+            let k = chunks(keep.0, keep.1);
+            let into = tmp.at(0, k.len);
+            s.send(chunks(give.0, give.1), partner, at.tag);
+            s.recv(into, partner, at.tag);
+            reduce_step(&mut s, op, into, k);
+            (lo, hi) = keep;
+            mask >>= 1;
+        }
+        s.round();
+        let mut mask = 1;
+        while mask < pof2 {
+            let partner = real(nr ^ mask);
+            let (plo, phi) = if nr & mask == 0 {
+                (hi, hi + mask)
+            } else {
+                (lo - mask, lo)
+            };
+            s.send(chunks(lo, hi), partner, at.tag);
+            s.recv(chunks(plo, phi), partner, at.tag);
+            s.round();
+            (lo, hi) = (lo.min(plo), hi.max(phi));
+            mask <<= 1;
+        }
+    }
+    if r < 2 * rem {
+        if r % 2 == 1 {
+            s.send(acc, r - 1, at.tag);
+        } else {
+            s.recv(acc, r + 1, at.tag);
+        }
+    }
+    s
+}
+
 /// Linear gatherv: the root receives every block straight into place.
 /// `blocks[i]` = (offset, length) in bytes of rank i's block in the root's buffer.
 pub(crate) fn gatherv(at: At, root: u32, mine: Slice, blocks: &[(usize, usize)]) -> Schedule {

@@ -42,8 +42,8 @@
 //!
 //! # Algorithms
 //! Selected by size and shape, tunable with `WEFT_COLL_*` ([`TUNABLES`]): dissemination
-//! barrier; binomial and scatter+allgather broadcast; binomial reduce; recursive-doubling
-//! and ring allreduce; linear gather(v) and scatter(v); Bruck and ring allgather;
+//! barrier; binomial and scatter+allgather broadcast; binomial reduce; recursive-doubling,
+//! Rabenseifner and ring allreduce; linear gather(v) and scatter(v); Bruck and ring allgather;
 //! pairwise all-to-all; ring and rank-ordered reduce-scatter; recursive-doubling scans.
 //! Non-commutative operations always reduce in rank order. Within a node, a shared-memory
 //! segment (`node`: flags, inline payloads, cells, single-copy reads); across nodes,

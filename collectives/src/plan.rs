@@ -204,16 +204,24 @@ pub(crate) fn plan_allreduce<'a, T: Element>(
     let bop = op::byte_op(red);
     let cfg = Config::get();
     let ring_ok = red.commutative() && count >= at.size as usize;
+    // Rabenseifner's from the middle size on (as few steps as recursive doubling, as few
+    // bytes as the ring), except that a size that is not a power of two makes it send
+    // the whole vector once more (its fold): the ring takes the large vectors there.
+    let raben = at.size > 2 && (at.size.is_power_of_two() || bytes < cfg.allreduce_large);
     let algo = match cfg.allreduce {
+        Allreduce::Auto if ring_ok && bytes >= cfg.allreduce_mid && raben => {
+            Allreduce::Rabenseifner
+        }
         Allreduce::Auto if ring_ok && bytes >= cfg.allreduce_large && at.size > 1 => {
             Allreduce::Ring
         }
         Allreduce::Auto => Allreduce::RecursiveDoubling,
-        Allreduce::Ring if !ring_ok => Allreduce::RecursiveDoubling,
+        Allreduce::Ring | Allreduce::Rabenseifner if !ring_ok => Allreduce::RecursiveDoubling,
         a => a,
     };
     let sched = match algo {
         Allreduce::Ring => algo::allreduce_ring(at, count, es, &bop, mine),
+        Allreduce::Rabenseifner => algo::allreduce_rabenseifner(at, count, es, &bop, mine),
         Allreduce::ReduceBcast => {
             // A reduce to rank 0, then a binomial broadcast, in one schedule: the same
             // tag serves both (their messages go opposite ways in order).

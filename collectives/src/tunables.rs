@@ -54,12 +54,17 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         var: "WEFT_COLL_ALLREDUCE",
         default: "auto",
-        help: "allreduce algorithm: auto, recursive-doubling, ring (commutative ops), reduce-bcast",
+        help: "allreduce algorithm: auto, recursive-doubling, rabenseifner (commutative ops), ring (commutative ops), reduce-bcast",
+    },
+    Tunable {
+        var: "WEFT_COLL_ALLREDUCE_MID",
+        default: "16K",
+        help: "auto: allreduces of at least this many bytes (and 3+ processes) use Rabenseifner's algorithm (commutative ops; past WEFT_COLL_ALLREDUCE_LARGE only for a power-of-two size)",
     },
     Tunable {
         var: "WEFT_COLL_ALLREDUCE_LARGE",
         default: "64K",
-        help: "auto: allreduces of at least this many bytes use the ring (commutative ops)",
+        help: "auto: allreduces of at least this many bytes use the ring (commutative ops) where Rabenseifner's does not apply",
     },
     Tunable {
         var: "WEFT_COLL_ALLGATHER",
@@ -86,6 +91,7 @@ pub(crate) enum Bcast {
 pub(crate) enum Allreduce {
     Auto,
     RecursiveDoubling,
+    Rabenseifner,
     Ring,
     ReduceBcast,
 }
@@ -109,6 +115,7 @@ pub(crate) struct Config {
     pub(crate) bcast: Bcast,
     pub(crate) bcast_large: usize,
     pub(crate) allreduce: Allreduce,
+    pub(crate) allreduce_mid: usize,
     pub(crate) allreduce_large: usize,
     pub(crate) allgather: Allgather,
     pub(crate) allgather_large: usize,
@@ -188,10 +195,12 @@ impl Config {
                 &[
                     ("auto", Allreduce::Auto),
                     ("recursive-doubling", Allreduce::RecursiveDoubling),
+                    ("rabenseifner", Allreduce::Rabenseifner),
                     ("ring", Allreduce::Ring),
                     ("reduce-bcast", Allreduce::ReduceBcast),
                 ],
             ),
+            allreduce_mid: size("WEFT_COLL_ALLREDUCE_MID"),
             allreduce_large: size("WEFT_COLL_ALLREDUCE_LARGE"),
             allgather: choice(
                 "WEFT_COLL_ALLGATHER",
