@@ -208,22 +208,7 @@ pub(crate) fn allreduce_rd(
         return s;
     }
     let tmp = s.scratch(bytes).at(0, bytes);
-    let pof2 = 1u32 << (31 - n.leading_zeros());
-    let rem = n - pof2;
-    let newrank = if r < 2 * rem {
-        if r % 2 == 0 {
-            s.send(acc, r + 1, at.tag);
-            s.round();
-            None
-        } else {
-            s.recv(tmp, r - 1, at.tag);
-            // From the lower rank: input on the left.
-            reduce_step(&mut s, op, tmp, acc);
-            Some(r / 2)
-        }
-    } else {
-        Some(r - rem)
-    };
+    let (pof2, rem, newrank) = fold_in(&mut s, at, op, acc, tmp);
     if let Some(nr) = newrank {
         let mut mask = 1;
         while mask < pof2 {
@@ -240,6 +225,45 @@ pub(crate) fn allreduce_rd(
         }
         s.round();
     }
+    fold_out(&mut s, at, rem, acc);
+    s
+}
+
+/// The fold of recursive doubling and Rabenseifner's algorithm onto the largest power of
+/// two of members: of the first `2 rem` members, each even one hands its vector `acc`
+/// to the odd one after it (which reduces it into its own through `tmp`, lower rank on
+/// the left) and sits out. Returns the power of two, `rem`, and this member's rank among
+/// the ones that go on (`None` for one that sits out).
+fn fold_in(
+    s: &mut Schedule,
+    at: At,
+    op: &ByteOp,
+    acc: Slice,
+    tmp: Slice,
+) -> (u32, u32, Option<u32>) {
+    let (n, r) = (at.size, at.rank);
+    let pof2 = 1u32 << (31 - n.leading_zeros());
+    let rem = n - pof2;
+    let newrank = if r < 2 * rem {
+        if r % 2 == 0 {
+            s.send(acc, r + 1, at.tag);
+            s.round();
+            None
+        } else {
+            let t = tmp;
+            s.recv(t, r - 1, at.tag);
+            reduce_step(s, op, t, acc);
+            Some(r / 2)
+        }
+    } else {
+        Some(r - rem)
+    };
+    (pof2, rem, newrank)
+}
+
+/// The end of [`fold_in`]: the odd members hand the result back to the even ones.
+fn fold_out(s: &mut Schedule, at: At, rem: u32, acc: Slice) {
+    let r = at.rank;
     if r < 2 * rem {
         if r % 2 == 1 {
             s.send(acc, r - 1, at.tag);
@@ -247,7 +271,6 @@ pub(crate) fn allreduce_rd(
             s.recv(acc, r + 1, at.tag);
         }
     }
-    s
 }
 
 /// Element range of chunk `i` of `count` elements cut into `n` near-equal chunks.
@@ -331,7 +354,7 @@ pub(crate) fn allreduce_rabenseifner(
     op: &ByteOp,
     mine: Slice,
 ) -> Schedule {
-    let (n, r) = (at.size, at.rank);
+    let n = at.size;
     let bytes = count * es;
     let mut s = Schedule::new();
     let acc = Buf::Recv.at(0, bytes);
@@ -340,22 +363,7 @@ pub(crate) fn allreduce_rabenseifner(
         return s;
     }
     let tmp = s.scratch(bytes);
-    let pof2 = 1u32 << (31 - n.leading_zeros());
-    let rem = n - pof2;
-    let newrank = if r < 2 * rem {
-        if r % 2 == 0 {
-            s.send(acc, r + 1, at.tag);
-            s.round();
-            None
-        } else {
-            let t = tmp.at(0, bytes);
-            s.recv(t, r - 1, at.tag);
-            reduce_step(&mut s, op, t, acc);
-            Some(r / 2)
-        }
-    } else {
-        Some(r - rem)
-    };
+    let (pof2, rem, newrank) = fold_in(&mut s, at, op, acc, tmp.at(0, bytes));
     let real = |nr: u32| if nr < rem { nr * 2 + 1 } else { nr + rem };
     // Chunks [a, b) of the vector cut into pof2.
     let chunks = |a: u32, b: u32| {
@@ -402,13 +410,7 @@ pub(crate) fn allreduce_rabenseifner(
             mask <<= 1;
         }
     }
-    if r < 2 * rem {
-        if r % 2 == 1 {
-            s.send(acc, r - 1, at.tag);
-        } else {
-            s.recv(acc, r + 1, at.tag);
-        }
-    }
+    fold_out(&mut s, at, rem, acc);
     s
 }
 

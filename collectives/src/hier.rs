@@ -36,6 +36,37 @@ const OK: u32 = 0;
 /// Status of a failure other than a member gone (its rank is then unknown).
 const OTHER: u32 = u32::MAX;
 
+/// What one member saw of an operation's phases: the highest status, and its own first
+/// error.
+#[derive(Debug, Default)]
+struct Seen {
+    status: u32,
+    first: Option<CollError>,
+}
+
+impl Seen {
+    /// Takes in the result of a phase on the sub-communicator whose members are `ranks`.
+    fn note(&mut self, ranks: &[u32], r: Result<(), CollError>) {
+        if let Err(e) = r {
+            self.status = self.status.max(Hier::status(ranks, &e));
+            self.first.get_or_insert(e);
+        }
+    }
+
+    /// Takes in a status another member passed on.
+    fn raise(&mut self, s: u32) {
+        self.status = self.status.max(s);
+    }
+
+    /// The operation's result.
+    fn verdict(self, comm: &Communicator, op: &'static str) -> Result<(), CollError> {
+        if self.status == OK {
+            return Ok(());
+        }
+        Err(Hier::verdict(comm, op, self.status, self.first))
+    }
+}
+
 /// A communicator's node-level and leader-level sub-communicators.
 #[derive(Debug)]
 pub(crate) struct Hier {
@@ -159,34 +190,20 @@ impl Hier {
     /// Fan-in to the leader (a reduce of nothing), the leaders' allreduce of their
     /// statuses, fan-out of the result: the members wait for their leader only.
     pub(crate) fn barrier(&self, comm: &Communicator) -> Result<(), CollError> {
-        const OP: &str = "barrier";
-        let mut s = OK;
-        let mut mine = None;
-        let mut note = |ranks: &[u32], r: Result<(), CollError>, s: &mut u32| {
-            if let Err(e) = r {
-                *s = (*s).max(Self::status(ranks, &e));
-                mine.get_or_insert(e);
-            }
-        };
-        note(
-            &self.local_ranks,
-            self.local.reduce::<u8>(&[], &mut [], Op::Sum, 0),
-            &mut s,
-        );
+        let mut seen = Seen::default();
+        let r = self.local.reduce::<u8>(&[], &mut [], Op::Sum, 0);
+        seen.note(&self.local_ranks, r);
         if let Some(l) = &self.leaders {
             let mut all = [OK];
-            let r = l.allreduce(&[s], &mut all, Op::Max);
-            s = s.max(all[0]);
-            note(&self.leader_ranks, r, &mut s);
+            let r = l.allreduce(&[seen.status], &mut all, Op::Max);
+            seen.raise(all[0]);
+            seen.note(&self.leader_ranks, r);
         }
-        let mut v = [s];
+        let mut v = [seen.status];
         let r = self.local.bcast(&mut v, 0);
-        s = s.max(v[0]);
-        note(&self.local_ranks, r, &mut s);
-        if s == OK {
-            return Ok(());
-        }
-        Err(Self::verdict(comm, OP, s, mine))
+        seen.raise(v[0]);
+        seen.note(&self.local_ranks, r);
+        seen.verdict(comm, "barrier")
     }
 
     /// The root's node first, then its leader to the other leaders, then each leader to
@@ -235,21 +252,14 @@ impl Hier {
         const OP: &str = "allreduce";
         let count = send.map_or(recv.len(), <[T]>::len);
         let bytes = count * std::mem::size_of::<T>();
-        let mut s = OK;
-        let mut mine = None;
-        let mut note = |ranks: &[u32], r: Result<(), CollError>, s: &mut u32| {
-            if let Err(e) = r {
-                *s = (*s).max(Self::status(ranks, &e));
-                mine.get_or_insert(e);
-            }
-        };
+        let mut seen = Seen::default();
         let r = match send {
             Some(x) => self.local.reduce(x, &mut recv[..count], op.clone(), 0),
             None => self
                 .local
                 .reduce_in_place(&mut recv[..count], op.clone(), 0),
         };
-        note(&self.local_ranks, r, &mut s);
+        seen.note(&self.local_ranks, r);
         if let Some(l) = &self.leaders {
             // The vector, then the status (a u32 at a 16-byte aligned offset), reduced
             // by one byte operation: the element operation on the vector, max on the
@@ -258,7 +268,7 @@ impl Hier {
             let total = at + 16;
             let mut mine_b = vec![0u128; total / 16];
             as_bytes_mut(&mut mine_b)[..bytes].copy_from_slice(as_bytes(&recv[..count]));
-            as_bytes_mut(&mut mine_b)[at..at + 4].copy_from_slice(&s.to_ne_bytes());
+            as_bytes_mut(&mut mine_b)[at..at + 4].copy_from_slice(&seen.status.to_ne_bytes());
             let mut all = vec![0u128; total / 16];
             let el = op.clone();
             let both: ByteOp = Arc::new(move |input: &[u8], inout: &mut [u8]| {
@@ -282,24 +292,21 @@ impl Hier {
                 .map_err(|e| CollError::of(OP, e));
             if r.is_ok() {
                 let b = as_bytes(&all);
-                s = s.max(u32::from_ne_bytes(
+                seen.raise(u32::from_ne_bytes(
                     b[at..at + 4].try_into().unwrap_or_default(),
                 ));
                 as_bytes_mut(&mut recv[..count]).copy_from_slice(&b[..bytes]);
             }
-            note(&self.leader_ranks, r, &mut s);
+            seen.note(&self.leader_ranks, r);
         }
-        let mut v = [s];
+        let mut v = [seen.status];
         let r = self.local.bcast(&mut v, 0);
-        s = s.max(v[0]);
-        note(&self.local_ranks, r, &mut s);
-        if s == OK {
+        seen.raise(v[0]);
+        seen.note(&self.local_ranks, r);
+        if seen.status == OK {
             let r = self.local.bcast(&mut recv[..count], 0);
-            note(&self.local_ranks, r, &mut s);
+            seen.note(&self.local_ranks, r);
         }
-        if s == OK {
-            return Ok(());
-        }
-        Err(Self::verdict(comm, OP, s, mine))
+        seen.verdict(comm, OP)
     }
 }

@@ -60,7 +60,7 @@ use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut, Buf
 use weft_fabric::{Communicator, P2pError, SpinGuard, SpinLock};
 use weft_shm::{cma_read, CollSegment};
 
-use crate::op::{apply, ByteOp, Element, Op};
+use crate::op::{apply, misaligned, ByteOp, Element, Op, Scratch};
 use crate::{algo, at, CollError};
 
 /// Members past which the flat algorithms here stop paying (every member reads every
@@ -593,16 +593,8 @@ impl NodeColl {
         // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
         let out = &mut recv[..count];
         self.seg.get(n - 1, run.slot(), as_bytes_mut(out));
-        let mut small = [0u128; 4];
-        let mut large = Vec::new();
-        let words = bytes.div_ceil(16);
-        let tmp: &mut [u128] = if words <= small.len() {
-            &mut small[..words]
-        } else {
-            large.resize(words, 0u128);
-            &mut large
-        };
-        let tmp = &mut as_bytes_mut(tmp)[..bytes];
+        let mut scratch = Scratch::default();
+        let tmp = scratch.bytes(bytes);
         for r in (0..n - 1).rev() {
             self.seg.get(r, run.slot(), tmp);
             let input = cast_slice::<T>(tmp).ok_or_else(|| misaligned(run.op))?;
@@ -902,11 +894,4 @@ fn reduce_pair<T: Element>(
         run.wait_all(run.fin())?;
     }
     Ok(())
-}
-
-fn misaligned(op: &'static str) -> CollError {
-    CollError::InvalidArgs {
-        op,
-        what: "misaligned scratch".into(),
-    }
 }

@@ -313,3 +313,33 @@ mod tests {
         assert_eq!(b, [34]);
     }
 }
+
+/// Scratch bytes aligned for every element type: on the stack up to 64 bytes, else on
+/// the heap.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    small: [u128; 4],
+    large: Vec<u128>,
+}
+
+impl Scratch {
+    /// `n` bytes of it, 16-byte aligned.
+    pub(crate) fn bytes(&mut self, n: usize) -> &mut [u8] {
+        let words = n.div_ceil(16);
+        let w: &mut [u128] = if words <= self.small.len() {
+            &mut self.small[..words]
+        } else {
+            self.large.resize(words, 0);
+            &mut self.large
+        };
+        &mut weft_fabric::sched::as_bytes_mut(w)[..n]
+    }
+}
+
+/// The error of a scratch buffer that does not hold whole aligned elements (a bug).
+pub(crate) fn misaligned(op: &'static str) -> crate::CollError {
+    crate::CollError::InvalidArgs {
+        op,
+        what: "misaligned scratch".into(),
+    }
+}

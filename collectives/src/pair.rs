@@ -7,7 +7,7 @@
 use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut};
 use weft_fabric::Communicator;
 
-use crate::op::apply;
+use crate::op::{apply, misaligned, Scratch};
 use crate::{at, CollError, Element, Op};
 
 pub(crate) fn barrier(comm: &Communicator) -> Result<(), CollError> {
@@ -27,10 +27,6 @@ pub(crate) fn allreduce<T: Element>(
     let tag = at(comm).tag;
     let peer = 1 - comm.rank();
     let x = |e| CollError::of(OP, e);
-    let misaligned = || CollError::InvalidArgs {
-        op: OP,
-        what: "misaligned scratch".into(),
-    };
     match (comm.rank(), send) {
         // x0 op x1 with x1 received straight into the output.
         (0, Some(mine)) => {
@@ -39,17 +35,8 @@ pub(crate) fn allreduce<T: Element>(
             apply(op, mine, recv);
         }
         (me, _) => {
-            let bytes = std::mem::size_of_val(recv);
-            let mut small = [0u128; 4];
-            let mut large = Vec::new();
-            let words = bytes.div_ceil(16);
-            let tmp: &mut [u128] = if words <= small.len() {
-                &mut small[..words]
-            } else {
-                large.resize(words, 0u128);
-                &mut large
-            };
-            let theirs = &mut as_bytes_mut(tmp)[..bytes];
+            let mut scratch = Scratch::default();
+            let theirs = scratch.bytes(std::mem::size_of_val(recv));
             let mine: &[T] = match send {
                 Some(m) => m,
                 None => recv,
@@ -58,14 +45,14 @@ pub(crate) fn allreduce<T: Element>(
                 .map_err(x)?;
             if me == 0 {
                 // In place: x0 is in `recv`; x0 op x1 into the scratch, then back.
-                let t = cast_slice_mut::<T>(theirs).ok_or_else(misaligned)?;
+                let t = cast_slice_mut::<T>(theirs).ok_or_else(|| misaligned(OP))?;
                 apply(op, recv, t);
                 recv.copy_from_slice(t);
             } else {
                 if let Some(m) = send {
                     recv.copy_from_slice(m);
                 }
-                let t = cast_slice::<T>(theirs).ok_or_else(misaligned)?;
+                let t = cast_slice::<T>(theirs).ok_or_else(|| misaligned(OP))?;
                 apply(op, t, recv);
             }
         }
