@@ -318,6 +318,13 @@ fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs
 }
 
 #[test]
+fn every_collective_up_to_four_mib_on_two_processes() {
+    // The largest sizes of the conformance sweep (0 B to 4 MiB), through the node's
+    // segment: single-copy reads, and the two-member one-phase reduction up to 256 KiB.
+    coll_check("coll-4m-n2", &["-n", "2"], "4194304");
+}
+
+#[test]
 fn large_node_local_collectives_with_and_without_single_copy() {
     // Single-copy reduce-scatter (3 and 4 members), the two-member one-phase reduction
     // and reads of whole inputs (2), up to 1 MiB; then the same without single copy

@@ -18,7 +18,7 @@ pub const TUNABLES: &[Tunable] = &[
     Tunable {
         var: "WEFT_COLL_SHM",
         default: "on",
-        help: "node-local collectives through a shared-memory segment (barrier, bcast, reduce, allreduce): on, off",
+        help: "node-local collectives through a shared-memory segment (barrier, bcast, reduce, allreduce, allgather, alltoall): on, off",
     },
     Tunable {
         var: "WEFT_COLL_SHM_MAX",
