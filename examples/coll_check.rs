@@ -6,6 +6,8 @@
 //! counts from 0 to `--max` elements (default 65536 u64s: 512 KiB), it runs barrier,
 //! bcast, reduce, allreduce (built-in, in-place and a non-commutative user operation),
 //! gather(v), scatter(v), allgather(v), alltoall(v), reduce_scatter_block, scan, exscan
+//! (and the in-place forms of reduce, allreduce, gather, scatter, allgather, alltoall,
+//! reduce_scatter_block, scan and exscan)
 //! and non-blocking forms overlapping point-to-point. Every rank's inputs are exchanged
 //! with plain sends and receives, the expected results computed locally and compared.
 //! Each rank prints `rank R coll ok` and exits 0, or names the first mismatch and exits 1.
@@ -204,6 +206,24 @@ impl Checker<'_> {
         } else {
             expect(&tag("exscan leaves rank 0"), &ex, &vec![7; count])?;
         }
+        let mut sip = mine.clone();
+        c.scan_in_place(&mut sip, matmul_op())?;
+        expect(
+            &tag("scan in place"),
+            &sip,
+            &fold(&all, me as usize + 1, mat_mul),
+        )?;
+        let mut exip = mine.clone();
+        c.exscan_in_place(&mut exip, Op::Sum)?;
+        if me > 0 {
+            expect(
+                &tag("exscan in place"),
+                &exip,
+                &fold(&all, me as usize, u64::wrapping_add),
+            )?;
+        } else {
+            expect(&tag("exscan in place leaves rank 0"), &exip, &mine)?;
+        }
 
         // gather, scatter, allgather, alltoall with equal blocks.
         let block = count / nu.max(1) + 1;
@@ -225,6 +245,19 @@ impl Checker<'_> {
             };
             c.scatter(&src, &mut sc, root)?;
             expect(&tag(&format!("scatter root {root}")), &sc, &mine)?;
+            // In place at the root (its block already there / staying in the source).
+            if me == root {
+                let mut gi = vec![0; block * nu];
+                gi[me as usize * block..][..block].copy_from_slice(&mine);
+                c.gather_in_place(&mut gi, root)?;
+                expect(&tag(&format!("gather in place root {root}")), &gi, &every)?;
+                c.scatter_in_place(&every, root)?;
+            } else {
+                c.gather(&mine, &mut [], root)?;
+                let mut si = vec![0; block];
+                c.scatter(&[], &mut si, root)?;
+                expect(&tag(&format!("scatter in place root {root}")), &si, &mine)?;
+            }
         }
         let mut ag = vec![0; block * nu];
         c.allgather(&mine, &mut ag)?;
@@ -242,6 +275,9 @@ impl Checker<'_> {
             .flat_map(|r| (0..block).map(move |i| val(seed, r, me as usize * block + i)))
             .collect();
         expect(&tag("alltoall"), &got, &want)?;
+        let mut a2ai = a2a.clone();
+        c.alltoall_in_place(&mut a2ai)?;
+        expect(&tag("alltoall in place"), &a2ai, &want)?;
 
         // reduce_scatter_block: sum and the non-commutative op.
         let (_, rs_in) = self.input(block * nu);
@@ -259,6 +295,13 @@ impl Checker<'_> {
         expect(
             &tag("reduce_scatter_block user"),
             &rs,
+            &total[me as usize * block..][..block],
+        )?;
+        let mut rsi = rs_in.clone();
+        c.reduce_scatter_block_in_place(&mut rsi, matmul_op())?;
+        expect(
+            &tag("reduce_scatter_block in place"),
+            &rsi[..block],
             &total[me as usize * block..][..block],
         )?;
 

@@ -319,17 +319,17 @@ fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs
 
 #[test]
 fn every_collective_up_to_four_mib_on_two_processes() {
-    // The largest sizes of the conformance sweep (0 B to 4 MiB), through the node's
-    // segment: single-copy reads, and the two-member one-phase reduction up to 256 KiB.
-    coll_check("coll-4m-n2", &["-n", "2"], "4194304");
+    // The conformance sweep up to 4 MiB (524,288 u64s) through the node's segment:
+    // cells, single-copy reads, the two-member one-phase reduction up to 256 KiB and
+    // reduce-scatter above.
+    coll_check("coll-4m-n2", &["-n", "2"], "524288");
 }
 
 #[test]
 fn large_node_local_collectives_with_and_without_single_copy() {
-    // Single-copy reduce-scatter (3 and 4 members), the two-member one-phase reduction
-    // and reads of whole inputs (2), up to 1 MiB; then the same without single copy
-    // (cells up to 8 KiB, point-to-point above).
-    coll_check("coll-cma-n2", &["-n", "2"], "1048576");
+    // Single-copy reduce-scatter, allgather, alltoall and bcast on 4 members up to 2 MiB
+    // (262,144 u64s); then without single copy (cells up to 8 KiB, point-to-point above)
+    // on 3 up to 512 KiB.
     coll_check("coll-cma-n4", &["-n", "4"], "262144");
     coll_check(
         "coll-nocma-n3",

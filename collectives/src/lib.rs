@@ -428,6 +428,27 @@ pub trait Collectives {
     /// Exclusive prefix reduction: member i > 0 gets `send_0 op ... op send_(i-1)`;
     /// member 0's `recv` is left as it was.
     fn exscan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError>;
+    /// [`gather`](Collectives::gather) at the root with its own block already in place
+    /// (block `root` of `recv`, MPI_IN_PLACE); the other members call `gather`.
+    fn gather_in_place<T: Pod>(&self, recv: &mut [T], root: u32) -> Result<(), CollError>;
+    /// [`scatter`](Collectives::scatter) at the root, whose own block stays in `send`
+    /// (MPI_IN_PLACE); the other members call `scatter`.
+    fn scatter_in_place<T: Pod>(&self, send: &[T], root: u32) -> Result<(), CollError>;
+    /// [`alltoall`](Collectives::alltoall) in place: `buf` holds the blocks to send and
+    /// receives the blocks sent here.
+    fn alltoall_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError>;
+    /// [`reduce_scatter_block`](Collectives::reduce_scatter_block) in place: `buf` holds
+    /// this member's input (size x the block) and receives its block of the result in
+    /// its first elements.
+    fn reduce_scatter_block_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: Op<T>,
+    ) -> Result<(), CollError>;
+    /// [`scan`](Collectives::scan) in place: `buf` is this member's input and result.
+    fn scan_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError>;
+    /// [`exscan`](Collectives::exscan) in place (member 0's `buf` is left as it was).
+    fn exscan_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError>;
 
     /// A communicator of the same members with a new context id (MPI_Comm_dup),
     /// derived locally: no message, no server call.
@@ -650,6 +671,53 @@ impl Collectives for Communicator {
 
     fn exscan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError> {
         plan_scan("exscan", self, Some(send), recv, &op, true)?.run(self)
+    }
+
+    fn gather_in_place<T: Pod>(&self, recv: &mut [T], root: u32) -> Result<(), CollError> {
+        if self.rank() != root {
+            return Err(invalid(
+                "gather",
+                format!("in place only at the root ({root}); this member calls gather"),
+            ));
+        }
+        let b = block_len("gather", self, recv.len())?;
+        let (c, d) = counts_of(self.size(), b);
+        plan_gatherv("gather", self, None, recv, &c, &d, root)?.run(self)
+    }
+
+    fn scatter_in_place<T: Pod>(&self, send: &[T], root: u32) -> Result<(), CollError> {
+        if self.rank() != root {
+            return Err(invalid(
+                "scatter",
+                format!("in place only at the root ({root}); this member calls scatter"),
+            ));
+        }
+        let b = block_len("scatter", self, send.len())?;
+        let (c, d) = counts_of(self.size(), b);
+        plan_scatterv("scatter", self, send, &c, &d, None, root)?.run(self)
+    }
+
+    fn alltoall_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError> {
+        let send = buf.to_vec();
+        self.alltoall(&send, buf)
+    }
+
+    fn reduce_scatter_block_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: Op<T>,
+    ) -> Result<(), CollError> {
+        let b = block_len("reduce_scatter_block", self, buf.len())?;
+        let send = buf.to_vec();
+        plan_reduce_scatter_block(self, &send, &mut buf[..b], &op)?.run(self)
+    }
+
+    fn scan_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        plan_scan("scan", self, None, buf, &op, false)?.run(self)
+    }
+
+    fn exscan_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {
+        plan_scan("exscan", self, None, buf, &op, true)?.run(self)
     }
 
     fn dup(&self) -> Result<Communicator, CollError> {
