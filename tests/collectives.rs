@@ -248,8 +248,14 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
         done.dump()
     );
     // Counts on both sides of the cells' limit (8 KiB): cells at some members, single
-    // copy at the others; without single copy, point-to-point for the larger.
+    // copy at the others; and of the old 4 KiB limit (before the word checks: segment at
+    // some members, point-to-point at the others, errors that named no disagreement).
     for (name, count, env) in [
+        (
+            "coll-mismatch-old-straddle",
+            "512",
+            "WEFT_COLL_SINGLE_COPY=auto",
+        ),
         (
             "coll-mismatch-straddle",
             "1024",

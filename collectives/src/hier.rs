@@ -28,7 +28,7 @@ use std::sync::Arc;
 use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut, Buf};
 use weft_fabric::{Communicator, Pod};
 
-use crate::op::{apply, ByteOp};
+use crate::op::{apply, ByteOp, Scratch};
 use crate::{algo, at as at_of, ids, state, CollError, Collectives, Element, Op};
 
 /// Status of a member that saw no failure.
@@ -266,10 +266,12 @@ impl Hier {
             // status.
             let at = bytes.next_multiple_of(16);
             let total = at + 16;
-            let mut mine_b = vec![0u128; total / 16];
-            as_bytes_mut(&mut mine_b)[..bytes].copy_from_slice(as_bytes(&recv[..count]));
-            as_bytes_mut(&mut mine_b)[at..at + 4].copy_from_slice(&seen.status.to_ne_bytes());
-            let mut all = vec![0u128; total / 16];
+            // On the stack for vectors up to 48 bytes (the usual case here).
+            let (mut mine_s, mut all_s) = (Scratch::default(), Scratch::default());
+            let mine_b = mine_s.bytes(total);
+            mine_b[..bytes].copy_from_slice(as_bytes(&recv[..count]));
+            mine_b[at..at + 4].copy_from_slice(&seen.status.to_ne_bytes());
+            let all = all_s.bytes(total);
             let el = op.clone();
             let both: ByteOp = Arc::new(move |input: &[u8], inout: &mut [u8]| {
                 let (di, si) = input.split_at(at);
@@ -288,10 +290,10 @@ impl Hier {
             // status stays where the operation looks for it.
             let sched = algo::allreduce_rd(at_of(l), total, &both, true, Buf::Send.at(0, total));
             let r = l
-                .run_schedule(sched, as_bytes(&mine_b), as_bytes_mut(&mut all))
+                .run_schedule(sched, mine_b, all)
                 .map_err(|e| CollError::of(OP, e));
             if r.is_ok() {
-                let b = as_bytes(&all);
+                let b = &*all;
                 seen.raise(u32::from_ne_bytes(
                     b[at..at + 4].try_into().unwrap_or_default(),
                 ));

@@ -2,7 +2,7 @@
 //! the schedule and the byte views of the buffers it runs over ([`Plan`]), which the
 //! blocking forms run at once and the non-blocking ones start in a request scope.
 
-use weft_fabric::sched::{as_bytes, as_bytes_mut, Buf, Schedule};
+use weft_fabric::sched::{as_bytes, as_bytes_mut, Buf, Schedule, Slice};
 use weft_fabric::{Communicator, Pod};
 
 use crate::op::{self, Element, Op};
@@ -22,6 +22,15 @@ impl Plan<'_> {
         let op = self.op;
         comm.run_schedule(self.sched, self.send, self.recv)
             .map_err(|e| CollError::of(op, e))
+    }
+}
+
+/// Where a reduction's input of `bytes` is: the send buffer, or the receive buffer when
+/// there is none (in place).
+fn input<T>(send: Option<&[T]>, bytes: usize) -> Slice {
+    match send {
+        Some(_) => Buf::Send.at(0, bytes),
+        None => Buf::Recv.at(0, bytes),
     }
 }
 
@@ -150,10 +159,7 @@ pub(crate) fn plan_reduce<'a, T: Element>(
         ));
     }
     let bytes = count * std::mem::size_of::<T>();
-    let mine = match send {
-        Some(_) => Buf::Send.at(0, bytes),
-        None => Buf::Recv.at(0, bytes),
-    };
+    let mine = input(send, bytes);
     // Off the root, the receive buffer is not used (unless in place: the input).
     let recv = if comm.rank() == root || send.is_none() {
         as_bytes_mut(recv)
@@ -196,10 +202,7 @@ pub(crate) fn plan_allreduce<'a, T: Element>(
     }
     let es = std::mem::size_of::<T>();
     let bytes = count * es;
-    let mine = match send {
-        Some(_) => Buf::Send.at(0, bytes),
-        None => Buf::Recv.at(0, bytes),
-    };
+    let mine = input(send, bytes);
     let at = at(comm);
     let bop = op::byte_op(red);
     let cfg = Config::get();
@@ -472,10 +475,7 @@ pub(crate) fn plan_scan<'a, T: Element>(
         ));
     }
     let bytes = count * std::mem::size_of::<T>();
-    let mine = match send {
-        Some(_) => Buf::Send.at(0, bytes),
-        None => Buf::Recv.at(0, bytes),
-    };
+    let mine = input(send, bytes);
     let sched = algo::scan(
         at(comm),
         bytes,
