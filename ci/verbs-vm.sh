@@ -8,7 +8,7 @@
 #   4. multi-process jobs through `weft run` on 2 logical nodes, verbs between them: a ring
 #      with 1 MiB payloads, sessions_demo, sessions on 4 threads per process, peers
 #      killed mid-transfer (the survivor's error must name the peer within 2 s), and every
-#      collective (coll_check, 2 + 1 processes); QPs and MRs are all released afterwards;
+#      collective up to 4 MiB (coll_check, 2 + 1 processes); QPs and MRs are all released afterwards;
 #   5. a benchmark smoke: perftest (ib_send_lat, ib_write_bw) next to
 #      `WEFT_TRANSPORTS=verbs weft bench latency|bw`, and the raw endpoint examples.
 #
@@ -102,9 +102,9 @@ done
 job busy-peer 0 -n 3 -x WEFT_TRANSPORTS=verbs "$examples/fabric_probe" busy-peer
 m=$(echo "$out" | sed -n 's/.* ms, \([0-9]*\) round trips.*/\1/p' | head -1)
 [[ -n $m && $m -ge 100 ]] || bad "busy-peer: rank 0's other thread was stalled while its first send waited (${m:-no} round trips)"
-# Every collective checked against point-to-point references on 2 + 1 processes (uneven),
+# Every collective (0 B to 4 MiB) checked against point-to-point references on 2 + 1 processes (uneven),
 # verbs between the nodes and shared memory within.
-job coll 0 -n 3 "$examples/coll_check" --max 4096
+job coll 0 -n 3 "$examples/coll_check" --max 524288
 [[ $(echo "$out" | grep -c "coll ok") == 3 ]] || bad "coll_check: expected 3 ok lines"
 sleep 1
 after=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')

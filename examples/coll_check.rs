@@ -6,9 +6,9 @@
 //! counts from 0 to `--max` elements (default 65536 u64s: 512 KiB), it runs barrier,
 //! bcast, reduce, allreduce (built-in, in-place and a non-commutative user operation),
 //! gather(v), scatter(v), allgather(v), alltoall(v), reduce_scatter_block, scan, exscan
-//! (and the in-place forms of reduce, allreduce, gather, scatter, allgather, alltoall,
-//! reduce_scatter_block, scan and exscan)
-//! and non-blocking forms overlapping point-to-point. Every rank's inputs are exchanged
+//! (and the in-place forms of reduce, allreduce, gather, scatter, allgather(v),
+//! alltoall(v), reduce_scatter_block, scan and exscan), then every non-blocking form
+//! (in place too) started at once beside point-to-point messages. Every rank's inputs are exchanged
 //! with plain sends and receives, the expected results computed locally and compared.
 //! Each rank prints `rank R coll ok` and exits 0, or names the first mismatch and exits 1.
 
@@ -111,6 +111,35 @@ fn fold(all: &[Vec<u64>], upto: usize, f: impl Fn(u64, u64) -> u64) -> Vec<u64> 
         }
     }
     acc
+}
+
+/// The v-variants' uneven blocks: rank r has `(count + r) % 5 + r` elements, with a
+/// gap of one element between blocks. Returns (counts, displacements, span).
+fn uneven(count: usize, n: usize) -> (Vec<usize>, Vec<usize>, usize) {
+    let counts: Vec<usize> = (0..n).map(|r| (count + r) % 5 + r).collect();
+    let displs = offsets(&counts, 1);
+    let span = displs[n - 1] + counts[n - 1];
+    (counts, displs, span)
+}
+
+/// Displacements of consecutive blocks of `counts` with `gap` elements between them.
+fn offsets(counts: &[usize], gap: usize) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |d, &c| {
+            let x = *d;
+            *d += c + gap;
+            Some(x)
+        })
+        .collect()
+}
+
+/// alltoallv's counts at rank `me`: it exchanges `(me + j) % 3` elements with rank j
+/// both ways (symmetric, so the in-place form applies too).
+fn pair_counts(me: usize, n: usize) -> (Vec<usize>, Vec<usize>) {
+    let c: Vec<usize> = (0..n).map(|j| (me + j) % 3).collect();
+    let d = offsets(&c, 0);
+    (c, d)
 }
 
 struct Checker<'a> {
@@ -305,17 +334,8 @@ impl Checker<'_> {
             &total[me as usize * block..][..block],
         )?;
 
-        // v-variants with uneven counts: rank r contributes (count + r) % 5 + r elements.
-        let counts: Vec<usize> = (0..nu).map(|r| (count + r) % 5 + r).collect();
-        let displs: Vec<usize> = counts
-            .iter()
-            .scan(0, |d, &c| {
-                let x = *d;
-                *d += c + 1;
-                Some(x)
-            })
-            .collect();
-        let span = displs[nu - 1] + counts[nu - 1];
+        // v-variants with uneven counts.
+        let (counts, displs, span) = uneven(count, nu);
         let (seed, _) = self.input(0);
         let mine: Vec<u64> = (0..counts[me as usize]).map(|i| val(seed, me, i)).collect();
         let mut want = vec![0u64; span];
@@ -337,66 +357,214 @@ impl Checker<'_> {
         let mut agv = vec![0; span];
         c.allgatherv(&mine, &mut agv, &counts, &displs)?;
         expect(&tag("allgatherv"), &agv, &want)?;
+        // In place: the gaps stay as they were (zero).
+        let mut agvi = vec![0; span];
+        agvi[displs[me as usize]..][..mine.len()].copy_from_slice(&mine);
+        c.allgatherv_in_place(&mut agvi, &counts, &displs)?;
+        expect(&tag("allgatherv in place"), &agvi, &want)?;
 
-        // alltoallv: rank r sends (r + j) % 3 elements to rank j.
-        let sc: Vec<usize> = (0..nu).map(|j| (me as usize + j) % 3).collect();
-        let sd: Vec<usize> = sc
-            .iter()
-            .scan(0, |d, &c| {
-                let x = *d;
-                *d += c;
-                Some(x)
-            })
-            .collect();
-        let rc: Vec<usize> = (0..nu).map(|r| (r + me as usize) % 3).collect();
-        let rd: Vec<usize> = rc
-            .iter()
-            .scan(0, |d, &c| {
-                let x = *d;
-                *d += c;
-                Some(x)
-            })
-            .collect();
+        // alltoallv: rank r exchanges (r + j) % 3 elements with rank j.
+        let (pc, pd) = pair_counts(me as usize, nu);
         let (seed, _) = self.input(0);
         let send: Vec<u64> = (0..nu)
-            .flat_map(|j| (0..sc[j]).map(move |i| val(seed, me, j * 8 + i)))
+            .flat_map(|j| (0..pc[j]).map(move |i| val(seed, me, j * 8 + i)))
             .collect();
-        let mut recv = vec![0; rc.iter().sum()];
-        c.alltoallv(&send, &sc, &sd, &mut recv, &rc, &rd)?;
+        let mut recv = vec![0; pc.iter().sum()];
+        c.alltoallv(&send, &pc, &pd, &mut recv, &pc, &pd)?;
         let want: Vec<u64> = (0..nu)
-            .flat_map(|r| (0..rc[r]).map(move |i| val(seed, r as u32, me as usize * 8 + i)))
+            .flat_map(|r| (0..pc[r]).map(move |i| val(seed, r as u32, me as usize * 8 + i)))
             .collect();
         expect(&tag("alltoallv"), &recv, &want)?;
+        let mut a2avi = send.clone();
+        c.alltoallv_in_place(&mut a2avi, &pc, &pd)?;
+        expect(&tag("alltoallv in place"), &a2avi, &want)?;
 
-        // Non-blocking collectives overlapping each other and point-to-point.
+        self.run_nonblocking(count)
+    }
+
+    /// Every non-blocking collective at once in one scope beside point-to-point
+    /// messages (started in the same order everywhere, completed in whatever order they
+    /// finish), checked against the same references as the blocking forms.
+    fn run_nonblocking(&mut self, count: usize) -> Res<()> {
+        let c = self.comm;
+        let (n, me) = (c.size(), c.rank());
+        let (nu, mu) = (n as usize, me as usize);
+        let name = self.name.clone();
+        let tag = |op: &str| format!("{name} count {count}: {op} (non-blocking)");
+        let root = n - 1;
+        let is_root = me == root;
+        let at_root = |len: usize| if is_root { len } else { 0 };
+
+        // Vectors: bcast, reduce, allreduce, scan, exscan.
         let (_, mine) = self.input(count);
         let all = exchange(c, &mine)?;
         let sum = fold(&all, nu, u64::wrapping_add);
+        let prod = fold(&all, nu, mat_mul);
         let (seed, _) = self.input(0);
-        let bwant: Vec<u64> = (0..count).map(|i| val(seed, 0, i)).collect();
-        let mut bbuf = if me == 0 {
+        let bwant: Vec<u64> = (0..count).map(|i| val(seed, root, i)).collect();
+        let mut bbuf = if is_root {
             bwant.clone()
         } else {
             vec![0; count]
         };
-        let mut red = vec![0; count];
+        let mut red = vec![0; at_root(count)];
+        let mut red_ip = mine.clone();
+        let mut ared = vec![0; count];
+        let mut ared_ip = mine.clone();
+        let mut scan = vec![0; count];
+        let mut scan_ip = mine.clone();
+        let mut ex = vec![7; count];
+        let mut ex_ip = mine.clone();
+
+        // Equal blocks: gather, scatter, allgather, alltoall, reduce_scatter_block.
+        let block = count / nu + 1;
+        let (seed, blk) = self.input(block);
+        let every: Vec<u64> = (0..n)
+            .flat_map(|r| (0..block).map(move |i| val(seed, r, i)))
+            .collect();
+        let mut g = vec![0; at_root(block * nu)];
+        let mut g_ip = vec![0; at_root(block * nu)];
+        if is_root {
+            g_ip[mu * block..][..block].copy_from_slice(&blk);
+        }
+        let src = if is_root { every.clone() } else { Vec::new() };
+        let mut sc = vec![0; block];
+        let mut sc_ip = vec![0; if is_root { 0 } else { block }];
+        let mut ag = vec![0; block * nu];
+        let mut ag_ip = vec![0; block * nu];
+        ag_ip[mu * block..][..block].copy_from_slice(&blk);
+        let (seed, a2a) = self.input(block * nu);
+        let a2a_want: Vec<u64> = (0..n)
+            .flat_map(|r| (0..block).map(move |i| val(seed, r, mu * block + i)))
+            .collect();
+        let mut a2 = vec![0; block * nu];
+        let mut a2_ip = a2a.clone();
+        let (_, rs_in) = self.input(block * nu);
+        let rs_total = fold(&exchange(c, &rs_in)?, nu, mat_mul);
+        let mut rs = vec![0; block];
+        let mut rs_ip = rs_in.clone();
+
+        // The v-variants.
+        let (counts, displs, span) = uneven(count, nu);
+        let (seed, _) = self.input(0);
+        let vmine: Vec<u64> = (0..counts[mu]).map(|i| val(seed, me, i)).collect();
+        let mut vwant = vec![0u64; span];
+        for r in 0..nu {
+            for i in 0..counts[r] {
+                vwant[displs[r] + i] = val(seed, r as u32, i);
+            }
+        }
+        let vsrc = if is_root { vwant.clone() } else { Vec::new() };
+        let mut gv = vec![0; at_root(span)];
+        let mut sv = vec![0; counts[mu]];
+        let mut agv = vec![0; span];
+        let mut agv_ip = vec![0; span];
+        agv_ip[displs[mu]..][..vmine.len()].copy_from_slice(&vmine);
+        let (pc, pd) = pair_counts(mu, nu);
+        let (seed, _) = self.input(0);
+        let a2v_send: Vec<u64> = (0..nu)
+            .flat_map(|j| (0..pc[j]).map(move |i| val(seed, me, j * 8 + i)))
+            .collect();
+        let a2v_want: Vec<u64> = (0..nu)
+            .flat_map(|r| (0..pc[r]).map(move |i| val(seed, r as u32, mu * 8 + i)))
+            .collect();
+        let mut a2v = vec![0; a2v_send.len()];
+        let mut a2v_ip = a2v_send.clone();
+
         let token = [u64::from(me)];
         let mut left = [0u64];
         c.scope(|s| -> Res<()> {
-            let a = s.iallreduce(&mine, &mut red, Op::Sum)?;
-            let p = s.irecv(&mut left, Source::Rank((me + n - 1) % n), Tag(3))?;
-            let b = s.ibcast(&mut bbuf, 0)?;
-            let q = s.isend(&token, (me + 1) % n, Tag(3))?;
-            let bar = s.ibarrier()?;
-            let mut reqs = vec![a, p, b, q, bar];
+            let mut reqs = vec![
+                s.ibarrier()?,
+                s.irecv(&mut left, Source::Rank((me + n - 1) % n), Tag(3))?,
+                s.ibcast(&mut bbuf, root)?,
+                s.ireduce(&mine, &mut red, matmul_op(), root)?,
+                s.ireduce_in_place(&mut red_ip, Op::Sum, root)?,
+                s.iallreduce(&mine, &mut ared, Op::Sum)?,
+                s.isend(&token, (me + 1) % n, Tag(3))?,
+                s.iallreduce_in_place(&mut ared_ip, matmul_op())?,
+                s.iscan(&mine, &mut scan, matmul_op())?,
+                s.iscan_in_place(&mut scan_ip, Op::Sum)?,
+                s.iexscan(&mine, &mut ex, Op::Sum)?,
+                s.iexscan_in_place(&mut ex_ip, matmul_op())?,
+                s.igather(&blk, &mut g, root)?,
+            ];
+            reqs.push(if is_root {
+                s.igather_in_place(&mut g_ip, root)?
+            } else {
+                s.igather(&blk, &mut [], root)?
+            });
+            reqs.push(s.iscatter(&src, &mut sc, root)?);
+            reqs.push(if is_root {
+                s.iscatter_in_place(&src, root)?
+            } else {
+                s.iscatter(&[], &mut sc_ip, root)?
+            });
+            reqs.push(s.iallgather(&blk, &mut ag)?);
+            reqs.push(s.iallgather_in_place(&mut ag_ip)?);
+            reqs.push(s.ialltoall(&a2a, &mut a2)?);
+            reqs.push(s.ialltoall_in_place(&mut a2_ip)?);
+            reqs.push(s.ireduce_scatter_block(&rs_in, &mut rs, matmul_op())?);
+            reqs.push(s.ireduce_scatter_block_in_place(&mut rs_ip, matmul_op())?);
+            reqs.push(s.igatherv(&vmine, &mut gv, &counts, &displs, root)?);
+            reqs.push(s.iscatterv(&vsrc, &counts, &displs, &mut sv, root)?);
+            reqs.push(s.iallgatherv(&vmine, &mut agv, &counts, &displs)?);
+            reqs.push(s.iallgatherv_in_place(&mut agv_ip, &counts, &displs)?);
+            reqs.push(s.ialltoallv(&a2v_send, &pc, &pd, &mut a2v, &pc, &pd)?);
+            reqs.push(s.ialltoallv_in_place(&mut a2v_ip, &pc, &pd)?);
             while !reqs.is_empty() {
                 let (_, r) = wait_any(&mut reqs);
                 r?;
             }
             Ok(())
         })?;
-        expect(&tag("iallreduce"), &red, &sum)?;
+
         expect(&tag("ibcast"), &bbuf, &bwant)?;
+        if is_root {
+            expect(&tag("ireduce user"), &red, &prod)?;
+            expect(&tag("ireduce in place"), &red_ip, &sum)?;
+            expect(&tag("igather"), &g, &every)?;
+            expect(&tag("igather in place"), &g_ip, &every)?;
+            expect(&tag("igatherv"), &gv, &vwant)?;
+        } else {
+            expect(&tag("iscatter in place"), &sc_ip, &blk)?;
+        }
+        expect(&tag("iallreduce"), &ared, &sum)?;
+        expect(&tag("iallreduce in place user"), &ared_ip, &prod)?;
+        expect(&tag("iscan user"), &scan, &fold(&all, mu + 1, mat_mul))?;
+        expect(
+            &tag("iscan in place"),
+            &scan_ip,
+            &fold(&all, mu + 1, u64::wrapping_add),
+        )?;
+        if me > 0 {
+            expect(&tag("iexscan"), &ex, &fold(&all, mu, u64::wrapping_add))?;
+            expect(
+                &tag("iexscan in place user"),
+                &ex_ip,
+                &fold(&all, mu, mat_mul),
+            )?;
+        } else {
+            expect(&tag("iexscan leaves rank 0"), &ex, &vec![7; count])?;
+            expect(&tag("iexscan in place leaves rank 0"), &ex_ip, &mine)?;
+        }
+        expect(&tag("iscatter"), &sc, &blk)?;
+        expect(&tag("iallgather"), &ag, &every)?;
+        expect(&tag("iallgather in place"), &ag_ip, &every)?;
+        expect(&tag("ialltoall"), &a2, &a2a_want)?;
+        expect(&tag("ialltoall in place"), &a2_ip, &a2a_want)?;
+        let my_rs = &rs_total[mu * block..][..block];
+        expect(&tag("ireduce_scatter_block user"), &rs, my_rs)?;
+        expect(
+            &tag("ireduce_scatter_block in place user"),
+            &rs_ip[..block],
+            my_rs,
+        )?;
+        expect(&tag("iscatterv"), &sv, &vmine)?;
+        expect(&tag("iallgatherv"), &agv, &vwant)?;
+        expect(&tag("iallgatherv in place"), &agv_ip, &vwant)?;
+        expect(&tag("ialltoallv"), &a2v, &a2v_want)?;
+        expect(&tag("ialltoallv in place"), &a2v_ip, &a2v_want)?;
         expect(
             &tag("isend beside collectives"),
             &left,
@@ -441,6 +609,10 @@ fn real_main() -> Res<()> {
         c *= 4;
     }
     counts.retain(|&c| c <= max);
+    // The largest size asked for is always among them.
+    if counts.last() != Some(&max) {
+        counts.push(max);
+    }
     let fabric = Fabric::init()?;
     let world = fabric.world();
     let me = world.rank();

@@ -51,7 +51,8 @@ fn forced(i: usize, algos: &[&str]) {
         for a in algos {
             l.extend(["-x", a]);
         }
-        coll_check(&format!("coll-algo{i}-n{n}"), &l, "4096");
+        // 0 B to 4 MiB (524,288 u64s).
+        coll_check(&format!("coll-algo{i}-n{n}"), &l, "524288");
     }
 }
 
@@ -150,7 +151,13 @@ fn large_algorithms_across_two_nodes_over_tcp() {
             "-n",
             "4",
         ],
-        "16384",
+        "524288",
+    );
+    // 2 + 1 (uneven) up to 4 MiB with the default selection.
+    coll_check(
+        "coll-tcp3-4m",
+        &["-x", "WEFT_TRANSPORTS=shm,tcp", "--nodes", "2", "-n", "3"],
+        "524288",
     );
 }
 
@@ -324,24 +331,26 @@ fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs
 }
 
 #[test]
-fn every_collective_up_to_four_mib_on_two_processes() {
+fn every_collective_up_to_four_mib_on_one_to_eight_processes() {
     // The conformance sweep up to 4 MiB (524,288 u64s) through the node's segment:
     // cells, single-copy reads, the two-member one-phase reduction up to 256 KiB and
-    // reduce-scatter above.
-    coll_check("coll-4m-n2", &["-n", "2"], "524288");
+    // reduce-scatter above; 8 processes oversubscribe CI's two cores.
+    for n in ["1", "2", "3", "4", "8"] {
+        coll_check(&format!("coll-4m-n{n}"), &["-n", n], "524288");
+    }
 }
 
 #[test]
 fn large_node_local_collectives_with_and_without_single_copy() {
-    // Single-copy reduce-scatter, allgather, alltoall and bcast on 4 members up to 2 MiB
-    // (262,144 u64s); then without single copy (cells up to 8 KiB, point-to-point above)
-    // on 3 up to 512 KiB.
-    coll_check("coll-cma-n4", &["-n", "4"], "262144");
-    coll_check(
-        "coll-nocma-n3",
-        &["-n", "3", "-x", "WEFT_COLL_SINGLE_COPY=off"],
-        "65536",
-    );
+    // Without single copy (cells up to 8 KiB, point-to-point above) on 3 and 4 members
+    // up to 4 MiB (the single-copy paths run in the sweep above).
+    for n in ["3", "4"] {
+        coll_check(
+            &format!("coll-nocma-n{n}"),
+            &["-n", n, "-x", "WEFT_COLL_SINGLE_COPY=off"],
+            "524288",
+        );
+    }
 }
 
 #[test]

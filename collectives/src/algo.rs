@@ -502,23 +502,35 @@ pub(crate) fn allgather_bruck(at: At, mine: Slice, block: usize) -> Schedule {
 
 /// Pairwise alltoallv: n-1 rounds, in round k sending to rank r+k and receiving from
 /// r-k. `sends[i]`/`recvs[i]` = (offset, length) in bytes of the block for / from rank i.
+///
+/// `in_place`: the blocks to send are `recvs` of the receive buffer, copied first to a
+/// scratch buffer (`sends` must then equal `recvs`).
 pub(crate) fn alltoallv_pairwise(
     at: At,
     sends: &[(usize, usize)],
     recvs: &[(usize, usize)],
+    in_place: bool,
 ) -> Schedule {
     let (n, r) = (at.size, at.rank);
     let mut s = Schedule::new();
+    let src = if in_place {
+        let end = recvs.iter().map(|&(o, l)| o + l).max().unwrap_or(0);
+        let copy = s.scratch(end);
+        s.copy(Buf::Recv.at(0, end), copy.at(0, end));
+        copy
+    } else {
+        Buf::Send
+    };
     let (so, sl) = sends[r as usize];
     let (ro, rl) = recvs[r as usize];
     if sl == rl {
-        copy_if(&mut s, Buf::Send.at(so, sl), Buf::Recv.at(ro, rl));
+        copy_if(&mut s, src.at(so, sl), Buf::Recv.at(ro, rl));
     }
     for k in 1..n {
         let (to, from) = ((r + k) % n, (r + n - k) % n);
         let (so, sl) = sends[to as usize];
         let (ro, rl) = recvs[from as usize];
-        s.send(Buf::Send.at(so, sl), to, at.tag);
+        s.send(src.at(so, sl), to, at.tag);
         s.recv(Buf::Recv.at(ro, rl), from, at.tag);
         s.round();
     }

@@ -78,9 +78,9 @@ use algo::At;
 pub use nonblocking::NonBlocking;
 pub use op::{Element, Op, UserOp};
 use plan::{
-    block_len, check_root, counts_of, invalid, plan_allgatherv, plan_allreduce, plan_alltoallv,
-    plan_barrier, plan_bcast, plan_gatherv, plan_reduce, plan_reduce_scatter_block, plan_scan,
-    plan_scatterv, shm_reduce,
+    block_len, check_root, invalid, plan_allgather, plan_allgatherv, plan_allreduce, plan_alltoall,
+    plan_alltoallv, plan_barrier, plan_bcast, plan_gather, plan_gatherv, plan_reduce,
+    plan_reduce_scatter_block, plan_scan, plan_scatter, plan_scatterv, shm_reduce,
 };
 use tunables::Config;
 pub use tunables::{Tunable, TUNABLES};
@@ -403,6 +403,14 @@ pub trait Collectives {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<(), CollError>;
+    /// [`allgatherv`](Collectives::allgatherv) in place: each member's block is already
+    /// at `buf[displs[rank]..][..counts[rank]]`.
+    fn allgatherv_in_place<T: Pod>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<(), CollError>;
     /// Sends block j of `send` to member j and receives member i's block into block i
     /// of `recv` (blocks of `send.len() / size` elements).
     fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError>;
@@ -416,6 +424,15 @@ pub trait Collectives {
         recv: &mut [T],
         rcounts: &[usize],
         rdispls: &[usize],
+    ) -> Result<(), CollError>;
+    /// [`alltoallv`](Collectives::alltoallv) in place (MPI_IN_PLACE): block j of `buf`
+    /// (`counts[j]` elements at `displs[j]`) is sent to member j and replaced by what
+    /// member j sends here, so member j's `counts[i]` must equal member i's `counts[j]`.
+    fn alltoallv_in_place<T: Pod>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
     ) -> Result<(), CollError>;
     /// Reduces every member's `send` (size x `recv.len()` elements) with `op` and
     /// leaves block i of the result at member i.
@@ -562,8 +579,7 @@ impl Collectives for Communicator {
     }
 
     fn gather<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError> {
-        let (c, d) = counts_of(self.size(), send.len());
-        plan_gatherv("gather", self, Some(send), recv, &c, &d, root)?.run(self)
+        plan_gather(self, Some(send), recv, root)?.run(self)
     }
 
     fn gatherv<T: Pod>(
@@ -578,8 +594,7 @@ impl Collectives for Communicator {
     }
 
     fn scatter<T: Pod>(&self, send: &[T], recv: &mut [T], root: u32) -> Result<(), CollError> {
-        let (c, d) = counts_of(self.size(), recv.len());
-        plan_scatterv("scatter", self, send, &c, &d, Some(recv), root)?.run(self)
+        plan_scatter(self, send, Some(recv), root)?.run(self)
     }
 
     fn scatterv<T: Pod>(
@@ -600,8 +615,7 @@ impl Collectives for Communicator {
                 return nc.allgather(self, Some(as_bytes(send)), as_bytes_mut(recv), b);
             }
         }
-        let (c, d) = counts_of(self.size(), send.len());
-        plan_allgatherv("allgather", self, Some(send), recv, &c, &d, true)?.run(self)
+        plan_allgather(self, Some(send), recv)?.run(self)
     }
 
     fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError> {
@@ -610,8 +624,7 @@ impl Collectives for Communicator {
         if let Some(nc) = node_gather(self, bytes) {
             return nc.allgather(self, None, as_bytes_mut(buf), bytes);
         }
-        let (c, d) = counts_of(self.size(), b);
-        plan_allgatherv("allgather", self, None, buf, &c, &d, true)?.run(self)
+        plan_allgather(self, None, buf)?.run(self)
     }
 
     fn allgatherv<T: Pod>(
@@ -624,6 +637,15 @@ impl Collectives for Communicator {
         plan_allgatherv("allgatherv", self, Some(send), recv, counts, displs, false)?.run(self)
     }
 
+    fn allgatherv_in_place<T: Pod>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<(), CollError> {
+        plan_allgatherv("allgatherv", self, None, buf, counts, displs, false)?.run(self)
+    }
+
     fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CollError> {
         let b = block_len("alltoall", self, send.len())?;
         let bytes = b * std::mem::size_of::<T>();
@@ -632,8 +654,7 @@ impl Collectives for Communicator {
                 return nc.alltoall(self, as_bytes(send), as_bytes_mut(recv), bytes);
             }
         }
-        let (c, d) = counts_of(self.size(), b);
-        plan_alltoallv("alltoall", self, send, &c, &d, recv, &c, &d)?.run(self)
+        plan_alltoall(self, Some(send), recv)?.run(self)
     }
 
     fn alltoallv<T: Pod>(
@@ -648,7 +669,7 @@ impl Collectives for Communicator {
         plan_alltoallv(
             "alltoallv",
             self,
-            send,
+            Some(send),
             scounts,
             sdispls,
             recv,
@@ -658,13 +679,22 @@ impl Collectives for Communicator {
         .run(self)
     }
 
+    fn alltoallv_in_place<T: Pod>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<(), CollError> {
+        plan_alltoallv("alltoallv", self, None, &[], &[], buf, counts, displs)?.run(self)
+    }
+
     fn reduce_scatter_block<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
         op: Op<T>,
     ) -> Result<(), CollError> {
-        plan_reduce_scatter_block(self, send, recv, &op)?.run(self)
+        plan_reduce_scatter_block(self, Some(send), recv, &op)?.run(self)
     }
 
     fn scan<T: Element>(&self, send: &[T], recv: &mut [T], op: Op<T>) -> Result<(), CollError> {
@@ -676,27 +706,11 @@ impl Collectives for Communicator {
     }
 
     fn gather_in_place<T: Pod>(&self, recv: &mut [T], root: u32) -> Result<(), CollError> {
-        if self.rank() != root {
-            return Err(invalid(
-                "gather",
-                format!("in place only at the root ({root}); this member calls gather"),
-            ));
-        }
-        let b = block_len("gather", self, recv.len())?;
-        let (c, d) = counts_of(self.size(), b);
-        plan_gatherv("gather", self, None, recv, &c, &d, root)?.run(self)
+        plan_gather(self, None, recv, root)?.run(self)
     }
 
     fn scatter_in_place<T: Pod>(&self, send: &[T], root: u32) -> Result<(), CollError> {
-        if self.rank() != root {
-            return Err(invalid(
-                "scatter",
-                format!("in place only at the root ({root}); this member calls scatter"),
-            ));
-        }
-        let b = block_len("scatter", self, send.len())?;
-        let (c, d) = counts_of(self.size(), b);
-        plan_scatterv("scatter", self, send, &c, &d, None, root)?.run(self)
+        plan_scatter(self, send, None, root)?.run(self)
     }
 
     fn alltoall_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<(), CollError> {
@@ -709,9 +723,7 @@ impl Collectives for Communicator {
         buf: &mut [T],
         op: Op<T>,
     ) -> Result<(), CollError> {
-        let b = block_len("reduce_scatter_block", self, buf.len())?;
-        let send = buf.to_vec();
-        plan_reduce_scatter_block(self, &send, &mut buf[..b], &op)?.run(self)
+        plan_reduce_scatter_block(self, None, buf, &op)?.run(self)
     }
 
     fn scan_in_place<T: Element>(&self, buf: &mut [T], op: Op<T>) -> Result<(), CollError> {

@@ -386,11 +386,13 @@ pub(crate) fn plan_allgatherv<'a, T: Pod>(
     })
 }
 
+/// An all-to-all with per-member blocks; `send` `None` is in place (MPI_IN_PLACE): the
+/// receive blocks are sent, and the send counts are not read.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_alltoallv<'a, T: Pod>(
     op: &'static str,
     comm: &Communicator,
-    send: &'a [T],
+    send: Option<&'a [T]>,
     scounts: &[usize],
     sdispls: &[usize],
     recv: &'a mut [T],
@@ -398,8 +400,11 @@ pub(crate) fn plan_alltoallv<'a, T: Pod>(
     rdispls: &[usize],
 ) -> Result<Plan<'a>, CollError> {
     let n = comm.size();
-    let s = blocks::<T>(op, n, scounts, sdispls, send.len(), "send")?;
     let r = blocks::<T>(op, n, rcounts, rdispls, recv.len(), "receive")?;
+    let s = match send {
+        Some(send) => blocks::<T>(op, n, scounts, sdispls, send.len(), "send")?,
+        None => r.clone(),
+    };
     let me = comm.rank() as usize;
     if s[me].1 != r[me].1 {
         return Err(invalid(
@@ -412,34 +417,122 @@ pub(crate) fn plan_alltoallv<'a, T: Pod>(
     }
     Ok(Plan {
         op,
-        sched: algo::alltoallv_pairwise(at(comm), &s, &r),
-        send: as_bytes(send),
+        sched: algo::alltoallv_pairwise(at(comm), &s, &r, send.is_none()),
+        send: send.map_or(&[][..], as_bytes),
         recv: as_bytes_mut(recv),
     })
 }
 
-pub(crate) fn plan_reduce_scatter_block<'a, T: Element>(
+/// An all-to-all of equal blocks (`send` `None`: in place).
+pub(crate) fn plan_alltoall<'a, T: Pod>(
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "alltoall";
+    let total = send.map_or(recv.len(), <[T]>::len);
+    let b = block_len(OP, comm, total)?;
+    let (c, d) = counts_of(comm.size(), b);
+    plan_alltoallv(OP, comm, send, &c, &d, recv, &c, &d)
+}
+
+/// A gather of equal blocks; `send` `None` is in place at the root (its block already
+/// in `recv`), an error elsewhere.
+pub(crate) fn plan_gather<'a, T: Pod>(
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "gather";
+    let b = match send {
+        Some(s) => s.len(),
+        None => {
+            in_place_at_root(OP, comm, root)?;
+            block_len(OP, comm, recv.len())?
+        }
+    };
+    let (c, d) = counts_of(comm.size(), b);
+    plan_gatherv(OP, comm, send, recv, &c, &d, root)
+}
+
+/// A scatter of equal blocks; `recv` `None` is in place at the root (its block stays in
+/// `send`), an error elsewhere.
+pub(crate) fn plan_scatter<'a, T: Pod>(
     comm: &Communicator,
     send: &'a [T],
+    recv: Option<&'a mut [T]>,
+    root: u32,
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "scatter";
+    let b = match &recv {
+        Some(r) => r.len(),
+        None => {
+            in_place_at_root(OP, comm, root)?;
+            block_len(OP, comm, send.len())?
+        }
+    };
+    let (c, d) = counts_of(comm.size(), b);
+    plan_scatterv(OP, comm, send, &c, &d, recv, root)
+}
+
+/// An allgather of equal blocks (`send` `None`: in place, each block already at
+/// `rank * block`).
+pub(crate) fn plan_allgather<'a, T: Pod>(
+    comm: &Communicator,
+    send: Option<&'a [T]>,
+    recv: &'a mut [T],
+) -> Result<Plan<'a>, CollError> {
+    const OP: &str = "allgather";
+    let b = match send {
+        Some(s) => s.len(),
+        None => block_len(OP, comm, recv.len())?,
+    };
+    let (c, d) = counts_of(comm.size(), b);
+    plan_allgatherv(OP, comm, send, recv, &c, &d, true)
+}
+
+fn in_place_at_root(op: &'static str, comm: &Communicator, root: u32) -> Result<(), CollError> {
+    check_root(op, comm, root)?;
+    if comm.rank() != root {
+        return Err(invalid(
+            op,
+            format!("in place only at the root ({root}); this member calls {op}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A reduce-scatter of equal blocks; `send` `None` is in place: `recv` holds the input
+/// (size x the block) and gets the result in its first block.
+pub(crate) fn plan_reduce_scatter_block<'a, T: Element>(
+    comm: &Communicator,
+    send: Option<&'a [T]>,
     recv: &'a mut [T],
     red: &Op<T>,
 ) -> Result<Plan<'a>, CollError> {
     const OP: &str = "reduce_scatter_block";
     check_op(OP, red)?;
     let n = comm.size() as usize;
-    let count = recv.len();
-    if send.len() != count * n {
-        return Err(invalid(
-            OP,
-            format!(
-                "the send buffer holds {} elements, {n} blocks of the receive buffer's {count} make {}",
-                send.len(),
-                count * n
-            ),
-        ));
-    }
+    let count = match send {
+        Some(send) => {
+            let count = recv.len();
+            if send.len() != count * n {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "the send buffer holds {} elements, {n} blocks of the receive buffer's {count} make {}",
+                        send.len(),
+                        count * n
+                    ),
+                ));
+            }
+            count
+        }
+        None => block_len(OP, comm, recv.len())?,
+    };
     let es = std::mem::size_of::<T>();
-    let input = Buf::Send.at(0, std::mem::size_of_val(send));
+    let input = input(send, count * n * es);
     let at = at(comm);
     let bop = op::byte_op(red);
     let sched = if red.commutative() && n > 1 {
@@ -450,7 +543,7 @@ pub(crate) fn plan_reduce_scatter_block<'a, T: Element>(
     Ok(Plan {
         op: OP,
         sched,
-        send: as_bytes(send),
+        send: send.map_or(&[][..], as_bytes),
         recv: as_bytes_mut(recv),
     })
 }
