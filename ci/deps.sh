@@ -7,6 +7,9 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   cmake libclang1-14 libclang-common-14-dev
   # the verbs run time (libibverbs1, the rxe provider in ibverbs-providers) and tools
   rdma-core libibverbs1 ibverbs-providers ibverbs-utils perftest libibverbs-dev iproute2
+  # weft-pmix: OpenPMIx's client library and headers (bindgen, above); Open MPI's mpirun
+  # hosts a PMIx server for the tests of Weft under a foreign engine
+  libpmix-dev openmpi-bin
   # ci/softroce.sh: the soft-RoCE VM
   qemu-system-x86 busybox-static cpio kmod)
 missing=()

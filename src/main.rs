@@ -125,6 +125,24 @@ fn main() -> ExitCode {
                 Ok(d) => println!("verbs: {d}"),
                 Err(e) => println!("verbs: unavailable ({e})"),
             }
+            match weft_pmix::library_version() {
+                Ok(v) => println!(
+                    "pmix: client library {v} (built with {})",
+                    weft_pmix::built_with().unwrap_or("?")
+                ),
+                Err(e) => println!("pmix: {e}"),
+            }
+            match weft_pmix::server_contact() {
+                Some(c) => println!(
+                    "pmix: this environment names a PMIx server (namespace {}, rank {}, {}); \
+                     Client::init still speaks Weft's own protocol: the PMIx backend is not \
+                     wired into it yet (examples/pmix_probe in weft-pmix uses the client directly)",
+                    c.nspace,
+                    c.rank.map_or("?".into(), |r| r.to_string()),
+                    c.uri_var.as_deref().unwrap_or("no PMIX_SERVER_URI* variable")
+                ),
+                None => println!("pmix: no PMIx server in this environment (PMIX_NAMESPACE unset); wire-up backend: weft"),
+            }
             // Outside a job the node's address is not known: the launcher's default.
             let local = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
             match weft_tcp::Config::from_env(0, 0, [0; 2], local) {

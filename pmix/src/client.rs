@@ -1,0 +1,227 @@
+//! [`Pmix`]: the client connection, through OpenPMIx's client library.
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::owned::{key, proc_of, Infos, OwnedValue};
+use crate::{secs, sys, GetOpts, PmixError, PmixValue, Scope};
+
+/// `PMIx_Get_version()`.
+pub(crate) fn version() -> String {
+    // SAFETY: returns a static NUL-terminated string; callable before init.
+    unsafe { CStr::from_ptr(sys::PMIx_Get_version()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn error_string(status: i32) -> String {
+    // SAFETY: PMIx_Error_string returns a static NUL-terminated string for any status.
+    unsafe { CStr::from_ptr(sys::PMIx_Error_string(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn status(op: &'static str, rc: sys::pmix_status_t, hint: &str) -> PmixError {
+    PmixError::Status {
+        op,
+        status: rc,
+        message: error_string(rc),
+        hint: if hint.is_empty() {
+            String::new()
+        } else {
+            format!(": {hint}")
+        },
+    }
+}
+
+const SUCCESS: sys::pmix_status_t = sys::PMIX_SUCCESS as sys::pmix_status_t;
+
+/// A connection to the host's PMIx server (`PMIx_Init`), finalized by
+/// [`finalize`](Pmix::finalize) or on drop. The library is thread-safe (it runs its own
+/// progress thread): a `Pmix` may be shared between threads.
+#[derive(Debug)]
+pub struct Pmix {
+    nspace: String,
+    rank: u32,
+    finalized: AtomicBool,
+}
+
+impl Pmix {
+    /// Connects to the PMIx server whose contact the host engine put in this process's
+    /// environment (see [`server_contact`](crate::server_contact)); fails at once, naming
+    /// what is missing, when there is none.
+    pub fn init() -> Result<Pmix, PmixError> {
+        const OP: &str = "PMIx_Init";
+        let mut me = proc_of(b"", 0);
+        // SAFETY: `me` is a valid pmix_proc_t for the library to fill; no info array.
+        let rc = unsafe { sys::PMIx_Init(&mut me, std::ptr::null_mut(), 0) };
+        if rc != SUCCESS {
+            let hint = if crate::server_contact().is_none() {
+                "no PMIx server in this process's environment (PMIX_NAMESPACE and \
+                 PMIX_SERVER_URI* unset): run under mpirun, prterun or srun --mpi=pmix"
+            } else {
+                "the server named by PMIX_SERVER_URI* did not accept this process"
+            };
+            return Err(status(OP, rc, hint));
+        }
+        // SAFETY: the library filled `nspace` with a NUL-terminated name within the array.
+        let nspace = unsafe { CStr::from_ptr(me.nspace.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(Pmix {
+            nspace,
+            rank: me.rank,
+            finalized: AtomicBool::new(false),
+        })
+    }
+
+    /// This process's rank in its namespace.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The job's namespace.
+    pub fn nspace(&self) -> &str {
+        &self.nspace
+    }
+
+    fn me(&self, rank: u32) -> sys::pmix_proc_t {
+        proc_of(self.nspace.as_bytes(), rank)
+    }
+
+    /// Stages `value` under `key` for the processes `scope` names (`PMIx_Put`, as a byte
+    /// object); they see it after [`commit`](Pmix::commit) and a fence, or by a direct
+    /// get that asks this process's server.
+    pub fn put(&self, scope: Scope, k: &str, value: &[u8]) -> Result<(), PmixError> {
+        const OP: &str = "PMIx_Put";
+        let k = key(OP, k)?;
+        let scope = match scope {
+            Scope::Local => sys::PMIX_LOCAL,
+            Scope::Remote => sys::PMIX_REMOTE,
+            Scope::Global => sys::PMIX_GLOBAL,
+        } as sys::pmix_scope_t;
+        // SAFETY: all zeroes is an empty value; it points at `value` only for the call,
+        // which copies the bytes (PMIx_Put stores a copy of the value).
+        let rc = unsafe {
+            let mut v: sys::pmix_value_t = std::mem::zeroed();
+            v.type_ = sys::PMIX_BYTE_OBJECT as u16;
+            v.data.bo = sys::pmix_byte_object_t {
+                bytes: value.as_ptr().cast_mut().cast(),
+                size: value.len(),
+            };
+            sys::PMIx_Put(scope, k.as_ptr(), &mut v)
+        };
+        if rc != SUCCESS {
+            return Err(status(OP, rc, ""));
+        }
+        Ok(())
+    }
+
+    /// Pushes what was put to the local server (`PMIx_Commit`).
+    pub fn commit(&self) -> Result<(), PmixError> {
+        // SAFETY: no arguments.
+        let rc = unsafe { sys::PMIx_Commit() };
+        if rc != SUCCESS {
+            return Err(status("PMIx_Commit", rc, ""));
+        }
+        Ok(())
+    }
+
+    /// A fence among `ranks` of the job (`None`: all of it), with the committed data
+    /// collected to every participant (`collect`) or left to be fetched on demand; gives
+    /// up after `timeout` (whole seconds) when given.
+    pub fn fence(
+        &self,
+        ranks: Option<&[u32]>,
+        collect: bool,
+        timeout: Option<Duration>,
+    ) -> Result<(), PmixError> {
+        const OP: &str = "PMIx_Fence";
+        let procs: Vec<sys::pmix_proc_t> = match ranks {
+            None => vec![self.me(sys::PMIX_RANK_WILDCARD)],
+            Some(r) => r.iter().map(|&r| self.me(r)).collect(),
+        };
+        let mut info = Infos::new();
+        if collect {
+            info.push_bool(sys::PMIX_COLLECT_DATA, true);
+        }
+        let t = timeout.map(secs);
+        if let Some(t) = t {
+            info.push_int(sys::PMIX_TIMEOUT, t.min(i32::MAX as u32) as i32);
+        }
+        // SAFETY: `procs` and `info` are valid arrays of their lengths for the call.
+        let rc = unsafe { sys::PMIx_Fence(procs.as_ptr(), procs.len(), info.as_ptr(), info.len()) };
+        match rc {
+            SUCCESS => Ok(()),
+            sys::PMIX_ERR_TIMEOUT => Err(PmixError::Timeout {
+                op: OP,
+                secs: t.unwrap_or(0),
+            }),
+            _ => Err(status(OP, rc, "")),
+        }
+    }
+
+    /// The value of `key` of process `rank` (`None`: job-level information, asked of the
+    /// wildcard rank), copied out of the library (`PMIx_Get`).
+    pub fn get(&self, rank: Option<u32>, k: &str, opts: GetOpts) -> Result<PmixValue, PmixError> {
+        const OP: &str = "PMIx_Get";
+        let ck = key(OP, k)?;
+        let who = self.me(rank.unwrap_or(sys::PMIX_RANK_WILDCARD));
+        let mut info = Infos::new();
+        let t = opts.timeout.map(secs);
+        if let Some(t) = t {
+            info.push_int(sys::PMIX_TIMEOUT, t.min(i32::MAX as u32) as i32);
+        }
+        if opts.local_only {
+            info.push_bool(sys::PMIX_OPTIONAL, true);
+        }
+        if opts.refresh {
+            info.push_bool(sys::PMIX_GET_REFRESH_CACHE, true);
+        }
+        let mut out: *mut sys::pmix_value_t = std::ptr::null_mut();
+        // SAFETY: `who`, the key and `info` are valid for the call; on success the
+        // library stores a value it allocated in `out`, which OwnedValue frees.
+        let rc = unsafe { sys::PMIx_Get(&who, ck.as_ptr(), info.as_ptr(), info.len(), &mut out) };
+        let owned = OwnedValue(out);
+        match rc {
+            SUCCESS if !owned.0.is_null() => Ok(owned.to_value()),
+            SUCCESS => Err(status(OP, rc, "the library returned no value")),
+            sys::PMIX_ERR_NOT_FOUND => Err(PmixError::NotFound {
+                op: OP,
+                key: k.to_string(),
+                who: rank.map_or("the job".to_string(), |r| format!("rank {r}")),
+            }),
+            sys::PMIX_ERR_TIMEOUT => Err(PmixError::Timeout {
+                op: OP,
+                secs: t.unwrap_or(0),
+            }),
+            _ => Err(status(OP, rc, "")),
+        }
+    }
+
+    /// Ends this connection (`PMIx_Finalize`).
+    pub fn finalize(self) -> Result<(), PmixError> {
+        self.end()
+    }
+
+    fn end(&self) -> Result<(), PmixError> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // SAFETY: no info array; called once per successful PMIx_Init (the flag above).
+        let rc = unsafe { sys::PMIx_Finalize(std::ptr::null(), 0) };
+        if rc != SUCCESS {
+            return Err(status("PMIx_Finalize", rc, ""));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pmix {
+    fn drop(&mut self) {
+        if let Err(e) = self.end() {
+            tracing::warn!("finalizing PMIx on drop: {e}");
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Owners of the PMIx objects the wrappers build or receive: info arrays ([`Infos`]),
+//! values returned by the library ([`OwnedValue`]), process names ([`proc_of`]) and keys
+//! ([`key`]). Each frees what it holds when dropped.
+
+use std::ffi::{CStr, CString};
+
+use crate::sys;
+use crate::{PmixError, PmixValue};
+
+/// A key as PMIx takes it: no NUL byte, at most `PMIX_MAX_KEYLEN` bytes.
+pub(crate) fn key(op: &'static str, k: &str) -> Result<CString, PmixError> {
+    if k.len() > sys::PMIX_MAX_KEYLEN as usize {
+        return Err(PmixError::InvalidArgs {
+            op,
+            what: format!(
+                "key of {} bytes (PMIx takes at most {})",
+                k.len(),
+                sys::PMIX_MAX_KEYLEN
+            ),
+        });
+    }
+    CString::new(k).map_err(|_| PmixError::InvalidArgs {
+        op,
+        what: format!("key {k:?} holds a NUL byte"),
+    })
+}
+
+/// A process name: `nspace` (at most `PMIX_MAX_NSLEN` bytes, checked at init) and rank.
+pub(crate) fn proc_of(nspace: &[u8], rank: u32) -> sys::pmix_proc_t {
+    // SAFETY: pmix_proc_t is plain data (a char array and an integer): all zeroes is
+    // the empty name PMIX_PROC_CONSTRUCT makes.
+    let mut p: sys::pmix_proc_t = unsafe { std::mem::zeroed() };
+    for (d, &s) in p
+        .nspace
+        .iter_mut()
+        .zip(nspace.iter().take(sys::PMIX_MAX_NSLEN as usize))
+    {
+        *d = s as std::os::raw::c_char;
+    }
+    p.rank = rank;
+    p
+}
+
+/// An array of `pmix_info_t` built here; each entry's value is destructed on drop (as
+/// `PMIX_INFO_DESTRUCT` does).
+pub(crate) struct Infos(Vec<sys::pmix_info_t>);
+
+impl std::fmt::Debug for Infos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Infos({} entries)", self.0.len())
+    }
+}
+
+impl Infos {
+    pub(crate) fn new() -> Infos {
+        Infos(Vec::new())
+    }
+
+    /// Appends `key` = `data` of PMIx type `ty` (copied by `PMIx_Info_load`).
+    fn push_raw(&mut self, key: &[u8], data: *const std::ffi::c_void, ty: u32) {
+        // SAFETY: all zeroes is an empty info (PMIX_INFO_CONSTRUCT); Info_load then sets
+        // its key and copies the value from `data`, which points at a value of type `ty`
+        // (the callers below pass matching pairs); `key` is one of the bindings'
+        // NUL-terminated constants.
+        unsafe {
+            let mut info: sys::pmix_info_t = std::mem::zeroed();
+            let rc = sys::PMIx_Info_load(&mut info, key.as_ptr().cast(), data, ty as u16);
+            debug_assert_eq!(rc, 0, "PMIx_Info_load of a plain value");
+            self.0.push(info);
+        }
+    }
+
+    /// Appends a boolean directive (`key` is a NUL-terminated bindings constant).
+    pub(crate) fn push_bool(&mut self, key: &[u8], v: bool) {
+        self.push_raw(key, (&v as *const bool).cast(), sys::PMIX_BOOL);
+    }
+
+    /// Appends an integer directive (`PMIX_INT`, as `PMIX_TIMEOUT` takes).
+    pub(crate) fn push_int(&mut self, key: &[u8], v: i32) {
+        let v: std::os::raw::c_int = v;
+        self.push_raw(
+            key,
+            (&v as *const std::os::raw::c_int).cast(),
+            sys::PMIX_INT,
+        );
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const sys::pmix_info_t {
+        if self.0.is_empty() {
+            std::ptr::null()
+        } else {
+            self.0.as_ptr()
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl Drop for Infos {
+    fn drop(&mut self) {
+        for i in &mut self.0 {
+            // SAFETY: each value was loaded by PMIx_Info_load and is destructed once.
+            unsafe { sys::PMIx_Value_destruct(&mut i.value) };
+        }
+    }
+}
+
+/// A `pmix_value_t` the library allocated (what `PMIx_Get` returns): destructed and
+/// freed on drop (`PMIX_VALUE_RELEASE`).
+pub(crate) struct OwnedValue(pub(crate) *mut sys::pmix_value_t);
+
+impl OwnedValue {
+    /// A Rust copy of the value.
+    pub(crate) fn to_value(&self) -> PmixValue {
+        // SAFETY: the pointer came non-null from PMIx_Get and stays valid until drop; the
+        // union member read is the one the type tag names.
+        unsafe {
+            let v = &*self.0;
+            let d = &v.data;
+            match u32::from(v.type_) {
+                sys::PMIX_BOOL => PmixValue::Bool(d.flag),
+                sys::PMIX_UINT8 | sys::PMIX_BYTE => PmixValue::U8(d.uint8),
+                sys::PMIX_UINT16 => PmixValue::U16(d.uint16),
+                sys::PMIX_UINT32 => PmixValue::U32(d.uint32),
+                sys::PMIX_UINT64 => PmixValue::U64(d.uint64),
+                sys::PMIX_INT | sys::PMIX_INT32 => PmixValue::I32(d.int32),
+                sys::PMIX_SIZE => PmixValue::Size(d.size),
+                sys::PMIX_PROC_RANK => PmixValue::Rank(d.rank),
+                sys::PMIX_STRING => PmixValue::Str(if d.string.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(d.string).to_string_lossy().into_owned()
+                }),
+                sys::PMIX_BYTE_OBJECT => PmixValue::Bytes(if d.bo.bytes.is_null() {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(d.bo.bytes.cast::<u8>(), d.bo.size).to_vec()
+                }),
+                _ => PmixValue::Other(v.type_),
+            }
+        }
+    }
+}
+
+impl Drop for OwnedValue {
+    fn drop(&mut self) {
+        if self.0.is_null() {
+            return;
+        }
+        // SAFETY: the value and its data were allocated by the library with malloc
+        // (PMIX_VALUE_RELEASE: destruct, then free); freed once, here.
+        unsafe {
+            sys::PMIx_Value_destruct(self.0);
+            libc::free(self.0.cast());
+        }
+    }
+}
