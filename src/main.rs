@@ -132,17 +132,10 @@ fn main() -> ExitCode {
                 ),
                 Err(e) => println!("pmix: {e}"),
             }
-            match weft_pmix::server_contact() {
-                Some(c) => println!(
-                    "pmix: this environment names a PMIx server (namespace {}, rank {}, {}); \
-                     Client::init still speaks Weft's own protocol: the PMIx backend is not \
-                     wired into it yet (examples/pmix_probe in weft-pmix uses the client directly)",
-                    c.nspace,
-                    c.rank.map_or("?".into(), |r| r.to_string()),
-                    c.uri_var.as_deref().unwrap_or("no PMIX_SERVER_URI* variable")
-                ),
-                None => println!("pmix: no PMIx server in this environment (PMIX_NAMESPACE unset); wire-up backend: weft"),
-            }
+            println!(
+                "wire-up backend: {} (WEFT_WIREUP=weft|pmix|auto)",
+                weft_wireup::backend_choice()
+            );
             // Outside a job the node's address is not known: the launcher's default.
             let local = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
             match weft_tcp::Config::from_env(0, 0, [0; 2], local) {
@@ -184,6 +177,11 @@ fn main() -> ExitCode {
 
 /// Environment tunables, listed by `weft info`.
 const TUNABLES: &[(&str, &str, &str)] = &[
+    (
+        "WEFT_WIREUP",
+        "auto",
+        "wire-up backend of Client::init: weft (weft run's servers), pmix (the host engine's PMIx server), auto (weft under weft run, else pmix when the environment names a PMIx server)",
+    ),
     (
         "WEFT_LOG",
         "warn",

@@ -2,8 +2,9 @@
 //! it checks what Weft's PMIx backend needs of the host, printing `rank R pmix ok ...`
 //! or naming the first failure (exit status 1):
 //!
-//! 1. job information: job size, local rank and size, local peers, node id, number of
-//!    nodes, hostname (job-level keys read with the wildcard rank);
+//! 1. job information: job size, local rank and size, local peers, number of nodes,
+//!    hostname (job-level keys read with the wildcard rank), the node list and the ranks
+//!    on this node;
 //! 2. put (global and local scopes) + commit + a fence collecting the data, then every
 //!    other rank's card read from the local copy only (`local_only`);
 //! 3. a second put + commit + a fence without data, then the cards fetched on demand
@@ -63,6 +64,15 @@ fn run() -> Res<()> {
     }
     if !peers.split(',').any(|p| p.parse() == Ok(me)) {
         return Err(format!("local peers {peers:?} do not name rank {me}").into());
+    }
+    let node_names = px.nodes()?;
+    if node_names.len() as u32 != nodes || !node_names.contains(&host) {
+        return Err(format!("nodes {node_names:?}: expected {nodes} naming {host}").into());
+    }
+    let here = px.peers_on(&host)?;
+    let listed: Vec<u32> = peers.split(',').filter_map(|p| p.parse().ok()).collect();
+    if here != listed {
+        return Err(format!("peers on {host}: {here:?}, local peers {listed:?}").into());
     }
 
     // 2: collected fence, then local reads only.

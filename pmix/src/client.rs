@@ -200,12 +200,69 @@ impl Pmix {
         }
     }
 
-    /// Ends this connection (`PMIx_Finalize`).
-    pub fn finalize(self) -> Result<(), PmixError> {
-        self.end()
+    /// The names of the nodes the job runs on (`PMIx_Resolve_nodes`), in the host's
+    /// order.
+    pub fn nodes(&self) -> Result<Vec<String>, PmixError> {
+        const OP: &str = "PMIx_Resolve_nodes";
+        let ns = key(OP, &self.nspace)?;
+        let mut list: *mut std::os::raw::c_char = std::ptr::null_mut();
+        // SAFETY: `ns` is a NUL-terminated namespace; the library stores a malloc'ed
+        // NUL-terminated list in `list` (or leaves it null), freed below.
+        let rc = unsafe { sys::PMIx_Resolve_nodes(ns.as_ptr(), &mut list) };
+        let text = if list.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null: a NUL-terminated string the library allocated, read once
+            // and freed once.
+            unsafe {
+                let t = CStr::from_ptr(list).to_string_lossy().into_owned();
+                libc::free(list.cast());
+                t
+            }
+        };
+        if rc != SUCCESS {
+            return Err(status(OP, rc, ""));
+        }
+        Ok(text
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect())
     }
 
-    fn end(&self) -> Result<(), PmixError> {
+    /// The job's ranks on node `node` (`PMIx_Resolve_peers`), ascending.
+    pub fn peers_on(&self, node: &str) -> Result<Vec<u32>, PmixError> {
+        const OP: &str = "PMIx_Resolve_peers";
+        let ns = key(OP, &self.nspace)?;
+        let host = key(OP, node)?;
+        let mut procs: *mut sys::pmix_proc_t = std::ptr::null_mut();
+        let mut n = 0usize;
+        // SAFETY: both names are NUL-terminated; the library stores a malloc'ed array of
+        // `n` process names in `procs` (or null), freed below (PMIX_PROC_FREE).
+        let rc = unsafe { sys::PMIx_Resolve_peers(host.as_ptr(), ns.as_ptr(), &mut procs, &mut n) };
+        let mut ranks = Vec::new();
+        if !procs.is_null() {
+            // SAFETY: `procs` holds `n` initialized entries until freed here, once.
+            unsafe {
+                ranks.extend(std::slice::from_raw_parts(procs, n).iter().map(|p| p.rank));
+                libc::free(procs.cast());
+            }
+        }
+        if rc != SUCCESS {
+            return Err(status(OP, rc, ""));
+        }
+        ranks.sort_unstable();
+        Ok(ranks)
+    }
+
+    /// Ends this connection (`PMIx_Finalize`).
+    pub fn finalize(self) -> Result<(), PmixError> {
+        self.finalize_shared()
+    }
+
+    /// Ends this connection through a shared reference (for owners that share the
+    /// handle); later calls, and the drop, do nothing.
+    pub fn finalize_shared(&self) -> Result<(), PmixError> {
         if self.finalized.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -220,7 +277,7 @@ impl Pmix {
 
 impl Drop for Pmix {
     fn drop(&mut self) {
-        if let Err(e) = self.end() {
+        if let Err(e) = self.finalize_shared() {
             tracing::warn!("finalizing PMIx on drop: {e}");
         }
     }

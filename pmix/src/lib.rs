@@ -319,7 +319,19 @@ impl Pmix {
         Err(unavailable())
     }
     /// Never called (no [`Pmix`] exists in this build).
+    pub fn nodes(&self) -> Result<Vec<String>, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
+    pub fn peers_on(&self, _node: &str) -> Result<Vec<u32>, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
     pub fn finalize(self) -> Result<(), PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
+    pub fn finalize_shared(&self) -> Result<(), PmixError> {
         Err(unavailable())
     }
 }

@@ -134,6 +134,14 @@ pub enum InitError {
     /// The process finalized its connection; a process cannot connect again.
     #[error("this process already finalized its connection to the weft server; Weft cannot be initialized again in the same process")]
     Finalized,
+    /// The host engine's PMIx server (the PMIx backend) could not be used.
+    #[error(
+        "wire-up through the host's PMIx server (WEFT_WIREUP=pmix or PMIX_NAMESPACE set): {reason}"
+    )]
+    Pmix {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Where the process stands with its server: never connected, connected, finalized.
@@ -170,6 +178,12 @@ pub enum CommitError {
     /// The connection failed.
     #[error(transparent)]
     Conn(#[from] ConnError),
+    /// The host's PMIx server refused the data (PMIx backend).
+    #[error("commit through the host's PMIx server: {reason}")]
+    Pmix {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Errors of [`Client::fence`].
@@ -205,6 +219,12 @@ pub enum FenceError {
     /// The connection failed.
     #[error(transparent)]
     Conn(#[from] ConnError),
+    /// The host's PMIx server failed the fence (PMIx backend).
+    #[error("fence through the host's PMIx server: {reason}")]
+    Pmix {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Errors of [`Client::get`].
@@ -283,6 +303,12 @@ pub enum FinalizeError {
     /// The connection failed.
     #[error(transparent)]
     Conn(#[from] ConnError),
+    /// The host's PMIx server failed the finalize (PMIx backend).
+    #[error("finalize through the host's PMIx server: {reason}")]
+    Pmix {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Options of [`Client::get`].
@@ -344,8 +370,11 @@ pub struct Client {
     /// The node's address and the transports' secret, from the datastore.
     net: Option<NodeNet>,
     local_peers: Vec<Rank>,
-    store: StoreReader,
+    /// The node's datastore (Weft's servers; `None` under a PMIx host).
+    store: Option<StoreReader>,
     conn: Conn,
+    /// The host's PMIx server, when the process runs under one instead of `weft run`.
+    pmix: Option<crate::pmix::Link>,
     pending: Mutex<Vec<(Scope, String, Value)>>,
     /// Commits since the last fence, and copies delivered by fences outside the servers.
     pub(crate) handoff: crate::handoff::Handoff,
@@ -374,6 +403,60 @@ where
         value,
         reason: e.to_string(),
     })
+}
+
+/// Which wire-up service a process uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    /// Weft's own servers (`weft run`).
+    Weft,
+    /// A host engine's PMIx server.
+    Pmix,
+}
+
+/// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
+/// started the process, else a PMIx server whose contact is in the environment).
+fn backend() -> Result<Backend, InitError> {
+    match std::env::var("WEFT_WIREUP").as_deref() {
+        Ok("weft") => Ok(Backend::Weft),
+        Ok("pmix") => Ok(Backend::Pmix),
+        Ok("auto") | Err(_) => Ok(
+            if std::env::var_os(env::RANK).is_none() && weft_pmix::server_contact().is_some() {
+                Backend::Pmix
+            } else {
+                Backend::Weft
+            },
+        ),
+        Ok(other) => Err(InitError::BadEnv {
+            var: "WEFT_WIREUP",
+            value: other.to_owned(),
+            reason: "expected weft, pmix or auto".into(),
+        }),
+    }
+}
+
+/// The wire-up backend `Client::init` would choose in this environment, and why (for
+/// `weft info`).
+pub fn backend_choice() -> String {
+    match backend() {
+        Ok(Backend::Weft) if std::env::var_os(env::RANK).is_some() => {
+            "weft (started by `weft run`)".into()
+        }
+        Ok(Backend::Weft) => {
+            "weft (no PMIx server in the environment; start programs with `weft run`)".into()
+        }
+        Ok(Backend::Pmix) => match weft_pmix::server_contact() {
+            Some(c) => format!(
+                "pmix (the host's PMIx server: namespace {}, {})",
+                c.nspace,
+                c.uri_var
+                    .as_deref()
+                    .unwrap_or("no PMIX_SERVER_URI* variable")
+            ),
+            None => "pmix (WEFT_WIREUP=pmix, but no PMIx server in the environment)".into(),
+        },
+        Err(e) => format!("none: {e}"),
+    }
 }
 
 impl Client {
@@ -448,6 +531,45 @@ impl Client {
     }
 
     fn connect() -> Result<Client, InitError> {
+        if backend()? == Backend::Pmix {
+            return Self::connect_pmix();
+        }
+        Self::connect_weft()
+    }
+
+    /// Under a host engine's PMIx server (see `crate::pmix`).
+    fn connect_pmix() -> Result<Client, InitError> {
+        let (rank, job, link) = crate::pmix::connect()?;
+        let node = job.node_of(rank).ok_or_else(|| InitError::Pmix {
+            reason: format!("rank {rank} is not in the job (size {})", job.size()),
+        })?;
+        let local_peers = job.ranks_on(node);
+        Ok(Client {
+            rank,
+            node,
+            local_peers,
+            job,
+            net: None,
+            store: None,
+            conn: Conn::absent(
+                "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
+                 Weft's groups, events and runtime process sets are not mapped onto PMIx yet",
+            )
+            .map_err(|e| InitError::Pmix {
+                reason: format!("a placeholder socket: {e}"),
+            })?,
+            pmix: Some(link),
+            pending: Mutex::new(Vec::new()),
+            handoff: crate::handoff::Handoff::default(),
+            seqs: Mutex::new(HashMap::new()),
+            my_groups: Mutex::new(HashMap::new()),
+            events: Mutex::new(crate::event::Registry::default()),
+            finalized: AtomicBool::new(false),
+            server_pid: None,
+        })
+    }
+
+    fn connect_weft() -> Result<Client, InitError> {
         let rank: Rank = env_num(env::RANK)?;
         let token: u64 = env_num(env::TOKEN)?;
         let path = PathBuf::from(env_var(env::SERVER_SOCKET)?);
@@ -515,8 +637,9 @@ impl Client {
             local_peers,
             job,
             net,
-            store,
+            store: Some(store),
             conn: Conn::new(s, reader),
+            pmix: None,
             pending: Mutex::new(Vec::new()),
             handoff: crate::handoff::Handoff::default(),
             seqs: Mutex::new(HashMap::new()),
@@ -587,7 +710,7 @@ impl Client {
     /// defined while the job runs.
     pub fn pset_names(&self) -> Vec<String> {
         let mut names = self.job.pset_names();
-        if let Some(b) = self.store.get(keys::RUNTIME_PSETS) {
+        if let Some(b) = self.store.as_ref().and_then(|s| s.get(keys::RUNTIME_PSETS)) {
             names.extend(postcard::from_bytes::<Vec<String>>(b).unwrap_or_default());
         }
         names
@@ -595,7 +718,7 @@ impl Client {
     /// Members of process set `name` (a launch set, or one defined while the job runs).
     pub fn pset_members(&self, name: &str) -> Option<Vec<Rank>> {
         self.job.pset_members(name, self.rank).or_else(|| {
-            let b = self.store.get(&keys::pset(name))?;
+            let b = self.store.as_ref()?.get(&keys::pset(name))?;
             postcard::from_bytes::<Option<Vec<Rank>>>(b).ok().flatten()
         })
     }
@@ -608,6 +731,7 @@ impl Client {
     /// in the node's shared memory: cheap enough for a transport's wait loop.
     pub fn gone_reason(&self, rank: Rank) -> Option<String> {
         self.store
+            .as_ref()?
             .get(&keys::gone(rank))
             .map(|b| String::from_utf8_lossy(b).into_owned())
     }
@@ -624,6 +748,9 @@ impl Client {
                     pid.as_raw_nonzero()
                 ));
             }
+        }
+        if self.pmix.is_some() {
+            return None;
         }
         self.conn.broken().map(|why| {
             format!(
@@ -680,6 +807,9 @@ impl Client {
     pub fn commit(&self) -> Result<(), CommitError> {
         let entries = std::mem::take(&mut *lock(&self.pending));
         self.handoff.record(&entries);
+        if let Some(px) = &self.pmix {
+            return px.commit(&entries);
+        }
         // No reply is awaited: the server handles a connection's frames in order, so any
         // fence or get sent after this sees the data, and a commit cannot fail on a
         // healthy connection (keys and sizes were checked by `put`).
@@ -711,6 +841,11 @@ impl Client {
                     ),
                 });
             }
+        }
+        if let Some(px) = &self.pmix {
+            px.fence(&procs, mode, timeout)?;
+            self.handoff.server_fence(&procs);
+            return Ok(());
         }
         let id = self.coll_id(CollKind::Fence, procs.clone(), "");
         let timeout_ms = ms(timeout);
@@ -783,20 +918,29 @@ impl Client {
                 return Ok(v);
             }
         }
+        let Some(store) = &self.store else {
+            return match &self.pmix {
+                Some(px) => px.get(rank, key, opts),
+                None => Err(GetError::Failed {
+                    rank,
+                    key: key.to_owned(),
+                    reason: "no datastore and no PMIx host".into(),
+                }),
+            };
+        };
         let on_node = self.job.procs[rank as usize].node == self.node;
-        if !opts.refresh && !self.store.overflowed() {
+        if !opts.refresh && !store.overflowed() {
             // A copy of another node's rank is used only while it is as new as the owner
             // was at the last fence (or for a local-only get, whatever is here).
             let usable = on_node
                 || opts.local_only
-                || self
-                    .store
+                || store
                     .get(&keys::complete(rank))
                     .and_then(crate::modex::marker_fresh)
                     .unwrap_or(false);
             if usable {
                 let found = keys::with_data(rank, key, |k| {
-                    self.store.get(k).map(|bytes| {
+                    store.get(k).map(|bytes| {
                         postcard::from_bytes(bytes).map_err(|e| GetError::Corrupt {
                             rank,
                             key: key.to_owned(),
@@ -887,6 +1031,18 @@ impl Client {
             return Ok(());
         }
         PROCESS_STATE.store(FINALIZED, Ordering::Release);
+        if let Some(px) = &self.pmix {
+            // No server removes this process's shared-memory inbox (the fabric's, named
+            // by `segment_prefix`) when the job ends: its name goes now; peers that
+            // mapped it keep the memory. (A crash still leaves it behind.)
+            let inbox = format!("{}r{}", self.segment_prefix(), self.rank);
+            if let Err(e) = weft_shm::unlink(&inbox) {
+                tracing::debug!("finalize: removing {inbox}: {e}");
+            }
+            return px
+                .finalize()
+                .map_err(|reason| FinalizeError::Pmix { reason });
+        }
         self.conn.call(
             "finalize",
             |req| ClientMsg::Finalize { req, at_exit },

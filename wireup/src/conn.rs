@@ -21,12 +21,22 @@ const SERVER_SLACK: Duration = Duration::from_secs(5);
 
 /// The connection to the server was lost or misbehaved.
 #[derive(Debug, thiserror::Error)]
-#[error("{op}: connection to the weft server lost: {reason}")]
+#[error("{op}: {}{reason}", lost_prefix(*.absent))]
 pub struct ConnError {
     op: &'static str,
     reason: String,
+    /// There never was a connection (the process uses another wire-up backend).
+    absent: bool,
     #[source]
     source: Option<io::Error>,
+}
+
+fn lost_prefix(absent: bool) -> &'static str {
+    if absent {
+        "no weft server: "
+    } else {
+        "connection to the weft server lost: "
+    }
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +46,8 @@ struct Rx {
     events: Vec<crate::Event>,
     reading: bool,
     broken: Option<String>,
+    /// Never connected (see [`Conn::absent`]).
+    absent: bool,
 }
 
 /// A request/response connection usable from many threads: whichever waiter finds no
@@ -87,14 +99,46 @@ impl Conn {
         }
     }
 
+    /// A connection that never was, for a process whose wire-up goes through another
+    /// backend: every request fails at once with `reason`.
+    pub(crate) fn absent(reason: &str) -> io::Result<Conn> {
+        // A socket whose peer is gone: nothing is ever written to it (requests fail
+        // first, below), and a reader would see the end of the stream.
+        let (a, _peer) = UnixStream::pair()?;
+        let b = a.try_clone()?;
+        let c = Conn::new(a, b);
+        {
+            let mut rx = lock(&c.rx);
+            rx.broken = Some(reason.to_owned());
+            rx.absent = true;
+        }
+        Ok(c)
+    }
+
+    /// The error of a request on a connection that never was.
+    fn refuse(&self, op: &'static str) -> Result<(), ConnError> {
+        let rx = lock(&self.rx);
+        match (&rx.broken, rx.absent) {
+            (Some(why), true) => Err(ConnError {
+                op,
+                reason: why.clone(),
+                source: None,
+                absent: true,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Sends a request that expects no reply.
     pub(crate) fn send(&self, op: &'static str, msg: &ClientMsg) -> Result<(), ConnError> {
+        self.refuse(op)?;
         let frame = frame::encode(msg);
         let mut w = lock(&self.writer);
         io::Write::write_all(&mut *w, &frame).map_err(|e| ConnError {
             op,
             reason: "cannot send the request".into(),
             source: Some(e),
+            absent: false,
         })
     }
 
@@ -104,6 +148,7 @@ impl Conn {
         op: &'static str,
         build: impl FnOnce(u64) -> ClientMsg,
     ) -> Result<u64, ConnError> {
+        self.refuse(op)?;
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let frame = frame::encode(&build(req));
         let mut w = lock(&self.writer);
@@ -111,6 +156,7 @@ impl Conn {
             op,
             reason: "cannot send the request".into(),
             source: Some(e),
+            absent: false,
         })?;
         Ok(req)
     }
@@ -165,6 +211,7 @@ impl Conn {
             op,
             reason: "the server did not answer in time".into(),
             source: None,
+            absent: false,
         };
         let mut rx = lock(&self.rx);
         loop {
@@ -176,6 +223,7 @@ impl Conn {
                     op,
                     reason: why.clone(),
                     source: None,
+                    absent: rx.absent,
                 });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -261,6 +309,7 @@ impl Conn {
                 op,
                 reason: why.clone(),
                 source: None,
+                absent: rx.absent,
             }),
             None => Ok(None),
         }

@@ -31,6 +31,7 @@ mod handoff;
 mod job;
 pub mod launcher;
 mod modex;
+mod pmix;
 mod proto;
 pub mod server;
 pub mod topology;
@@ -40,7 +41,9 @@ mod value;
 /// is a failure: an exit before finalize, a signal, a lost connection).
 pub const FINALIZED: &str = "has finalized";
 
-pub use client::{Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError};
+pub use client::{
+    backend_choice, Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError,
+};
 pub use conn::ConnError;
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
