@@ -553,7 +553,8 @@ impl Client {
             store: None,
             conn: Conn::absent(
                 "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
-                 Weft's groups, events and runtime process sets are not mapped onto PMIx yet",
+                 Weft's events, group queries, invitations and joins, and runtime process sets \
+                 are not mapped onto PMIx yet",
             )
             .map_err(|e| InitError::Pmix {
                 reason: format!("a placeholder socket: {e}"),
@@ -680,6 +681,9 @@ impl Client {
     /// server from the launcher's job secret), for transports to authenticate the
     /// connections between them.
     pub fn transport_secret(&self) -> Option<[u64; 2]> {
+        if let Some(px) = &self.pmix {
+            return px.transport_secret();
+        }
         self.net.as_ref().map(|n| n.transport_secret)
     }
     /// This process's node id.
@@ -894,6 +898,11 @@ impl Client {
             seq,
             name: name.to_owned(),
         }
+    }
+
+    /// The host's PMIx server, when the process runs under one.
+    pub(crate) fn pmix_link(&self) -> Option<&crate::pmix::Link> {
+        self.pmix.as_ref()
     }
 
     /// The connection to the server.

@@ -21,6 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::client::{lock, ms, Client, ConnError};
@@ -148,11 +149,23 @@ pub struct PendingConstruct<'a> {
     id: String,
     req: u64,
     timeout: Option<Duration>,
+    /// The result of a construct that completed when it started (under a PMIx host),
+    /// until it is reported.
+    ready: Option<Mutex<Option<Result<GroupInfo, GroupError>>>>,
 }
 
 impl PendingConstruct<'_> {
     /// The construct's result if it has completed; never blocks.
     pub fn test(&self) -> Option<Result<GroupInfo, GroupError>> {
+        if let Some(r) = &self.ready {
+            return Some(lock(r).take().unwrap_or_else(|| {
+                Err(GroupError::Invalid {
+                    op: "group construct",
+                    id: self.id.clone(),
+                    reason: "its result was reported already".into(),
+                })
+            }));
+        }
         let polled = self.client.conn().poll("group construct", self.req);
         self.client.dispatch_events();
         match polled {
@@ -164,6 +177,11 @@ impl PendingConstruct<'_> {
 
     /// Waits for the construct to complete.
     pub fn wait(self) -> Result<GroupInfo, GroupError> {
+        if self.ready.is_some() {
+            return self
+                .test()
+                .unwrap_or_else(|| unreachable!("a ready construct"));
+        }
         let m = self
             .client
             .conn()
@@ -178,7 +196,8 @@ impl PendingConstruct<'_> {
 pub struct PendingDestruct<'a> {
     client: &'a Client,
     id: String,
-    req: u64,
+    /// The request, or `None` for a destruct done locally (under a PMIx host).
+    req: Option<u64>,
     timeout: Option<Duration>,
 }
 
@@ -187,7 +206,11 @@ impl PendingDestruct<'_> {
     pub fn wait(self) -> Result<(), GroupError> {
         let op = "group destruct";
         let id = self.id.as_str();
-        let m = self.client.conn().wait(op, self.req, self.timeout);
+        let Some(req) = self.req else {
+            lock(&self.client.my_groups).remove(id);
+            return Ok(());
+        };
+        let m = self.client.conn().wait(op, req, self.timeout);
         self.client.dispatch_events();
         match m? {
             ServerMsg::Done { .. } => {
@@ -252,6 +275,21 @@ impl Client {
     ) -> Result<PendingConstruct<'_>, GroupError> {
         let procs = check_members(self, id, procs)?;
         let cid = self.coll_id(CollKind::GroupConstruct, procs, id);
+        if let Some(px) = self.pmix_link() {
+            // Under a PMIx host: Weft's own construct over the host's fence.
+            let r = px
+                .group_construct(self.size(), &cid, directives, timeout)
+                .inspect(|g| {
+                    lock(&self.my_groups).insert(id.to_owned(), g.clone());
+                });
+            return Ok(PendingConstruct {
+                client: self,
+                id: id.to_owned(),
+                req: 0,
+                timeout,
+                ready: Some(Mutex::new(Some(r))),
+            });
+        }
         let directives = directives.clone();
         let timeout_ms = ms(timeout);
         let req = self
@@ -267,6 +305,7 @@ impl Client {
             id: id.to_owned(),
             req,
             timeout,
+            ready: None,
         })
     }
 
@@ -305,6 +344,16 @@ impl Client {
                 reason: format!("rank {} is not a member of such a group", self.rank()),
             });
         };
+        if self.pmix_link().is_some() {
+            // Under a PMIx host a group's PGCID is never handed out again (see
+            // `crate::pmix`): nothing to agree on, the destruct is local.
+            return Ok(PendingDestruct {
+                client: self,
+                id: id.to_owned(),
+                req: None,
+                timeout,
+            });
+        }
         let procs = Procs::List(g.members.clone()).normalize(self.size());
         let cid = self.coll_id(CollKind::GroupDestruct, procs, id);
         let timeout_ms = ms(timeout);
@@ -317,7 +366,7 @@ impl Client {
         Ok(PendingDestruct {
             client: self,
             id: id.to_owned(),
-            req,
+            req: Some(req),
             timeout,
         })
     }

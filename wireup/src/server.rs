@@ -176,6 +176,11 @@ use crate::modex::ConnId;
 /// reports a lost connection instead.
 const EXIT_STATUS_WAIT: Duration = Duration::from_millis(300);
 
+/// How long a server waits after a peer server's connection closed before it calls that
+/// server lost: at a job's end the servers stop at about the same time, and one may see
+/// another's close just before its own shutdown (or the last processes' ends) arrives.
+const PEER_LOST_GRACE: Duration = Duration::from_millis(250);
+
 enum Out {
     Frame(Vec<u8>),
     Close,
@@ -200,6 +205,12 @@ enum Event {
         msg: PeerMsg,
     },
     PeerLost {
+        node: u32,
+        reason: String,
+    },
+    /// A peer server's connection closed some time ago while the job still ran: unless
+    /// the job has ended since (the servers' shutdowns cross each other), it is lost.
+    PeerLostCheck {
         node: u32,
         reason: String,
     },
@@ -990,6 +1001,23 @@ async fn peer_writer(
     }
 }
 
+impl State {
+    /// Whether the job has ended (or is ending), so that a peer server's close is no
+    /// loss: this server terminates, or every process of the job has ended.
+    fn job_ended(&self, node: u32, reason: &str) -> bool {
+        if self.terminating || self.done {
+            return true;
+        }
+        // At the end of a job a server may see another close before its own shutdown
+        // arrives: with every process ended, nothing is lost.
+        if self.gone.len() == self.plan.job.size() as usize {
+            tracing::debug!("the server of node {node} closed after the job's end: {reason}");
+            return true;
+        }
+        false
+    }
+}
+
 fn after(ev: &UnboundedSender<Event>, d: Duration, e: Event) {
     let ev = ev.clone();
     tokio::spawn(async move {
@@ -1106,16 +1134,16 @@ impl State {
             Event::Peer { msg } => self.on_peer(msg),
             Event::PeerLost { node, reason } => {
                 self.peer_tx.remove(&node);
-                if self.terminating || self.done {
-                    return;
-                }
-                // At the end of a job a server may see another close before its own
-                // shutdown arrives: with every process of both nodes ended, nothing is lost.
-                let size = self.plan.job.size();
-                if self.gone.len() == size as usize {
-                    tracing::debug!(
-                        "the server of node {node} closed after the job's end: {reason}"
+                if !self.job_ended(node, &reason) {
+                    after(
+                        &self.ev,
+                        PEER_LOST_GRACE,
+                        Event::PeerLostCheck { node, reason },
                     );
+                }
+            }
+            Event::PeerLostCheck { node, reason } => {
+                if self.job_ended(node, &reason) {
                     return;
                 }
                 tracing::error!("lost the server of node {node}: {reason}");
