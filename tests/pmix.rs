@@ -139,6 +139,26 @@ fn fence_demo_in_every_mode_and_ring_under_open_mpi_mpirun() {
     let o = under_mpirun(&mpirun, 3, &["-x", "WEFT_TRANSPORTS=tcp", &example("ring")]);
     assert!(o.status.success(), "ring over TCP\n{}", dump(&o));
     assert_eq!(lines_with(&o, "ring ok"), 1, "{}", dump(&o));
+    // A first send over TCP to a peer waiting in a fence completes: the fence keeps the
+    // fabric's progress running (PMIx_Fence_nb), so the peer answers the handshake.
+    let o = under_mpirun(
+        &mpirun,
+        2,
+        &[
+            "-x",
+            "WEFT_TRANSPORTS=tcp",
+            "-x",
+            "WEFT_TCP_HANDSHAKE_TIMEOUT_MS=1000",
+            &example("fabric_probe"),
+            "first-send-to-a-fencing-peer",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "first send to a fencing peer\n{}",
+        dump(&o)
+    );
+    assert_eq!(lines_with(&o, " ok"), 2, "{}", dump(&o));
     // Communicators from session groups: the same PGCIDs at every member.
     let o = under_mpirun(&mpirun, 4, &[&example("sessions_demo")]);
     assert!(o.status.success(), "sessions_demo\n{}", dump(&o));

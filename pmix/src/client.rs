@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::owned::{key, proc_of, Infos, OwnedValue};
@@ -36,6 +37,46 @@ fn status(op: &'static str, rc: sys::pmix_status_t, hint: &str) -> PmixError {
 }
 
 const SUCCESS: sys::pmix_status_t = sys::PMIX_SUCCESS as sys::pmix_status_t;
+
+/// The completion of a non-blocking PMIx operation: its status, set once by the
+/// library's callback (on its progress thread).
+#[derive(Debug, Default)]
+struct Done {
+    status: Mutex<Option<sys::pmix_status_t>>,
+    cv: Condvar,
+}
+
+impl Done {
+    /// Waits for the status, running `f` about every millisecond meanwhile.
+    fn wait(&self, f: &mut impl FnMut()) -> sys::pmix_status_t {
+        let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(rc) = *st {
+                return rc;
+            }
+            drop(st);
+            f();
+            st = self.status.lock().unwrap_or_else(|p| p.into_inner());
+            if st.is_none() {
+                st = self
+                    .cv
+                    .wait_timeout(st, Duration::from_millis(1))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+    }
+}
+
+/// `pmix_op_cbfunc_t` of the non-blocking calls: records the status in the [`Done`]
+/// whose counted reference `cbdata` is.
+unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::c_void) {
+    // SAFETY: `cbdata` is the `Arc<Done>` reference handed to the library with the call,
+    // which runs this callback exactly once: it takes the reference over here.
+    let done = unsafe { Arc::from_raw(cbdata.cast::<Done>().cast_const()) };
+    *done.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    done.cv.notify_all();
+}
 
 /// A connection to the host's PMIx server (`PMIx_Init`), finalized by
 /// [`finalize`](Pmix::finalize) or on drop. The library is thread-safe (it runs its own
@@ -137,6 +178,19 @@ impl Pmix {
         collect: bool,
         timeout: Option<Duration>,
     ) -> Result<(), PmixError> {
+        self.fence_with(ranks, collect, timeout, || {})
+    }
+
+    /// [`fence`](Pmix::fence), running `while_waiting` about every millisecond until it
+    /// completes (`PMIx_Fence_nb`): a caller that must keep answering its peers (a
+    /// transport's handshakes) does so while the host's servers gather the others.
+    pub fn fence_with(
+        &self,
+        ranks: Option<&[u32]>,
+        collect: bool,
+        timeout: Option<Duration>,
+        mut while_waiting: impl FnMut(),
+    ) -> Result<(), PmixError> {
         const OP: &str = "PMIx_Fence";
         let procs: Vec<sys::pmix_proc_t> = match ranks {
             None => vec![self.me(sys::PMIX_RANK_WILDCARD)],
@@ -150,8 +204,31 @@ impl Pmix {
         if let Some(t) = t {
             info.push_int(sys::PMIX_TIMEOUT, t.min(i32::MAX as u32) as i32);
         }
-        // SAFETY: `procs` and `info` are valid arrays of their lengths for the call.
-        let rc = unsafe { sys::PMIx_Fence(procs.as_ptr(), procs.len(), info.as_ptr(), info.len()) };
+        let done = Arc::new(Done::default());
+        let cb = Arc::into_raw(done.clone())
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: `procs` and `info` are valid arrays of their lengths and outlive the
+        // operation (this function returns only after the callback ran, below, or when
+        // the library refused to start it); `cb` is a counted reference the callback
+        // takes over (or that is released below when the call fails at once).
+        let rc = unsafe {
+            sys::PMIx_Fence_nb(
+                procs.as_ptr(),
+                procs.len(),
+                info.as_ptr(),
+                info.len(),
+                Some(op_done),
+                cb,
+            )
+        };
+        let rc = if rc == SUCCESS {
+            done.wait(&mut while_waiting)
+        } else {
+            // SAFETY: the library did not take `cb` (no callback will run): release it.
+            drop(unsafe { Arc::from_raw(cb.cast::<Done>()) });
+            rc
+        };
         match rc {
             SUCCESS => Ok(()),
             sys::PMIX_ERR_TIMEOUT => Err(PmixError::Timeout {

@@ -310,6 +310,16 @@ impl Pmix {
         Err(unavailable())
     }
     /// Never called (no [`Pmix`] exists in this build).
+    pub fn fence_with(
+        &self,
+        _ranks: Option<&[u32]>,
+        _collect: bool,
+        _timeout: Option<Duration>,
+        _while_waiting: impl FnMut(),
+    ) -> Result<(), PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
     pub fn get(
         &self,
         _rank: Option<u32>,

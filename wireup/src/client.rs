@@ -847,7 +847,7 @@ impl Client {
             }
         }
         if let Some(px) = &self.pmix {
-            px.fence(&procs, mode, timeout)?;
+            px.fence(&procs, mode, timeout, || self.conn.run_progress())?;
             self.handoff.server_fence(&procs);
             return Ok(());
         }

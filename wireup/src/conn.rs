@@ -255,6 +255,14 @@ impl Conn {
         }
     }
 
+    /// Runs the progress hook, if one is installed (for waits outside this connection:
+    /// a call into the host's PMIx server).
+    pub(crate) fn run_progress(&self) {
+        if let Some(hook) = self.progress.get() {
+            (hook.0)();
+        }
+    }
+
     /// Installs the progress hook (once) and shortens the reads so that it runs about
     /// every [`PROGRESS_SLICE`].
     pub(crate) fn set_progress(&self, hook: Box<dyn Fn() + Send + Sync>) -> bool {

@@ -278,7 +278,9 @@ impl Client {
         if let Some(px) = self.pmix_link() {
             // Under a PMIx host: Weft's own construct over the host's fence.
             let r = px
-                .group_construct(self.size(), &cid, directives, timeout)
+                .group_construct(self.size(), &cid, directives, timeout, || {
+                    self.conn().run_progress()
+                })
                 .inspect(|g| {
                     lock(&self.my_groups).insert(id.to_owned(), g.clone());
                 });

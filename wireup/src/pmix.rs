@@ -25,10 +25,13 @@
 //! - the transports' shared secret: rank 0 makes one at init and puts it (Global); the
 //!   others fetch it on first use.
 //!
+//! Fences and group constructs run `PMIx_Fence_nb` and keep the client's progress hook
+//! running while they wait (a transport's handshakes), as waits on Weft's servers do;
+//! gets block in `PMIx_Get`.
+//!
 //! Not mapped yet (errors say so): events, runtime process sets, the address TCP
-//! listens on across nodes (loopback unless `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say), the
-//! `optional`, `notify_termination` and `ft_collective` group directives, and the
-//! progress hook while a PMIx call blocks.
+//! listens on across nodes (loopback unless `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say), and the
+//! `optional`, `notify_termination` and `ft_collective` group directives.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -262,13 +265,14 @@ impl Link {
         procs: &Procs,
         mode: FenceMode,
         timeout: Option<Duration>,
+        while_waiting: impl FnMut(),
     ) -> Result<(), FenceError> {
         let ranks = match procs {
             Procs::All => None,
             Procs::List(v) => Some(v.as_slice()),
         };
         let collect = mode == FenceMode::Full;
-        match self.px.fence(ranks, collect, timeout) {
+        match self.px.fence_with(ranks, collect, timeout, while_waiting) {
             Ok(()) => {
                 *lock(&self.full) = collect.then(|| procs.clone());
                 Ok(())
@@ -343,6 +347,7 @@ impl Link {
         cid: &CollId,
         directives: &GroupDirectives,
         timeout: Option<Duration>,
+        while_waiting: impl FnMut(),
     ) -> Result<GroupInfo, GroupError> {
         const OP: &str = "group construct";
         let id = cid.name.clone();
@@ -381,7 +386,10 @@ impl Link {
         let bytes = postcard::to_stdvec(&mine).unwrap_or_default();
         self.px.put(PScope::Global, &key, &bytes).map_err(host)?;
         self.px.commit().map_err(host)?;
-        match self.px.fence(Some(&members), true, timeout) {
+        match self
+            .px
+            .fence_with(Some(&members), true, timeout, while_waiting)
+        {
             Ok(()) => {}
             Err(PmixError::Timeout { .. }) => {
                 return Err(GroupError::Timeout {
