@@ -10,6 +10,13 @@ before=$(ls /dev/shm | grep -c '^weft-' || true)
 # Processes of this workspace's binaries (servers, launchers, ranks) still running.
 ours() { ps -eo pid=,args= | grep -E "^ *[0-9]+ $PWD/target/" || true; }
 procs_before=$(ours | wc -l)
+# Weft under foreign PMIx hosts (tests/pmix.rs): Open MPI's mpirun, and a real Slurm
+# started here on 127.0.0.1 (ci/slurm.sh); those tests fail instead of skipping.
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+eval "$($SUDO ci/slurm.sh start)"
+trap '$SUDO ci/slurm.sh stop' EXIT
+export WEFT_REQUIRE_PMIX_HOSTS=1
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
 else

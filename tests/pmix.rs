@@ -1,15 +1,18 @@
-//! Weft programs under a foreign engine: Debian's Open MPI 4.1 `mpirun` (its runtime hosts
-//! a PMIx server, without PMIx groups), with `Client::init()` choosing the PMIx backend on
-//! its own (the environment names a PMIx server, not `weft run`). On 4 processes
-//! (oversubscribed on CI's two cores): `fence_demo` in all three modes, `ring` (the fabric
-//! over shared memory, cards exchanged through the host; and over TCP, its secret shared
-//! through the host), `sessions_demo` (communicators
-//! from session groups: Weft's own group construct over the host's fence, PGCIDs without a
-//! server), every collective (`coll_check`) and a fabric fence; `weft info` names the
-//! backend; group constructs that disagree fail at every member; what is not mapped yet
-//! (group queries, some directives) fails with an error that says so; no shared memory is
-//! left behind. Skips with a printed reason when `mpirun.openmpi` or libpmix is missing
-//! (`ci/deps.sh` installs both).
+//! Weft programs under foreign engines that host a PMIx server: Debian's Open MPI 4.1
+//! `mpirun` (its runtime, without PMIx groups) and a real Slurm 22.05 (`srun
+//! --mpi=pmix`; `ci/slurm.sh start` runs one on this machine), with `Client::init()`
+//! choosing the PMIx backend on its own (the environment names a PMIx server, not `weft
+//! run`). Under each, on up to 4 processes (oversubscribed on CI's two cores):
+//! `fence_demo` in all three modes, `ring` (the fabric over shared memory, cards
+//! exchanged through the host; and over TCP, its secret shared through the host), a first
+//! TCP send to a peer waiting in a fence, `sessions_demo` (communicators from session
+//! groups: Weft's own group construct over the host's fence, PGCIDs without a server),
+//! every collective (`coll_check`) and a fabric fence; no shared memory left behind.
+//! Under `mpirun` also: `weft info` names the backend; group constructs that disagree
+//! fail at every member; what is not mapped yet (group queries, some directives) fails
+//! with an error that says so. A missing host is skipped with a printed reason, or fails
+//! the test when `WEFT_REQUIRE_PMIX_HOSTS` is set (`ci/test.sh` installs and starts both
+//! and sets it).
 #![allow(missing_docs)]
 
 mod common;
@@ -20,50 +23,109 @@ use std::time::{Duration, Instant};
 
 use common::{example, weft};
 
-fn mpirun() -> Option<PathBuf> {
-    if weft_pmix::built_with().is_none() {
-        eprintln!("skipped: built without libpmix (apt-get install libpmix-dev)");
-        return None;
-    }
-    let path = std::env::var_os("PATH")?;
-    let found = std::env::split_paths(&path)
-        .map(|d| d.join("mpirun.openmpi"))
-        .find(|p| p.exists());
-    if found.is_none() {
-        eprintln!("skipped: mpirun.openmpi not found (apt-get install openmpi-bin)");
-    }
-    found
+/// A host engine that starts jobs and serves PMIx to their processes.
+enum Host {
+    /// Open MPI 4.1's `mpirun.openmpi` (its runtime hosts the PMIx server).
+    Mpirun(PathBuf),
+    /// A running Slurm (`srun --mpi=pmix`; `ci/slurm.sh start` makes one here).
+    Slurm,
 }
 
-/// Runs `mpirun.openmpi -n N ARGS...` with a 120 s limit.
-fn under_mpirun(mpirun: &PathBuf, n: u32, args: &[&str]) -> Output {
+/// Whether a missing host fails the test instead of skipping it (CI: `ci/test.sh` sets
+/// it, having installed and started both).
+fn required() -> bool {
+    std::env::var_os("WEFT_REQUIRE_PMIX_HOSTS").is_some()
+}
+
+fn skip(why: &str) -> Option<Host> {
+    assert!(!required(), "WEFT_REQUIRE_PMIX_HOSTS is set, but {why}");
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn mpirun() -> Option<Host> {
+    if weft_pmix::built_with().is_none() {
+        return skip("built without libpmix (apt-get install libpmix-dev)");
+    }
+    let path = std::env::var_os("PATH")?;
+    match std::env::split_paths(&path)
+        .map(|d| d.join("mpirun.openmpi"))
+        .find(|p| p.exists())
+    {
+        Some(p) => Some(Host::Mpirun(p)),
+        None => skip("mpirun.openmpi not found (apt-get install openmpi-bin)"),
+    }
+}
+
+fn slurm() -> Option<Host> {
+    if weft_pmix::built_with().is_none() {
+        return skip("built without libpmix (apt-get install libpmix-dev)");
+    }
+    let up = Command::new("sinfo")
+        .args(["-h", "-o", "%t"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .is_some_and(|t| {
+            t.lines()
+                .any(|l| ["idle", "mix", "alloc"].contains(&l.trim()))
+        });
+    if !up {
+        return skip("no running Slurm (ci/slurm.sh start, then export SLURM_CONF)");
+    }
+    Some(Host::Slurm)
+}
+
+/// Runs `ARGS` as a job of `n` processes under `host` with `env` set, within 120 s.
+fn under(host: &Host, n: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
     let start = Instant::now();
-    let mut child = Command::new(mpirun)
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "-n",
-        ])
+    let mut cmd = match host {
+        Host::Mpirun(mpirun) => {
+            let mut c = Command::new(mpirun);
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ]);
+            for (k, v) in env {
+                c.args(["-x", &format!("{k}={v}")]);
+            }
+            c
+        }
+        Host::Slurm => {
+            let mut c = Command::new("srun");
+            c.args(["--mpi=pmix", "--overcommit", "--kill-on-bad-exit=1"]);
+            c.envs(env.iter().copied());
+            c
+        }
+    };
+    let mut child = cmd
+        .arg("-n")
         .arg(n.to_string())
         .args(args)
         .env_remove("WEFT_WIREUP")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start mpirun.openmpi");
+        .expect("start the host's launcher");
     loop {
         if child.try_wait().expect("wait").is_some() {
             break;
         }
         if start.elapsed() > Duration::from_secs(120) {
             let _ = child.kill();
-            panic!("mpirun.openmpi {args:?} did not end within 120 s");
+            panic!("{args:?} under the host did not end within 120 s");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().expect("output")
+}
+
+/// Runs `ARGS` under `mpirun` (see [`under`]).
+fn under_mpirun(host: &Host, n: u32, args: &[&str]) -> Output {
+    under(host, n, &[], args)
 }
 
 fn dump(o: &Output) -> String {
@@ -82,9 +144,9 @@ fn lines_with(o: &Output, pat: &str) -> usize {
         .count()
 }
 
-/// Segments of the jobs `mpirun` ran (Weft names them after the PMIx namespace, digits
-/// under Open MPI: `/dev/shm/weft-<digits>-n<node>-...`).
-fn mpirun_segments() -> Vec<String> {
+/// Segments of the jobs `host` ran (Weft names them after the PMIx namespace: digits
+/// under Open MPI, `slurm.pmix.<job>.<step>` under Slurm).
+fn host_segments(host: &Host) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -92,7 +154,12 @@ fn mpirun_segments() -> Vec<String> {
                 .filter(|n| {
                     n.strip_prefix("weft-")
                         .and_then(|r| r.split('-').next())
-                        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+                        .is_some_and(|id| match host {
+                            Host::Slurm => id.starts_with("slurm."),
+                            Host::Mpirun(_) => {
+                                !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
+                            }
+                        })
                 })
                 .collect()
         })
@@ -100,12 +167,25 @@ fn mpirun_segments() -> Vec<String> {
 }
 
 #[test]
-fn fence_demo_in_every_mode_and_ring_under_open_mpi_mpirun() {
-    let Some(mpirun) = mpirun() else { return };
-    let before = mpirun_segments();
+fn fence_demo_in_every_mode_ring_sessions_and_collectives_under_open_mpi_mpirun() {
+    if let Some(host) = mpirun() {
+        programs_under(&host);
+    }
+}
+
+#[test]
+fn fence_demo_in_every_mode_ring_sessions_and_collectives_under_slurm() {
+    if let Some(host) = slurm() {
+        programs_under(&host);
+    }
+}
+
+/// Weft's programs, unchanged, under `mpirun` (the host's variables, not `weft run`'s).
+fn programs_under(mpirun: &Host) {
+    let before = host_segments(mpirun);
     let demo = example("fence_demo");
     for mode in ["full", "sparse", "sync"] {
-        let o = under_mpirun(&mpirun, 4, &[&demo, "--mode", mode]);
+        let o = under_mpirun(mpirun, 4, &[&demo, "--mode", mode]);
         assert!(o.status.success(), "fence_demo --mode {mode}\n{}", dump(&o));
         assert_eq!(
             lines_with(&o, " ok"),
@@ -132,26 +212,28 @@ fn fence_demo_in_every_mode_and_ring_under_open_mpi_mpirun() {
             );
         }
     }
-    let o = under_mpirun(&mpirun, 4, &[&example("ring")]);
+    let o = under_mpirun(mpirun, 4, &[&example("ring")]);
     assert!(o.status.success(), "ring\n{}", dump(&o));
     assert_eq!(lines_with(&o, "ring ok"), 1, "{}", dump(&o));
     // Every peer over TCP: the transports' secret comes through the host (rank 0 puts it).
-    let o = under_mpirun(&mpirun, 3, &["-x", "WEFT_TRANSPORTS=tcp", &example("ring")]);
+    let o = under(
+        mpirun,
+        3,
+        &[("WEFT_TRANSPORTS", "tcp")],
+        &[&example("ring")],
+    );
     assert!(o.status.success(), "ring over TCP\n{}", dump(&o));
     assert_eq!(lines_with(&o, "ring ok"), 1, "{}", dump(&o));
     // A first send over TCP to a peer waiting in a fence completes: the fence keeps the
     // fabric's progress running (PMIx_Fence_nb), so the peer answers the handshake.
-    let o = under_mpirun(
-        &mpirun,
+    let o = under(
+        mpirun,
         2,
         &[
-            "-x",
-            "WEFT_TRANSPORTS=tcp",
-            "-x",
-            "WEFT_TCP_HANDSHAKE_TIMEOUT_MS=1000",
-            &example("fabric_probe"),
-            "first-send-to-a-fencing-peer",
+            ("WEFT_TRANSPORTS", "tcp"),
+            ("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", "1000"),
         ],
+        &[&example("fabric_probe"), "first-send-to-a-fencing-peer"],
     );
     assert!(
         o.status.success(),
@@ -160,7 +242,7 @@ fn fence_demo_in_every_mode_and_ring_under_open_mpi_mpirun() {
     );
     assert_eq!(lines_with(&o, " ok"), 2, "{}", dump(&o));
     // Communicators from session groups: the same PGCIDs at every member.
-    let o = under_mpirun(&mpirun, 4, &[&example("sessions_demo")]);
+    let o = under_mpirun(mpirun, 4, &[&example("sessions_demo")]);
     assert!(o.status.success(), "sessions_demo\n{}", dump(&o));
     assert_eq!(
         lines_with(&o, "comm org.weft.demo.ring-a rank "),
@@ -171,14 +253,14 @@ fn fence_demo_in_every_mode_and_ring_under_open_mpi_mpirun() {
     assert_eq!(lines_with(&o, " size 4 pgcid 2"), 4, "{}", dump(&o));
     assert_eq!(lines_with(&o, " size 4 pgcid 3"), 4, "{}", dump(&o));
     // Every collective, on the world and on split, dup and node communicators.
-    let o = under_mpirun(&mpirun, 4, &[&example("coll_check"), "--max", "65536"]);
+    let o = under_mpirun(mpirun, 4, &[&example("coll_check"), "--max", "65536"]);
     assert!(o.status.success(), "coll_check\n{}", dump(&o));
     assert_eq!(lines_with(&o, "coll ok"), 4, "{}", dump(&o));
     // A fence run by the fabric (cards through the node's segment), not the host.
-    let o = under_mpirun(&mpirun, 3, &[&example("coll_probe"), "fence"]);
+    let o = under_mpirun(mpirun, 3, &[&example("coll_probe"), "fence"]);
     assert!(o.status.success(), "coll_probe fence\n{}", dump(&o));
     assert_eq!(lines_with(&o, "fence ok"), 3, "{}", dump(&o));
-    let after: Vec<String> = mpirun_segments()
+    let after: Vec<String> = host_segments(mpirun)
         .into_iter()
         .filter(|s| !before.contains(s))
         .collect();

@@ -407,24 +407,35 @@ where
 
 /// Which wire-up service a process uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
+enum Choice {
     /// Weft's own servers (`weft run`).
     Weft,
     /// A host engine's PMIx server.
     Pmix,
 }
 
+/// What a backend brings to a [`Client`].
+enum Backend {
+    /// Weft's servers: the node's address and secret, and its datastore.
+    Weft {
+        net: Option<NodeNet>,
+        store: StoreReader,
+    },
+    /// The host's PMIx server.
+    Pmix(crate::pmix::Link),
+}
+
 /// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
 /// started the process, else a PMIx server whose contact is in the environment).
-fn backend() -> Result<Backend, InitError> {
+fn backend() -> Result<Choice, InitError> {
     match std::env::var("WEFT_WIREUP").as_deref() {
-        Ok("weft") => Ok(Backend::Weft),
-        Ok("pmix") => Ok(Backend::Pmix),
+        Ok("weft") => Ok(Choice::Weft),
+        Ok("pmix") => Ok(Choice::Pmix),
         Ok("auto") | Err(_) => Ok(
             if std::env::var_os(env::RANK).is_none() && weft_pmix::server_contact().is_some() {
-                Backend::Pmix
+                Choice::Pmix
             } else {
-                Backend::Weft
+                Choice::Weft
             },
         ),
         Ok(other) => Err(InitError::BadEnv {
@@ -439,13 +450,13 @@ fn backend() -> Result<Backend, InitError> {
 /// `weft info`).
 pub fn backend_choice() -> String {
     match backend() {
-        Ok(Backend::Weft) if std::env::var_os(env::RANK).is_some() => {
+        Ok(Choice::Weft) if std::env::var_os(env::RANK).is_some() => {
             "weft (started by `weft run`)".into()
         }
-        Ok(Backend::Weft) => {
+        Ok(Choice::Weft) => {
             "weft (no PMIx server in the environment; start programs with `weft run`)".into()
         }
-        Ok(Backend::Pmix) => match weft_pmix::server_contact() {
+        Ok(Choice::Pmix) => match weft_pmix::server_contact() {
             Some(c) => format!(
                 "pmix (the host's PMIx server: namespace {}, {})",
                 c.nspace,
@@ -531,7 +542,7 @@ impl Client {
     }
 
     fn connect() -> Result<Client, InitError> {
-        if backend()? == Backend::Pmix {
+        if backend()? == Choice::Pmix {
             return Self::connect_pmix();
         }
         Self::connect_weft()
@@ -543,31 +554,47 @@ impl Client {
         let node = job.node_of(rank).ok_or_else(|| InitError::Pmix {
             reason: format!("rank {rank} is not in the job (size {})", job.size()),
         })?;
-        let local_peers = job.ranks_on(node);
-        Ok(Client {
+        let conn = Conn::absent(
+            "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
+             Weft's events, group queries, invitations and joins, and runtime process sets \
+             are not mapped onto PMIx yet",
+        )
+        .map_err(|e| InitError::Pmix {
+            reason: format!("a placeholder socket: {e}"),
+        })?;
+        Ok(Client::assemble(rank, node, job, conn, Backend::Pmix(link)))
+    }
+
+    /// A client of `rank` on `node` over its backend's pieces; the rest starts empty.
+    fn assemble(rank: Rank, node: u32, job: JobInfo, conn: Conn, backend: Backend) -> Client {
+        let (net, store, pmix, server_pid) = match backend {
+            Backend::Weft { net, store } => {
+                let server_pid = std::env::var(env::SERVER_PID)
+                    .ok()
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .and_then(rustix::process::Pid::from_raw)
+                    .filter(|&p| rustix::process::getppid() == Some(p));
+                (net, Some(store), None, server_pid)
+            }
+            Backend::Pmix(link) => (None, None, Some(link), None),
+        };
+        Client {
             rank,
             node,
-            local_peers,
+            local_peers: job.ranks_on(node),
             job,
-            net: None,
-            store: None,
-            conn: Conn::absent(
-                "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
-                 Weft's events, group queries, invitations and joins, and runtime process sets \
-                 are not mapped onto PMIx yet",
-            )
-            .map_err(|e| InitError::Pmix {
-                reason: format!("a placeholder socket: {e}"),
-            })?,
-            pmix: Some(link),
+            net,
+            store,
+            conn,
+            pmix,
             pending: Mutex::new(Vec::new()),
             handoff: crate::handoff::Handoff::default(),
             seqs: Mutex::new(HashMap::new()),
             my_groups: Mutex::new(HashMap::new()),
             events: Mutex::new(crate::event::Registry::default()),
             finalized: AtomicBool::new(false),
-            server_pid: None,
-        })
+            server_pid,
+        }
     }
 
     fn connect_weft() -> Result<Client, InitError> {
@@ -622,7 +649,6 @@ impl Client {
                 job.size()
             ))
         })?;
-        let local_peers = job.ranks_on(node);
         // Absent only under a server that predates it: transports then choose alone.
         let net = store
             .get(keys::NODE_NET)
@@ -632,27 +658,13 @@ impl Client {
         reader
             .set_read_timeout(Some(conn::READ_SLICE))
             .map_err(|e| hs(e.to_string()))?;
-        Ok(Client {
+        Ok(Client::assemble(
             rank,
             node,
-            local_peers,
             job,
-            net,
-            store: Some(store),
-            conn: Conn::new(s, reader),
-            pmix: None,
-            pending: Mutex::new(Vec::new()),
-            handoff: crate::handoff::Handoff::default(),
-            seqs: Mutex::new(HashMap::new()),
-            my_groups: Mutex::new(HashMap::new()),
-            events: Mutex::new(crate::event::Registry::default()),
-            finalized: AtomicBool::new(false),
-            server_pid: std::env::var(env::SERVER_PID)
-                .ok()
-                .and_then(|p| p.parse::<i32>().ok())
-                .and_then(rustix::process::Pid::from_raw)
-                .filter(|&p| rustix::process::getppid() == Some(p)),
-        })
+            Conn::new(s, reader),
+            Backend::Weft { net, store },
+        ))
     }
 
     /// This process's rank.

@@ -221,15 +221,24 @@ impl Link {
     /// that need it stay closed, saying why).
     pub(crate) fn transport_secret(&self) -> Option<[u64; 2]> {
         *self.secret.get_or_init(|| {
-            let opts = PGetOpts {
-                timeout: Some(SECRET_WAIT),
-                ..PGetOpts::default()
-            };
-            match self.px.get(Some(0), SECRET_KEY, opts) {
-                Ok(v) => v.as_bytes().and_then(|b| postcard::from_bytes(b).ok()),
-                Err(e) => {
-                    tracing::warn!("the transports' secret from rank 0: {e}");
-                    None
+            let deadline = std::time::Instant::now() + SECRET_WAIT;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let opts = PGetOpts {
+                    timeout: Some(left),
+                    ..PGetOpts::default()
+                };
+                match self.px.get(Some(0), SECRET_KEY, opts) {
+                    Ok(v) => return v.as_bytes().and_then(|b| postcard::from_bytes(b).ok()),
+                    // Some hosts (Slurm) answer a fetch that arrives before the owner's
+                    // commit with "not found" instead of waiting: ask again.
+                    Err(PmixError::NotFound { .. }) if !left.is_zero() => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => {
+                        tracing::warn!("the transports' secret from rank 0: {e}");
+                        return None;
+                    }
                 }
             }
         })
