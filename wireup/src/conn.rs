@@ -46,8 +46,6 @@ struct Rx {
     events: Vec<crate::Event>,
     reading: bool,
     broken: Option<String>,
-    /// Never connected (see [`Conn::absent`]).
-    absent: bool,
 }
 
 /// A request/response connection usable from many threads: whichever waiter finds no
@@ -63,6 +61,8 @@ pub(crate) struct Conn {
     next_req: AtomicU64,
     /// Run while a call waits for the server (see [`Client::set_progress_hook`]).
     progress: OnceLock<ProgressHook>,
+    /// Why there is no connection at all (see [`Conn::absent`]); set at construction.
+    absent: Option<String>,
 }
 
 /// Work a waiting call does between reads (the fabric's progress).
@@ -96,6 +96,7 @@ impl Conn {
             cv: Condvar::new(),
             next_req: AtomicU64::new(1),
             progress: OnceLock::new(),
+            absent: None,
         }
     }
 
@@ -106,26 +107,23 @@ impl Conn {
         // first, below), and a reader would see the end of the stream.
         let (a, _peer) = UnixStream::pair()?;
         let b = a.try_clone()?;
-        let c = Conn::new(a, b);
-        {
-            let mut rx = lock(&c.rx);
-            rx.broken = Some(reason.to_owned());
-            rx.absent = true;
-        }
+        let mut c = Conn::new(a, b);
+        lock(&c.rx).broken = Some(reason.to_owned());
+        c.absent = Some(reason.to_owned());
         Ok(c)
     }
 
-    /// The error of a request on a connection that never was.
+    /// The error of a request on a connection that never was (no lock: the field is
+    /// set once, at construction).
     fn refuse(&self, op: &'static str) -> Result<(), ConnError> {
-        let rx = lock(&self.rx);
-        match (&rx.broken, rx.absent) {
-            (Some(why), true) => Err(ConnError {
+        match &self.absent {
+            Some(why) => Err(ConnError {
                 op,
                 reason: why.clone(),
                 source: None,
                 absent: true,
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -223,7 +221,7 @@ impl Conn {
                     op,
                     reason: why.clone(),
                     source: None,
-                    absent: rx.absent,
+                    absent: self.absent.is_some(),
                 });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -317,7 +315,7 @@ impl Conn {
                 op,
                 reason: why.clone(),
                 source: None,
-                absent: rx.absent,
+                absent: self.absent.is_some(),
             }),
             None => Ok(None),
         }
