@@ -24,6 +24,16 @@ else
   cargo test --workspace --no-fail-fast
 fi
 cargo test --workspace --doc
+# The one-shot form users and the acceptance checks run (ci/slurm.sh -- COMMAND): its own
+# cluster, COMMAND's status, no daemon left after.
+$SUDO ci/slurm.sh stop
+$SUDO ci/slurm.sh -- srun --mpi=pmix -n 4 target/debug/examples/fence_demo --mode sparse \
+  | tee /tmp/weft-slurm-oneshot.out
+[ "$(grep -c ' ok$' /tmp/weft-slurm-oneshot.out)" = 4 ] || { echo "ci/slurm.sh --: expected 4 ok lines"; exit 1; }
+if pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null; then
+  echo "ci/slurm.sh -- left a Slurm daemon running"; exit 1
+fi
+rm -f /tmp/weft-slurm-oneshot.out
 # Hostile input for a fixed time per target (decoders, server handlers, corrupted
 # segments, a live server under hostile requests).
 ci/fuzz.sh "${WEFT_FUZZ_SECS:-30}"

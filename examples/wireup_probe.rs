@@ -29,6 +29,7 @@ fn main() {
         "bad-requests" => bad_requests(),
         "sparse-rounds" => sparse_rounds(),
         "get-waits" => get_waits(),
+        "late-commits" => late_commits(),
         "fuzz-server" => fuzz_server(),
         "pieces" => pieces(),
         other => Err(format!("unknown scenario {other:?}").into()),
@@ -700,6 +701,65 @@ fn get_waits() -> Res {
     if v.as_str() != Some("here") {
         return Err(format!("after the fence, late is {v:?}").into());
     }
+    println!("rank {r} ok");
+    w.finalize()?;
+    Ok(())
+}
+
+/// A committed key never reads as `NotFound`, on any placement and under any wire-up
+/// backend: after a Full fence, rank 0 commits a new key 1 s late and every other rank's
+/// get of it waits and sees it; a key nobody commits ends the bounded get with a
+/// timeout, not `NotFound`; a key committed before the fence is there at once.
+fn late_commits() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    w.put(Scope::Global, "early", u64::from(r))?;
+    w.commit()?;
+    w.fence(Procs::All, FenceMode::Full, t(60))?;
+    for p in 0..w.size() {
+        let v = w.get(
+            p,
+            "early",
+            GetOpts::default().timeout(Duration::from_secs(10)),
+        )?;
+        if v != Value::U64(u64::from(p)) {
+            return Err(format!("early of rank {p} is {v:?}").into());
+        }
+    }
+    if r == 0 {
+        std::thread::sleep(Duration::from_secs(1));
+        w.put(Scope::Global, "late", "here")?;
+        w.commit()?;
+    } else {
+        let t0 = Instant::now();
+        let v = w.get(
+            0,
+            "late",
+            GetOpts::default().timeout(Duration::from_secs(30)),
+        )?;
+        let waited = t0.elapsed();
+        if v.as_str() != Some("here") {
+            return Err(format!("late is {v:?}").into());
+        }
+        println!("rank {r} waited {} ms for late", waited.as_millis());
+        let t0 = Instant::now();
+        match w.get(
+            0,
+            "never",
+            GetOpts::default().timeout(Duration::from_millis(700)),
+        ) {
+            Err(GetError::Timeout { .. }) if t0.elapsed() >= Duration::from_millis(600) => {}
+            other => {
+                return Err(format!(
+                    "a key nobody commits: expected a timeout after 700 ms, got {other:?} \
+                     after {:?}",
+                    t0.elapsed()
+                )
+                .into())
+            }
+        }
+    }
+    w.fence(Procs::All, FenceMode::SyncOnly, t(60))?;
     println!("rank {r} ok");
     w.finalize()?;
     Ok(())

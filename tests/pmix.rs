@@ -340,3 +340,126 @@ fn a_bad_or_unusable_wireup_choice_is_named_at_once() {
         );
     }
 }
+
+/// A key committed after a Full fence is fetched when asked for (the get waits for it,
+/// also under Slurm, whose servers answer "not found" until the owner commits), never
+/// `NotFound`; a key nobody commits ends a bounded get with a timeout.
+fn late_commits_under(host: &Host) {
+    let o = under(host, 4, &[], &[&example("wireup_probe"), "late-commits"]);
+    assert!(o.status.success(), "late-commits\n{}", dump(&o));
+    assert_eq!(lines_with(&o, " ok"), 4, "{}", dump(&o));
+    let waited: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split(" waited ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(waited.len(), 3, "{}", dump(&o));
+    assert!(
+        waited.iter().all(|&w| w >= 900),
+        "the gets must have waited for the commit 1 s later: {waited:?}\n{}",
+        dump(&o)
+    );
+}
+
+/// A rank killed while the others wait in a fence: the job ends (no hang), non-zero,
+/// with an error naming the rank. Under `mpirun` its runtime aborts the job and names
+/// the rank; under Slurm (whose PMIx plugin sends no termination event and fails the
+/// fence with "partial success") each survivor's fence fails naming rank 3, found dead
+/// on the node.
+fn killed_rank_under(host: &Host) {
+    let start = Instant::now();
+    let o = under(
+        host,
+        4,
+        &[],
+        &[&example("wireup_probe"), "kill-during-fence"],
+    );
+    let took = start.elapsed();
+    assert!(!o.status.success(), "{}", dump(&o));
+    assert!(
+        took < Duration::from_secs(30),
+        "took {took:?}\n{}",
+        dump(&o)
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    match host {
+        Host::Mpirun(_) => assert!(
+            all.contains("process rank 3 with PID"),
+            "mpirun names the killed rank\n{}",
+            dump(&o)
+        ),
+        Host::Slurm => {
+            let saw = lines_with(&o, " saw rank 3 gone after ");
+            assert!(saw >= 1, "the survivors' fences name rank 3\n{}", dump(&o));
+            assert!(all.contains("ended: its process (pid "), "{}", dump(&o));
+            assert!(
+                !all.contains("expected ProcGone"),
+                "every survivor names it\n{}",
+                dump(&o)
+            );
+        }
+    }
+}
+
+#[test]
+fn late_commits_are_waited_for_and_a_killed_rank_is_named_under_open_mpi_mpirun() {
+    if let Some(host) = mpirun() {
+        late_commits_under(&host);
+        killed_rank_under(&host);
+    }
+}
+
+#[test]
+fn late_commits_are_waited_for_and_a_killed_rank_is_named_under_slurm() {
+    if let Some(host) = slurm() {
+        late_commits_under(&host);
+        killed_rank_under(&host);
+    }
+}
+
+/// Runs `script` (a job script calling `srun`) with `sbatch --wait` and through
+/// `salloc`, as a user would; both end with the job's status and output.
+#[test]
+fn sbatch_and_salloc_of_a_job_script_that_calls_srun() {
+    let Some(_slurm) = slurm() else { return };
+    let dir = std::env::temp_dir().join(format!("weft-sbatch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let script = dir.join("job.sh");
+    let out = dir.join("job.out");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n#SBATCH -n 4\n#SBATCH -t 2\nsrun --mpi=pmix {} --mode sparse\n",
+            example("fence_demo")
+        ),
+    )
+    .expect("write the job script");
+    let o = Command::new("sbatch")
+        .args(["--wait", "-o"])
+        .arg(&out)
+        .arg(&script)
+        .output()
+        .expect("run sbatch");
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        o.status.success(),
+        "sbatch\n{}\njob output:\n{text}",
+        dump(&o)
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with(" ok")).count(),
+        4,
+        "job output:\n{text}"
+    );
+    let o = Command::new("salloc")
+        .args(["-n", "4", "sh"])
+        .arg(&script)
+        .output()
+        .expect("run salloc");
+    assert!(o.status.success(), "salloc\n{}", dump(&o));
+    assert_eq!(lines_with(&o, " ok"), 4, "{}", dump(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,14 +16,14 @@ pub(crate) fn version() -> String {
         .into_owned()
 }
 
-fn error_string(status: i32) -> String {
+pub(crate) fn error_string(status: i32) -> String {
     // SAFETY: PMIx_Error_string returns a static NUL-terminated string for any status.
     unsafe { CStr::from_ptr(sys::PMIx_Error_string(status)) }
         .to_string_lossy()
         .into_owned()
 }
 
-fn status(op: &'static str, rc: sys::pmix_status_t, hint: &str) -> PmixError {
+pub(crate) fn status(op: &'static str, rc: sys::pmix_status_t, hint: &str) -> PmixError {
     PmixError::Status {
         op,
         status: rc,
@@ -36,7 +36,7 @@ fn status(op: &'static str, rc: sys::pmix_status_t, hint: &str) -> PmixError {
     }
 }
 
-const SUCCESS: sys::pmix_status_t = sys::PMIX_SUCCESS as sys::pmix_status_t;
+pub(crate) const SUCCESS: sys::pmix_status_t = sys::PMIX_SUCCESS as sys::pmix_status_t;
 
 /// The completion of a non-blocking PMIx operation: its status, set once by the
 /// library's callback (on its progress thread).
@@ -47,15 +47,19 @@ struct Done {
 }
 
 impl Done {
-    /// Waits for the status, running `f` about every millisecond meanwhile.
-    fn wait(&self, f: &mut impl FnMut()) -> sys::pmix_status_t {
+    /// Waits for the status, running `f` about every millisecond meanwhile; stops
+    /// waiting when `f` says why.
+    fn wait(
+        &self,
+        f: &mut impl FnMut() -> Result<(), String>,
+    ) -> Result<sys::pmix_status_t, String> {
         let mut st = self.status.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(rc) = *st {
-                return rc;
+                return Ok(rc);
             }
             drop(st);
-            f();
+            f()?;
             st = self.status.lock().unwrap_or_else(|p| p.into_inner());
             if st.is_none() {
                 st = self
@@ -178,18 +182,21 @@ impl Pmix {
         collect: bool,
         timeout: Option<Duration>,
     ) -> Result<(), PmixError> {
-        self.fence_with(ranks, collect, timeout, || {})
+        self.fence_with(ranks, collect, timeout, || Ok(()))
     }
 
     /// [`fence`](Pmix::fence), running `while_waiting` about every millisecond until it
     /// completes (`PMIx_Fence_nb`): a caller that must keep answering its peers (a
-    /// transport's handshakes) does so while the host's servers gather the others.
+    /// transport's handshakes) does so while the host's servers gather the others. When
+    /// `while_waiting` returns an error (a participant is known dead), the fence stops
+    /// waiting and fails with [`PmixError::Abandoned`]; the library's completion of the
+    /// fence, when it comes, is then dropped.
     pub fn fence_with(
         &self,
         ranks: Option<&[u32]>,
         collect: bool,
         timeout: Option<Duration>,
-        mut while_waiting: impl FnMut(),
+        mut while_waiting: impl FnMut() -> Result<(), String>,
     ) -> Result<(), PmixError> {
         const OP: &str = "PMIx_Fence";
         let procs: Vec<sys::pmix_proc_t> = match ranks {
@@ -210,8 +217,9 @@ impl Pmix {
             .cast::<std::ffi::c_void>();
         // SAFETY: `procs` and `info` are valid arrays of their lengths and outlive the
         // operation (this function returns only after the callback ran, below, or when
-        // the library refused to start it); `cb` is a counted reference the callback
-        // takes over (or that is released below when the call fails at once).
+        // the library refused to start it, or it leaks them when it stops waiting); `cb`
+        // is a counted reference the callback takes over (or that is released below when
+        // the call fails at once).
         let rc = unsafe {
             sys::PMIx_Fence_nb(
                 procs.as_ptr(),
@@ -223,7 +231,16 @@ impl Pmix {
             )
         };
         let rc = if rc == SUCCESS {
-            done.wait(&mut while_waiting)
+            match done.wait(&mut while_waiting) {
+                Ok(rc) => rc,
+                Err(reason) => {
+                    // The library may still read the arrays until it completes the
+                    // fence (it packs them at once, but that is not promised): keep them.
+                    std::mem::forget(procs);
+                    std::mem::forget(info);
+                    return Err(PmixError::Abandoned { op: OP, reason });
+                }
+            }
         } else {
             // SAFETY: the library did not take `cb` (no callback will run): release it.
             drop(unsafe { Arc::from_raw(cb.cast::<Done>()) });

@@ -202,7 +202,7 @@ enum Backend {
         store: StoreReader,
     },
     /// The host's PMIx server.
-    Pmix(crate::pmix::Link),
+    Pmix(Box<crate::pmix::Link>),
 }
 
 /// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
@@ -342,7 +342,7 @@ impl Client {
         .map_err(|e| InitError::Pmix {
             reason: format!("a placeholder socket: {e}"),
         })?;
-        Ok(Client::assemble(rank, node, job, conn, Backend::Pmix(link)))
+        Ok(Client::assemble(rank, node, job, conn, Backend::Pmix(Box::new(link))))
     }
 
     /// A client of `rank` on `node` over its backend's pieces; the rest starts empty.
@@ -356,7 +356,7 @@ impl Client {
                     .filter(|&p| rustix::process::getppid() == Some(p));
                 (net, Some(store), None, server_pid)
             }
-            Backend::Pmix(link) => (None, None, Some(link), None),
+            Backend::Pmix(link) => (None, None, Some(*link), None),
         };
         Client {
             rank,
@@ -526,6 +526,10 @@ impl Client {
     /// Why `rank` is gone (died or finalized), if its death has reached this node. A lookup
     /// in the node's shared memory: cheap enough for a transport's wait loop.
     pub fn gone_reason(&self, rank: Rank) -> Option<String> {
+        if let Some(px) = &self.pmix {
+            // Under a PMIx host: what its termination events said.
+            return px.gone(rank);
+        }
         self.store
             .as_ref()?
             .get(&keys::gone(rank))
@@ -545,8 +549,8 @@ impl Client {
                 ));
             }
         }
-        if self.pmix.is_some() {
-            return None;
+        if let Some(px) = &self.pmix {
+            return px.lost();
         }
         self.conn.broken().map(|why| {
             format!(

@@ -10,10 +10,18 @@
 //!   [`Value`]) with the same scope, then `PMIx_Commit`;
 //! - fence: `PMIx_Fence` over the ranks, collecting the data in mode Full, not in Sparse
 //!   and SyncOnly (Sparse gets fetch on demand);
-//! - get: after a Full fence that covered the owner, from what the fence delivered only
-//!   (`PMIX_OPTIONAL`: a key it does not hold is `NotFound` at once, as with Weft's
-//!   servers); otherwise a direct fetch through the host's servers, waiting up to the
-//!   get's timeout for the owner to commit; `local_only`/`immediate` never ask the server.
+//! - get: first from what is on this node (a Full fence that covered the owner
+//!   delivered its data); then a direct fetch through the host's servers, waiting up to
+//!   the get's timeout for the owner to commit (asking again while a host answers "not
+//!   found" before the commit, as Slurm's does), so a committed key never reads as
+//!   `NotFound`; `local_only`/`immediate` never ask the server. A key put with a scope
+//!   that hides it from the reader is `NotFound` at once: the owner puts a marker with
+//!   the other scope ([`Link::commit`]);
+//! - ended processes: the host's termination events (`PMIx_Register_event_handler`;
+//!   Open MPI's runtime aborts the job instead) and, for hosts that send none (Slurm
+//!   22.05), a liveness check of the participants on this node (each publishes its pid
+//!   and start time): a fence or get waiting on a process that ended fails naming it
+//!   (`ProcGone`), and the fabric's waits on it too ([`Link::gone`]);
 //!
 //! - groups: Weft's own construct over the host's fence (Open MPI 4.1's runtime and
 //!   Slurm 22.05 have no PMIx groups): each member puts a digest of the membership and
@@ -29,16 +37,19 @@
 //! running while they wait (a transport's handshakes), as waits on Weft's servers do;
 //! gets block in `PMIx_Get`.
 //!
-//! Not mapped yet (errors say so): events, runtime process sets, the address TCP
-//! listens on across nodes (loopback unless `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say), and the
-//! `optional`, `notify_termination` and `ft_collective` group directives.
+//! Not mapped yet (errors say so): runtime process sets, the address TCP listens on
+//! across nodes (loopback unless `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say), and the `optional`,
+//! `notify_termination` and `ft_collective` group directives. A process that ends on
+//! another node is named only when the host sends an event or fails the wait.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use weft_pmix::{keys as pk, GetOpts as PGetOpts, Pmix, PmixError, PmixValue, Scope as PScope};
+use weft_pmix::{
+    keys as pk, Event, EventKind, GetOpts as PGetOpts, Pmix, PmixError, PmixValue, Scope as PScope,
+};
 
 use crate::client::{lock, CommitError, FenceError, GetError, GetOpts, InitError};
 use crate::group::GroupError;
@@ -63,6 +74,30 @@ pub(crate) struct Link {
     led: AtomicU64,
     /// The transports' secret, once known (see [`Link::transport_secret`]).
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
+    /// Processes in the job.
+    size: u32,
+    /// The other ranks on this node (their liveness can be checked here).
+    neighbours: Vec<Rank>,
+    /// Their pids and start times (once read), and when each was last checked.
+    pids: Mutex<HashMap<Rank, PidCheck>>,
+    /// What the host's events said about the job's processes (see [`Link::gone`]).
+    ends: Mutex<Ends>,
+    /// Whether `ends` holds anything (read without the lock on every wait-loop turn).
+    any_end: AtomicBool,
+}
+
+/// A neighbour's pid and start time (once read), and when it was last checked.
+type PidCheck = (Option<(u32, u64)>, Instant);
+
+/// The processes the host reported ended, and whether the host itself is lost.
+#[derive(Debug, Default)]
+struct Ends {
+    /// Events read so far.
+    seen: usize,
+    /// Ended ranks and why.
+    gone: HashMap<Rank, String>,
+    /// Why the connection to the host's server is lost, if it is.
+    lost: Option<String>,
 }
 
 /// The key under which rank 0 publishes the job's transport secret.
@@ -70,6 +105,32 @@ const SECRET_KEY: &str = "weft.transport-secret";
 
 /// How long a process waits for rank 0's secret (it is put during rank 0's init).
 const SECRET_WAIT: Duration = Duration::from_secs(60);
+
+/// The first pause before a get asks a host that answered "not found" again, and the
+/// longest (the pause doubles in between).
+const GET_RETRY_FIRST: Duration = Duration::from_millis(2);
+const GET_RETRY_MAX: Duration = Duration::from_millis(100);
+
+/// The key under which each process publishes its pid and start time to its node.
+const PID_KEY: &str = "weft.pid";
+
+/// How often a wait checks that the participants on this node are alive.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// The start time (clock ticks since boot) and state of process `pid`, from
+/// `/proc/<pid>/stat`, or `None` when there is no such process.
+fn proc_start(pid: u32) -> Option<(u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// How long a failed host fence waits for the event naming a dead participant.
+const EVENT_GRACE: Duration = Duration::from_millis(500);
 
 /// PGCIDs under a PMIx host, where no root server hands them out: the world's is 1; a
 /// group's comes from its leader's rank and the count `c` of groups with a PGCID that
@@ -84,6 +145,11 @@ pub(crate) fn pgcid(size: u32, leader: Rank, c: u64) -> Option<u64> {
     }
     let c2 = c - k;
     (c2 < 1 << 24 && leader < 1 << 24).then(|| (1 << 48) | (u64::from(leader) << 24) | c2)
+}
+
+/// The key of the marker that says where `key` is hidden (see [`Link::commit`]).
+fn hidden_key(key: &str) -> String {
+    format!("weft.hidden/{:016x}", digest(key.as_bytes()))
 }
 
 /// FNV-1a over bytes.
@@ -115,6 +181,11 @@ fn job_u32(px: &Pmix, rank: Option<Rank>, key: &str) -> Result<Option<u32>, Pmix
 /// Connects to the host's server and builds the job's information from it.
 pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
     let px = Pmix::init().map_err(|e| init_err("connecting to the host's PMIx server", e))?;
+    // Termination events turn waits on a dead process into errors naming it; a host that
+    // sends none leaves those waits to their timeouts (said in the warning).
+    if let Err(e) = px.watch_events() {
+        tracing::warn!("the host's PMIx events are not available ({e}): a wait on a process that dies ends only at its timeout");
+    }
     let rank = px.rank();
     let size = job_u32(&px, None, pk::JOB_SIZE)
         .map_err(|e| init_err("reading the job size", e))?
@@ -184,6 +255,19 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             .and_then(|()| px.commit())
             .map_err(|e| init_err("publishing the transports' secret", e))?;
     }
+    // This process's pid and start time, for the liveness checks of its node's peers
+    // (hosts that send no termination events, like Slurm 22.05).
+    let me_alive = proc_start(std::process::id())
+        .map(|(start, _)| (std::process::id(), start))
+        .unwrap_or((std::process::id(), 0));
+    let bytes = postcard::to_stdvec(&me_alive).unwrap_or_default();
+    px.put(PScope::Local, PID_KEY, &bytes)
+        .and_then(|()| px.commit())
+        .map_err(|e| init_err("publishing this process's pid to its node", e))?;
+    let my_node = placed[rank as usize].map(|(n, _)| n);
+    let neighbours: Vec<Rank> = (0..size)
+        .filter(|&r| r != rank && placed[r as usize].map(|(n, _)| n) == my_node)
+        .collect();
     let job = JobInfo {
         nspace: px.nspace().to_owned(),
         nodes: names
@@ -211,11 +295,229 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             mine: Mutex::new(HashMap::new()),
             led: AtomicU64::new(0),
             secret: std::sync::OnceLock::new(),
+            size,
+            neighbours,
+            pids: Mutex::new(HashMap::new()),
+            ends: Mutex::new(Ends::default()),
+            any_end: AtomicBool::new(false),
         },
     ))
 }
 
 impl Link {
+    /// Reads the host's new events into `ends`.
+    fn read_events(&self) {
+        let n = self.px.event_count();
+        let mut ends = lock(&self.ends);
+        if n == ends.seen {
+            return;
+        }
+        let new = self.px.events_since(ends.seen);
+        ends.seen += new.len();
+        let me = self.px.rank();
+        for ev in new {
+            self.note_event(&mut ends, &ev, me);
+        }
+        if !ends.gone.is_empty() || ends.lost.is_some() {
+            // SYNC: pairs with the Acquire in `gone`: set after `ends` holds the news,
+            // which `gone` then reads under the lock.
+            self.any_end.store(true, Ordering::Release);
+        }
+    }
+
+    fn note_event(&self, ends: &mut Ends, ev: &Event, me: Rank) {
+        let ns = self.px.nspace();
+        if ev.kind == EventKind::ConnectionLost {
+            if ev.affected.is_empty() {
+                ends.lost.get_or_insert_with(|| {
+                    format!(
+                        "is unreachable: the connection to the host's PMIx server is lost ({})",
+                        ev.message
+                    )
+                });
+                return;
+            }
+        } else if ev.kind != EventKind::ProcEnded {
+            tracing::debug!("PMIx event ignored: {ev:?}");
+            return;
+        }
+        let mut ranks: Vec<u32> = ev
+            .affected
+            .iter()
+            .filter(|(n, _)| n == ns)
+            .map(|&(_, r)| r)
+            .collect();
+        if ranks.is_empty() {
+            if let Some((n, r)) = &ev.source {
+                if n == ns {
+                    ranks.push(*r);
+                }
+            }
+        }
+        let code = ev
+            .exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default();
+        let why = format!("ended: the host reports {}{code}", ev.message);
+        for r in ranks {
+            if r == weft_pmix::RANK_WILDCARD {
+                // The whole job: every other process.
+                for o in 0..self.size() {
+                    if o != me {
+                        ends.gone.entry(o).or_insert_with(|| why.clone());
+                    }
+                }
+            } else if r != me && r < self.size() {
+                ends.gone.entry(r).or_insert_with(|| why.clone());
+            }
+        }
+    }
+
+    /// Why `rank` is gone, if the host said so (a termination event), or why every
+    /// process is (the host's server is lost). Cheap while nothing has ended.
+    pub(crate) fn gone(&self, rank: Rank) -> Option<String> {
+        self.read_events();
+        self.check_alive(rank, false);
+        // SYNC: pairs with the Release in `read_events`.
+        if !self.any_end.load(Ordering::Acquire) {
+            return None;
+        }
+        let ends = lock(&self.ends);
+        ends.gone.get(&rank).cloned().or_else(|| ends.lost.clone())
+    }
+
+    /// Why the host's server is lost, if it is.
+    pub(crate) fn lost(&self) -> Option<String> {
+        self.read_events();
+        lock(&self.ends).lost.clone()
+    }
+
+    /// Checks that `rank`, when it runs on this node, is alive (at most every
+    /// [`LIVENESS_EVERY`] unless `now`); if its process is gone, records why.
+    fn check_alive(&self, rank: Rank, now: bool) {
+        if !self.neighbours.contains(&rank) {
+            return;
+        }
+        let pid = {
+            let mut pids = lock(&self.pids);
+            let due = Instant::now() - LIVENESS_EVERY;
+            let e = pids.entry(rank).or_insert((None, due));
+            if !now && e.1 > due {
+                return;
+            }
+            e.1 = Instant::now();
+            if e.0.is_none() {
+                let here = PGetOpts {
+                    local_only: true,
+                    ..PGetOpts::default()
+                };
+                e.0 = self
+                    .px
+                    .get(Some(rank), PID_KEY, here)
+                    .ok()
+                    .and_then(|v| v.as_bytes().and_then(|b| postcard::from_bytes(b).ok()));
+            }
+            e.0
+        };
+        let Some((pid, start)) = pid else { return };
+        let dead = match proc_start(pid) {
+            None => true,
+            Some((s, state)) => (start != 0 && s != start) || state == 'Z' || state == 'X',
+        };
+        if dead {
+            let mut ends = lock(&self.ends);
+            ends.gone
+                .entry(rank)
+                .or_insert_with(|| format!("ended: its process (pid {pid} on this node) is gone"));
+            // SYNC: pairs with the Acquire in `gone`.
+            self.any_end.store(true, Ordering::Release);
+        }
+    }
+
+    /// Checks the liveness of those of `ranks` (`None`: the job) on this node.
+    fn check_neighbours(&self, ranks: Option<&[Rank]>, now: bool) {
+        for &r in &self.neighbours {
+            if ranks.is_none_or(|rs| rs.contains(&r)) {
+                self.check_alive(r, now);
+            }
+        }
+    }
+
+    /// The first of `ranks` (`None`: the whole job) that is gone, and why.
+    fn first_gone(&self, ranks: Option<&[Rank]>) -> Option<(Rank, String)> {
+        self.read_events();
+        // SYNC: pairs with the Release in `read_events`.
+        if !self.any_end.load(Ordering::Acquire) {
+            return None;
+        }
+        let ends = lock(&self.ends);
+        let all: Vec<Rank>;
+        let ranks = match ranks {
+            Some(r) => r,
+            None => {
+                all = (0..self.size).collect();
+                &all
+            }
+        };
+        let me = self.px.rank();
+        ranks.iter().filter(|&&r| r != me).find_map(|&r| {
+            ends.gone
+                .get(&r)
+                .or(ends.lost.as_ref())
+                .map(|why| (r, why.clone()))
+        })
+    }
+
+    /// Runs a host fence over `ranks`, running `while_waiting` meanwhile and giving up
+    /// when a participant is reported gone: `Err(Ok((rank, why)))` then, `Err(Err(e))`
+    /// for the host's own failure (a participant found gone after it is named too).
+    fn host_fence(
+        &self,
+        ranks: Option<&[Rank]>,
+        collect: bool,
+        timeout: Option<Duration>,
+        mut while_waiting: impl FnMut(),
+    ) -> Result<(), Result<(Rank, String), PmixError>> {
+        let mut dead = None;
+        let mut probed = Instant::now();
+        let out = self.px.fence_with(ranks, collect, timeout, || {
+            while_waiting();
+            if probed.elapsed() >= LIVENESS_EVERY {
+                self.check_neighbours(ranks, true);
+                probed = Instant::now();
+            }
+            match self.first_gone(ranks) {
+                Some((r, why)) => {
+                    let msg = format!("rank {r} {why}");
+                    dead = Some((r, why));
+                    Err(msg)
+                }
+                None => Ok(()),
+            }
+        });
+        match out {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if dead.is_none() {
+                    // The host may fail the fence before its event about the dead
+                    // process reaches this one: give the event a moment.
+                    let until = Instant::now() + EVENT_GRACE;
+                    while dead.is_none() && Instant::now() < until {
+                        self.check_neighbours(ranks, true);
+                        dead = self.first_gone(ranks);
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                Err(dead.ok_or(e))
+            }
+        }
+    }
+
+    /// Job size (the host's).
+    fn size(&self) -> u32 {
+        self.size
+    }
+
     /// A secret shared by the job's processes (rank 0 made it at init; the others fetch
     /// it once through the host), or `None` if it cannot be had (then the transports
     /// that need it stay closed, saying why).
@@ -262,6 +564,23 @@ impl Link {
                 .map_err(|e| CommitError::Pmix {
                     reason: e.to_string(),
                 })?;
+            // Where the key is hidden, a marker says so: a reader there tells "put with
+            // a scope that hides it from you" (NotFound) from "not committed yet" (wait),
+            // which PMIx hosts answer alike.
+            let marker = match scope {
+                PScope::Local => Some(PScope::Remote),
+                PScope::Remote => Some(PScope::Local),
+                PScope::Global => None,
+            };
+            if let Some(m) = marker {
+                let note = postcard::to_stdvec(&(key.as_str(), scope == PScope::Local))
+                    .unwrap_or_default();
+                self.px
+                    .put(m, &hidden_key(key), &note)
+                    .map_err(|e| CommitError::Pmix {
+                        reason: e.to_string(),
+                    })?;
+            }
         }
         self.px.commit().map_err(|e| CommitError::Pmix {
             reason: e.to_string(),
@@ -281,16 +600,17 @@ impl Link {
             Procs::List(v) => Some(v.as_slice()),
         };
         let collect = mode == FenceMode::Full;
-        match self.px.fence_with(ranks, collect, timeout, while_waiting) {
+        match self.host_fence(ranks, collect, timeout, while_waiting) {
             Ok(()) => {
                 *lock(&self.full) = collect.then(|| procs.clone());
                 Ok(())
             }
+            Err(Ok((rank, reason))) => Err(FenceError::ProcGone { rank, reason }),
             // PMIx does not say who was missing.
-            Err(PmixError::Timeout { .. }) => Err(FenceError::Timeout {
+            Err(Err(PmixError::Timeout { .. })) => Err(FenceError::Timeout {
                 missing: Vec::new(),
             }),
-            Err(e) => Err(FenceError::Pmix {
+            Err(Err(e)) => Err(FenceError::Pmix {
                 reason: e.to_string(),
             }),
         }
@@ -298,55 +618,114 @@ impl Link {
 
     /// Reads `key` of `rank` (see the module's documentation).
     pub(crate) fn get(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<Value, GetError> {
-        let delivered = lock(&self.full).as_ref().is_some_and(|p| p.contains(rank));
-        let here_only = opts.local_only || opts.immediate || (delivered && !opts.refresh);
-        let popts = PGetOpts {
-            timeout: opts.timeout,
-            local_only: here_only,
-            refresh: opts.refresh,
-        };
         let not_found = |reason: String| GetError::NotFound {
             rank,
             key: key.to_owned(),
             reason,
+        };
+        let failed = |e: PmixError| GetError::Failed {
+            rank,
+            key: key.to_owned(),
+            reason: e.to_string(),
+        };
+        let timed_out = || GetError::Timeout {
+            rank,
+            key: key.to_owned(),
+            missing: vec![rank],
         };
         if rank == self.px.rank() && lock(&self.mine).get(key) == Some(&Scope::Remote) {
             return Err(not_found(
                 "it was put with scope Remote: visible only on other nodes".into(),
             ));
         }
-        match self.px.get(Some(rank), key, popts) {
-            Ok(PmixValue::Bytes(b)) => postcard::from_bytes(&b).map_err(|e| GetError::Corrupt {
+        let decode = |v: PmixValue| match v {
+            PmixValue::Bytes(b) => postcard::from_bytes(&b).map_err(|e| GetError::Corrupt {
                 rank,
                 key: key.to_owned(),
                 reason: e.to_string(),
             }),
-            Ok(other) => Err(GetError::Corrupt {
+            other => Err(GetError::Corrupt {
                 rank,
                 key: key.to_owned(),
                 reason: format!("not a value Weft put (PMIx value {other:?})"),
             }),
-            Err(PmixError::NotFound { .. }) if delivered && !opts.local_only && !opts.immediate => {
-                Err(not_found(
-                    "not among what it committed before the last Full fence (PMIx host)".into(),
-                ))
+        };
+        let here_only = opts.local_only || opts.immediate;
+        let delivered = lock(&self.full).as_ref().is_some_and(|p| p.contains(rank));
+        // What is on this node first: all there is for a local-only or immediate get, and
+        // what a Full fence that covered the owner delivered.
+        if here_only || (delivered && !opts.refresh) {
+            let here = PGetOpts {
+                local_only: true,
+                ..PGetOpts::default()
+            };
+            match self.px.get(Some(rank), key, here) {
+                Ok(v) => return decode(v),
+                Err(PmixError::NotFound { .. }) if here_only => {
+                    return Err(not_found(
+                        "not on this node (local-only or immediate get, PMIx host)".into(),
+                    ))
+                }
+                // Committed after the fence: fetched from the owner's server below.
+                Err(PmixError::NotFound { .. }) => {}
+                Err(e) => return Err(failed(e)),
             }
-            Err(PmixError::NotFound { .. }) => Err(not_found(if here_only {
-                "not on this node (local-only get, PMIx host)".into()
-            } else {
-                "the host's PMIx server has no such key of it".into()
-            })),
-            Err(PmixError::Timeout { .. }) => Err(GetError::Timeout {
-                rank,
-                key: key.to_owned(),
-                missing: vec![rank],
-            }),
-            Err(e) => Err(GetError::Failed {
-                rank,
-                key: key.to_owned(),
-                reason: e.to_string(),
-            }),
         }
+        // A direct fetch through the host's servers, waiting for the owner to commit
+        // (until the timeout). Some hosts (Slurm) answer "not found" at once when the
+        // owner has not committed the key yet instead of waiting: ask again, with a
+        // growing pause, so a committed key never reads as NotFound.
+        let deadline = opts.timeout.map(|t| Instant::now() + t);
+        let mut pause = GET_RETRY_FIRST;
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(timed_out());
+            }
+            let popts = PGetOpts {
+                timeout: left,
+                local_only: false,
+                refresh: opts.refresh,
+            };
+            match self.px.get(Some(rank), key, popts) {
+                Ok(v) => return decode(v),
+                Err(PmixError::NotFound { .. }) => {
+                    if let Some(reason) = self.hidden_here(rank, key) {
+                        return Err(not_found(reason));
+                    }
+                    if let Some(reason) = self.gone(rank) {
+                        return Err(GetError::ProcGone {
+                            rank,
+                            key: key.to_owned(),
+                            reason,
+                        });
+                    }
+                    let nap = left.map_or(pause, |l| l.min(pause));
+                    std::thread::sleep(nap);
+                    pause = (pause * 2).min(GET_RETRY_MAX);
+                }
+                Err(PmixError::Timeout { .. }) => return Err(timed_out()),
+                Err(e) => return Err(failed(e)),
+            }
+        }
+    }
+
+    /// Why `key` of `rank` is invisible here, if its owner committed it with a scope
+    /// that hides it from this process (its marker is visible here).
+    fn hidden_here(&self, rank: Rank, key: &str) -> Option<String> {
+        let quick = PGetOpts {
+            timeout: Some(Duration::from_secs(1)),
+            ..PGetOpts::default()
+        };
+        let v = self.px.get(Some(rank), &hidden_key(key), quick).ok()?;
+        let (k, local): (String, bool) = postcard::from_bytes(v.as_bytes()?).ok()?;
+        (k == key).then(|| {
+            if local {
+                "it was put with scope Local: visible only on its node".to_owned()
+            } else {
+                "it was put with scope Remote: visible only on other nodes".to_owned()
+            }
+        })
     }
 
     /// Constructs the group `cid` names (see the module's documentation).
@@ -395,19 +774,24 @@ impl Link {
         let bytes = postcard::to_stdvec(&mine).unwrap_or_default();
         self.px.put(PScope::Global, &key, &bytes).map_err(host)?;
         self.px.commit().map_err(host)?;
-        match self
-            .px
-            .fence_with(Some(&members), true, timeout, while_waiting)
-        {
+        match self.host_fence(Some(&members), true, timeout, while_waiting) {
             Ok(()) => {}
-            Err(PmixError::Timeout { .. }) => {
+            Err(Ok((rank, reason))) => {
+                return Err(GroupError::ProcGone {
+                    op: OP,
+                    id: id.clone(),
+                    rank,
+                    reason,
+                })
+            }
+            Err(Err(PmixError::Timeout { .. })) => {
                 return Err(GroupError::Timeout {
                     op: OP,
                     id: id.clone(),
                     missing: Vec::new(),
                 })
             }
-            Err(e) => return Err(host(e)),
+            Err(Err(e)) => return Err(host(e)),
         }
         let here = PGetOpts {
             local_only: true,
