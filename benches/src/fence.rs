@@ -149,7 +149,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
         eprintln!("weft bench fence: {e}");
         return 2;
     }
-    if std::env::var_os(weft_wireup::env::RANK).is_some() {
+    if weft_wireup::in_a_job() {
         return match run_rank(&opts) {
             Ok(()) => 0,
             Err(e) => {

@@ -67,7 +67,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
             return e.exit_code();
         }
     };
-    if opts.job || std::env::var_os(weft_wireup::env::RANK).is_some() {
+    if opts.job || weft_wireup::in_a_job() {
         return match run_rank(&opts) {
             Ok(()) => 0,
             Err(e) => {

@@ -226,6 +226,14 @@ fn backend() -> Result<Choice, InitError> {
     }
 }
 
+/// Whether this process was started as a rank of a job: by `weft run`, or by a host
+/// engine whose PMIx server `Client::init` would use. Programs that launch themselves
+/// when started alone (the benchmarks) ask this.
+pub fn in_a_job() -> bool {
+    std::env::var_os(env::RANK).is_some()
+        || (matches!(backend(), Ok(Choice::Pmix)) && weft_pmix::server_contact().is_some())
+}
+
 /// The wire-up backend `Client::init` would choose in this environment, and why (for
 /// `weft info`).
 pub fn backend_choice() -> String {
@@ -342,7 +350,13 @@ impl Client {
         .map_err(|e| InitError::Pmix {
             reason: format!("a placeholder socket: {e}"),
         })?;
-        Ok(Client::assemble(rank, node, job, conn, Backend::Pmix(Box::new(link))))
+        Ok(Client::assemble(
+            rank,
+            node,
+            job,
+            conn,
+            Backend::Pmix(Box::new(link)),
+        ))
     }
 
     /// A client of `rank` on `node` over its backend's pieces; the rest starts empty.

@@ -42,7 +42,8 @@ mod value;
 pub const FINALIZED: &str = "has finalized";
 
 pub use client::{
-    backend_choice, Client, CommitError, FenceError, FinalizeError, GetError, GetOpts, InitError,
+    backend_choice, in_a_job, Client, CommitError, FenceError, FinalizeError, GetError, GetOpts,
+    InitError,
 };
 pub use conn::ConnError;
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
