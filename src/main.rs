@@ -136,6 +136,18 @@ fn main() -> ExitCode {
                 "wire-up backend: {} (WEFT_WIREUP=weft|pmix|auto)",
                 weft_wireup::backend_choice()
             );
+            // Under a host engine, ask its PMIx server what it offers.
+            if weft_wireup::in_a_job() && std::env::var_os(weft_wireup::env::RANK).is_none() {
+                match weft_wireup::Client::init() {
+                    Ok(c) => {
+                        for line in c.host_report().unwrap_or_default() {
+                            println!("host: {line}");
+                        }
+                        let _ = c.finalize();
+                    }
+                    Err(e) => println!("host: cannot connect ({e})"),
+                }
+            }
             // Outside a job the node's address is not known: the launcher's default.
             let local = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
             match weft_tcp::Config::from_env(0, 0, [0; 2], local) {

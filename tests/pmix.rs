@@ -268,10 +268,29 @@ fn programs_under(mpirun: &Host) {
 }
 
 #[test]
-fn weft_info_names_the_pmix_backend_under_mpirun() {
+fn weft_info_names_the_pmix_backend_and_what_the_host_offers() {
+    if let Some(slurm) = slurm() {
+        let w = weft().display().to_string();
+        let o = under(&slurm, 1, &[], &[&w, "info"]);
+        assert!(o.status.success(), "{}", dump(&o));
+        for want in [
+            "host: namespace slurm.pmix.",
+            "host: process sets: the host does not answer process-set queries",
+            "host: termination events: registered",
+            "host: groups: Weft's own construct over the host's fence",
+        ] {
+            assert_eq!(lines_with(&o, want), 1, "{want}\n{}", dump(&o));
+        }
+    }
     let Some(mpirun) = mpirun() else { return };
     let w = weft().display().to_string();
     let o = under_mpirun(&mpirun, 1, &[&w, "info"]);
+    assert_eq!(
+        lines_with(&o, "host: process sets: none defined by the host"),
+        1,
+        "{}",
+        dump(&o)
+    );
     assert!(o.status.success(), "{}", dump(&o));
     assert_eq!(
         lines_with(

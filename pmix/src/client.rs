@@ -376,3 +376,138 @@ impl Drop for Pmix {
         }
     }
 }
+
+/// A query's status and results (key, value).
+type QueryAnswer = (sys::pmix_status_t, Vec<(String, PmixValue)>);
+
+/// The answer to a non-blocking query: its status and a copy of the results, set once
+/// by the library's callback.
+#[derive(Debug, Default)]
+struct QueryDone {
+    out: Mutex<Option<QueryAnswer>>,
+    cv: Condvar,
+}
+
+/// `pmix_info_cbfunc_t` of `PMIx_Query_info_nb`: copies the results into the
+/// [`QueryDone`] whose counted reference `cbdata` is, then lets the library free them.
+unsafe extern "C" fn query_done(
+    st: sys::pmix_status_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    cbdata: *mut std::ffi::c_void,
+    release: sys::pmix_release_cbfunc_t,
+    release_data: *mut std::ffi::c_void,
+) {
+    // SAFETY: `cbdata` is the `Arc<QueryDone>` reference handed over with the call,
+    // which runs this callback exactly once: it takes the reference over here.
+    let done = unsafe { Arc::from_raw(cbdata.cast::<QueryDone>().cast_const()) };
+    let infos: &[sys::pmix_info_t] = if info.is_null() || ninfo == 0 {
+        &[]
+    } else {
+        // SAFETY: the library passes `ninfo` valid entries at `info` until released.
+        unsafe { std::slice::from_raw_parts(info, ninfo) }
+    };
+    let results = infos
+        .iter()
+        .map(|i| {
+            // SAFETY: the key is NUL-terminated within its array; the value is valid.
+            unsafe {
+                (
+                    CStr::from_ptr(i.key.as_ptr())
+                        .to_string_lossy()
+                        .into_owned(),
+                    crate::owned::value_of(&i.value),
+                )
+            }
+        })
+        .collect();
+    *done.out.lock().unwrap_or_else(|p| p.into_inner()) = Some((st, results));
+    done.cv.notify_all();
+    if let Some(r) = release {
+        // SAFETY: the library's release function for these results, called once.
+        unsafe { r(release_data) };
+    }
+}
+
+impl Pmix {
+    /// Asks the host one query (`PMIx_Query_info_nb`): `key` is one of [`query`]'s
+    /// keys, `pset` the process set it concerns (the `pmix.pset.nm` qualifier), if any.
+    /// Waits up to `wait` for the answer: a host that never answers is a timeout, not a
+    /// hang. A host that does not support the query answers "not supported" (a
+    /// [`PmixError::Status`]).
+    ///
+    /// [`query`]: crate::query
+    pub fn query(
+        &self,
+        k: &str,
+        pset: Option<&str>,
+        wait: Duration,
+    ) -> Result<PmixValue, PmixError> {
+        const OP: &str = "PMIx_Query_info";
+        let ck = key(OP, k)?;
+        let mut qual = Infos::new();
+        if let Some(name) = pset {
+            let n = std::ffi::CString::new(name).map_err(|_| PmixError::InvalidArgs {
+                op: OP,
+                what: format!("process set name {name:?} holds a NUL byte"),
+            })?;
+            qual.push_str(sys::PMIX_PSET_NAME, &n);
+        }
+        let mut keys: Vec<*mut std::os::raw::c_char> =
+            vec![ck.as_ptr().cast_mut(), std::ptr::null_mut()];
+        let mut q = sys::pmix_query_t {
+            keys: keys.as_mut_ptr(),
+            qualifiers: qual.as_mut_ptr(),
+            nqual: qual.len(),
+        };
+        let done = Arc::new(QueryDone::default());
+        let cb = Arc::into_raw(done.clone())
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: `q` points at a NULL-terminated key list and `nqual` qualifiers, all of
+        // which outlive the operation (dropped only after the callback ran, or leaked
+        // when the wait gives up); `cb` is a counted reference the callback takes over
+        // (released below when the call fails at once).
+        let rc = unsafe { sys::PMIx_Query_info_nb(&mut q, 1, Some(query_done), cb) };
+        if rc != SUCCESS {
+            // SAFETY: the library did not take `cb` (no callback will run).
+            drop(unsafe { Arc::from_raw(cb.cast::<QueryDone>()) });
+            return Err(status(OP, rc, ""));
+        }
+        let deadline = std::time::Instant::now() + wait;
+        let mut out = done.out.lock().unwrap_or_else(|p| p.into_inner());
+        while out.is_none() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                drop(out);
+                // The library may still read the query when it answers: keep it.
+                std::mem::forget(keys);
+                std::mem::forget(qual);
+                std::mem::forget(ck);
+                return Err(PmixError::Timeout {
+                    op: OP,
+                    secs: secs(wait),
+                });
+            }
+            out = done
+                .cv
+                .wait_timeout(out, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let (rc, results) = out.take().unwrap_or_default();
+        drop(out);
+        if rc != SUCCESS && rc != sys::PMIX_ERR_PARTIAL_SUCCESS {
+            return Err(status(OP, rc, ""));
+        }
+        results
+            .into_iter()
+            .find(|(rk, _)| rk == k)
+            .map(|(_, v)| v)
+            .ok_or_else(|| PmixError::NotFound {
+                op: OP,
+                key: k.to_owned(),
+                who: "the host".into(),
+            })
+    }
+}

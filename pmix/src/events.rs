@@ -46,11 +46,8 @@ static REGISTERED: Mutex<Option<usize>> = Mutex::new(None);
 /// # Safety
 /// `p` points at a valid `pmix_proc_t`.
 unsafe fn name_of(p: *const sys::pmix_proc_t) -> (String, u32) {
-    // SAFETY: the caller's contract; the name is NUL-terminated within its array.
-    let p = unsafe { &*p };
-    // SAFETY: `nspace` is a NUL-terminated char array (PMIX_MAX_NSLEN + 1 long).
-    let ns = unsafe { CStr::from_ptr(p.nspace.as_ptr()) };
-    (ns.to_string_lossy().into_owned(), p.rank)
+    // SAFETY: the caller's contract.
+    unsafe { crate::owned::proc_name(&*p) }
 }
 
 /// The `pmix_notification_fn_t` of the default handler: records the event and tells the

@@ -113,6 +113,14 @@ pub enum EventKind {
     Other,
 }
 
+/// Query keys ([`Pmix::query`]).
+pub mod query {
+    /// The names of the process sets the host defines (`pmix.qry.psets`).
+    pub const PSET_NAMES: &str = "pmix.qry.psets";
+    /// The members of the process set named in the query (`pmix.qry.pmems`).
+    pub const PSET_MEMBERSHIP: &str = "pmix.qry.pmems";
+}
+
 /// The rank that stands for every process of a namespace (`PMIX_RANK_WILDCARD`).
 pub const RANK_WILDCARD: u32 = u32::MAX - 1;
 
@@ -150,6 +158,10 @@ pub enum PmixValue {
     Str(String),
     /// `PMIX_BYTE_OBJECT`.
     Bytes(Vec<u8>),
+    /// `PMIX_DATA_ARRAY` of `PMIX_STRING`.
+    Strings(Vec<String>),
+    /// `PMIX_DATA_ARRAY` of `PMIX_PROC` (namespace, rank), or one `PMIX_PROC`.
+    Procs(Vec<(String, u32)>),
     /// A type this wrapper does not convert (its PMIx data type number).
     Other(u16),
 }
@@ -376,6 +388,15 @@ impl Pmix {
     }
     /// Never called (no [`Pmix`] exists in this build).
     pub fn peers_on(&self, _node: &str) -> Result<Vec<u32>, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
+    pub fn query(
+        &self,
+        _key: &str,
+        _pset: Option<&str>,
+        _wait: Duration,
+    ) -> Result<PmixValue, PmixError> {
         Err(unavailable())
     }
     /// Never called (no [`Pmix`] exists in this build).

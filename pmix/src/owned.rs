@@ -85,6 +85,20 @@ impl Infos {
         );
     }
 
+    /// Appends a string directive (copied by `PMIx_Info_load`).
+    pub(crate) fn push_str(&mut self, key: &[u8], v: &std::ffi::CStr) {
+        // A PMIX_STRING is loaded from the string pointer itself.
+        self.push_raw(key, v.as_ptr().cast(), sys::PMIX_STRING);
+    }
+
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut sys::pmix_info_t {
+        if self.0.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            self.0.as_mut_ptr()
+        }
+    }
+
     pub(crate) fn as_ptr(&self) -> *const sys::pmix_info_t {
         if self.0.is_empty() {
             std::ptr::null()
@@ -114,32 +128,82 @@ pub(crate) struct OwnedValue(pub(crate) *mut sys::pmix_value_t);
 impl OwnedValue {
     /// A Rust copy of the value.
     pub(crate) fn to_value(&self) -> PmixValue {
-        // SAFETY: the pointer came non-null from PMIx_Get and stays valid until drop; the
-        // union member read is the one the type tag names.
-        unsafe {
-            let v = &*self.0;
-            let d = &v.data;
-            match u32::from(v.type_) {
-                sys::PMIX_BOOL => PmixValue::Bool(d.flag),
-                sys::PMIX_UINT8 | sys::PMIX_BYTE => PmixValue::U8(d.uint8),
-                sys::PMIX_UINT16 => PmixValue::U16(d.uint16),
-                sys::PMIX_UINT32 => PmixValue::U32(d.uint32),
-                sys::PMIX_UINT64 => PmixValue::U64(d.uint64),
-                sys::PMIX_INT | sys::PMIX_INT32 => PmixValue::I32(d.int32),
-                sys::PMIX_SIZE => PmixValue::Size(d.size),
-                sys::PMIX_PROC_RANK => PmixValue::Rank(d.rank),
-                sys::PMIX_STRING => PmixValue::Str(if d.string.is_null() {
-                    String::new()
-                } else {
-                    CStr::from_ptr(d.string).to_string_lossy().into_owned()
-                }),
-                sys::PMIX_BYTE_OBJECT => PmixValue::Bytes(if d.bo.bytes.is_null() {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(d.bo.bytes.cast::<u8>(), d.bo.size).to_vec()
-                }),
-                _ => PmixValue::Other(v.type_),
+        // SAFETY: the pointer came non-null from PMIx_Get and stays valid until drop.
+        unsafe { value_of(&*self.0) }
+    }
+}
+
+/// A process name's parts.
+///
+/// # Safety
+/// `p` is a valid process name.
+pub(crate) unsafe fn proc_name(p: &sys::pmix_proc_t) -> (String, u32) {
+    // SAFETY: the caller's contract: `nspace` is NUL-terminated within its array.
+    let ns = unsafe { CStr::from_ptr(p.nspace.as_ptr()) };
+    (ns.to_string_lossy().into_owned(), p.rank)
+}
+
+/// A Rust copy of a value the library owns.
+///
+/// # Safety
+/// `v` is a valid, initialized `pmix_value_t` (its pointers valid for the call).
+pub(crate) unsafe fn value_of(v: &sys::pmix_value_t) -> PmixValue {
+    let d = &v.data;
+    let text = |p: *const std::os::raw::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a non-null string of a valid value is NUL-terminated.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    // SAFETY: every union read below is of the member the type tag names; the pointers
+    // of a valid value point at what its type says, for `size` entries.
+    unsafe {
+        match u32::from(v.type_) {
+            sys::PMIX_BOOL => PmixValue::Bool(d.flag),
+            sys::PMIX_UINT8 | sys::PMIX_BYTE => PmixValue::U8(d.uint8),
+            sys::PMIX_UINT16 => PmixValue::U16(d.uint16),
+            sys::PMIX_UINT32 => PmixValue::U32(d.uint32),
+            sys::PMIX_UINT64 => PmixValue::U64(d.uint64),
+            sys::PMIX_INT | sys::PMIX_INT32 => PmixValue::I32(d.int32),
+            sys::PMIX_SIZE => PmixValue::Size(d.size),
+            sys::PMIX_PROC_RANK => PmixValue::Rank(d.rank),
+            sys::PMIX_STRING => PmixValue::Str(text(d.string)),
+            sys::PMIX_BYTE_OBJECT => PmixValue::Bytes(if d.bo.bytes.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(d.bo.bytes.cast::<u8>(), d.bo.size).to_vec()
+            }),
+            sys::PMIX_PROC if !d.proc_.is_null() => PmixValue::Procs(vec![proc_name(&*d.proc_)]),
+            sys::PMIX_DATA_ARRAY if !d.darray.is_null() => {
+                let a = &*d.darray;
+                if a.array.is_null() || a.size == 0 {
+                    return match u32::from(a.type_) {
+                        sys::PMIX_PROC => PmixValue::Procs(Vec::new()),
+                        _ => PmixValue::Strings(Vec::new()),
+                    };
+                }
+                match u32::from(a.type_) {
+                    sys::PMIX_STRING => PmixValue::Strings(
+                        std::slice::from_raw_parts(
+                            a.array.cast::<*mut std::os::raw::c_char>(),
+                            a.size,
+                        )
+                        .iter()
+                        .map(|&p| text(p))
+                        .collect(),
+                    ),
+                    sys::PMIX_PROC => PmixValue::Procs(
+                        std::slice::from_raw_parts(a.array.cast::<sys::pmix_proc_t>(), a.size)
+                            .iter()
+                            .map(|p| proc_name(p))
+                            .collect(),
+                    ),
+                    _ => PmixValue::Other(v.type_),
+                }
             }
+            _ => PmixValue::Other(v.type_),
         }
     }
 }

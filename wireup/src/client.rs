@@ -710,6 +710,12 @@ impl Client {
         }
     }
 
+    /// Under a host engine's PMIx server: what it offers Weft and what it lacks, one
+    /// line each (`weft info` prints them); `None` under `weft run`.
+    pub fn host_report(&self) -> Option<Vec<String>> {
+        self.pmix.as_ref().map(|px| px.report())
+    }
+
     /// The host's PMIx server, when the process runs under one.
     pub(crate) fn pmix_link(&self) -> Option<&crate::pmix::Link> {
         self.pmix.as_ref()

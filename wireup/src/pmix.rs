@@ -48,7 +48,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use weft_pmix::{
-    keys as pk, Event, EventKind, GetOpts as PGetOpts, Pmix, PmixError, PmixValue, Scope as PScope,
+    keys as pk, query as pq, Event, EventKind, GetOpts as PGetOpts, Pmix, PmixError, PmixValue,
+    Scope as PScope,
 };
 
 use crate::client::{lock, CommitError, FenceError, GetError, GetOpts, InitError};
@@ -76,6 +77,10 @@ pub(crate) struct Link {
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
     /// Processes in the job.
     size: u32,
+    /// What the host said about its process sets (for `weft info`).
+    host_psets: String,
+    /// Whether the host's events are watched, in words (for `weft info`).
+    events: String,
     /// The other ranks on this node (their liveness can be checked here).
     neighbours: Vec<Rank>,
     /// Their pids and start times (once read), and when each was last checked.
@@ -178,14 +183,84 @@ fn job_u32(px: &Pmix, rank: Option<Rank>, key: &str) -> Result<Option<u32>, Pmix
     }
 }
 
+/// How long the process sets query at init waits for the host.
+const PSET_QUERY_WAIT: Duration = Duration::from_secs(2);
+
+/// The process sets the host defines over this job's processes (`PMIx_Query_info`:
+/// their names, then each one's members), and what the host said, in words.
+fn host_psets(px: &Pmix, size: u32) -> (Vec<Pset>, String) {
+    let names = match px.query(pq::PSET_NAMES, None, PSET_QUERY_WAIT) {
+        Ok(PmixValue::Strings(v)) => v,
+        Ok(PmixValue::Str(s)) => s
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        Ok(other) => {
+            return (
+                Vec::new(),
+                format!("unreadable answer to the process sets query: {other:?}"),
+            )
+        }
+        Err(PmixError::NotFound { .. }) => return (Vec::new(), "none defined by the host".into()),
+        Err(PmixError::Status { message, .. }) if message.contains("NOT-FOUND") => {
+            return (Vec::new(), "none defined by the host".into())
+        }
+        Err(e) => {
+            return (
+                Vec::new(),
+                format!("the host does not answer process-set queries ({e})"),
+            )
+        }
+    };
+    let mut sets = Vec::new();
+    let mut notes = Vec::new();
+    for name in names {
+        if name == PSET_WORLD || name == crate::job::PSET_SELF {
+            continue;
+        }
+        match px.query(pq::PSET_MEMBERSHIP, Some(&name), PSET_QUERY_WAIT) {
+            Ok(PmixValue::Procs(procs)) => {
+                let mut members: Vec<Rank> = procs
+                    .iter()
+                    .filter(|(ns, r)| ns == px.nspace() && *r < size)
+                    .map(|&(_, r)| r)
+                    .collect();
+                members.sort_unstable();
+                members.dedup();
+                if !members.is_empty() {
+                    sets.push(Pset { name, members });
+                }
+            }
+            other => notes.push(format!("{name}: members unknown ({other:?})")),
+        }
+    }
+    let mut said = format!(
+        "{} from the host{}",
+        sets.len(),
+        if sets.is_empty() { "" } else { ":" }
+    );
+    for p in &sets {
+        said.push_str(&format!(" {} ({} members)", p.name, p.members.len()));
+    }
+    for n in notes {
+        said.push_str(&format!("; {n}"));
+    }
+    (sets, said)
+}
+
 /// Connects to the host's server and builds the job's information from it.
 pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
     let px = Pmix::init().map_err(|e| init_err("connecting to the host's PMIx server", e))?;
     // Termination events turn waits on a dead process into errors naming it; a host that
     // sends none leaves those waits to their timeouts (said in the warning).
-    if let Err(e) = px.watch_events() {
-        tracing::warn!("the host's PMIx events are not available ({e}): a wait on a process that dies ends only at its timeout");
-    }
+    let events = match px.watch_events() {
+        Ok(()) => "registered (PMIx_Register_event_handler); the processes of this node are also checked for liveness".to_owned(),
+        Err(e) => {
+            tracing::warn!("the host's PMIx events are not available ({e}): only the processes of this node are checked for liveness");
+            format!("unavailable ({e}); the processes of this node are checked for liveness")
+        }
+    };
     let rank = px.rank();
     let size = job_u32(&px, None, pk::JOB_SIZE)
         .map_err(|e| init_err("reading the job size", e))?
@@ -268,6 +343,7 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
     let neighbours: Vec<Rank> = (0..size)
         .filter(|&r| r != rank && placed[r as usize].map(|(n, _)| n) == my_node)
         .collect();
+    let (host_sets, host_psets) = host_psets(&px, size);
     let job = JobInfo {
         nspace: px.nspace().to_owned(),
         nodes: names
@@ -280,10 +356,12 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             .collect(),
         procs,
         apps,
-        psets: vec![Pset {
+        psets: std::iter::once(Pset {
             name: PSET_WORLD.to_owned(),
             members: (0..size).collect(),
-        }],
+        })
+        .chain(host_sets.iter().cloned())
+        .collect(),
         world_pgcid: WORLD_PGCID,
     };
     Ok((
@@ -296,6 +374,8 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             led: AtomicU64::new(0),
             secret: std::sync::OnceLock::new(),
             size,
+            host_psets,
+            events,
             neighbours,
             pids: Mutex::new(HashMap::new()),
             ends: Mutex::new(Ends::default()),
@@ -384,6 +464,28 @@ impl Link {
         }
         let ends = lock(&self.ends);
         ends.gone.get(&rank).cloned().or_else(|| ends.lost.clone())
+    }
+
+    /// What the host offers Weft and what it lacks, one line each (for `weft info`).
+    pub(crate) fn report(&self) -> Vec<String> {
+        vec![
+            format!(
+                "namespace {}, rank {} of {}",
+                self.px.nspace(),
+                self.px.rank(),
+                self.size
+            ),
+            format!("process sets: {}", self.host_psets),
+            format!("termination events: {}", self.events),
+            "groups: Weft's own construct over the host's fence (Open MPI 4.1's runtime and \
+             Slurm 22.05 offer no PMIx groups); PGCIDs derived from the leader, unique within \
+             the job"
+                .to_owned(),
+            "not mapped: group queries, invitations, joins and leader claims, process sets \
+             defined while the job runs, the optional, notify_termination and ft_collective \
+             group directives, TCP between nodes without WEFT_TCP_ADDR/WEFT_TCP_IF"
+                .to_owned(),
+        ]
     }
 
     /// Why the host's server is lost, if it is.
