@@ -2,17 +2,20 @@
 //! `mpirun` (its runtime, without PMIx groups) and a real Slurm 22.05 (`srun
 //! --mpi=pmix`; `ci/slurm.sh start` runs one on this machine), with `Client::init()`
 //! choosing the PMIx backend on its own (the environment names a PMIx server, not `weft
-//! run`). Under each, on up to 4 processes (oversubscribed on CI's two cores):
+//! run`). Under each, on up to 6 processes (oversubscribed on CI's two cores):
 //! `fence_demo` in all three modes, `ring` (the fabric over shared memory, cards
 //! exchanged through the host; and over TCP, its secret shared through the host), a first
 //! TCP send to a peer waiting in a fence, `sessions_demo` (communicators from session
 //! groups: Weft's own group construct over the host's fence, PGCIDs without a server),
-//! every collective (`coll_check`) and a fabric fence; no shared memory left behind.
-//! Under `mpirun` also: `weft info` names the backend; group constructs that disagree
-//! fail at every member; what is not mapped yet (group queries, some directives) fails
-//! with an error that says so. A missing host is skipped with a printed reason, or fails
-//! the test when `WEFT_REQUIRE_PMIX_HOSTS` is set (`ci/test.sh` installs and starts both
-//! and sets it).
+//! every collective (`coll_check`), a fabric fence, the fabric's conformance programs
+//! (ping-pong to 4 MiB, all-to-all, errors, a dead peer named within 2 s), keys committed
+//! after a fence (waited for, never `NotFound`), a rank killed during a fence (the job
+//! ends naming it); no shared memory left behind. `weft info` says what each host offers.
+//! Under Slurm also `sbatch` and `salloc` of a job script. Under `mpirun` also: group
+//! constructs that disagree fail at every member; what is not mapped yet (group queries,
+//! some directives) fails with an error that says so. A missing host is skipped with a
+//! printed reason, or fails the test when `WEFT_REQUIRE_PMIX_HOSTS` is set (`ci/test.sh`
+//! installs and starts both and sets it).
 #![allow(missing_docs)]
 
 mod common;
@@ -481,4 +484,66 @@ fn sbatch_and_salloc_of_a_job_script_that_calls_srun() {
     assert!(o.status.success(), "salloc\n{}", dump(&o));
     assert_eq!(lines_with(&o, " ok"), 4, "{}", dump(&o));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The fabric's multi-process conformance programs (as `tests/fabric.rs` runs them under
+/// `weft run`) under `host`: ping-pong of every size up to 4 MiB, non-blocking
+/// all-to-all on 6 processes, argument errors, and a peer killed during a wait (eager
+/// and rendezvous), which the survivor names within 2 s (or the host aborts the job
+/// first, naming the rank, as `mpirun` may).
+fn fabric_programs_under(host: &Host) {
+    let pp = example("pingpong");
+    let o = under(host, 2, &[], &[&pp, "--iters", "20"]);
+    assert!(o.status.success(), "pingpong\n{}", dump(&o));
+    assert_eq!(lines_with(&o, "pingpong ok"), 1, "{}", dump(&o));
+    assert_eq!(lines_with(&o, "4194304 bytes"), 1, "{}", dump(&o));
+    let probe = example("fabric_probe");
+    let o = under(host, 6, &[], &[&probe, "all-to-all"]);
+    assert!(o.status.success(), "all-to-all\n{}", dump(&o));
+    assert_eq!(lines_with(&o, " ok"), 6, "{}", dump(&o));
+    let o = under(host, 3, &[], &[&probe, "errors"]);
+    assert!(o.status.success(), "errors\n{}", dump(&o));
+    for want in [
+        "outside: rank 5 is not in the communicator (size 3)",
+        "anytag: tag 4294967295 is reserved",
+        "truncated: message truncated: rank ",
+    ] {
+        assert_eq!(lines_with(&o, want), 3, "{want}\n{}", dump(&o));
+    }
+    for scenario in ["dead-peer", "dead-peer-rendezvous"] {
+        let o = under(host, 2, &[], &[&probe, scenario]);
+        assert!(!o.status.success(), "{scenario}\n{}", dump(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        let seen: Vec<u64> = out
+            .lines()
+            .filter_map(|l| {
+                l.split(" gone after ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        let aborted = String::from_utf8_lossy(&o.stderr).contains("process rank 1 with PID");
+        match (host, seen.first()) {
+            (_, Some(&ms)) => assert!(ms < 2000, "{scenario}: {ms} ms\n{}", dump(&o)),
+            (Host::Mpirun(_), None) => assert!(aborted, "{scenario}\n{}", dump(&o)),
+            (Host::Slurm, None) => panic!("{scenario}: rank 0 did not name rank 1\n{}", dump(&o)),
+        }
+    }
+}
+
+#[test]
+fn the_fabric_conformance_programs_under_open_mpi_mpirun() {
+    if let Some(host) = mpirun() {
+        fabric_programs_under(&host);
+    }
+}
+
+#[test]
+fn the_fabric_conformance_programs_under_slurm() {
+    if let Some(host) = slurm() {
+        fabric_programs_under(&host);
+    }
 }
