@@ -344,7 +344,7 @@ impl Client {
         })?;
         let conn = Conn::absent(
             "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
-             Weft's events, group queries, invitations and joins, and runtime process sets \
+             group queries, invitations, joins and leader claims, and runtime process sets \
              are not mapped onto PMIx yet",
         )
         .map_err(|e| InitError::Pmix {
@@ -481,6 +481,9 @@ impl Client {
     /// interface toward the launcher): where a transport that listens for peers on other
     /// nodes listens by default.
     pub fn node_addr(&self) -> Option<std::net::IpAddr> {
+        if let Some(px) = &self.pmix {
+            return px.node_addr();
+        }
         self.net.as_ref().map(|n| n.addr)
     }
     /// A secret shared by the job's processes and no one else (derived by each node's

@@ -195,7 +195,11 @@ impl Client {
     pub(crate) fn dispatch_events(&self) -> usize {
         let mut n = 0;
         loop {
-            let events = self.conn().take_events();
+            let mut events = self.conn().take_events();
+            if let Some(px) = self.pmix_link() {
+                // Under a PMIx host: group events found from the processes' ends.
+                events.extend(px.take_events());
+            }
             if events.is_empty() {
                 return n;
             }

@@ -346,9 +346,10 @@ impl Client {
                 reason: format!("rank {} is not a member of such a group", self.rank()),
             });
         };
-        if self.pmix_link().is_some() {
+        if let Some(px) = self.pmix_link() {
             // Under a PMIx host a group's PGCID is never handed out again (see
             // `crate::pmix`): nothing to agree on, the destruct is local.
+            px.forget_group(id);
             return Ok(PendingDestruct {
                 client: self,
                 id: id.to_owned(),

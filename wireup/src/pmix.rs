@@ -37,9 +37,15 @@
 //! running while they wait (a transport's handshakes), as waits on Weft's servers do;
 //! gets block in `PMIx_Get`.
 //!
-//! Not mapped yet (errors say so): runtime process sets, the address TCP listens on
-//! across nodes (loopback unless `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say), and the `optional`,
-//! `notify_termination` and `ft_collective` group directives. A process that ends on
+//! - the address transports listen on for other nodes: the local address that routes
+//!   toward the job's other nodes, resolved from their names ([`route_toward`]).
+//!
+//! - group events: the members of a group made with `notify_termination` (or with a
+//!   leader) get member-failed (and leader-failed) events when a member ends, as from
+//!   Weft's servers ([`Link::take_events`]), found by the means above.
+//!
+//! Not mapped yet (errors say so): runtime process sets, group queries, invitations,
+//! joins and leader claims, and the `optional` and `ft_collective` group directives. A process that ends on
 //! another node is named only when the host sends an event or fails the wait.
 
 use std::collections::HashMap;
@@ -56,7 +62,7 @@ use crate::client::{lock, CommitError, FenceError, GetError, GetOpts, InitError}
 use crate::group::GroupError;
 use crate::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
 use crate::launcher::WORLD_PGCID;
-use crate::proto::{CollId, GroupDirectives, GroupInfo};
+use crate::proto::{CollId, EventCode, GroupDirectives, GroupInfo};
 use crate::proto::{FenceMode, Procs};
 use crate::value::{Scope, Value};
 use crate::Rank;
@@ -77,6 +83,8 @@ pub(crate) struct Link {
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
     /// Processes in the job.
     size: u32,
+    /// The address that reaches the job's other nodes (see [`route_toward`]).
+    node_addr: Option<std::net::IpAddr>,
     /// What the host said about its process sets (for `weft info`).
     host_psets: String,
     /// Whether the host's events are watched, in words (for `weft info`).
@@ -85,10 +93,25 @@ pub(crate) struct Link {
     neighbours: Vec<Rank>,
     /// Their pids and start times (once read), and when each was last checked.
     pids: Mutex<HashMap<Rank, PidCheck>>,
+    /// Groups whose members' ends are reported as events.
+    watched: Mutex<Vec<Watched>>,
     /// What the host's events said about the job's processes (see [`Link::gone`]).
     ends: Mutex<Ends>,
     /// Whether `ends` holds anything (read without the lock on every wait-loop turn).
     any_end: AtomicBool,
+}
+
+/// A group whose members' ends this process must be told of (see [`Link::take_events`]).
+#[derive(Debug)]
+struct Watched {
+    id: String,
+    /// Its members (the live ones, with `notify`).
+    members: Vec<Rank>,
+    leader: Option<Rank>,
+    /// Made with `notify_termination`.
+    notify: bool,
+    /// Members whose end was already reported.
+    lost: Vec<Rank>,
 }
 
 /// A neighbour's pid and start time (once read), and when it was last checked.
@@ -181,6 +204,40 @@ fn job_u32(px: &Pmix, rank: Option<Rank>, key: &str) -> Result<Option<u32>, Pmix
         Err(PmixError::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The local address that routes toward the job's other nodes (the first of their names
+/// that resolves to an IPv4 address; a UDP socket "connected" to it, which sends
+/// nothing, names the interface the kernel would use), or `None` for a job on one node
+/// or when no other node's name resolves (then transports listen on loopback unless
+/// `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say otherwise).
+fn route_toward(names: &[String], mine: usize) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    for (i, name) in names.iter().enumerate() {
+        if i == mine {
+            continue;
+        }
+        let Ok(addrs) = (name.as_str(), 9).to_socket_addrs() else {
+            tracing::debug!("node {name}: its name does not resolve");
+            continue;
+        };
+        for a in addrs.filter(std::net::SocketAddr::is_ipv4) {
+            let local = std::net::UdpSocket::bind(("0.0.0.0", 0))
+                .and_then(|u| u.connect(a).and_then(|()| u.local_addr()));
+            if let Ok(l) = local {
+                if !l.ip().is_unspecified() {
+                    return Some(l.ip());
+                }
+            }
+        }
+    }
+    if names.len() > 1 {
+        tracing::warn!(
+            "no other node of the job ({names:?}) resolves to an address: TCP between nodes \
+             needs WEFT_TCP_ADDR or WEFT_TCP_IF"
+        );
+    }
+    None
 }
 
 /// How long the process sets query at init waits for the host.
@@ -344,6 +401,7 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
         .filter(|&r| r != rank && placed[r as usize].map(|(n, _)| n) == my_node)
         .collect();
     let (host_sets, host_psets) = host_psets(&px, size);
+    let node_addr = my_node.and_then(|n| route_toward(&names, n as usize));
     let job = JobInfo {
         nspace: px.nspace().to_owned(),
         nodes: names
@@ -374,10 +432,12 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             led: AtomicU64::new(0),
             secret: std::sync::OnceLock::new(),
             size,
+            node_addr,
             host_psets,
             events,
             neighbours,
             pids: Mutex::new(HashMap::new()),
+            watched: Mutex::new(Vec::new()),
             ends: Mutex::new(Ends::default()),
             any_end: AtomicBool::new(false),
         },
@@ -466,6 +526,11 @@ impl Link {
         ends.gone.get(&rank).cloned().or_else(|| ends.lost.clone())
     }
 
+    /// The address toward the job's other nodes, if it spans several.
+    pub(crate) fn node_addr(&self) -> Option<std::net::IpAddr> {
+        self.node_addr
+    }
+
     /// What the host offers Weft and what it lacks, one line each (for `weft info`).
     pub(crate) fn report(&self) -> Vec<String> {
         vec![
@@ -481,9 +546,16 @@ impl Link {
              Slurm 22.05 offer no PMIx groups); PGCIDs derived from the leader, unique within \
              the job"
                 .to_owned(),
+            format!(
+                "TCP between nodes listens on {} (WEFT_TCP_ADDR or WEFT_TCP_IF to choose)",
+                match self.node_addr {
+                    Some(a) => format!("{a}, the address that routes toward the other nodes"),
+                    None => "loopback (the job runs on one node, or no other node's name resolves)"
+                        .into(),
+                }
+            ),
             "not mapped: group queries, invitations, joins and leader claims, process sets \
-             defined while the job runs, the optional, notify_termination and ft_collective \
-             group directives, TCP between nodes without WEFT_TCP_ADDR/WEFT_TCP_IF"
+             defined while the job runs, the optional and ft_collective group directives"
                 .to_owned(),
         ]
     }
@@ -846,10 +918,10 @@ impl Link {
             id: id.clone(),
             reason,
         };
-        if directives.optional || directives.notify_termination || directives.ft_collective {
+        if directives.optional || directives.ft_collective {
             return Err(invalid(
-                "the optional, notify_termination and ft_collective directives are not \
-                 supported under a PMIx host yet"
+                "the optional and ft_collective directives are not supported under a PMIx \
+                 host yet (a construct over the host's fence cannot leave members out)"
                     .into(),
             ));
         }
@@ -924,6 +996,15 @@ impl Link {
         } else {
             None
         };
+        if directives.notify_termination || directives.leader.is_some() {
+            lock(&self.watched).push(Watched {
+                id: id.clone(),
+                members: members.clone(),
+                leader: directives.leader,
+                notify: directives.notify_termination,
+                lost: Vec::new(),
+            });
+        }
         Ok(GroupInfo {
             id: id.clone(),
             members,
@@ -932,6 +1013,70 @@ impl Link {
             left_out: Vec::new(),
             directives: directives.clone(),
         })
+    }
+
+    /// Stops watching group `id` (its destruct).
+    pub(crate) fn forget_group(&self, id: &str) {
+        lock(&self.watched).retain(|g| g.id != id);
+    }
+
+    /// The group events due to this process since the last call: for each watched group
+    /// a member of which ended, leader-failed (to every member, when it led the group)
+    /// and member-failed (with `notify_termination`: to the leader, or every member when
+    /// there is none), as Weft's servers send them.
+    pub(crate) fn take_events(&self) -> Vec<crate::Event> {
+        let mut watched = lock(&self.watched);
+        if watched.is_empty() {
+            return Vec::new();
+        }
+        for g in watched.iter() {
+            for &r in &g.members {
+                self.check_alive(r, false);
+            }
+        }
+        self.read_events();
+        let ends = lock(&self.ends);
+        let me = self.px.rank();
+        let mut out = Vec::new();
+        for g in watched.iter_mut() {
+            let dead: Vec<(Rank, String)> = g
+                .members
+                .iter()
+                .filter(|r| !g.lost.contains(r))
+                .filter_map(|&r| ends.gone.get(&r).map(|why| (r, why.clone())))
+                .collect();
+            for (rank, why) in dead {
+                g.lost.push(rank);
+                if g.notify {
+                    g.members.retain(|&r| r != rank);
+                }
+                let mut events = Vec::new();
+                if g.leader == Some(rank) {
+                    g.leader = None;
+                    events.push((g.members.clone(), EventCode::LeaderFailed));
+                }
+                if g.notify {
+                    let to = match g.leader {
+                        Some(l) => vec![l],
+                        None => g.members.clone(),
+                    };
+                    events.push((to, EventCode::MemberFailed));
+                }
+                for (to, code) in events {
+                    if to.contains(&me) {
+                        out.push(crate::Event {
+                            code,
+                            group: Some(g.id.clone()),
+                            rank: Some(rank),
+                            pset: None,
+                            members: g.members.clone(),
+                            reason: format!("rank {rank} {why}"),
+                        });
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// `PMIx_Finalize`.
@@ -943,6 +1088,31 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transports_listen_on_the_address_that_routes_toward_the_other_nodes() {
+        let lo = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        // The other node "localhost" is reached over loopback: its address is chosen.
+        assert_eq!(route_toward(&["me".into(), "localhost".into()], 0), lo);
+        // This node's own name is never the one resolved.
+        assert_eq!(route_toward(&["localhost".into()], 0), None);
+        // A name that does not resolve is skipped; none left: no address.
+        assert_eq!(
+            route_toward(&["me".into(), "no-such-node.invalid".into()], 0),
+            None
+        );
+        assert_eq!(
+            route_toward(
+                &[
+                    "no-such-node.invalid".into(),
+                    "me".into(),
+                    "localhost".into()
+                ],
+                1
+            ),
+            lo
+        );
+    }
 
     #[test]
     fn pgcids_under_a_pmix_host_are_distinct_and_stay_clear_of_the_reserved_ones() {
