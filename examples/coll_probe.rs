@@ -1,7 +1,8 @@
 //! Collective scenarios the tests run under `weft run` (each prints what it saw; the test
 //! judges):
 //!
-//! - `die BYTES STAMP`: allreduces of BYTES in a loop on the world; the last rank kills
+//! - `die BYTES STAMP [barrier]`: allreduces of BYTES (or barriers) in a loop on the
+//!   world; the last rank kills
 //!   itself with SIGKILL at its 20th, having written the time to the file STAMP.
 //!   Survivors print `rank R: <error> after N ms` (from that time to the error), or
 //!   `rank R: no error` and exit 3.
@@ -20,6 +21,11 @@
 //!   on all of them: `rank R overlap ok`.
 //! - `threads`: four threads, each running collectives on its own dup of the world:
 //!   `rank R threads ok`.
+//! - `barrier [ROUNDS]`: ROUNDS barriers on the world (default 200), one member arriving
+//!   late in each (a different one each round, by up to 2 ms); each member notes when it
+//!   entered and left each barrier (the machine's monotonic clock, which all processes
+//!   of a node share), then an allgather of the notes: nobody left a barrier before the
+//!   last one entered it. Prints `rank R barrier ok` or the round that failed.
 //! - `self`: a message to oneself: `rank R self ok in N ms`.
 //! - `exchange [ITERS]`: two ranks swap 8 bytes ITERS times (irecv, send, wait), the
 //!   point-to-point core of a two-member barrier or allreduce, without any collective:
@@ -31,7 +37,7 @@
 //!   no server is asked) and checks the values of that round: `rank R fence ok`.
 
 use std::collections::HashSet;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use weft::prelude::*;
 
@@ -109,6 +115,12 @@ fn fence_rounds(fabric: &Fabric, world: &Communicator) -> Res<()> {
     Ok(())
 }
 
+/// CLOCK_MONOTONIC in nanoseconds (the same clock in every process of the machine).
+fn mono_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rank = std::env::var("WEFT_RANK").unwrap_or_default();
@@ -139,7 +151,12 @@ fn run(args: &[String]) -> Res<()> {
                         rustix::process::Signal::KILL,
                     )?;
                 }
-                if let Err(e) = world.allreduce(&mine, &mut out, Op::Sum) {
+                let r = if arg(3) == Some("barrier") {
+                    world.barrier()
+                } else {
+                    world.allreduce(&mine, &mut out, Op::Sum)
+                };
+                if let Err(e) = r {
                     let died: u128 = std::fs::read_to_string(stamp)?.trim().parse()?;
                     let after = now_ms().saturating_sub(died);
                     println!("rank {me}: {e} after {after} ms");
@@ -151,6 +168,39 @@ fn run(args: &[String]) -> Res<()> {
             }
             println!("rank {me}: no error");
             std::process::exit(3);
+        }
+        Some("barrier") => {
+            let rounds: usize = arg(1).map_or(Ok(200), str::parse)?;
+            let n = world.size() as usize;
+            let mut notes = vec![0u64; 2 * rounds];
+            for r in 0..rounds {
+                if r % n == me as usize {
+                    std::thread::sleep(Duration::from_micros(200 + (r as u64 % 10) * 180));
+                }
+                notes[2 * r] = mono_ns();
+                world.barrier()?;
+                notes[2 * r + 1] = mono_ns();
+            }
+            let mut all = vec![0u64; 2 * rounds * n];
+            world.allgather(&notes, &mut all)?;
+            for r in 0..rounds {
+                let last_in = (0..n)
+                    .map(|p| all[p * 2 * rounds + 2 * r])
+                    .max()
+                    .unwrap_or(0);
+                let first_out = (0..n)
+                    .map(|p| all[p * 2 * rounds + 2 * r + 1])
+                    .min()
+                    .unwrap_or(0);
+                if first_out < last_in {
+                    return Err(format!(
+                        "barrier round {r}: a member left {} ns before the last one entered",
+                        last_in - first_out
+                    )
+                    .into());
+                }
+            }
+            println!("rank {me} barrier ok");
         }
         Some("mismatch") => {
             let count: usize = arg(1).map_or(Ok(8), str::parse)?;

@@ -178,6 +178,97 @@ fn survivors(stdout: &str) -> Vec<(String, String, u64)> {
         .collect()
 }
 
+/// The node segment's barrier over its release/gather tree (forced from 2 members, radix
+/// 2 and 3): nobody leaves a barrier before the last member entered it (100 rounds, a
+/// different member late in each, checked on the shared monotonic clock), every other
+/// collective still matches point-to-point around it, and a member killed during tree
+/// barriers is named at every survivor within 2 s. The flat barrier passes the same check.
+#[test]
+fn the_node_segments_barrier_over_its_release_gather_tree() {
+    let probe = example("coll_probe");
+    for (n, tree, radix) in [
+        ("3", "off", "4"),
+        ("2", "2", "2"),
+        ("3", "2", "2"),
+        ("5", "2", "2"),
+        ("8", "2", "2"),
+        ("8", "2", "3"),
+    ] {
+        let name = format!("coll-tree-n{n}-{tree}-{radix}");
+        let t = format!("WEFT_COLL_SHM_TREE={tree}");
+        let r = format!("WEFT_COLL_SHM_RADIX={radix}");
+        let done = run(
+            &name,
+            &["-n", n, "-x", &t, "-x", &r, &probe, "barrier", "100"],
+            T,
+        );
+        assert_eq!(done.code(), Some(0), "{}", done.dump());
+        assert_eq!(
+            done.lines_with("barrier ok"),
+            n.parse::<usize>().unwrap(),
+            "{}",
+            done.dump()
+        );
+    }
+    coll_check(
+        "coll-tree-check",
+        &[
+            "-n",
+            "5",
+            "-x",
+            "WEFT_COLL_SHM_TREE=2",
+            "-x",
+            "WEFT_COLL_SHM_RADIX=2",
+        ],
+        "1000",
+    );
+    let name = "coll-tree-die";
+    let stamp = std::env::temp_dir().join(format!("{name}-{}.died", std::process::id()));
+    let stamp_arg = stamp.display().to_string();
+    let done = run(
+        name,
+        &[
+            "--keep-going",
+            "-x",
+            "WEFT_COLL_SHM_TREE=2",
+            "-x",
+            "WEFT_COLL_SHM_RADIX=2",
+            "-n",
+            "4",
+            &probe,
+            "die",
+            "8",
+            &stamp_arg,
+            "barrier",
+        ],
+        T,
+    );
+    let _ = std::fs::remove_file(&stamp);
+    let s = survivors(&done.stdout);
+    assert_eq!(
+        s.len(),
+        3,
+        "every survivor reports
+{}",
+        done.dump()
+    );
+    for (who, err, ms) in &s {
+        assert!(
+            err.contains("barrier") && err.contains("rank 3 is gone"),
+            "{who} said {err:?}
+{}",
+            done.dump()
+        );
+        assert!(
+            *ms <= 2000,
+            "{who} took {ms} ms
+{}",
+            done.dump()
+        );
+    }
+    assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+}
+
 #[test]
 fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds() {
     let probe = example("coll_probe");

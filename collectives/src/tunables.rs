@@ -26,6 +26,16 @@ pub const TUNABLES: &[Tunable] = &[
         help: "bytes up to which bcast, reduce and allreduce go through the segment's cells (at most 16K; allgather per rank and alltoall in all: up to the smaller of this and 4K)",
     },
     Tunable {
+        var: "WEFT_COLL_SHM_TREE",
+        default: "9",
+        help: "members from which the node segment's barrier runs over its release/gather tree (2 log_radix(N) hops) instead of every member reading every other's flag (one hop, N reads each): a count (2 or more), or off",
+    },
+    Tunable {
+        var: "WEFT_COLL_SHM_RADIX",
+        default: "4",
+        help: "children per member in the node segment's release/gather tree (2 to 64)",
+    },
+    Tunable {
         var: "WEFT_COLL_SINGLE_COPY",
         default: "auto",
         help: "node-local bcast (3+ members), reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
@@ -109,6 +119,9 @@ pub(crate) enum Allgather {
 pub(crate) struct Config {
     pub(crate) shm: bool,
     pub(crate) shm_max: usize,
+    /// Members from which the barrier runs over the tree (`usize::MAX`: never).
+    pub(crate) shm_tree: usize,
+    pub(crate) shm_radix: usize,
     pub(crate) single_copy: bool,
     pub(crate) hier: bool,
     pub(crate) hier_max: usize,
@@ -155,6 +168,22 @@ fn size(var: &str) -> usize {
     })
 }
 
+/// A count between `min` and `max` (or `off`, read as `usize::MAX`, where allowed).
+fn count(var: &str, min: usize, max: usize, off: bool) -> usize {
+    let v = read(var);
+    if off && v == "off" {
+        return usize::MAX;
+    }
+    match v.trim().parse::<usize>() {
+        Ok(c) if (min..=max).contains(&c) => c,
+        _ => {
+            let d = default_of(var);
+            tracing::warn!("{var}={v:?} is not a count from {min} to {max}: using {d}");
+            d.parse().unwrap_or(min)
+        }
+    }
+}
+
 fn choice<T: Copy>(var: &str, options: &[(&str, T)]) -> T {
     let v = read(var);
     match options.iter().find(|(n, _)| *n == v) {
@@ -178,6 +207,8 @@ impl Config {
         Config {
             shm: choice("WEFT_COLL_SHM", &[("on", true), ("off", false)]),
             shm_max: size("WEFT_COLL_SHM_MAX").min(weft_shm::CollSegment::CELL),
+            shm_tree: count("WEFT_COLL_SHM_TREE", 2, usize::MAX, true),
+            shm_radix: count("WEFT_COLL_SHM_RADIX", 2, 64, false),
             single_copy: choice("WEFT_COLL_SINGLE_COPY", &[("auto", true), ("off", false)]),
             hier: choice("WEFT_COLL_HIER", &[("on", true), ("off", false)]),
             hier_max: size("WEFT_COLL_HIER_MAX"),

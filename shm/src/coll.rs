@@ -1,6 +1,7 @@
 //! The node-local collective segment: one per communicator whose members share a node.
-//! Each member owns one 128-byte line ([`CollLine`]: per parity, in one 64-byte half, its
-//! sequence number, a word and a small inline payload) and two cells of
+//! Each member owns one 256-byte line ([`CollLine`]: per parity, in one 64-byte half, its
+//! sequence number, a word and a small inline payload; then its two words of the
+//! release/gather tree, [`CollSegment::up`] and [`CollSegment::down`]) and two cells of
 //! [`COLL_CELL_BYTES`] for larger payloads. A member writes only its own line and cells;
 //! the others read them after an Acquire load of its sequence number (one writer per
 //! line, as Open MPI's coll/xhc and MPICH's release/gather collectives do).
@@ -125,12 +126,12 @@ impl CollSegment {
     fn line(&self, r: usize) -> &CollLine {
         assert!(r < self.members, "member {r} of {}", self.members);
         // SAFETY: line r lies inside the mapping (r < members, size checked at create or
-        // open), 128-byte aligned (page-aligned base + 128 + r * 128); its fields are
+        // open), 128-byte aligned (page-aligned base + 128 + r * 256); its fields are
         // atomics or only accessed by the protocol's methods.
         unsafe {
             &*self
                 .base
-                .add(COLL_LINES_OFFSET + r * 128)
+                .add(COLL_LINES_OFFSET + r * core::mem::size_of::<CollLine>())
                 .cast::<CollLine>()
         }
     }
@@ -178,14 +179,53 @@ impl CollSegment {
     }
 
     /// Marks this member as gone from the segment ([`Self::ABORTED`] in both sequence
-    /// words): whoever waits for it sees that instead of waiting.
+    /// words and its tree words): whoever waits for it sees that instead of waiting.
     pub fn abort(&self) {
-        for h in &self.line(self.me).half {
+        let line = self.line(self.me);
+        for w in [
+            &line.half[0].seq,
+            &line.half[1].seq,
+            &line.tree.up,
+            &line.tree.down,
+        ] {
             // Relaxed: only this member writes its words.
-            let s = h.seq.load(Ordering::Relaxed);
-            // SYNC: pairs with the Acquire load in `seq`.
-            h.seq.store(s | Self::ABORTED, Ordering::Release);
+            let s = w.load(Ordering::Relaxed);
+            // SYNC: pairs with the Acquire loads in `seq`, `up` and `down`.
+            w.store(s | Self::ABORTED, Ordering::Release);
         }
+    }
+
+    /// Member `r`'s gather word in the release/gather tree: the last stage by which it
+    /// and its whole subtree had arrived, with [`Self::ABORTED`] once it gave up
+    /// (Acquire: what they all wrote before is visible).
+    #[inline]
+    pub fn up(&self, r: usize) -> u64 {
+        // SYNC: pairs with the Release stores in `set_up` and `abort`.
+        self.line(r).tree.up.load(Ordering::Acquire)
+    }
+
+    /// Says that this member and its whole subtree arrived at `stage` (after seeing its
+    /// children's [`up`](Self::up) reach it).
+    #[inline]
+    pub fn set_up(&self, stage: u64) {
+        // SYNC: pairs with the Acquire load in `up`.
+        self.line(self.me).tree.up.store(stage, Ordering::Release);
+    }
+
+    /// Member `r`'s release word: the last stage it saw released, with
+    /// [`Self::ABORTED`] once it gave up (Acquire).
+    #[inline]
+    pub fn down(&self, r: usize) -> u64 {
+        // SYNC: pairs with the Release stores in `set_down` and `abort`.
+        self.line(r).tree.down.load(Ordering::Acquire)
+    }
+
+    /// Releases `stage` to this member's children (after the root's gather completed
+    /// it, seen through this member's parent).
+    #[inline]
+    pub fn set_down(&self, stage: u64) {
+        // SYNC: pairs with the Acquire load in `down`.
+        self.line(self.me).tree.down.store(stage, Ordering::Release);
     }
 
     /// Where member `r`'s payload of `parity` lives: inline for up to [`Self::INLINE`]
@@ -244,6 +284,28 @@ impl CollSegment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tree_words_are_per_member_and_carry_the_abort_bit() {
+        let name = format!("/weft-test-{}-colltree", std::process::id());
+        let a = CollSegment::create(&name, 3).unwrap();
+        let b = CollSegment::open(&name, 3, 2).unwrap();
+        a.unlink().unwrap();
+        assert_eq!((b.up(0), b.down(0), a.up(2)), (0, 0, 0));
+        a.set_up(6);
+        b.set_down(9);
+        assert_eq!((b.up(0), b.down(0)), (6, 0), "member 0's words");
+        assert_eq!((a.up(2), a.down(2)), (0, 9), "member 2's words");
+        assert_eq!(
+            a.seq(0, 0) | a.seq(0, 1),
+            0,
+            "the tree words are not the sequences"
+        );
+        b.abort();
+        assert_eq!(a.up(2), CollSegment::ABORTED);
+        assert_eq!(a.down(2), 9 | CollSegment::ABORTED);
+        assert_eq!((a.up(1), a.down(1)), (0, 0), "member 1 untouched");
+    }
 
     #[test]
     fn two_members_exchange_inline_and_cell_payloads_by_parity() {

@@ -74,7 +74,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"WEFT-SHM");
 
 /// Version of the layout defined in this file; bump it on every change.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Split-copy claim words at the end of an inbox segment: who copies the second part of
 /// a large message split between its receiver and its sender (see `ClaimTable`). A word
@@ -134,17 +134,39 @@ const _: () = assert!(offset_of!(CollHalf, seq) == 0);
 const _: () = assert!(offset_of!(CollHalf, word) == 8);
 const _: () = assert!(offset_of!(CollHalf, inline) == 16);
 
-/// One member's line of a collective segment (one [`CollHalf`] per parity): written by
-/// that member only, read by the others.
+/// A member's words in the segment's release/gather tree (a barrier over a k-ary tree of
+/// the members, for large node-local communicators): stages only grow, so one pair
+/// serves every operation. On their own 128-byte pair of cache lines, away from the
+/// payload lines readers poll.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct CollTree {
+    /// The last stage by which this member and every member of its subtree had arrived
+    /// (the gather), with bit 63 set once it gave up on the segment.
+    pub up: AtomicU64,
+    /// The last stage this member saw released (the root's gather complete), which its
+    /// children wait for, with bit 63 set once it gave up.
+    pub down: AtomicU64,
+}
+
+const _: () = assert!(size_of::<CollTree>() == 128);
+const _: () = assert!(offset_of!(CollTree, up) == 0);
+const _: () = assert!(offset_of!(CollTree, down) == 8);
+
+/// One member's line of a collective segment (one [`CollHalf`] per parity, then its tree
+/// words): written by that member only, read by the others.
 #[repr(C, align(128))]
 #[derive(Debug)]
 pub struct CollLine {
     /// Parity 0 and parity 1.
     pub half: [CollHalf; 2],
+    /// The release/gather tree's words.
+    pub tree: CollTree,
 }
 
-const _: () = assert!(size_of::<CollLine>() == 128);
+const _: () = assert!(size_of::<CollLine>() == 256);
 const _: () = assert!(align_of::<CollLine>() == 128);
+const _: () = assert!(offset_of!(CollLine, tree) == 128);
 
 /// Header of a collective segment, right after the [`SegmentHeader`].
 #[repr(C)]
@@ -164,7 +186,7 @@ const _: () = assert!(offset_of!(CollHeader, cell_bytes) == 8);
 
 /// Offset of the [`CollHeader`].
 pub const COLL_HEADER_OFFSET: usize = SEGMENT_HEADER_BYTES;
-/// Offset of the first [`CollLine`] (member 0's); member r's is `r * 128` further.
+/// Offset of the first [`CollLine`] (member 0's); member r's is `r * 256` further.
 pub const COLL_LINES_OFFSET: usize = 128;
 const _: () = assert!(COLL_HEADER_OFFSET + size_of::<CollHeader>() <= COLL_LINES_OFFSET);
 const _: () = assert!(COLL_LINES_OFFSET % align_of::<CollLine>() == 0);
