@@ -262,7 +262,10 @@ fn kill_during_fence() -> Res {
         other => return Err(format!("get from the dead rank should fail, got {other:?}").into()),
     }
     // Exit 0 without finalizing, so that the launcher reports the killed rank as the
-    // first failure (a non-zero exit here could race with it).
+    // first failure (a non-zero exit here could race with it); not at once, so that a
+    // slower survivor still finds the killed rank the only one gone (under a PMIx host,
+    // where it looks for dead processes itself).
+    std::thread::sleep(Duration::from_millis(500));
     std::process::exit(0);
 }
 

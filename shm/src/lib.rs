@@ -84,6 +84,7 @@
 
 #[doc(hidden)]
 mod claim;
+mod cleanup;
 mod cma;
 mod coll;
 mod config;
@@ -101,6 +102,7 @@ pub mod store;
 mod test_child;
 
 pub use claim::{Claim, ClaimTable};
+pub use cleanup::unlink_on_sigterm;
 pub use cma::{cma_read, cma_write};
 pub use coll::CollSegment;
 pub use config::{InboxConfig, TUNABLES};

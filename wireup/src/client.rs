@@ -205,6 +205,13 @@ enum Backend {
     Pmix(Box<crate::pmix::Link>),
 }
 
+/// The prefix of the shared-memory segments of job `nspace`'s processes on `node` (see
+/// [`Client::segment_prefix`]); a process's inbox is this followed by `r{rank}`.
+pub(crate) fn segment_prefix_of(nspace: &str, node: u32) -> String {
+    let job_id = nspace.strip_prefix("weft-").unwrap_or(nspace);
+    format!("/weft-{job_id}-n{node}-")
+}
+
 /// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
 /// started the process, else a PMIx server whose contact is in the environment).
 fn backend() -> Result<Choice, InitError> {
@@ -580,12 +587,7 @@ impl Client {
     /// The name prefix this process's shared-memory segments must use, so that its server
     /// removes them when the job ends (normally or not).
     pub fn segment_prefix(&self) -> String {
-        let job_id = self
-            .job
-            .nspace
-            .strip_prefix("weft-")
-            .unwrap_or(&self.job.nspace);
-        format!("/weft-{job_id}-n{}-", self.node)
+        segment_prefix_of(&self.job.nspace, self.node)
     }
 
     /// Stages `key = value` with `scope`; it becomes visible after [`Client::commit`].

@@ -29,6 +29,11 @@
 //!   the members moves them, and each member checks the others' digests; the PGCID is
 //!   computed from the leader and its count ([`pgcid`]), the same at every member and
 //!   unique within the job without a server; a destruct is local (no PGCID is reused).
+//!   With `optional`, `notify_termination` or `ft_collective`, where members may be left
+//!   out, the leader decides instead of a fence: it reads each member's contribution
+//!   (leaving out one that has not come by the timeout, with `optional`, or that ended,
+//!   with the other two) and publishes the outcome, which the members read
+//!   ([`Link::decide_by_leader`]).
 //!
 //! - the transports' shared secret: rank 0 makes one at init and puts it (Global); the
 //!   others fetch it on first use.
@@ -45,7 +50,7 @@
 //!   Weft's servers ([`Link::take_events`]), found by the means above.
 //!
 //! Not mapped yet (errors say so): runtime process sets, group queries, invitations,
-//! joins and leader claims, and the `optional` and `ft_collective` group directives. A process that ends on
+//! joins and leader claims. A process that ends on
 //! another node is named only when the host sends an event or fails the wait.
 
 use std::collections::HashMap;
@@ -83,6 +88,8 @@ pub(crate) struct Link {
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
     /// Processes in the job.
     size: u32,
+    /// The prefix of this node's segment names (a rank's inbox: `{prefix}r{rank}`).
+    prefix: String,
     /// The address that reaches the job's other nodes (see [`route_toward`]).
     node_addr: Option<std::net::IpAddr>,
     /// What the host said about its process sets (for `weft info`).
@@ -100,6 +107,26 @@ pub(crate) struct Link {
     /// Whether `ends` holds anything (read without the lock on every wait-loop turn).
     any_end: AtomicBool,
 }
+
+/// The outcome of a construct decided by its leader ([`Link::decide_by_leader`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum Decision {
+    /// Complete: its members, those left out, the leader's count of groups led.
+    Done {
+        members: Vec<Rank>,
+        left_out: Vec<Rank>,
+        count: u64,
+    },
+    /// A member ended and the directives do not let it be left out.
+    Gone { rank: Rank, reason: String },
+    /// Members did not arrive in time.
+    Timeout { missing: Vec<Rank> },
+    /// The contributions disagree or are corrupt.
+    Invalid { reason: String },
+}
+
+/// How much longer than the construct's timeout a member waits for its leader's decision.
+const DECISION_GRACE: Duration = Duration::from_secs(5);
 
 /// A group whose members' ends this process must be told of (see [`Link::take_events`]).
 #[derive(Debug)]
@@ -138,6 +165,9 @@ const SECRET_WAIT: Duration = Duration::from_secs(60);
 /// longest (the pause doubles in between).
 const GET_RETRY_FIRST: Duration = Duration::from_millis(2);
 const GET_RETRY_MAX: Duration = Duration::from_millis(100);
+
+/// The longest single wait of a get in the host's server (PMIx counts whole seconds).
+const GET_SLICE: Duration = Duration::from_secs(1);
 
 /// The key under which each process publishes its pid and start time to its node.
 const PID_KEY: &str = "weft.pid";
@@ -400,6 +430,18 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
     let neighbours: Vec<Rank> = (0..size)
         .filter(|&r| r != rank && placed[r as usize].map(|(n, _)| n) == my_node)
         .collect();
+    // No Weft server removes this node's inbox segments when the job ends: a process
+    // removes its own at finalize, a dead neighbour's when it finds it dead, and every
+    // one of the node's when the host terminates the job (SIGTERM, as mpirun and srun
+    // abort a job).
+    let prefix = crate::client::segment_prefix_of(px.nspace(), my_node.unwrap_or(0));
+    let inboxes: Vec<String> = std::iter::once(rank)
+        .chain(neighbours.iter().copied())
+        .map(|r| format!("{prefix}r{r}"))
+        .collect();
+    if !weft_shm::unlink_on_sigterm(&inboxes) {
+        tracing::debug!("SIGTERM has a handler already: a terminated job's inboxes stay");
+    }
     let (host_sets, host_psets) = host_psets(&px, size);
     let node_addr = my_node.and_then(|n| route_toward(&names, n as usize));
     let job = JobInfo {
@@ -432,6 +474,7 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             led: AtomicU64::new(0),
             secret: std::sync::OnceLock::new(),
             size,
+            prefix,
             node_addr,
             host_psets,
             events,
@@ -509,6 +552,10 @@ impl Link {
                 }
             } else if r != me && r < self.size() {
                 ends.gone.entry(r).or_insert_with(|| why.clone());
+                if self.neighbours.contains(&r) {
+                    // Its inbox's name is nobody's to remove now but ours.
+                    let _ = weft_shm::unlink(&format!("{}r{r}", self.prefix));
+                }
             }
         }
     }
@@ -555,7 +602,7 @@ impl Link {
                 }
             ),
             "not mapped: group queries, invitations, joins and leader claims, process sets \
-             defined while the job runs, the optional and ft_collective group directives"
+             defined while the job runs"
                 .to_owned(),
         ]
     }
@@ -599,6 +646,8 @@ impl Link {
             Some((s, state)) => (start != 0 && s != start) || state == 'Z' || state == 'X',
         };
         if dead {
+            // Its inbox's name is nobody's to remove now but ours.
+            let _ = weft_shm::unlink(&format!("{}r{rank}", self.prefix));
             let mut ends = lock(&self.ends);
             ends.gone
                 .entry(rank)
@@ -792,6 +841,30 @@ impl Link {
 
     /// Reads `key` of `rank` (see the module's documentation).
     pub(crate) fn get(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<Value, GetError> {
+        if rank == self.px.rank() && lock(&self.mine).get(key) == Some(&Scope::Remote) {
+            return Err(GetError::NotFound {
+                rank,
+                key: key.to_owned(),
+                reason: "it was put with scope Remote: visible only on other nodes".into(),
+            });
+        }
+        match self.fetch(rank, key, opts)? {
+            PmixValue::Bytes(b) => postcard::from_bytes(&b).map_err(|e| GetError::Corrupt {
+                rank,
+                key: key.to_owned(),
+                reason: e.to_string(),
+            }),
+            other => Err(GetError::Corrupt {
+                rank,
+                key: key.to_owned(),
+                reason: format!("not a value Weft put (PMIx value {other:?})"),
+            }),
+        }
+    }
+
+    /// The PMIx value of `key` of `rank` (see [`Link::get`]): from this node, else from
+    /// the owner's server, waiting for its commit up to the timeout.
+    fn fetch(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<PmixValue, GetError> {
         let not_found = |reason: String| GetError::NotFound {
             rank,
             key: key.to_owned(),
@@ -807,23 +880,6 @@ impl Link {
             key: key.to_owned(),
             missing: vec![rank],
         };
-        if rank == self.px.rank() && lock(&self.mine).get(key) == Some(&Scope::Remote) {
-            return Err(not_found(
-                "it was put with scope Remote: visible only on other nodes".into(),
-            ));
-        }
-        let decode = |v: PmixValue| match v {
-            PmixValue::Bytes(b) => postcard::from_bytes(&b).map_err(|e| GetError::Corrupt {
-                rank,
-                key: key.to_owned(),
-                reason: e.to_string(),
-            }),
-            other => Err(GetError::Corrupt {
-                rank,
-                key: key.to_owned(),
-                reason: format!("not a value Weft put (PMIx value {other:?})"),
-            }),
-        };
         let here_only = opts.local_only || opts.immediate;
         let delivered = lock(&self.full).as_ref().is_some_and(|p| p.contains(rank));
         // What is on this node first: all there is for a local-only or immediate get, and
@@ -834,7 +890,7 @@ impl Link {
                 ..PGetOpts::default()
             };
             match self.px.get(Some(rank), key, here) {
-                Ok(v) => return decode(v),
+                Ok(v) => return Ok(v),
                 Err(PmixError::NotFound { .. }) if here_only => {
                     return Err(not_found(
                         "not on this node (local-only or immediate get, PMIx host)".into(),
@@ -849,36 +905,50 @@ impl Link {
         // (until the timeout). Some hosts (Slurm) answer "not found" at once when the
         // owner has not committed the key yet instead of waiting: ask again, with a
         // growing pause, so a committed key never reads as NotFound.
+        // The host's server is asked in slices of GET_SLICE, so that an owner that ended
+        // meanwhile (which a host may keep waiting for) is named within about one.
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut pause = GET_RETRY_FIRST;
         loop {
+            if let Some(reason) = self.gone(rank) {
+                // What it committed before it ended may still be on this node's server
+                // (asked without a direct fetch, which a host may keep waiting on).
+                let here = PGetOpts {
+                    local_only: true,
+                    ..PGetOpts::default()
+                };
+                if let Ok(v) = self.px.get(Some(rank), key, here) {
+                    return Ok(v);
+                }
+                return Err(GetError::ProcGone {
+                    rank,
+                    key: key.to_owned(),
+                    reason,
+                });
+            }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(timed_out());
             }
             let popts = PGetOpts {
-                timeout: left,
+                timeout: Some(left.map_or(GET_SLICE, |l| l.min(GET_SLICE))),
                 local_only: false,
-                refresh: opts.refresh,
+                // Asked again, the owner's server must be asked again too: the client
+                // library keeps what it fetched of the owner and would answer from that.
+                refresh: opts.refresh || pause > GET_RETRY_FIRST,
             };
             match self.px.get(Some(rank), key, popts) {
-                Ok(v) => return decode(v),
+                Ok(v) => return Ok(v),
                 Err(PmixError::NotFound { .. }) => {
                     if let Some(reason) = self.hidden_here(rank, key) {
                         return Err(not_found(reason));
-                    }
-                    if let Some(reason) = self.gone(rank) {
-                        return Err(GetError::ProcGone {
-                            rank,
-                            key: key.to_owned(),
-                            reason,
-                        });
                     }
                     let nap = left.map_or(pause, |l| l.min(pause));
                     std::thread::sleep(nap);
                     pause = (pause * 2).min(GET_RETRY_MAX);
                 }
-                Err(PmixError::Timeout { .. }) => return Err(timed_out()),
+                // A slice ended: the loop checks the owner and the deadline.
+                Err(PmixError::Timeout { .. }) => pause = pause.max(GET_RETRY_FIRST * 2),
                 Err(e) => return Err(failed(e)),
             }
         }
@@ -918,13 +988,6 @@ impl Link {
             id: id.clone(),
             reason,
         };
-        if directives.optional || directives.ft_collective {
-            return Err(invalid(
-                "the optional and ft_collective directives are not supported under a PMIx \
-                 host yet (a construct over the host's fence cannot leave members out)"
-                    .into(),
-            ));
-        }
         let members = cid.procs.ranks(size);
         let leader = directives.leader.unwrap_or(members[0]);
         if !members.contains(&leader) {
@@ -948,6 +1011,12 @@ impl Link {
         let bytes = postcard::to_stdvec(&mine).unwrap_or_default();
         self.px.put(PScope::Global, &key, &bytes).map_err(host)?;
         self.px.commit().map_err(host)?;
+        if directives.optional || directives.ft_collective || directives.notify_termination {
+            // Members may be left out: the leader decides who is in (a fence cannot).
+            let (members, left_out, leaders) =
+                self.decide_by_leader(cid, &members, leader, mine, &key, directives, timeout)?;
+            return self.constructed(size, &id, members, left_out, leader, leaders, directives);
+        }
         match self.host_fence(Some(&members), true, timeout, while_waiting) {
             Ok(()) => {}
             Err(Ok((rank, reason))) => {
@@ -987,12 +1056,33 @@ impl Link {
                 leaders = c;
             }
         }
+        self.constructed(size, &id, members, Vec::new(), leader, leaders, directives)
+    }
+
+    /// The group constructed as `id` with `members` (and `left_out`): its PGCID from the
+    /// leader's count, and its watch for member-failed events.
+    #[allow(clippy::too_many_arguments)]
+    fn constructed(
+        &self,
+        size: u32,
+        id: &str,
+        members: Vec<Rank>,
+        left_out: Vec<Rank>,
+        leader: Rank,
+        leaders: u64,
+        directives: &GroupDirectives,
+    ) -> Result<GroupInfo, GroupError> {
+        let id = id.to_owned();
         let pgcid = if directives.assign_context_id {
-            Some(pgcid(size, leader, leaders).ok_or_else(|| {
-                invalid(format!(
+            Some(
+                pgcid(size, leader, leaders).ok_or_else(|| GroupError::Invalid {
+                    op: "group construct",
+                    id: id.clone(),
+                    reason: format!(
                     "rank {leader} led more groups than PGCIDs are left for it under a PMIx host"
-                ))
-            })?)
+                ),
+                })?,
+            )
         } else {
             None
         };
@@ -1006,13 +1096,182 @@ impl Link {
             });
         }
         Ok(GroupInfo {
-            id: id.clone(),
+            id,
             members,
             pgcid,
             leader: directives.leader,
-            left_out: Vec::new(),
+            left_out,
             directives: directives.clone(),
         })
+    }
+
+    /// A construct whose membership the leader decides (directives `optional`,
+    /// `notify_termination`, `ft_collective`): the leader reads each member's
+    /// contribution (waiting up to the timeout; with `optional` one that has not come by
+    /// then is left out, with `notify_termination` or `ft_collective` one that ended is),
+    /// checks them, and publishes the outcome, which the other members read. Returns the
+    /// members, those left out, and the leader's count of groups led.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_by_leader(
+        &self,
+        cid: &CollId,
+        members: &[Rank],
+        leader: Rank,
+        mine: (u64, u64),
+        key: &str,
+        directives: &GroupDirectives,
+        timeout: Option<Duration>,
+    ) -> Result<(Vec<Rank>, Vec<Rank>, u64), GroupError> {
+        const OP: &str = "group construct";
+        let id = &cid.name;
+        let me = self.px.rank();
+        let dkey = format!("weft.grpd/{:016x}/{}", digest(id.as_bytes()), cid.seq);
+        let host = |e: PmixError| GroupError::Aborted {
+            op: OP,
+            id: id.clone(),
+            reason: format!("the host's PMIx server: {e}"),
+        };
+        let decision = if me == leader {
+            let d = self.gather_contributions(members, leader, mine, key, directives, timeout);
+            let bytes = postcard::to_stdvec(&d).unwrap_or_default();
+            self.px.put(PScope::Global, &dkey, &bytes).map_err(host)?;
+            self.px.commit().map_err(host)?;
+            d
+        } else {
+            let opts = GetOpts {
+                timeout: timeout.map(|t| t + DECISION_GRACE),
+                ..GetOpts::default()
+            };
+            match self.fetch(leader, &dkey, opts) {
+                Ok(v) => v
+                    .as_bytes()
+                    .and_then(|b| postcard::from_bytes(b).ok())
+                    .ok_or_else(|| GroupError::Invalid {
+                        op: OP,
+                        id: id.clone(),
+                        reason: format!("the leader's (rank {leader}) decision is corrupt"),
+                    })?,
+                Err(GetError::ProcGone { reason, .. }) => {
+                    return Err(GroupError::ProcGone {
+                        op: OP,
+                        id: id.clone(),
+                        rank: leader,
+                        reason,
+                    })
+                }
+                Err(GetError::Timeout { .. }) => {
+                    return Err(GroupError::Timeout {
+                        op: OP,
+                        id: id.clone(),
+                        missing: vec![leader],
+                    })
+                }
+                Err(e) => return Err(host(PmixError::Unavailable(e.to_string()))),
+            }
+        };
+        match decision {
+            Decision::Done {
+                members,
+                left_out,
+                count,
+            } => {
+                if left_out.contains(&me) {
+                    return Err(GroupError::Invalid {
+                        op: OP,
+                        id: id.clone(),
+                        reason: format!(
+                            "rank {me} was left out: the leader (rank {leader}) completed the \
+                             group without it"
+                        ),
+                    });
+                }
+                Ok((members, left_out, count))
+            }
+            Decision::Gone { rank, reason } => Err(GroupError::ProcGone {
+                op: OP,
+                id: id.clone(),
+                rank,
+                reason,
+            }),
+            Decision::Timeout { missing } => Err(GroupError::Timeout {
+                op: OP,
+                id: id.clone(),
+                missing,
+            }),
+            Decision::Invalid { reason } => Err(GroupError::Invalid {
+                op: OP,
+                id: id.clone(),
+                reason,
+            }),
+        }
+    }
+
+    /// The leader's side of [`Link::decide_by_leader`].
+    fn gather_contributions(
+        &self,
+        members: &[Rank],
+        leader: Rank,
+        mine: (u64, u64),
+        key: &str,
+        directives: &GroupDirectives,
+        timeout: Option<Duration>,
+    ) -> Decision {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let tolerant = directives.notify_termination || directives.ft_collective;
+        let (mut joined, mut left_out, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+        for &m in members {
+            if m == leader {
+                joined.push(m);
+                continue;
+            }
+            let opts = GetOpts {
+                timeout: deadline.map(|d| {
+                    d.saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1))
+                }),
+                ..GetOpts::default()
+            };
+            match self.fetch(m, key, opts) {
+                Ok(v) => {
+                    let theirs: Option<(u64, u64)> =
+                        v.as_bytes().and_then(|b| postcard::from_bytes(b).ok());
+                    match theirs {
+                        Some((d, _)) if d == mine.0 => joined.push(m),
+                        Some(_) => {
+                            return Decision::Invalid {
+                                reason: format!(
+                                    "rank {m} constructs it with other members or directives"
+                                ),
+                            }
+                        }
+                        None => {
+                            return Decision::Invalid {
+                                reason: format!("rank {m}'s contribution is corrupt"),
+                            }
+                        }
+                    }
+                }
+                Err(GetError::ProcGone { .. }) if tolerant => left_out.push(m),
+                Err(GetError::ProcGone { reason, .. }) => {
+                    return Decision::Gone { rank: m, reason }
+                }
+                Err(GetError::Timeout { .. }) if directives.optional => left_out.push(m),
+                Err(GetError::Timeout { .. }) => missing.push(m),
+                Err(e) => {
+                    return Decision::Invalid {
+                        reason: format!("reading rank {m}'s contribution: {e}"),
+                    }
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Decision::Timeout { missing };
+        }
+        Decision::Done {
+            members: joined,
+            left_out,
+            count: mine.1,
+        }
     }
 
     /// Stops watching group `id` (its destruct).
