@@ -15,6 +15,7 @@
 //! is moving the data) finish.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::frame::{Hdr, COLL_ABORT};
 use super::{Engine, Kind, Req};
@@ -23,6 +24,10 @@ use crate::{P2pError, RankMap, Status};
 
 /// Bytes of scratch buffers kept for later schedules, at most.
 const SCRATCH_POOL_BYTES: usize = 64 << 20;
+
+/// How long a schedule that failed because a member finalized mid-operation waits for the
+/// cause (a member's death or abort, on its way) before reporting the finalize.
+const ECHO_GRACE: Duration = Duration::from_millis(250);
 
 /// Bytes of the reason an abort carries, at most.
 const MAX_ABORT_REASON: usize = 512;
@@ -52,6 +57,8 @@ pub(crate) struct SchedRun {
     abort_sent: bool,
     /// The operation's tag (its first message's), which names it in an abort.
     tag: Option<u32>,
+    /// Until when a failure that only says a member finalized waits for its cause.
+    echo_until: Option<Instant>,
     result: Option<Result<Status, P2pError>>,
     serial: u64,
 }
@@ -94,6 +101,7 @@ impl SchedRun {
             failing: None,
             abort_sent: false,
             tag,
+            echo_until: None,
             result: None,
             serial: 0,
         }
@@ -329,11 +337,16 @@ impl Engine {
                                 // A peer gone in any way; the cause, when another member
                                 // died or aborted first, says more (a member that ended
                                 // after its own failure is the usual echo).
-                                let e = self
-                                    .failed_member(run)
-                                    .or_else(|| self.abort_of(run))
-                                    .unwrap_or(e);
-                                run.failing = Some(e);
+                                let cause = self.failed_member(run).or_else(|| self.abort_of(run));
+                                if cause.is_none()
+                                    && matches!(&e, P2pError::PeerGone { reason, .. } if reason == weft_wireup::FINALIZED)
+                                {
+                                    // A member that finalized in the middle of an
+                                    // operation most likely did so after failing it: its
+                                    // cause (a death, an abort) may still be on its way.
+                                    run.echo_until = Some(Instant::now() + ECHO_GRACE);
+                                }
+                                run.failing = Some(cause.unwrap_or(e));
                             }
                             (Err(e), _) => {
                                 run.failing.get_or_insert(e);
@@ -351,12 +364,20 @@ impl Engine {
                 }
             }
             if run.failing.is_some() {
+                if let Some(until) = run.echo_until {
+                    if let Some(cause) = self.failed_member(run).or_else(|| self.abort_of(run)) {
+                        run.failing = Some(cause);
+                        run.echo_until = None;
+                    } else if Instant::now() >= until {
+                        run.echo_until = None;
+                    }
+                }
                 if !run.abort_sent {
                     run.abort_sent = true;
                     self.tell_abort(run);
                 }
                 self.let_go(run);
-                if run.pending.is_empty() {
+                if run.pending.is_empty() && run.echo_until.is_none() {
                     run.result = run.failing.take().map(Err);
                 }
                 return;
