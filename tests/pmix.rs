@@ -316,6 +316,27 @@ fn weft_info_names_the_pmix_backend_and_what_the_host_offers() {
         }
     }
     let Some(mpirun) = mpirun() else { return };
+    // The PUs the host bound each process to (pmix.cpuset) are its job information.
+    if let Host::Mpirun(m) = &mpirun {
+        let o = Command::new(m)
+            .args(["--allow-run-as-root", "--bind-to", "core", "-n", "2"])
+            .arg(example("fence_demo"))
+            .env_remove("WEFT_WIREUP")
+            .output()
+            .expect("mpirun");
+        assert!(o.status.success(), "{}", dump(&o));
+        for r in 0..2 {
+            assert_eq!(
+                lines_with(
+                    &o,
+                    &format!("), psets [\"weft://world\", \"weft://self\"], cpuset {r}")
+                ),
+                1,
+                "rank bound to core {r}\n{}",
+                dump(&o)
+            );
+        }
+    }
     let w = weft().display().to_string();
     let o = under_mpirun(&mpirun, 1, &[&w, "info"]);
     assert_eq!(

@@ -78,6 +78,8 @@ pub mod keys {
     pub const APPNUM: &str = "pmix.appnum";
     /// The job's node names, comma-separated (`string`).
     pub const NODE_LIST: &str = "pmix.nlist";
+    /// The PUs a process is bound to, as a cpu list such as `0-3,8` (`string`).
+    pub const CPUSET: &str = "pmix.cpuset";
     /// The locality string of a process (`string`).
     pub const LOCALITY_STRING: &str = "pmix.locstr";
     /// The maximum number of processes the job may have (`uint32`).

@@ -5,7 +5,9 @@
 //! What maps how:
 //! - job information: size and rank from `PMIx_Init` and `pmix.job.size`; nodes and
 //!   placement from `PMIx_Resolve_nodes`/`PMIx_Resolve_peers` (local ranks in rank order
-//!   on each node); app numbers from `pmix.appnum`; one process set, `weft://world`;
+//!   on each node); app numbers from `pmix.appnum`; the PUs the host bound each process
+//!   of this node to from `pmix.cpuset` (where the host binds); the process sets
+//!   `weft://world` and those the host defines;
 //! - put/commit: each committed value as a PMIx byte object (Weft's encoding of the
 //!   [`Value`]) with the same scope, then `PMIx_Commit`;
 //! - fence: `PMIx_Fence` over the ranks, collecting the data in mode Full, not in Sparse
@@ -401,11 +403,24 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
                 });
             }
         }
+        // The PUs the host bound it to (`pmix.cpuset`, a cpu list; Open MPI gives it when
+        // it binds), for the processes of this node.
+        let cpuset = (Some(node) == placed[rank as usize].map(|(n, _)| n))
+            .then(|| {
+                let here = PGetOpts {
+                    local_only: true,
+                    ..PGetOpts::default()
+                };
+                px.get(Some(r), pk::CPUSET, here)
+                    .ok()
+                    .and_then(|v| v.as_str().and_then(|s| s.parse().ok()))
+            })
+            .flatten();
         procs.push(ProcInfo {
             node,
             local_rank,
             app,
-            cpuset: None,
+            cpuset,
         });
     }
     if rank == 0 {
