@@ -24,6 +24,7 @@ fn main() {
         "cma-split-refused" => cma_split_refused(),
         "split-busy-sender" => split_busy_sender(),
         "first-send-to-a-fencing-peer" => first_send_to_a_fencing_peer(),
+        "first-send-to-a-getting-peer" => first_send_to_a_getting_peer(),
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
         "slow-peer" => slow_peer(false),
         "busy-peer" => slow_peer(true),
@@ -398,6 +399,49 @@ fn first_send_to_a_fencing_peer() -> Res {
         }
         _ => fence()?,
     }
+    println!("rank {} ok", w.rank());
+    f.finalize()?;
+    Ok(())
+}
+
+/// Rank 1 waits in a get for a key rank 0 commits only after its first send to rank 1
+/// completed: the send needs rank 1 to answer (a TCP handshake) while it waits in the
+/// get, so the get must keep the fabric progressing.
+fn first_send_to_a_getting_peer() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let wire = f.wire();
+    match w.rank() {
+        0 => {
+            std::thread::sleep(Duration::from_millis(300));
+            let t0 = Instant::now();
+            w.send(&[42u64], 1, Tag(5))?;
+            println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+            wire.put(Scope::Global, "after-send", 1u64)?;
+            wire.commit()?;
+        }
+        1 => {
+            let got = wire.get(
+                0,
+                "after-send",
+                GetOpts::default().timeout(Duration::from_secs(60)),
+            )?;
+            if got != Value::U64(1) {
+                return Err(format!("after-send is {got:?}").into());
+            }
+            let mut x = [0u64];
+            w.recv(&mut x, Source::Rank(0), Tag(5))?;
+            if x[0] != 42 {
+                return Err(format!("got {x:?}").into());
+            }
+        }
+        _ => {}
+    }
+    wire.fence(
+        Procs::All,
+        FenceMode::SyncOnly,
+        Some(Duration::from_secs(60)),
+    )?;
     println!("rank {} ok", w.rank());
     f.finalize()?;
     Ok(())

@@ -274,6 +274,22 @@ fn programs_under(mpirun: &Host) {
         dump(&o)
     );
     assert_eq!(lines_with(&o, " ok"), 2, "{}", dump(&o));
+    // The same while the peer waits in a get (PMIx_Get_nb, progress kept running).
+    let o = under(
+        mpirun,
+        2,
+        &[
+            ("WEFT_TRANSPORTS", "tcp"),
+            ("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", "1000"),
+        ],
+        &[&example("fabric_probe"), "first-send-to-a-getting-peer"],
+    );
+    assert!(
+        o.status.success(),
+        "first send to a getting peer\n{}",
+        dump(&o)
+    );
+    assert_eq!(lines_with(&o, " ok"), 2, "{}", dump(&o));
     // Communicators from session groups: the same PGCIDs at every member.
     let o = under_mpirun(mpirun, 4, &[&example("sessions_demo")]);
     assert!(o.status.success(), "sessions_demo\n{}", dump(&o));

@@ -82,6 +82,34 @@ unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::
     done.cv.notify_all();
 }
 
+/// The answer to a non-blocking get: its status and a copy of the value, set once by
+/// the library's callback.
+#[derive(Debug, Default)]
+struct GetDone {
+    out: Mutex<Option<(sys::pmix_status_t, Option<PmixValue>)>>,
+    cv: Condvar,
+}
+
+/// `pmix_value_cbfunc_t` of `PMIx_Get_nb`: copies the value (which the library frees
+/// after the callback returns) into the [`GetDone`] whose counted reference `cbdata` is.
+unsafe extern "C" fn get_done(
+    st: sys::pmix_status_t,
+    kv: *mut sys::pmix_value_t,
+    cbdata: *mut std::ffi::c_void,
+) {
+    // SAFETY: `cbdata` is the `Arc<GetDone>` reference handed over with the call, which
+    // runs this callback exactly once: it takes the reference over here.
+    let done = unsafe { Arc::from_raw(cbdata.cast::<GetDone>().cast_const()) };
+    let value = if st == SUCCESS && !kv.is_null() {
+        // SAFETY: a non-null value the library passes is valid for the callback.
+        Some(unsafe { crate::owned::value_of(&*kv) })
+    } else {
+        None
+    };
+    *done.out.lock().unwrap_or_else(|p| p.into_inner()) = Some((st, value));
+    done.cv.notify_all();
+}
+
 /// A connection to the host's PMIx server (`PMIx_Init`), finalized by
 /// [`finalize`](Pmix::finalize) or on drop. The library is thread-safe (it runs its own
 /// progress thread): a `Pmix` may be shared between threads.
@@ -291,6 +319,83 @@ impl Pmix {
                 secs: t.unwrap_or(0),
             }),
             _ => Err(status(OP, rc, "")),
+        }
+    }
+
+    /// [`get`](Pmix::get), running `while_waiting` about every millisecond until the
+    /// host answers (`PMIx_Get_nb`): a caller that must keep answering its peers (a
+    /// transport's handshakes) does so while the host's servers fetch the value.
+    pub fn get_with(
+        &self,
+        rank: Option<u32>,
+        k: &str,
+        opts: GetOpts,
+        mut while_waiting: impl FnMut(),
+    ) -> Result<PmixValue, PmixError> {
+        const OP: &str = "PMIx_Get";
+        let ck = key(OP, k)?;
+        let who = self.me(rank.unwrap_or(sys::PMIX_RANK_WILDCARD));
+        let mut info = Infos::new();
+        let t = opts.timeout.map(secs);
+        if let Some(t) = t {
+            info.push_int(sys::PMIX_TIMEOUT, t.min(i32::MAX as u32) as i32);
+        }
+        if opts.local_only {
+            info.push_bool(sys::PMIX_OPTIONAL, true);
+        }
+        if opts.refresh {
+            info.push_bool(sys::PMIX_GET_REFRESH_CACHE, true);
+        }
+        let done = Arc::new(GetDone::default());
+        let cb = Arc::into_raw(done.clone())
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: `who`, the key and `info` are valid and outlive the operation (this
+        // function waits for the callback, which runs exactly once once the call was
+        // accepted); `cb` is a counted reference the callback takes over (released
+        // below when the call fails at once).
+        let rc = unsafe {
+            sys::PMIx_Get_nb(
+                &who,
+                ck.as_ptr(),
+                info.as_ptr(),
+                info.len(),
+                Some(get_done),
+                cb,
+            )
+        };
+        if rc != SUCCESS {
+            // SAFETY: the library did not take `cb` (no callback will run).
+            drop(unsafe { Arc::from_raw(cb.cast::<GetDone>()) });
+            return Err(status(OP, rc, ""));
+        }
+        let mut out = done.out.lock().unwrap_or_else(|p| p.into_inner());
+        while out.is_none() {
+            drop(out);
+            while_waiting();
+            out = done.out.lock().unwrap_or_else(|p| p.into_inner());
+            if out.is_none() {
+                out = done
+                    .cv
+                    .wait_timeout(out, Duration::from_millis(1))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        let (rc, value) = out.take().unwrap_or((sys::PMIX_ERR_NOT_FOUND, None));
+        match (rc, value) {
+            (SUCCESS, Some(v)) => Ok(v),
+            (SUCCESS, None) => Err(status(OP, rc, "the library returned no value")),
+            (sys::PMIX_ERR_NOT_FOUND, _) => Err(PmixError::NotFound {
+                op: OP,
+                key: k.to_string(),
+                who: rank.map_or("the job".to_string(), |r| format!("rank {r}")),
+            }),
+            (sys::PMIX_ERR_TIMEOUT, _) => Err(PmixError::Timeout {
+                op: OP,
+                secs: t.unwrap_or(0),
+            }),
+            (rc, _) => Err(status(OP, rc, "")),
         }
     }
 

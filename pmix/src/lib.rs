@@ -385,6 +385,16 @@ impl Pmix {
         Err(unavailable())
     }
     /// Never called (no [`Pmix`] exists in this build).
+    pub fn get_with(
+        &self,
+        _rank: Option<u32>,
+        _key: &str,
+        _opts: GetOpts,
+        _while_waiting: impl FnMut(),
+    ) -> Result<PmixValue, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
     pub fn nodes(&self) -> Result<Vec<String>, PmixError> {
         Err(unavailable())
     }

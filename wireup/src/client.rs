@@ -750,7 +750,7 @@ impl Client {
         }
         let Some(store) = &self.store else {
             return match &self.pmix {
-                Some(px) => px.get(rank, key, opts),
+                Some(px) => px.get(rank, key, opts, &mut || self.conn.run_progress()),
                 None => Err(GetError::Failed {
                     rank,
                     key: key.to_owned(),

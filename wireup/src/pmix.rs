@@ -40,9 +40,9 @@
 //! - the transports' shared secret: rank 0 makes one at init and puts it (Global); the
 //!   others fetch it on first use.
 //!
-//! Fences and group constructs run `PMIx_Fence_nb` and keep the client's progress hook
-//! running while they wait (a transport's handshakes), as waits on Weft's servers do;
-//! gets block in `PMIx_Get`.
+//! Fences, gets and group constructs run `PMIx_Fence_nb` and `PMIx_Get_nb` and keep the
+//! client's progress hook running while they wait (a transport's handshakes), as waits on
+//! Weft's servers do.
 //!
 //! - the address transports listen on for other nodes: the local address that routes
 //!   toward the job's other nodes, resolved from their names ([`route_toward`]).
@@ -855,7 +855,13 @@ impl Link {
     }
 
     /// Reads `key` of `rank` (see the module's documentation).
-    pub(crate) fn get(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<Value, GetError> {
+    pub(crate) fn get(
+        &self,
+        rank: Rank,
+        key: &str,
+        opts: GetOpts,
+        while_waiting: &mut dyn FnMut(),
+    ) -> Result<Value, GetError> {
         if rank == self.px.rank() && lock(&self.mine).get(key) == Some(&Scope::Remote) {
             return Err(GetError::NotFound {
                 rank,
@@ -863,7 +869,7 @@ impl Link {
                 reason: "it was put with scope Remote: visible only on other nodes".into(),
             });
         }
-        match self.fetch(rank, key, opts)? {
+        match self.fetch(rank, key, opts, while_waiting)? {
             PmixValue::Bytes(b) => postcard::from_bytes(&b).map_err(|e| GetError::Corrupt {
                 rank,
                 key: key.to_owned(),
@@ -879,7 +885,13 @@ impl Link {
 
     /// The PMIx value of `key` of `rank` (see [`Link::get`]): from this node, else from
     /// the owner's server, waiting for its commit up to the timeout.
-    fn fetch(&self, rank: Rank, key: &str, opts: GetOpts) -> Result<PmixValue, GetError> {
+    fn fetch(
+        &self,
+        rank: Rank,
+        key: &str,
+        opts: GetOpts,
+        while_waiting: &mut dyn FnMut(),
+    ) -> Result<PmixValue, GetError> {
         let not_found = |reason: String| GetError::NotFound {
             rank,
             key: key.to_owned(),
@@ -952,14 +964,25 @@ impl Link {
                 // library keeps what it fetched of the owner and would answer from that.
                 refresh: opts.refresh || pause > GET_RETRY_FIRST,
             };
-            match self.px.get(Some(rank), key, popts) {
+            match self
+                .px
+                .get_with(Some(rank), key, popts, &mut *while_waiting)
+            {
                 Ok(v) => return Ok(v),
                 Err(PmixError::NotFound { .. }) => {
-                    if let Some(reason) = self.hidden_here(rank, key) {
+                    if let Some(reason) = self.hidden_here(rank, key, &mut *while_waiting) {
                         return Err(not_found(reason));
                     }
                     let nap = left.map_or(pause, |l| l.min(pause));
-                    std::thread::sleep(nap);
+                    let until = Instant::now() + nap;
+                    while Instant::now() < until {
+                        while_waiting();
+                        std::thread::sleep(
+                            until
+                                .saturating_duration_since(Instant::now())
+                                .min(Duration::from_millis(1)),
+                        );
+                    }
                     pause = (pause * 2).min(GET_RETRY_MAX);
                 }
                 // A slice ended: the loop checks the owner and the deadline.
@@ -971,12 +994,20 @@ impl Link {
 
     /// Why `key` of `rank` is invisible here, if its owner committed it with a scope
     /// that hides it from this process (its marker is visible here).
-    fn hidden_here(&self, rank: Rank, key: &str) -> Option<String> {
+    fn hidden_here(
+        &self,
+        rank: Rank,
+        key: &str,
+        while_waiting: &mut dyn FnMut(),
+    ) -> Option<String> {
         let quick = PGetOpts {
             timeout: Some(Duration::from_secs(1)),
             ..PGetOpts::default()
         };
-        let v = self.px.get(Some(rank), &hidden_key(key), quick).ok()?;
+        let v = self
+            .px
+            .get_with(Some(rank), &hidden_key(key), quick, while_waiting)
+            .ok()?;
         let (k, local): (String, bool) = postcard::from_bytes(v.as_bytes()?).ok()?;
         (k == key).then(|| {
             if local {
@@ -1028,8 +1059,17 @@ impl Link {
         self.px.commit().map_err(host)?;
         if directives.optional || directives.ft_collective || directives.notify_termination {
             // Members may be left out: the leader decides who is in (a fence cannot).
-            let (members, left_out, leaders) =
-                self.decide_by_leader(cid, &members, leader, mine, &key, directives, timeout)?;
+            let mut progress = while_waiting;
+            let (members, left_out, leaders) = self.decide_by_leader(
+                cid,
+                &members,
+                leader,
+                mine,
+                &key,
+                directives,
+                timeout,
+                &mut progress,
+            )?;
             return self.constructed(size, &id, members, left_out, leader, leaders, directives);
         }
         match self.host_fence(Some(&members), true, timeout, while_waiting) {
@@ -1136,6 +1176,7 @@ impl Link {
         key: &str,
         directives: &GroupDirectives,
         timeout: Option<Duration>,
+        while_waiting: &mut dyn FnMut(),
     ) -> Result<(Vec<Rank>, Vec<Rank>, u64), GroupError> {
         const OP: &str = "group construct";
         let id = &cid.name;
@@ -1147,7 +1188,15 @@ impl Link {
             reason: format!("the host's PMIx server: {e}"),
         };
         let decision = if me == leader {
-            let d = self.gather_contributions(members, leader, mine, key, directives, timeout);
+            let d = self.gather_contributions(
+                members,
+                leader,
+                mine,
+                key,
+                directives,
+                timeout,
+                while_waiting,
+            );
             let bytes = postcard::to_stdvec(&d).unwrap_or_default();
             self.px.put(PScope::Global, &dkey, &bytes).map_err(host)?;
             self.px.commit().map_err(host)?;
@@ -1157,7 +1206,7 @@ impl Link {
                 timeout: timeout.map(|t| t + DECISION_GRACE),
                 ..GetOpts::default()
             };
-            match self.fetch(leader, &dkey, opts) {
+            match self.fetch(leader, &dkey, opts, while_waiting) {
                 Ok(v) => v
                     .as_bytes()
                     .and_then(|b| postcard::from_bytes(b).ok())
@@ -1222,6 +1271,7 @@ impl Link {
     }
 
     /// The leader's side of [`Link::decide_by_leader`].
+    #[allow(clippy::too_many_arguments)]
     fn gather_contributions(
         &self,
         members: &[Rank],
@@ -1230,6 +1280,7 @@ impl Link {
         key: &str,
         directives: &GroupDirectives,
         timeout: Option<Duration>,
+        while_waiting: &mut dyn FnMut(),
     ) -> Decision {
         let deadline = timeout.map(|t| Instant::now() + t);
         let tolerant = directives.notify_termination || directives.ft_collective;
@@ -1246,7 +1297,7 @@ impl Link {
                 }),
                 ..GetOpts::default()
             };
-            match self.fetch(m, key, opts) {
+            match self.fetch(m, key, opts, while_waiting) {
                 Ok(v) => {
                     let theirs: Option<(u64, u64)> =
                         v.as_bytes().and_then(|b| postcard::from_bytes(b).ok());
