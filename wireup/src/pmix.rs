@@ -239,8 +239,8 @@ fn job_u32(px: &Pmix, rank: Option<Rank>, key: &str) -> Result<Option<u32>, Pmix
 }
 
 /// The local address that routes toward the job's other nodes (the first of their names
-/// that resolves to an IPv4 address; a UDP socket "connected" to it, which sends
-/// nothing, names the interface the kernel would use), or `None` for a job on one node
+/// that resolves to an IPv4 address; an unbound UDP socket "connected" to it, which
+/// sends nothing, names the interface the kernel would use), or `None` for a job on one node
 /// or when no other node's name resolves (then transports listen on loopback unless
 /// `WEFT_TCP_ADDR`/`WEFT_TCP_IF` say otherwise).
 fn route_toward(names: &[String], mine: usize) -> Option<std::net::IpAddr> {
@@ -254,12 +254,23 @@ fn route_toward(names: &[String], mine: usize) -> Option<std::net::IpAddr> {
             continue;
         };
         for a in addrs.filter(std::net::SocketAddr::is_ipv4) {
-            let local = std::net::UdpSocket::bind(("0.0.0.0", 0))
-                .and_then(|u| u.connect(a).and_then(|()| u.local_addr()));
-            if let Ok(l) = local {
-                if !l.ip().is_unspecified() {
-                    return Some(l.ip());
-                }
+            // An unbound datagram socket "connected" to it: the kernel binds it to the
+            // source address of the route (nothing is sent, nothing listens).
+            let local = rustix::net::socket(
+                rustix::net::AddressFamily::INET,
+                rustix::net::SocketType::DGRAM,
+                None,
+            )
+            .and_then(|s| {
+                rustix::net::connect(&s, &a)?;
+                rustix::net::getsockname(&s)
+            });
+            let ip = local
+                .ok()
+                .and_then(|l| std::net::SocketAddr::try_from(l).ok())
+                .map(|l| l.ip());
+            if let Some(ip) = ip.filter(|ip| !ip.is_unspecified()) {
+                return Some(ip);
             }
         }
     }
