@@ -271,22 +271,27 @@ impl Run<'_> {
         }
         let v = self.nc.seg.seq(r, parity(s));
         if v & CollSegment::ABORTED != 0 {
-            // Usually because a member died: the node's store already says which (the
-            // member that gave up read it there), and that is the error to give.
-            if let Some((rank, reason)) = self.comm.failed_member() {
-                return Err(CollError::MemberGone {
-                    op: self.op,
-                    rank,
-                    reason,
-                });
-            }
-            return Err(CollError::Aborted {
-                op: self.op,
-                rank: r as u32,
-                reason: "it gave up on the node's collective segment after a failure".into(),
-            });
+            return Err(self.gave_up(r));
         }
         Ok(v >= s)
+    }
+
+    /// The error for member `r`, which marked its words aborted.
+    fn gave_up(&self, r: usize) -> CollError {
+        // Usually because a member died: the node's store already says which (the
+        // member that gave up read it there), and that is the error to give.
+        if let Some((rank, reason)) = self.comm.failed_member() {
+            return CollError::MemberGone {
+                op: self.op,
+                rank,
+                reason,
+            };
+        }
+        CollError::Aborted {
+            op: self.op,
+            rank: r as u32,
+            reason: "it gave up on the node's collective segment after a failure".into(),
+        }
     }
 
     /// Waits until `ready` holds, keeping the fabric progressing and failing if a member
@@ -355,18 +360,7 @@ impl Run<'_> {
     /// Whether tree word `v` of member `r` reached stage `s` (an error when it gave up).
     fn tree_passed(&self, r: usize, v: u64, s: u64) -> Result<bool, CollError> {
         if v & CollSegment::ABORTED != 0 {
-            if let Some((rank, reason)) = self.comm.failed_member() {
-                return Err(CollError::MemberGone {
-                    op: self.op,
-                    rank,
-                    reason,
-                });
-            }
-            return Err(CollError::Aborted {
-                op: self.op,
-                rank: r as u32,
-                reason: "it gave up on the node's collective segment after a failure".into(),
-            });
+            return Err(self.gave_up(r));
         }
         Ok(v >= s)
     }

@@ -82,6 +82,31 @@ unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::
     done.cv.notify_all();
 }
 
+/// A get's outcome from the library's status and value (`t`: its timeout, whole seconds).
+fn get_result(
+    rc: sys::pmix_status_t,
+    value: Option<PmixValue>,
+    rank: Option<u32>,
+    k: &str,
+    t: Option<u32>,
+) -> Result<PmixValue, PmixError> {
+    const OP: &str = "PMIx_Get";
+    match (rc, value) {
+        (SUCCESS, Some(v)) => Ok(v),
+        (SUCCESS, None) => Err(status(OP, rc, "the library returned no value")),
+        (sys::PMIX_ERR_NOT_FOUND, _) => Err(PmixError::NotFound {
+            op: OP,
+            key: k.to_string(),
+            who: rank.map_or("the job".to_string(), |r| format!("rank {r}")),
+        }),
+        (sys::PMIX_ERR_TIMEOUT, _) => Err(PmixError::Timeout {
+            op: OP,
+            secs: t.unwrap_or(0),
+        }),
+        (rc, _) => Err(status(OP, rc, "")),
+    }
+}
+
 /// The answer to a non-blocking get: its status and a copy of the value, set once by
 /// the library's callback.
 #[derive(Debug, Default)]
@@ -287,8 +312,24 @@ impl Pmix {
     /// The value of `key` of process `rank` (`None`: job-level information, asked of the
     /// wildcard rank), copied out of the library (`PMIx_Get`).
     pub fn get(&self, rank: Option<u32>, k: &str, opts: GetOpts) -> Result<PmixValue, PmixError> {
-        const OP: &str = "PMIx_Get";
-        let ck = key(OP, k)?;
+        let (ck, who, info, t) = self.get_args(rank, k, opts)?;
+        let mut out: *mut sys::pmix_value_t = std::ptr::null_mut();
+        // SAFETY: `who`, the key and `info` are valid for the call; on success the
+        // library stores a value it allocated in `out`, which OwnedValue frees.
+        let rc = unsafe { sys::PMIx_Get(&who, ck.as_ptr(), info.as_ptr(), info.len(), &mut out) };
+        let owned = OwnedValue(out);
+        let value = (!owned.0.is_null()).then(|| owned.to_value());
+        get_result(rc, value, rank, k, t)
+    }
+
+    /// A get's key, process name and directives (and its timeout in whole seconds).
+    fn get_args(
+        &self,
+        rank: Option<u32>,
+        k: &str,
+        opts: GetOpts,
+    ) -> Result<(std::ffi::CString, sys::pmix_proc_t, Infos, Option<u32>), PmixError> {
+        let ck = key("PMIx_Get", k)?;
         let who = self.me(rank.unwrap_or(sys::PMIX_RANK_WILDCARD));
         let mut info = Infos::new();
         let t = opts.timeout.map(secs);
@@ -301,25 +342,7 @@ impl Pmix {
         if opts.refresh {
             info.push_bool(sys::PMIX_GET_REFRESH_CACHE, true);
         }
-        let mut out: *mut sys::pmix_value_t = std::ptr::null_mut();
-        // SAFETY: `who`, the key and `info` are valid for the call; on success the
-        // library stores a value it allocated in `out`, which OwnedValue frees.
-        let rc = unsafe { sys::PMIx_Get(&who, ck.as_ptr(), info.as_ptr(), info.len(), &mut out) };
-        let owned = OwnedValue(out);
-        match rc {
-            SUCCESS if !owned.0.is_null() => Ok(owned.to_value()),
-            SUCCESS => Err(status(OP, rc, "the library returned no value")),
-            sys::PMIX_ERR_NOT_FOUND => Err(PmixError::NotFound {
-                op: OP,
-                key: k.to_string(),
-                who: rank.map_or("the job".to_string(), |r| format!("rank {r}")),
-            }),
-            sys::PMIX_ERR_TIMEOUT => Err(PmixError::Timeout {
-                op: OP,
-                secs: t.unwrap_or(0),
-            }),
-            _ => Err(status(OP, rc, "")),
-        }
+        Ok((ck, who, info, t))
     }
 
     /// [`get`](Pmix::get), running `while_waiting` about every millisecond until the
@@ -332,20 +355,7 @@ impl Pmix {
         opts: GetOpts,
         mut while_waiting: impl FnMut(),
     ) -> Result<PmixValue, PmixError> {
-        const OP: &str = "PMIx_Get";
-        let ck = key(OP, k)?;
-        let who = self.me(rank.unwrap_or(sys::PMIX_RANK_WILDCARD));
-        let mut info = Infos::new();
-        let t = opts.timeout.map(secs);
-        if let Some(t) = t {
-            info.push_int(sys::PMIX_TIMEOUT, t.min(i32::MAX as u32) as i32);
-        }
-        if opts.local_only {
-            info.push_bool(sys::PMIX_OPTIONAL, true);
-        }
-        if opts.refresh {
-            info.push_bool(sys::PMIX_GET_REFRESH_CACHE, true);
-        }
+        let (ck, who, info, t) = self.get_args(rank, k, opts)?;
         let done = Arc::new(GetDone::default());
         let cb = Arc::into_raw(done.clone())
             .cast_mut()
@@ -367,7 +377,7 @@ impl Pmix {
         if rc != SUCCESS {
             // SAFETY: the library did not take `cb` (no callback will run).
             drop(unsafe { Arc::from_raw(cb.cast::<GetDone>()) });
-            return Err(status(OP, rc, ""));
+            return Err(status("PMIx_Get", rc, ""));
         }
         let mut out = done.out.lock().unwrap_or_else(|p| p.into_inner());
         while out.is_none() {
@@ -383,20 +393,7 @@ impl Pmix {
             }
         }
         let (rc, value) = out.take().unwrap_or((sys::PMIX_ERR_NOT_FOUND, None));
-        match (rc, value) {
-            (SUCCESS, Some(v)) => Ok(v),
-            (SUCCESS, None) => Err(status(OP, rc, "the library returned no value")),
-            (sys::PMIX_ERR_NOT_FOUND, _) => Err(PmixError::NotFound {
-                op: OP,
-                key: k.to_string(),
-                who: rank.map_or("the job".to_string(), |r| format!("rank {r}")),
-            }),
-            (sys::PMIX_ERR_TIMEOUT, _) => Err(PmixError::Timeout {
-                op: OP,
-                secs: t.unwrap_or(0),
-            }),
-            (rc, _) => Err(status(OP, rc, "")),
-        }
+        get_result(rc, value, rank, k, t)
     }
 
     /// The names of the nodes the job runs on (`PMIx_Resolve_nodes`), in the host's

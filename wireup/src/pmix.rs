@@ -110,6 +110,17 @@ pub(crate) struct Link {
     any_end: AtomicBool,
 }
 
+/// A construct decided by its leader: its members, leader, this member's contribution
+/// (digest, count of groups led), the key contributions go under, directives, timeout.
+struct Construct<'a> {
+    members: &'a [Rank],
+    leader: Rank,
+    mine: (u64, u64),
+    key: &'a str,
+    directives: &'a GroupDirectives,
+    timeout: Option<Duration>,
+}
+
 /// The outcome of a construct decided by its leader ([`Link::decide_by_leader`]).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Decision {
@@ -1071,16 +1082,15 @@ impl Link {
         if directives.optional || directives.ft_collective || directives.notify_termination {
             // Members may be left out: the leader decides who is in (a fence cannot).
             let mut progress = while_waiting;
-            let (members, left_out, leaders) = self.decide_by_leader(
-                cid,
-                &members,
+            let c = Construct {
+                members: &members,
                 leader,
                 mine,
-                &key,
+                key: &key,
                 directives,
                 timeout,
-                &mut progress,
-            )?;
+            };
+            let (members, left_out, leaders) = self.decide_by_leader(cid, &c, &mut progress)?;
             return self.constructed(size, &id, members, left_out, leader, leaders, directives);
         }
         match self.host_fence(Some(&members), true, timeout, while_waiting) {
@@ -1177,19 +1187,14 @@ impl Link {
     /// then is left out, with `notify_termination` or `ft_collective` one that ended is),
     /// checks them, and publishes the outcome, which the other members read. Returns the
     /// members, those left out, and the leader's count of groups led.
-    #[allow(clippy::too_many_arguments)]
     fn decide_by_leader(
         &self,
         cid: &CollId,
-        members: &[Rank],
-        leader: Rank,
-        mine: (u64, u64),
-        key: &str,
-        directives: &GroupDirectives,
-        timeout: Option<Duration>,
+        c: &Construct<'_>,
         while_waiting: &mut dyn FnMut(),
     ) -> Result<(Vec<Rank>, Vec<Rank>, u64), GroupError> {
         const OP: &str = "group construct";
+        let (leader, timeout) = (c.leader, c.timeout);
         let id = &cid.name;
         let me = self.px.rank();
         let dkey = format!("weft.grpd/{:016x}/{}", digest(id.as_bytes()), cid.seq);
@@ -1199,15 +1204,7 @@ impl Link {
             reason: format!("the host's PMIx server: {e}"),
         };
         let decision = if me == leader {
-            let d = self.gather_contributions(
-                members,
-                leader,
-                mine,
-                key,
-                directives,
-                timeout,
-                while_waiting,
-            );
+            let d = self.gather_contributions(c, while_waiting);
             let bytes = postcard::to_stdvec(&d).unwrap_or_default();
             self.px.put(PScope::Global, &dkey, &bytes).map_err(host)?;
             self.px.commit().map_err(host)?;
@@ -1282,18 +1279,10 @@ impl Link {
     }
 
     /// The leader's side of [`Link::decide_by_leader`].
-    #[allow(clippy::too_many_arguments)]
-    fn gather_contributions(
-        &self,
-        members: &[Rank],
-        leader: Rank,
-        mine: (u64, u64),
-        key: &str,
-        directives: &GroupDirectives,
-        timeout: Option<Duration>,
-        while_waiting: &mut dyn FnMut(),
-    ) -> Decision {
-        let deadline = timeout.map(|t| Instant::now() + t);
+    fn gather_contributions(&self, c: &Construct<'_>, while_waiting: &mut dyn FnMut()) -> Decision {
+        let (members, leader, mine, key) = (c.members, c.leader, c.mine, c.key);
+        let directives = c.directives;
+        let deadline = c.timeout.map(|t| Instant::now() + t);
         let tolerant = directives.notify_termination || directives.ft_collective;
         let (mut joined, mut left_out, mut missing) = (Vec::new(), Vec::new(), Vec::new());
         for &m in members {
