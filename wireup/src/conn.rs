@@ -59,7 +59,7 @@ pub(crate) struct Conn {
     rx: Mutex<Rx>,
     cv: Condvar,
     next_req: AtomicU64,
-    /// Run while a call waits for the server (see [`Client::set_progress_hook`]).
+    /// Run while a call waits for the server (see [`Client::set_progress_hook`](crate::Client::set_progress_hook)).
     progress: OnceLock<ProgressHook>,
     /// Why there is no connection at all (see [`Conn::absent`]); set at construction.
     absent: Option<String>,

@@ -8,7 +8,7 @@ use weft_shm::SegmentError;
 use crate::conn::ConnError;
 use crate::Rank;
 
-/// Errors of [`Client::init`].
+/// Errors of [`Client::init`](crate::Client::init).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InitError {
@@ -72,7 +72,7 @@ pub enum InitError {
     },
 }
 
-/// Errors of [`Client::put`] and [`Client::commit`].
+/// Errors of [`Client::put`](crate::Client::put) and [`Client::commit`](crate::Client::commit).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommitError {
@@ -105,7 +105,7 @@ pub enum CommitError {
     },
 }
 
-/// Errors of [`Client::fence`].
+/// Errors of [`Client::fence`](crate::Client::fence).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FenceError {
@@ -146,7 +146,7 @@ pub enum FenceError {
     },
 }
 
-/// Errors of [`Client::get`].
+/// Errors of [`Client::get`](crate::Client::get).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GetError {
@@ -215,7 +215,7 @@ pub enum GetError {
     Conn(#[from] ConnError),
 }
 
-/// Errors of [`Client::finalize`].
+/// Errors of [`Client::finalize`](crate::Client::finalize).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FinalizeError {
