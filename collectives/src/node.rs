@@ -357,6 +357,35 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// [`wait_all`](Self::wait_all) for stage `s`, taking each member's word (checked
+    /// against `mine`) and payload (`into`'s share: member r's `into.len() / members`
+    /// bytes) as soon as it is seen to pass, while its line is in this core's cache.
+    #[inline]
+    fn wait_all_taking(&mut self, s: u64, mine: u64, into: &mut [u8]) -> Result<(), CollError> {
+        let n = self.nc.seg.members();
+        let slot = self.slot();
+        let each = into.len() / n;
+        let mut next = 0;
+        self.wait(|| {
+            while next < n {
+                if !self.passed(next, s)? {
+                    return Ok(false);
+                }
+                let got = self.nc.seg.word(next, slot);
+                if got != mine {
+                    return Err(self.mismatch(next, got, mine));
+                }
+                self.nc
+                    .seg
+                    .get(next, slot, &mut into[next * each..(next + 1) * each]);
+                next += 1;
+            }
+            Ok(true)
+        })?;
+        self.st.seen_all = s;
+        Ok(())
+    }
+
     /// Whether tree word `v` of member `r` reached stage `s` (an error when it gave up).
     fn tree_passed(&self, r: usize, v: u64, s: u64) -> Result<bool, CollError> {
         if v & CollSegment::ABORTED != 0 {
@@ -410,15 +439,23 @@ impl Run<'_> {
     }
 
     /// Checks member `r`'s word against `mine` (read after it passed the slot).
+    #[inline]
     fn check(&self, r: usize, mine: u64) -> Result<(), CollError> {
         let got = self.nc.seg.word(r, self.slot());
         if got == mine {
             return Ok(());
         }
+        Err(self.mismatch(r, got, mine))
+    }
+
+    /// The error of member `r`'s word `got`, which differs from `mine`.
+    #[cold]
+    #[inline(never)]
+    fn mismatch(&self, r: usize, got: u64, mine: u64) -> CollError {
         let high = |w: u64| w >> BYTES_BITS;
         let bytes = |w: u64| (w & ((1 << BYTES_BITS) - 1)) as usize;
         if high(got) == high(mine) {
-            return Err(CollError::Mismatch {
+            return CollError::Mismatch {
                 op: self.op,
                 source: P2pError::SizeMismatch {
                     rank: r as u32,
@@ -426,7 +463,7 @@ impl Run<'_> {
                     expected: bytes(mine),
                     got: bytes(got),
                 },
-            });
+            };
         }
         let what = if (got >> 52) != (mine >> 52) {
             "is in another collective operation (or none)".to_string()
@@ -439,16 +476,23 @@ impl Run<'_> {
             };
             format!("called {}{root}", kind_name((got >> 48) & 0xf))
         };
-        Err(CollError::OutOfOrder {
+        CollError::OutOfOrder {
             op: self.op,
             rank: r as u32,
             what,
-        })
+        }
     }
 
     /// Checks every member's word (after all passed the slot).
+    #[inline]
     fn check_all(&self, mine: u64) -> Result<(), CollError> {
-        (0..self.nc.seg.members()).try_for_each(|r| self.check(r, mine))
+        for r in 0..self.nc.seg.members() {
+            let got = self.nc.seg.word(r, self.slot());
+            if got != mine {
+                return Err(self.mismatch(r, got, mine));
+            }
+        }
+        Ok(())
     }
 
     /// Gives up on the segment after a failure in the middle of an operation.
@@ -497,6 +541,19 @@ impl Run<'_> {
     }
 }
 
+/// The error of an operation on a segment given up after an earlier failure (`why`).
+#[cold]
+#[inline(never)]
+fn broken(op: &'static str, comm: &Communicator, why: &str) -> CollError {
+    CollError::Aborted {
+        op,
+        rank: comm.rank(),
+        reason: format!(
+            "the communicator's node-local collectives are unusable after an earlier failure ({why})"
+        ),
+    }
+}
+
 /// Where a reduction's input is: the send buffer, or the receive buffer (in place).
 type Input<'a, T> = Option<&'a [T]>;
 
@@ -507,16 +564,11 @@ impl NodeColl {
     }
 
     /// Starts the next operation.
+    #[inline]
     fn begin<'a>(&'a self, op: &'static str, comm: &'a Communicator) -> Result<Run<'a>, CollError> {
         let mut st = self.state.lock();
         if let Some(why) = &st.broken {
-            return Err(CollError::Aborted {
-                op,
-                rank: comm.rank(),
-                reason: format!(
-                    "the communicator's node-local collectives are unusable after an earlier failure ({why})"
-                ),
-            });
+            return Err(broken(op, comm, why));
         }
         let base = st.started * STAGES;
         st.started += 1;
@@ -601,6 +653,7 @@ impl NodeColl {
     /// `mine` (this member's input: the send buffer, or `recv` itself in place) into
     /// `recv`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn reduce<T: Element>(
         &self,
         op_name: &'static str,
@@ -649,16 +702,15 @@ impl NodeColl {
         if root.is_some_and(|r| r != run.comm.rank()) {
             return Ok(());
         }
-        run.wait_all(run.fin())?;
-        run.check_all(w)?;
+        let mut scratch = Scratch::default();
+        let all = scratch.bytes(n * bytes);
+        run.wait_all_taking(run.fin(), w, all)?;
         // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
         let out = &mut recv[..count];
-        self.seg.get(n - 1, run.slot(), as_bytes_mut(out));
-        let mut scratch = Scratch::default();
-        let tmp = scratch.bytes(bytes);
+        as_bytes_mut(out).copy_from_slice(&all[(n - 1) * bytes..]);
         for r in (0..n - 1).rev() {
-            self.seg.get(r, run.slot(), tmp);
-            let input = cast_slice::<T>(tmp).ok_or_else(|| misaligned(run.op))?;
+            let input = cast_slice::<T>(&all[r * bytes..(r + 1) * bytes])
+                .ok_or_else(|| misaligned(run.op))?;
             apply(op, input, out);
         }
         Ok(())

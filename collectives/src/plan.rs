@@ -588,6 +588,7 @@ pub(crate) fn plan_scan<'a, T: Element>(
 /// A reduce (to `root`) or allreduce (`root` `None`) through the node's segment, when the
 /// communicator has one and the vector fits; `None` to take the point-to-point path
 /// (which also reports argument errors, before anything moves).
+#[inline]
 pub(crate) fn shm_reduce<T: Element>(
     op_name: &'static str,
     comm: &Communicator,
