@@ -1,0 +1,152 @@
+//! Processes: commits, the datastore, gets, and processes that end.
+
+use super::*;
+
+impl State {
+    pub(super) fn commit(&mut self, rank: Rank, entries: Vec<(Scope, String, Value)>) {
+        let acts = self.modex.commit(rank, entries);
+        self.apply(acts);
+    }
+
+    /// Carries out what the data concern decided.
+    pub(super) fn apply(&mut self, acts: Vec<modex::Action>) {
+        for a in acts {
+            match a {
+                modex::Action::Reply { conn, req, answer } => {
+                    let msg = match answer {
+                        Answer::Value(value) => ServerMsg::Value { req, value },
+                        Answer::Missing(reason) => ServerMsg::Missing { req, reason },
+                        Answer::Failed(error) => ServerMsg::Failed { req, error },
+                    };
+                    self.send_client(conn, &msg);
+                }
+                modex::Action::Store { key, value } => self.store_put(&key, &value),
+                modex::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                modex::Action::GetTimer {
+                    rank,
+                    conn,
+                    req,
+                    ms,
+                } => after(
+                    &self.ev,
+                    Duration::from_millis(ms),
+                    Event::GetTimeout { rank, conn, req },
+                ),
+            }
+        }
+    }
+
+    /// What a collective carries of local participant `rank`: its generation, and its
+    /// data when `with_data`.
+    pub(super) fn proc_block(
+        &self,
+        rank: Rank,
+        with_data: bool,
+    ) -> (Rank, u64, Option<Vec<(String, Value)>>) {
+        (
+            rank,
+            self.modex.gen(rank),
+            with_data.then(|| self.modex.view(rank)),
+        )
+    }
+
+    pub(super) fn get(
+        &mut self,
+        conn: ConnId,
+        req: u64,
+        target: Rank,
+        key: String,
+        flags: GetFlags,
+        timeout_ms: Option<u64>,
+    ) {
+        let size = self.plan.job.size();
+        if target >= size {
+            let error = WireError::Invalid {
+                op: "get".into(),
+                reason: format!("rank {target} is not in the job (size {size})"),
+            };
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        let acts = self.modex.get(conn, req, target, key, flags, timeout_ms);
+        self.apply(acts);
+    }
+
+    /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
+    /// other servers and everything here that waits on it.
+    pub(super) fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
+        let joined: Vec<u64> = self
+            .procs
+            .get(&rank)
+            .map(|p| p.joined.iter().copied().collect())
+            .unwrap_or_default();
+        let (nodes, me) = (self.plan.job.num_nodes(), self.node);
+        for n in (0..nodes).filter(|&n| n != me) {
+            self.send_peer(
+                n,
+                &PeerMsg::ProcGone {
+                    rank,
+                    reason: reason.clone(),
+                    joined: joined.clone(),
+                },
+            );
+        }
+        self.proc_gone(rank, reason, joined.into_iter().collect(), finalized);
+    }
+
+    pub(super) fn proc_gone(
+        &mut self,
+        rank: Rank,
+        reason: String,
+        joined: HashSet<u64>,
+        finalized: bool,
+    ) {
+        if self.gone.contains_key(&rank) {
+            return;
+        }
+        // Gets waiting for keys it never committed (a no-op for other nodes' ranks).
+        let acts = self.modex.ended(rank, finalized, &reason);
+        self.apply(acts);
+        // Published in the datastore so that clients waiting on this rank in a transport
+        // notice without a message (a lookup in shared memory).
+        let gone_key = keys::gone(rank);
+        self.store_put(&gone_key, reason.as_bytes());
+        // Collectives the rank never joined can no longer complete, except tolerant
+        // groups, which go on without it.
+        let mut doomed = Vec::new();
+        let mut shrunk = Vec::new();
+        for (id, c) in &mut self.colls {
+            if !id.procs.contains(rank) || joined.contains(&c.digest) {
+                continue;
+            }
+            if c.group.as_ref().is_some_and(|g| g.directives.tolerant()) {
+                if c.local_expected.remove(&rank) {
+                    shrunk.push(id.clone());
+                }
+            } else {
+                doomed.push(id.clone());
+            }
+        }
+        let order = self.gone.len();
+        self.gone.insert(
+            rank,
+            Gone {
+                reason: reason.clone(),
+                joined,
+                order,
+            },
+        );
+        for id in doomed {
+            let error = WireError::ProcGone {
+                op: id.op().into(),
+                rank,
+                reason: reason.clone(),
+            };
+            self.fail_coll(&id, error, false);
+        }
+        for id in shrunk {
+            self.maybe_start(&id);
+        }
+        self.groups_lose(rank, &reason);
+        self.invitations_lose(rank, &reason);
+    }
+}

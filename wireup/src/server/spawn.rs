@@ -1,0 +1,103 @@
+//! Starting the node's processes.
+
+use super::*;
+
+pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
+    let plan = &st.plan;
+    let info = &plan.job.procs[rank as usize];
+    let app: &AppSpec = &plan.apps[info.app as usize];
+    let mut cmd = tokio::process::Command::new(&app.program);
+    cmd.args(&app.args)
+        .env(env::RANK, rank.to_string())
+        .env(env::SIZE, plan.job.size().to_string())
+        .env(env::LOCAL_RANK, info.local_rank.to_string())
+        .env(env::LOCAL_SIZE, st.procs.len().to_string())
+        .env(env::NODE, st.node.to_string())
+        .env(env::NSPACE, &plan.job.nspace)
+        .env(env::SERVER_SOCKET, sock)
+        .env(env::TOKEN, st.procs[&rank].token.to_string())
+        .env(env::DATASTORE, ds)
+        .env(env::APPNUM, info.app.to_string())
+        .env(env::SERVER_PID, std::process::id().to_string())
+        .env_remove("WEFT_JOB_SECRET")
+        .stdin(if rank == 0 {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    for (k, v) in &plan.env {
+        cmd.env(k, v);
+    }
+    if let Some(cwd) = &app.cwd {
+        cmd.current_dir(cwd);
+    }
+    let bind = plan.bind.get(rank as usize).cloned().flatten();
+    let spawned = match bind {
+        None => cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", app.program)),
+        Some(cpus) => {
+            let handle = tokio::runtime::Handle::current();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _g = handle.enter();
+                    topology::bind_current_thread(&cpus)
+                        .map_err(|e| format!("cannot bind to cpus {cpus}: {e}"))?;
+                    cmd.spawn()
+                        .map_err(|e| format!("cannot start {}: {e}", app.program))
+                })
+                .join()
+                .unwrap_or_else(|_| Err("binding thread panicked".into()))
+            })
+        }
+    };
+    let ev = st.ev.clone();
+    match spawned {
+        Err(reason) => {
+            tracing::error!("rank {rank}: {reason}");
+            let _ = ev.send(Event::ChildExit {
+                rank,
+                how: ExitKind::SpawnFailed(reason),
+            });
+        }
+        Ok(mut child) => {
+            let _ = ev.send(Event::Spawned {
+                rank,
+                pid: child.id(),
+            });
+            let tag = |s: &str| {
+                plan.tag_output
+                    .then(|| format!("[{},{rank}]<{s}>: ", plan.job_id))
+            };
+            let out = child
+                .stdout
+                .take()
+                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), output.tx.clone())));
+            let err = child
+                .stderr
+                .take()
+                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), output.tx.clone())));
+            tokio::spawn(async move {
+                let status = child.wait().await;
+                for t in [out, err].into_iter().flatten() {
+                    let _ = t.await;
+                }
+                let how = match status {
+                    Ok(s) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        match (s.code(), s.signal()) {
+                            (Some(c), _) => ExitKind::Code(c),
+                            (None, Some(sig)) => ExitKind::Signal(sig),
+                            (None, None) => ExitKind::Code(-1),
+                        }
+                    }
+                    Err(e) => ExitKind::SpawnFailed(format!("wait failed: {e}")),
+                };
+                let _ = ev.send(Event::ChildExit { rank, how });
+            });
+        }
+    }
+}
