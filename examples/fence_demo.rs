@@ -44,7 +44,8 @@ fn run(mode: FenceMode) -> Result<(), Box<dyn std::error::Error>> {
     let wire = Client::init()?;
     let me = wire.rank();
     println!(
-        "rank {me}/{} on {} (node {} of {}, local rank {}/{}, app {}), psets {:?}, cpuset {}",
+        "rank {me}/{} on {} (node {} of {}, local rank {}/{}, app {}), psets {:?}, cpuset {}, \
+         locality {}",
         wire.size(),
         wire.hostname(),
         wire.node(),
@@ -57,6 +58,7 @@ fn run(mode: FenceMode) -> Result<(), Box<dyn std::error::Error>> {
             .cpuset_of(me)
             .map(|c| c.to_string())
             .unwrap_or_else(|| "unbound".into()),
+        wire.job().locality_of(me).unwrap_or("none"),
     );
     wire.put(Scope::Remote, "demo.remote", card("remote", me))?;
     wire.put(Scope::Local, "demo.local", card("local", me))?;

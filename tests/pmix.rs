@@ -341,17 +341,36 @@ fn weft_info_names_the_pmix_backend_and_what_the_host_offers() {
             .output()
             .expect("mpirun");
         assert!(o.status.success(), "{}", dump(&o));
+        let mut localities = Vec::new();
         for r in 0..2 {
             assert_eq!(
                 lines_with(
                     &o,
-                    &format!("), psets [\"weft://world\", \"weft://self\"], cpuset {r}")
+                    &format!("), psets [\"weft://world\", \"weft://self\"], cpuset {r}, ")
                 ),
                 1,
                 "rank bound to core {r}\n{}",
                 dump(&o)
             );
+            // ... and where that core is (pmix.locstr), e.g. SK0:L30:L20:L1r:CRr:HTr.
+            let out = String::from_utf8_lossy(&o.stdout);
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r}/2 ")))
+                .unwrap_or_default();
+            let loc = line
+                .split(", locality ")
+                .nth(1)
+                .unwrap_or("none")
+                .to_string();
+            assert!(
+                loc.starts_with("SK") && loc.contains(":CR"),
+                "rank {r}: a locality string from the host\n{}",
+                dump(&o)
+            );
+            localities.push(loc);
         }
+        assert_ne!(localities[0], localities[1], "two cores, two localities");
     }
     let w = weft().display().to_string();
     let o = under_mpirun(&mpirun, 1, &[&w, "info"]);

@@ -33,6 +33,11 @@ pub struct ProcInfo {
     pub app: u32,
     /// The CPUs the process is bound to, if the job was launched with `--bind-to core`.
     pub cpuset: Option<CpuList>,
+    /// Where the process is bound in the node's hardware, as the PMIx host's locality
+    /// string (`pmix.locstr`, e.g. `SK0:L30:L20:L10:CR0:HT0`: socket, caches, core,
+    /// hardware thread), for the processes of this node when a PMIx host gives it
+    /// (`mpirun --bind-to core`). `None` under `weft run`.
+    pub locality: Option<String>,
 }
 
 /// One app context (`-n N PROGRAM` between `:` separators).
@@ -140,6 +145,11 @@ impl JobInfo {
     pub fn cpuset_of(&self, rank: Rank) -> Option<&CpuList> {
         self.procs.get(rank as usize)?.cpuset.as_ref()
     }
+    /// The locality string of `rank` (a process of this node), if the PMIx host gave one
+    /// ([`ProcInfo::locality`]).
+    pub fn locality_of(&self, rank: Rank) -> Option<&str> {
+        self.procs.get(rank as usize)?.locality.as_deref()
+    }
     /// The names of the launch process sets plus `weft://self`.
     pub fn pset_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.psets.iter().map(|p| p.name.clone()).collect();
@@ -201,6 +211,7 @@ pub(crate) mod tests {
                 local_rank: if r < 3 { r } else { r - 3 },
                 app: if r < 2 { 0 } else { 1 },
                 cpuset: None,
+                locality: None,
             })
             .collect();
         JobInfo {

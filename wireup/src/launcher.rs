@@ -375,6 +375,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
                 local_rank,
                 app: a as u32,
                 cpuset: None,
+                locality: None,
             });
             rank += 1;
         }

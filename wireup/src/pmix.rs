@@ -336,24 +336,25 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
                 });
             }
         }
-        // The PUs the host bound it to (`pmix.cpuset`, a cpu list; Open MPI gives it when
-        // it binds), for the processes of this node.
-        let cpuset = (Some(node) == placed[rank as usize].map(|(n, _)| n))
-            .then(|| {
-                let here = PGetOpts {
-                    local_only: true,
-                    ..PGetOpts::default()
-                };
-                px.get(Some(r), pk::CPUSET, here)
-                    .ok()
-                    .and_then(|v| v.as_str().and_then(|s| s.parse().ok()))
-            })
-            .flatten();
+        // The PUs the host bound it to (`pmix.cpuset`, a cpu list) and where that is in
+        // the hardware (`pmix.locstr`), for the processes of this node: Open MPI gives
+        // both when it binds.
+        let here = (Some(node) == placed[rank as usize].map(|(n, _)| n)).then_some(PGetOpts {
+            local_only: true,
+            ..PGetOpts::default()
+        });
+        let string = |key: &str| {
+            here.and_then(|opts| px.get(Some(r), key, opts).ok())
+                .and_then(|v| v.as_str().map(str::to_string))
+        };
+        let cpuset = string(pk::CPUSET).and_then(|s| s.parse().ok());
+        let locality = string(pk::LOCALITY_STRING).filter(|s| !s.is_empty());
         procs.push(ProcInfo {
             node,
             local_rank,
             app,
             cpuset,
+            locality,
         });
     }
     if rank == 0 {
