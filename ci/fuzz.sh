@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hostile input, for a fixed time per target (issue 14): the wire-up frame decoders, the
-# server's request and peer handlers through the real decoding path, the server's data
+# server's request and peer handlers (weft-runtime) through the real decoding path, the server's data
 # state machine, a live server under hostile requests over its socket, the datastore
 # reader and the inbox consumer under corrupted segments, the verbs handshake decoder,
 # the fabric engine under hostile frames from a peer, and a live TCP endpoint taking
@@ -16,6 +16,7 @@ trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 run() { cargo test "$@" -- --nocapture --test-threads=2 2>&1 | tee -a "$log" | grep -E '^fuzz |test result|panicked|FAILED' || true; }
 run -p weft-wireup --lib fuzz_
+run -p weft-runtime --lib fuzz_
 run -p weft-shm --lib fuzz_
 run -p weft-verbs --lib fuzz_
 run -p weft-fabric --lib fuzz_

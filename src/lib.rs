@@ -22,6 +22,7 @@
 
 pub use weft_collectives as collectives;
 pub use weft_fabric as fabric;
+pub use weft_runtime as runtime;
 pub use weft_wireup as wireup;
 
 /// The names most programs need.

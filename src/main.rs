@@ -68,21 +68,21 @@ fn main() -> ExitCode {
             if args.iter().any(|a| a == "--help" || a == "-h")
                 && !args.iter().any(|a| a == "--" || a == ":")
             {
-                println!("{}", weft_wireup::launcher::USAGE);
+                println!("{}", weft_runtime::launcher::USAGE);
                 return ExitCode::SUCCESS;
             }
-            let spec = match weft_wireup::launcher::parse_run_args(&args) {
+            let spec = match weft_runtime::launcher::parse_run_args(&args) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("{e}");
                     return ExitCode::from(2);
                 }
             };
-            match weft_wireup::launcher::run(spec) {
+            match weft_runtime::launcher::run(spec) {
                 Ok(code) => exit(code),
                 Err(e) => {
                     eprintln!("{e}");
-                    exit(weft_wireup::launcher::EXIT_LAUNCH_FAILED)
+                    exit(weft_runtime::launcher::EXIT_LAUNCH_FAILED)
                 }
             }
         }
@@ -93,12 +93,12 @@ fn main() -> ExitCode {
         } => {
             let secret = std::env::var("WEFT_JOB_SECRET")
                 .ok()
-                .and_then(|s| weft_wireup::server::parse_secret(&s));
+                .and_then(|s| weft_runtime::server::parse_secret(&s));
             let Some(secret) = secret else {
                 eprintln!("weft server: WEFT_JOB_SECRET is missing or malformed; servers are started by `weft run`");
                 return ExitCode::from(2);
             };
-            match weft_wireup::server::run(weft_wireup::server::ServerArgs {
+            match weft_runtime::server::run(weft_runtime::server::ServerArgs {
                 launcher,
                 node,
                 secret,

@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use weft_wireup::launcher::{self, AppContext, LaunchSpec, MapBy};
+use weft_runtime::launcher::{self, AppContext, LaunchSpec, MapBy};
 use weft_wireup::{Client, FenceMode, GetOpts, Procs, Rank, Scope};
 
 use weft_collectives::Collectives;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use weft_collectives::FabricGroup;
 use weft_fabric::{Communicator, ErrHandler, Info, Session};
-use weft_wireup::{launcher, Client, FenceMode, GroupDirectives, Procs, Scope};
+use weft_runtime::launcher;
+use weft_wireup::{Client, FenceMode, GroupDirectives, Procs, Scope};
 
 use crate::fence::{check_layout, launch, Placement};
 use crate::stats::{us, Summary};

@@ -29,10 +29,10 @@ pub(crate) const MAX_VALUE: usize = 16 << 20;
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keys of the node datastore (shared with the server).
-pub(crate) mod keys {
+pub mod keys {
     use crate::Rank;
     /// A process's value for `key`.
-    pub(crate) fn data(rank: Rank, key: &str) -> Vec<u8> {
+    pub fn data(rank: Rank, key: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(5 + key.len());
         k.push(0);
         k.extend_from_slice(&rank.to_le_bytes());
@@ -42,7 +42,7 @@ pub(crate) mod keys {
     /// Calls `f` with the key of [`data`], built on the stack when it is short (the
     /// client's `get` path: no allocation for a lookup in shared memory).
     #[inline]
-    pub(crate) fn with_data<R>(rank: Rank, key: &str, f: impl FnOnce(&[u8]) -> R) -> R {
+    pub fn with_data<R>(rank: Rank, key: &str, f: impl FnOnce(&[u8]) -> R) -> R {
         let mut buf = [0u8; 128];
         let n = 5 + key.len();
         if n > buf.len() {
@@ -53,25 +53,25 @@ pub(crate) mod keys {
         f(&buf[..n])
     }
     /// For a rank of another node whose data this node holds: the generation of that copy
-    /// and the one its owner reached as of the last fence (`modex::encode_marker`).
-    pub(crate) fn complete(rank: Rank) -> [u8; 5] {
+    /// and the one its owner reached as of the last fence (`marker::encode_marker`).
+    pub fn complete(rank: Rank) -> [u8; 5] {
         let r = rank.to_le_bytes();
         [1, r[0], r[1], r[2], r[3]]
     }
     /// Present (holding the reason) once `rank` has died or finalized.
-    pub(crate) fn gone(rank: Rank) -> [u8; 5] {
+    pub fn gone(rank: Rank) -> [u8; 5] {
         let r = rank.to_le_bytes();
         [3, r[0], r[1], r[2], r[3]]
     }
     /// The job's [`crate::JobInfo`].
-    pub(crate) const JOB_INFO: &[u8] = &[2];
+    pub const JOB_INFO: &[u8] = &[2];
     /// The names of the process sets defined while the job runs (postcard `Vec<String>`).
-    pub(crate) const RUNTIME_PSETS: &[u8] = &[4];
+    pub const RUNTIME_PSETS: &[u8] = &[4];
     /// The node's [`crate::job::NodeNet`] (postcard).
-    pub(crate) const NODE_NET: &[u8] = &[6];
+    pub const NODE_NET: &[u8] = &[6];
     /// The members of runtime process set `name` (postcard `Option<Vec<Rank>>`; `None`
     /// once deleted).
-    pub(crate) fn pset(name: &str) -> Vec<u8> {
+    pub fn pset(name: &str) -> Vec<u8> {
         let mut k = Vec::with_capacity(1 + name.len());
         k.push(5);
         k.extend_from_slice(name.as_bytes());
@@ -766,7 +766,7 @@ impl Client {
                 || opts.local_only
                 || store
                     .get(&keys::complete(rank))
-                    .and_then(crate::modex::marker_fresh)
+                    .and_then(crate::marker::marker_fresh)
                     .unwrap_or(false);
             if usable {
                 let found = keys::with_data(rank, key, |k| {
@@ -786,7 +786,7 @@ impl Client {
                 return Err(GetError::NotFound {
                     rank,
                     key: key.to_owned(),
-                    reason: crate::modex::local_only_reason(self.job.procs[rank as usize].node),
+                    reason: crate::marker::local_only_reason(self.job.procs[rank as usize].node),
                 });
             }
         }

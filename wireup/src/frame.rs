@@ -10,13 +10,13 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame a client may send to its server (cards are small; commits batch them).
-pub(crate) const MAX_CLIENT_FRAME: usize = 64 << 20;
+pub const MAX_CLIENT_FRAME: usize = 64 << 20;
 /// Largest frame between servers or between the launcher and a server.
-pub(crate) const MAX_PEER_FRAME: usize = 1 << 30;
+pub const MAX_PEER_FRAME: usize = 1 << 30;
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum FrameError {
+pub enum FrameError {
     #[error("connection closed")]
     Closed,
     #[error("connection closed in the middle of a frame ({got} of {want} bytes)")]
@@ -34,7 +34,7 @@ pub(crate) enum FrameError {
 }
 
 /// Encodes `msg` as one frame (length prefix included).
-pub(crate) fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
     let mut buf = vec![0u8; 4];
     // Serializing our own enums into a Vec cannot fail.
     let out = postcard::to_extend(msg, buf).expect("postcard encoding into a Vec");
@@ -80,10 +80,7 @@ fn read_full(r: &mut impl Read, buf: &mut [u8], want_total: usize) -> Result<(),
 }
 
 /// Reads one frame from a blocking stream.
-pub(crate) fn read_sync<T: DeserializeOwned>(
-    r: &mut impl Read,
-    max: usize,
-) -> Result<T, FrameError> {
+pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> Result<T, FrameError> {
     let mut len = [0u8; 4];
     read_full(r, &mut len, 0)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -114,12 +111,12 @@ pub(crate) fn read_sync<T: DeserializeOwned>(
 const READ_CHUNK: usize = 64 << 10;
 
 /// Writes one frame to a blocking stream.
-pub(crate) fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+pub fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
     w.write_all(&encode(msg))
 }
 
 /// Reads one frame from an async stream.
-pub(crate) async fn read_async<T: DeserializeOwned>(
+pub async fn read_async<T: DeserializeOwned>(
     r: &mut (impl AsyncRead + Unpin),
     max: usize,
 ) -> Result<T, FrameError> {
@@ -147,7 +144,7 @@ pub(crate) async fn read_async<T: DeserializeOwned>(
 }
 
 /// Writes one pre-encoded frame to an async stream.
-pub(crate) async fn write_async(w: &mut (impl AsyncWrite + Unpin), frame: &[u8]) -> io::Result<()> {
+pub async fn write_async(w: &mut (impl AsyncWrite + Unpin), frame: &[u8]) -> io::Result<()> {
     w.write_all(frame).await
 }
 

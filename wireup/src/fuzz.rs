@@ -50,7 +50,7 @@ pub fn client_corpus(rank: Rank, size: u32) -> Vec<Vec<u8>> {
     client_msgs(rank, size).iter().map(frame::encode).collect()
 }
 
-pub(crate) fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
+pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
     let other = (rank + 1) % size.max(1);
     let id = |kind, procs, seq, name: &str| CollId {
         kind,
@@ -147,18 +147,16 @@ pub(crate) fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
     ]
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// Inputs and helpers the fuzz tests of this crate and of `weft-runtime` share.
+pub mod inputs {
     use super::*;
-    use crate::frame::{MAX_CLIENT_FRAME, MAX_PEER_FRAME};
-    use crate::proto::{
-        ExitKind, GroupSpec, ModexData, PeerMsg, ServerMsg, ToLauncher, ToServer, WireError,
-    };
+    use crate::proto::{GroupSpec, ModexData, PeerMsg, WireError};
 
-    pub(crate) use weft_shm::fuzz::run;
+    /// Runs a fuzz target (see `weft_shm::fuzz::run`).
+    pub use weft_shm::fuzz::run;
 
     /// Saved inputs of `target` (files under `wireup/fuzz/corpus/<target>/`).
-    pub(crate) fn saved(target: &str) -> Vec<Vec<u8>> {
+    pub fn saved(target: &str) -> Vec<Vec<u8>> {
         weft_shm::fuzz::saved(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("fuzz/corpus")
@@ -166,7 +164,8 @@ pub(crate) mod tests {
         )
     }
 
-    fn id() -> CollId {
+    /// A fence id over ranks 0 and 2.
+    pub fn id() -> CollId {
         CollId {
             kind: CollKind::Fence,
             procs: Procs::List(vec![0, 2]),
@@ -175,7 +174,8 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
+    /// One of every peer message, for mutation.
+    pub fn peer_msgs() -> Vec<PeerMsg> {
         let err = WireError::ProcGone {
             op: "get".into(),
             rank: 1,
@@ -312,6 +312,14 @@ pub(crate) mod tests {
             },
         ]
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inputs::*;
+    use super::*;
+    use crate::frame::{MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+    use crate::proto::{ExitKind, PeerMsg, ServerMsg, ToLauncher, ToServer, WireError};
 
     fn server_msgs() -> Vec<ServerMsg> {
         vec![

@@ -64,11 +64,11 @@ pub struct Pset {
 
 /// What a node's server tells its processes about the network (in the datastore).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct NodeNet {
+pub struct NodeNet {
     /// The address the server reaches other nodes from.
-    pub(crate) addr: std::net::IpAddr,
+    pub addr: std::net::IpAddr,
     /// The job's transport secret ([`transport_secret`]).
-    pub(crate) transport_secret: [u64; 2],
+    pub transport_secret: [u64; 2],
 }
 
 impl std::fmt::Debug for NodeNet {
@@ -81,7 +81,7 @@ impl std::fmt::Debug for NodeNet {
 /// The secret the job's processes authenticate transport connections with, derived from
 /// the launcher's job secret (which stays with the servers): the same on every node, and
 /// not the job secret itself.
-pub(crate) fn transport_secret(job_secret: [u64; 2]) -> [u64; 2] {
+pub fn transport_secret(job_secret: [u64; 2]) -> [u64; 2] {
     // SplitMix64's finalizer over the secret and a domain constant: a fixed mixing that
     // does not hand the servers' secret to every process.
     fn mix(mut z: u64) -> u64 {
@@ -179,6 +179,24 @@ impl JobInfo {
         }
         out
     }
+}
+
+/// The PGCID of the `weft://world` group, assigned at launch (the root server's PGCID
+/// allocator hands out larger values).
+pub const WORLD_PGCID: u64 = 1;
+
+/// Random 64-bit value from the kernel.
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < 8 {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => panic!("getrandom failed: {e}"),
+        }
+    }
+    u64::from_le_bytes(b)
 }
 
 #[cfg(test)]

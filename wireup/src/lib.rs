@@ -1,9 +1,11 @@
-//! Weft's wire-up layer: the launcher (`weft run`), one server per node, and the
-//! PMIx-style client with which processes exchange business cards.
+//! Weft's wire-up client: the PMIx-style library with which processes exchange business
+//! cards, and the protocol it shares with the runtime (crate `weft-runtime`: the launcher,
+//! `weft run`, and one server per node).
 //!
-//! A job is launched by [`launcher::run`]: it starts one server per (logical) node, each
-//! server starts its node's processes, and each process calls [`Client::init`] to connect
-//! to its server. Cards are published with [`Client::put`] and [`Client::commit`], made
+//! A job is launched by `weft_runtime::launcher::run`: it starts one server per (logical)
+//! node, each server starts its node's processes, and each process calls
+//! [`Client::init`] to connect to its server (or, under another engine's launcher, to
+//! that engine's PMIx server). Cards are published with [`Client::put`] and [`Client::commit`], made
 //! available with [`Client::fence`] (Full, Sparse or SyncOnly) and read with
 //! [`Client::get`]; job-level information ([`JobInfo`]) is available right after init from
 //! the node's shared-memory datastore, with no round trip.
@@ -23,17 +25,19 @@
 mod client;
 mod conn;
 mod event;
-mod frame;
+#[doc(hidden)]
+pub mod frame;
 #[doc(hidden)]
 pub mod fuzz;
 mod group;
 mod handoff;
-mod job;
-pub mod launcher;
-mod modex;
+#[doc(hidden)]
+pub mod job;
+#[doc(hidden)]
+pub mod marker;
 mod pmix;
-mod proto;
-pub mod server;
+#[doc(hidden)]
+pub mod proto;
 pub mod topology;
 mod value;
 
@@ -41,6 +45,8 @@ mod value;
 /// is a failure: an exit before finalize, a signal, a lost connection).
 pub const FINALIZED: &str = "has finalized";
 
+#[doc(hidden)]
+pub use client::keys;
 pub use client::{
     backend_choice, in_a_job, Client, CommitError, FenceError, FinalizeError, GetError, GetOpts,
     InitError,

@@ -70,8 +70,8 @@ use weft_pmix::{
 
 use crate::client::{lock, CommitError, FenceError, GetError, GetOpts, InitError};
 use crate::group::GroupError;
+use crate::job::WORLD_PGCID;
 use crate::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
-use crate::launcher::WORLD_PGCID;
 use crate::proto::{CollId, EventCode, GroupDirectives, GroupInfo};
 use crate::proto::{FenceMode, Procs};
 use crate::value::{Scope, Value};
@@ -360,7 +360,7 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
     if rank == 0 {
         // The transports' secret: made here, read by the others on demand (direct
         // modex); only the job's processes can ask the host's servers for it.
-        let secret = [crate::server::random_u64(), crate::server::random_u64()];
+        let secret = [crate::job::random_u64(), crate::job::random_u64()];
         let bytes = postcard::to_stdvec(&secret).unwrap_or_default();
         px.put(PScope::Global, SECRET_KEY, &bytes)
             .and_then(|()| px.commit())

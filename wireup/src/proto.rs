@@ -15,7 +15,7 @@ use crate::Rank;
 /// The version of the wire-up protocol this build speaks.
 pub const PROTOCOL_VERSION: u32 = 3;
 /// First bytes of every hello.
-pub(crate) const MAGIC: [u8; 4] = *b"WEFT";
+pub const MAGIC: [u8; 4] = *b"WEFT";
 
 /// Which processes take part in a fence (or another collective).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -28,7 +28,7 @@ pub enum Procs {
 
 impl Procs {
     /// Sorted, deduplicated participants; a list naming every rank becomes `All`.
-    pub(crate) fn normalize(self, size: u32) -> Procs {
+    pub fn normalize(self, size: u32) -> Procs {
         match self {
             Procs::All => Procs::All,
             Procs::List(mut v) => {
@@ -43,14 +43,14 @@ impl Procs {
         }
     }
     /// Whether `rank` takes part.
-    pub(crate) fn contains(&self, rank: Rank) -> bool {
+    pub fn contains(&self, rank: Rank) -> bool {
         match self {
             Procs::All => true,
             Procs::List(v) => v.binary_search(&rank).is_ok(),
         }
     }
     /// The participants as a list.
-    pub(crate) fn ranks(&self, size: u32) -> Vec<Rank> {
+    pub fn ranks(&self, size: u32) -> Vec<Rank> {
         match self {
             Procs::All => (0..size).collect(),
             Procs::List(v) => v.clone(),
@@ -73,7 +73,7 @@ pub enum FenceMode {
 
 /// Kind of a collective among servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) enum CollKind {
+pub enum CollKind {
     Fence,
     /// A group construct (the collective's `name` is the group id).
     GroupConstruct,
@@ -85,24 +85,24 @@ pub(crate) enum CollKind {
 /// group operations the group id), so a fence and a group construct over the same
 /// processes never collide.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct CollId {
-    pub(crate) kind: CollKind,
-    pub(crate) procs: Procs,
-    pub(crate) seq: u64,
+pub struct CollId {
+    pub kind: CollKind,
+    pub procs: Procs,
+    pub seq: u64,
     /// The group id (empty for fences).
-    pub(crate) name: String,
+    pub name: String,
 }
 
 impl CollId {
     /// Whether this is a group construct or destruct.
-    pub(crate) fn is_group(&self) -> bool {
+    pub fn is_group(&self) -> bool {
         matches!(
             self.kind,
             CollKind::GroupConstruct | CollKind::GroupDestruct
         )
     }
     /// The operation's name in errors.
-    pub(crate) fn op(&self) -> &'static str {
+    pub fn op(&self) -> &'static str {
         match self.kind {
             CollKind::Fence => "fence",
             CollKind::GroupConstruct => "group construct",
@@ -138,7 +138,7 @@ pub struct GroupDirectives {
 
 impl GroupDirectives {
     /// Whether a member's death or absence shrinks the group instead of failing it.
-    pub(crate) fn tolerant(&self) -> bool {
+    pub fn tolerant(&self) -> bool {
         self.optional || self.notify_termination || self.ft_collective
     }
 }
@@ -163,26 +163,26 @@ pub struct GroupInfo {
 
 /// One node's contribution to a group construct's all-gather.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct GroupBlock {
+pub struct GroupBlock {
     /// The node's members that joined.
-    pub(crate) joined: Vec<Rank>,
+    pub joined: Vec<Rank>,
     /// Their committed Remote/Global data (empty with `no_data`).
-    pub(crate) data: ProcData,
+    pub data: ProcData,
     /// The PGCID, in the root server's block when one was asked for.
-    pub(crate) pgcid: Option<u64>,
+    pub pgcid: Option<u64>,
 }
 
 /// What a server learns of a group collective from the first message about it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct GroupSpec {
-    pub(crate) directives: GroupDirectives,
+pub struct GroupSpec {
+    pub directives: GroupDirectives,
     /// Time left until the construct's deadline when the message was sent.
-    pub(crate) timeout_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
 }
 
 impl CollId {
     /// A stable 64-bit digest (same on every server of the job: FNV-1a of the encoding).
-    pub(crate) fn digest(&self) -> u64 {
+    pub fn digest(&self) -> u64 {
         let bytes = postcard::to_stdvec(self).expect("postcard encoding into a Vec");
         bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -192,7 +192,7 @@ impl CollId {
 
 /// An error a server reports for an operation, carried over the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum WireError {
+pub enum WireError {
     /// The operation timed out; `missing` did not arrive.
     Timeout { op: String, missing: Vec<Rank> },
     /// A process the operation needs died or finalized.
@@ -209,7 +209,7 @@ pub(crate) enum WireError {
 
 /// Client to server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ClientMsg {
+pub enum ClientMsg {
     /// Must be the first frame; never reorder: old and new versions must decode it.
     Hello {
         magic: [u8; 4],
@@ -331,7 +331,7 @@ pub struct Event {
 
 /// Server to client.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ServerMsg {
+pub enum ServerMsg {
     Welcome {
         version: u32,
         datastore: String,
@@ -372,22 +372,22 @@ pub(crate) enum ServerMsg {
 
 /// What a collective carries of each participant from its node: its rank, its commit
 /// generation when it joined, and its Remote/Global data when the collective gathers data.
-pub(crate) type ProcData = Vec<(Rank, u64, Option<Vec<(String, Value)>>)>;
+pub type ProcData = Vec<(Rank, u64, Option<Vec<(String, Value)>>)>;
 
 /// A rank's Remote/Global data as its server answers a direct modex request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct ModexData {
+pub struct ModexData {
     /// How many commits of the rank the data includes.
-    pub(crate) gen: u64,
+    pub gen: u64,
     /// The keys other nodes may see.
-    pub(crate) entries: Vec<(String, Value)>,
+    pub entries: Vec<(String, Value)>,
     /// The rank has finalized: it commits nothing more.
-    pub(crate) finalized: bool,
+    pub finalized: bool,
 }
 
 /// Server to server (TCP).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum PeerMsg {
+pub enum PeerMsg {
     Hello {
         magic: [u8; 4],
         version: u32,
@@ -508,7 +508,7 @@ pub(crate) enum PeerMsg {
 
 /// How one process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum ExitKind {
+pub enum ExitKind {
     Code(i32),
     Signal(i32),
     SpawnFailed(String),
@@ -516,7 +516,7 @@ pub(crate) enum ExitKind {
 
 impl ExitKind {
     /// "exited with code 3", "was killed by signal 9 (SIGKILL)", "could not be started: ...".
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             ExitKind::Code(c) => format!("exited with code {c}"),
             ExitKind::Signal(s) => format!("was killed by signal {s} ({})", signal_name(*s)),
@@ -526,7 +526,7 @@ impl ExitKind {
 }
 
 /// The usual name of signal `s`.
-pub(crate) fn signal_name(s: i32) -> &'static str {
+pub fn signal_name(s: i32) -> &'static str {
     match s {
         1 => "SIGHUP",
         2 => "SIGINT",
@@ -546,31 +546,31 @@ pub(crate) fn signal_name(s: i32) -> &'static str {
 
 /// What a server runs for one app context.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct AppSpec {
-    pub(crate) program: String,
-    pub(crate) args: Vec<String>,
-    pub(crate) cwd: Option<String>,
+pub struct AppSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    pub cwd: Option<String>,
 }
 
 /// What the launcher tells every server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct JobPlan {
-    pub(crate) job: JobInfo,
-    pub(crate) apps: Vec<AppSpec>,
-    pub(crate) tag_output: bool,
+pub struct JobPlan {
+    pub job: JobInfo,
+    pub apps: Vec<AppSpec>,
+    pub tag_output: bool,
     /// Per rank, the CPUs to bind it to.
-    pub(crate) bind: Vec<Option<CpuList>>,
+    pub bind: Vec<Option<CpuList>>,
     /// Bytes of each node's datastore segment.
-    pub(crate) datastore_bytes: u64,
+    pub datastore_bytes: u64,
     /// Name prefix for shm segments and sockets of this job.
-    pub(crate) job_id: String,
+    pub job_id: String,
     /// Extra environment for every process.
-    pub(crate) env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
 }
 
 /// Server to launcher (TCP).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ToLauncher {
+pub enum ToLauncher {
     Hello {
         magic: [u8; 4],
         version: u32,
@@ -591,7 +591,7 @@ pub(crate) enum ToLauncher {
 
 /// Launcher to server (TCP).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum ToServer {
+pub enum ToServer {
     Plan(Box<JobPlan>),
     Start { peers: Vec<SocketAddr> },
     Terminate { grace_ms: u64 },

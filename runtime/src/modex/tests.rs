@@ -2,6 +2,7 @@
 //! them delivered by hand, and a fuzz target of random operations and orders.
 
 use super::*;
+use weft_wireup::marker::marker_fresh;
 
 /// Two servers' states for ranks 0, 1 on node 0 and 2, 3 on node 1.
 fn pair() -> (Modex, Modex) {
@@ -257,7 +258,7 @@ type Gets = std::collections::BTreeMap<(usize, ConnId, u64), (Rank, String, u32,
 #[test]
 fn fuzz_random_operations_answer_every_get_once() {
     let mut gets_total = 0u64;
-    crate::fuzz::tests::run("modex", 3, |m| {
+    weft_wireup::fuzz::inputs::run("modex", 3, |m| {
         let (a, b) = pair();
         let mut nodes = [a, b];
         let node_of = |r: Rank| (r / 2) as usize;

@@ -2,9 +2,9 @@
 //! handlers (a server state driven without sockets).
 
 use super::*;
-use crate::fuzz::tests::{peer_msgs, run};
-use crate::fuzz::{client_corpus, Mutator};
-use crate::proto::ClientMsg;
+use weft_wireup::fuzz::inputs::{peer_msgs, run};
+use weft_wireup::fuzz::{client_corpus, Mutator};
+use weft_wireup::proto::ClientMsg;
 
 /// A server state of node 0 of a 4-process job on 2 nodes, in a runtime (its timers
 /// and peer connections are real tasks; peers are unreachable loopback ports).
@@ -97,7 +97,7 @@ fn a_second_hello_drops_the_client() {
     rig.st.handle(Event::Client {
         conn,
         msg: ClientMsg::Hello {
-            magic: crate::proto::MAGIC,
+            magic: weft_wireup::proto::MAGIC,
             version: PROTOCOL_VERSION,
             rank,
             token,
@@ -119,12 +119,12 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
     let local = plan.job.ranks_on(0);
     let client: Vec<Vec<u8>> = client_corpus(local[0], 4)
         .into_iter()
-        .chain(crate::fuzz::tests::saved("client"))
+        .chain(weft_wireup::fuzz::inputs::saved("client"))
         .collect();
     let peer: Vec<Vec<u8>> = peer_msgs()
         .iter()
         .map(frame::encode)
-        .chain(crate::fuzz::tests::saved("peer"))
+        .chain(weft_wireup::fuzz::inputs::saved("peer"))
         .collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -153,7 +153,7 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
                 let want_bad = m.below(50) == 0;
                 for _ in 0..8 {
                     let b = m.mutate(&client[i]);
-                    if crate::fuzz::is_client_frame(&b) != want_bad {
+                    if weft_wireup::fuzz::is_client_frame(&b) != want_bad {
                         bytes = b;
                         break;
                     }

@@ -73,7 +73,7 @@ impl State {
     ) {
         let size = self.plan.job.size();
         let launch = self.plan.job.psets.iter().any(|p| p.name == name)
-            || name == crate::PSET_SELF
+            || name == weft_wireup::PSET_SELF
             || name.starts_with("mpi://");
         let error = match &members {
             _ if name.is_empty() => Some("the name is empty".to_owned()),

@@ -18,20 +18,18 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use crate::frame::{self, MAX_PEER_FRAME};
-use crate::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
-use crate::proto::{
+use crate::server::{datastore_name, format_secret, random_u64, socket_path};
+use weft_wireup::frame::{self, MAX_PEER_FRAME};
+use weft_wireup::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
+use weft_wireup::proto::{
     signal_name, AppSpec, ExitKind, JobPlan, ToLauncher, ToServer, MAGIC, PROTOCOL_VERSION,
 };
-use crate::server::{datastore_name, format_secret, random_u64, socket_path};
-use crate::topology::{self, CpuList};
-use crate::Rank;
+use weft_wireup::topology::{self, CpuList};
+use weft_wireup::Rank;
 
 /// Exit status of `weft run` when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
-/// The PGCID of the `weft://world` group, assigned at launch (the root server's PGCID
-/// allocator hands out larger values).
-pub const WORLD_PGCID: u64 = 1;
+pub use weft_wireup::job::WORLD_PGCID;
 /// How long terminated processes get between SIGTERM and SIGKILL.
 const KILL_AFTER: Duration = Duration::from_millis(500);
 /// Exit status when the launcher itself failed (bad setup, lost server).
@@ -455,8 +453,8 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
             let mut env = spec.env.clone();
             // Logical nodes share this machine's CPUs: tell every process how many of the
             // job's processes run here (waiting loops yield early past the CPU count).
-            if spec.hosts.is_none() && !env.iter().any(|(k, _)| k == crate::env::HOST_PROCS) {
-                env.push((crate::env::HOST_PROCS.to_owned(), total.to_string()));
+            if spec.hosts.is_none() && !env.iter().any(|(k, _)| k == weft_wireup::env::HOST_PROCS) {
+                env.push((weft_wireup::env::HOST_PROCS.to_owned(), total.to_string()));
             }
             env
         },

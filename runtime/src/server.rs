@@ -31,18 +31,18 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use weft_shm::StoreWriter;
 
-use crate::client::keys;
-use crate::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
-use crate::job::{transport_secret, NodeNet};
 use crate::modex::{self, Answer, GetFlags, Modex};
-use crate::proto::{
+use weft_wireup::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use weft_wireup::job::{transport_secret, NodeNet};
+use weft_wireup::keys;
+use weft_wireup::proto::{
     AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
     GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
     ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
-use crate::topology;
-use crate::value::{Scope, Value};
-use crate::{env, Rank};
+use weft_wireup::topology;
+use weft_wireup::{env, Rank};
+use weft_wireup::{Scope, Value};
 
 mod colls;
 mod conns;
@@ -154,19 +154,7 @@ pub fn format_secret(s: [u64; 2]) -> String {
     format!("{:016x}-{:016x}", s[0], s[1])
 }
 
-/// Random 64-bit value from the kernel.
-pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    let mut filled = 0;
-    while filled < 8 {
-        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => panic!("getrandom failed: {e}"),
-        }
-    }
-    u64::from_le_bytes(b)
-}
+pub(crate) use weft_wireup::job::random_u64;
 
 /// Runs a server until the launcher says the job is over (or disappears).
 pub fn run(args: ServerArgs) -> Result<(), ServerError> {
@@ -724,7 +712,7 @@ impl State {
                 if !self.gone.contains_key(&rank) {
                     let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
                     let (why, fin) = if finalizing {
-                        (crate::FINALIZED.to_owned(), true)
+                        (weft_wireup::FINALIZED.to_owned(), true)
                     } else {
                         let why =
                             "lost its connection to the server (the process is still running)";
@@ -788,7 +776,9 @@ impl State {
                 if !self.gone.contains_key(&rank) {
                     let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
                     let (why, fin) = match &how {
-                        ExitKind::Code(0) if finalizing => (crate::FINALIZED.to_owned(), true),
+                        ExitKind::Code(0) if finalizing => {
+                            (weft_wireup::FINALIZED.to_owned(), true)
+                        }
                         ExitKind::Code(c) if !finalizing => {
                             (format!("exited with code {c} before finalize"), false)
                         }
@@ -953,7 +943,7 @@ impl State {
                         p.finalizing_at_exit = true;
                     }
                 } else if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, crate::FINALIZED.into(), true);
+                    self.proc_gone_local(rank, weft_wireup::FINALIZED.into(), true);
                 }
                 self.send_client(conn, &ServerMsg::Done { req });
             }
