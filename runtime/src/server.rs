@@ -9,12 +9,14 @@
 //! All state lives in one actor task; connection tasks only parse frames and forward
 //! events to it, so the logic has no locks.
 //!
-//! This file holds the actor: its `State`, the event loop and the dispatch of client
-//! and peer messages. The rest is split by concern, each an `impl State` or free
-//! functions in a submodule: `procs` (commits, the datastore, gets, processes that end),
-//! `colls` (fences between servers), `groups` (constructs, invitations, leaders), `psets`
-//! (process sets and queries), `conns` (connection tasks), `spawn` (starting the
-//! processes) and `output` (forwarding their output).
+//! This file holds the actor: its `State`, the event loop and the dispatch of peer
+//! servers' messages. The rest is split by concern, each an `impl State` or free
+//! functions in a submodule: `native` (the front end of Weft's native protocol: a
+//! process's connection and the dispatch of its requests), `procs` (commits, the
+//! datastore, gets, processes that end), `colls` (fences between servers), `groups`
+//! (constructs, invitations, leaders), `psets` (process sets and queries), `conns` (the
+//! other servers' connections), `spawn` (starting the processes) and `output`
+//! (forwarding their output).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io::{self, Write};
@@ -47,12 +49,14 @@ use weft_wireup::{Scope, Value};
 mod colls;
 mod conns;
 mod groups;
+mod native;
 mod output;
 mod procs;
 mod psets;
 mod spawn;
 
-use conns::{client_conn, peer_reader, peer_writer};
+use conns::{peer_reader, peer_writer};
+use native::client_conn;
 use output::{forward, OutputSink};
 use spawn::spawn_child;
 
@@ -815,137 +819,6 @@ impl State {
         for p in self.procs.values() {
             if let (Some(pid), false) = (p.pid, p.exited) {
                 crate::launcher::kill(pid, sig);
-            }
-        }
-    }
-
-    fn on_hello(&mut self, conn: ConnId, rank: Rank, token: u64, tx: UnboundedSender<Out>) {
-        let refuse = |reason: String| {
-            tracing::warn!("dropping client connection claiming rank {rank}: {reason}");
-            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
-            let _ = tx.send(Out::Close);
-        };
-        let Some(p) = self.procs.get_mut(&rank) else {
-            return refuse(format!("rank {rank} does not run on node {}", self.node));
-        };
-        if p.token != token {
-            return refuse(format!("wrong token for rank {rank}"));
-        }
-        if p.conn.is_some() {
-            return refuse(format!("rank {rank} is already connected"));
-        }
-        if self.gone.contains_key(&rank) {
-            return refuse(format!("rank {rank} has already finalized or died"));
-        }
-        p.conn = Some(conn);
-        let early = std::mem::take(&mut p.early_events);
-        let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
-            version: PROTOCOL_VERSION,
-            datastore: self.store.name().to_owned(),
-            nspace: self.plan.job.nspace.clone(),
-        })));
-        for e in early {
-            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
-        }
-        self.conns.insert(conn, (Some(rank), tx));
-    }
-
-    fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
-        let Some(rank) = self.conns.get(&conn).and_then(|(r, _)| *r) else {
-            return;
-        };
-        match msg {
-            ClientMsg::Hello { .. } => {
-                // A protocol violation like an undecodable frame: drop this client.
-                tracing::warn!("dropping rank {rank}'s connection: it sent a second hello");
-                if let Some((_, tx)) = self.conns.get(&conn) {
-                    let _ = tx.send(Out::Close);
-                }
-                self.handle(Event::ClientGone {
-                    conn,
-                    reason: "it sent a second hello".into(),
-                });
-            }
-            ClientMsg::Commit { entries } => self.commit(rank, entries),
-            ClientMsg::Fence {
-                req,
-                id,
-                mode,
-                timeout_ms,
-            } => {
-                if id.kind != CollKind::Fence {
-                    let error = WireError::Invalid {
-                        op: "fence".into(),
-                        reason: "a fence request carried a group collective id".into(),
-                    };
-                    return self.send_client(conn, &ServerMsg::Failed { req, error });
-                }
-                self.coll_arrive(rank, conn, req, id, mode, timeout_ms, None)
-            }
-            ClientMsg::Group {
-                req,
-                id,
-                directives,
-                timeout_ms,
-            } => self.group_arrive(rank, conn, req, id, directives, timeout_ms),
-            ClientMsg::GroupQuery { req } => {
-                let groups = self.groups.values().cloned().collect();
-                self.send_client(conn, &ServerMsg::Groups { req, groups });
-            }
-            ClientMsg::GroupLeave { req, id } => self.group_leave(rank, conn, req, id),
-            ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
-            ClientMsg::PsetDefine { req, name, members } => {
-                self.pset_request(conn, req, name, Some(members))
-            }
-            ClientMsg::PsetDelete { req, name } => self.pset_request(conn, req, name, None),
-            ClientMsg::GroupInvite {
-                req,
-                id,
-                procs,
-                directives,
-                timeout_ms,
-            } => self.group_invite(rank, conn, req, id, procs, directives, timeout_ms),
-            ClientMsg::GroupJoin {
-                req,
-                id,
-                leader,
-                accept,
-            } => self.group_join(rank, conn, req, id, leader, accept),
-            ClientMsg::Get {
-                req,
-                rank: target,
-                key,
-                refresh,
-                local_only,
-                immediate,
-                timeout_ms,
-            } => self.get(
-                conn,
-                req,
-                target,
-                key,
-                GetFlags {
-                    refresh,
-                    local_only,
-                    immediate,
-                },
-                timeout_ms,
-            ),
-            ClientMsg::Finalize { req, at_exit } => {
-                let child = self
-                    .procs
-                    .get(&rank)
-                    .is_some_and(|p| p.pid.is_some() && !p.exited);
-                if at_exit && child {
-                    // Its exit status decides: "has finalized" for 0, else the code or
-                    // signal. The connection closing triggers a check in case it lingers.
-                    if let Some(p) = self.procs.get_mut(&rank) {
-                        p.finalizing_at_exit = true;
-                    }
-                } else if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, weft_wireup::FINALIZED.into(), true);
-                }
-                self.send_client(conn, &ServerMsg::Done { req });
             }
         }
     }

@@ -1,0 +1,266 @@
+//! Weft's native protocol, the first of the server's front ends: a process's connection
+//! over the node's Unix socket (framed `ClientMsg` requests, `ServerMsg` replies), its
+//! hello, and the dispatch of its requests to the core's operations (commits, fences,
+//! gets, groups, process sets, finalize), which reply through the connection's `Out`
+//! channel. Other front ends (PMIx, PMI) are to translate their clients' requests into
+//! the same operations.
+
+use super::*;
+
+pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<Event>) {
+    match s.peer_cred() {
+        Ok(c) if c.uid() == uid => {}
+        Ok(c) => {
+            tracing::warn!(
+                "dropping client connection: peer uid {} is not the job owner's uid {uid}",
+                c.uid()
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("dropping client connection: cannot read peer credentials: {e}");
+            return;
+        }
+    }
+    let (mut r, mut w) = s.into_split();
+    let hello = tokio::time::timeout(
+        Duration::from_secs(30),
+        frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME),
+    )
+    .await;
+
+    let (rank, token) = match hello {
+        Err(_) => return refuse(&mut w, "no hello within 30 s".into()).await,
+        Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,
+        Ok(Ok(ClientMsg::Hello {
+            magic,
+            version,
+            rank,
+            token,
+        })) => {
+            if magic != MAGIC {
+                return refuse(&mut w, format!("bad magic {magic:?} in hello")).await;
+            }
+            if version != PROTOCOL_VERSION {
+                return refuse(&mut w, format!("client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}")).await;
+            }
+            (rank, token)
+        }
+        Ok(Ok(other)) => {
+            return refuse(
+                &mut w,
+                format!("first message is not a hello: {}", msg_name(&other)),
+            )
+            .await
+        }
+    };
+    let (tx, mut rx) = unbounded_channel::<Out>();
+    tokio::spawn(async move {
+        while let Some(o) = rx.recv().await {
+            match o {
+                Out::Frame(f) => {
+                    if frame::write_async(&mut w, &f).await.is_err() {
+                        break;
+                    }
+                }
+                Out::Close => break,
+            }
+        }
+    });
+    if ev
+        .send(Event::ClientHello {
+            conn,
+            rank,
+            token,
+            tx,
+        })
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        match frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME).await {
+            Ok(msg) => {
+                if ev.send(Event::Client { conn, msg }).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let reason = match e {
+                    FrameError::Closed => String::new(),
+                    FrameError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                        String::new()
+                    }
+                    e => {
+                        tracing::warn!("dropping client connection of rank {rank}: {e}");
+                        e.to_string()
+                    }
+                };
+                let _ = ev.send(Event::ClientGone { conn, reason });
+                return;
+            }
+        }
+    }
+}
+
+pub(super) async fn refuse(w: &mut tokio::net::unix::OwnedWriteHalf, reason: String) {
+    tracing::warn!("dropping client connection: {reason}");
+    let _ = frame::write_async(w, &frame::encode(&ServerMsg::Refused { reason })).await;
+}
+
+pub(super) fn msg_name(m: &ClientMsg) -> &'static str {
+    match m {
+        ClientMsg::Hello { .. } => "hello",
+        ClientMsg::Commit { .. } => "commit",
+        ClientMsg::Fence { .. } => "fence",
+        ClientMsg::Get { .. } => "get",
+        ClientMsg::Finalize { .. } => "finalize",
+        ClientMsg::Group { .. } => "group",
+        ClientMsg::GroupQuery { .. } => "group query",
+        ClientMsg::GroupLeave { .. } => "group leave",
+        ClientMsg::LeaderClaim { .. } => "leader claim",
+        ClientMsg::PsetDefine { .. } => "pset define",
+        ClientMsg::PsetDelete { .. } => "pset delete",
+        ClientMsg::GroupInvite { .. } => "group invite",
+        ClientMsg::GroupJoin { .. } => "group join",
+    }
+}
+
+impl State {
+    pub(super) fn on_hello(
+        &mut self,
+        conn: ConnId,
+        rank: Rank,
+        token: u64,
+        tx: UnboundedSender<Out>,
+    ) {
+        let refuse = |reason: String| {
+            tracing::warn!("dropping client connection claiming rank {rank}: {reason}");
+            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
+            let _ = tx.send(Out::Close);
+        };
+        let Some(p) = self.procs.get_mut(&rank) else {
+            return refuse(format!("rank {rank} does not run on node {}", self.node));
+        };
+        if p.token != token {
+            return refuse(format!("wrong token for rank {rank}"));
+        }
+        if p.conn.is_some() {
+            return refuse(format!("rank {rank} is already connected"));
+        }
+        if self.gone.contains_key(&rank) {
+            return refuse(format!("rank {rank} has already finalized or died"));
+        }
+        p.conn = Some(conn);
+        let early = std::mem::take(&mut p.early_events);
+        let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
+            version: PROTOCOL_VERSION,
+            datastore: self.store.name().to_owned(),
+            nspace: self.plan.job.nspace.clone(),
+        })));
+        for e in early {
+            let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
+        }
+        self.conns.insert(conn, (Some(rank), tx));
+    }
+
+    pub(super) fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
+        let Some(rank) = self.conns.get(&conn).and_then(|(r, _)| *r) else {
+            return;
+        };
+        match msg {
+            ClientMsg::Hello { .. } => {
+                // A protocol violation like an undecodable frame: drop this client.
+                tracing::warn!("dropping rank {rank}'s connection: it sent a second hello");
+                if let Some((_, tx)) = self.conns.get(&conn) {
+                    let _ = tx.send(Out::Close);
+                }
+                self.handle(Event::ClientGone {
+                    conn,
+                    reason: "it sent a second hello".into(),
+                });
+            }
+            ClientMsg::Commit { entries } => self.commit(rank, entries),
+            ClientMsg::Fence {
+                req,
+                id,
+                mode,
+                timeout_ms,
+            } => {
+                if id.kind != CollKind::Fence {
+                    let error = WireError::Invalid {
+                        op: "fence".into(),
+                        reason: "a fence request carried a group collective id".into(),
+                    };
+                    return self.send_client(conn, &ServerMsg::Failed { req, error });
+                }
+                self.coll_arrive(rank, conn, req, id, mode, timeout_ms, None)
+            }
+            ClientMsg::Group {
+                req,
+                id,
+                directives,
+                timeout_ms,
+            } => self.group_arrive(rank, conn, req, id, directives, timeout_ms),
+            ClientMsg::GroupQuery { req } => {
+                let groups = self.groups.values().cloned().collect();
+                self.send_client(conn, &ServerMsg::Groups { req, groups });
+            }
+            ClientMsg::GroupLeave { req, id } => self.group_leave(rank, conn, req, id),
+            ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
+            ClientMsg::PsetDefine { req, name, members } => {
+                self.pset_request(conn, req, name, Some(members))
+            }
+            ClientMsg::PsetDelete { req, name } => self.pset_request(conn, req, name, None),
+            ClientMsg::GroupInvite {
+                req,
+                id,
+                procs,
+                directives,
+                timeout_ms,
+            } => self.group_invite(rank, conn, req, id, procs, directives, timeout_ms),
+            ClientMsg::GroupJoin {
+                req,
+                id,
+                leader,
+                accept,
+            } => self.group_join(rank, conn, req, id, leader, accept),
+            ClientMsg::Get {
+                req,
+                rank: target,
+                key,
+                refresh,
+                local_only,
+                immediate,
+                timeout_ms,
+            } => self.get(
+                conn,
+                req,
+                target,
+                key,
+                GetFlags {
+                    refresh,
+                    local_only,
+                    immediate,
+                },
+                timeout_ms,
+            ),
+            ClientMsg::Finalize { req, at_exit } => {
+                let child = self
+                    .procs
+                    .get(&rank)
+                    .is_some_and(|p| p.pid.is_some() && !p.exited);
+                if at_exit && child {
+                    // Its exit status decides: "has finalized" for 0, else the code or
+                    // signal. The connection closing triggers a check in case it lingers.
+                    if let Some(p) = self.procs.get_mut(&rank) {
+                        p.finalizing_at_exit = true;
+                    }
+                } else if !self.gone.contains_key(&rank) {
+                    self.proc_gone_local(rank, weft_wireup::FINALIZED.into(), true);
+                }
+                self.send_client(conn, &ServerMsg::Done { req });
+            }
+        }
+    }
+}
