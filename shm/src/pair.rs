@@ -601,6 +601,8 @@ impl PairHost {
                 peer,
                 line: receiving,
             });
+        // SYNC: a hint only, read Relaxed by the inbox's poll: the line itself is handed
+        // over through `pending`'s lock, which the poll takes once it sees the hint.
         h.has_pending.store(true, Ordering::Release);
         true
     }

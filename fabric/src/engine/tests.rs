@@ -1,6 +1,6 @@
 //! Tests of the engine: frame headers, hostile frames from a peer, stale control frames.
 
-use super::frame::{short_header, Hdr, SHORT};
+use super::frame::{short_header, Hdr, EAGER, SHORT};
 use super::*;
 use proptest::prelude::*;
 
@@ -359,4 +359,171 @@ fn a_split_copy_is_left_to_the_caller_and_taken_over_from_a_silent_sender() {
     drop(e);
     let _ = weft_shm::unlink(&own);
     let _ = weft_shm::unlink(&peer);
+}
+
+/// What the matching property test does, one step at a time.
+#[derive(Debug, Clone)]
+enum MatchOp {
+    /// Post a receive from `src` (any when `None`) with `tag` (any when `None`), on
+    /// context 0 or 1.
+    Post {
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    },
+    /// A message from rank `src` arrives with `tag` on context 0 or 1.
+    Arrive { ctx: u64, src: u32, tag: u32 },
+    /// Cancel the `i`-th receive posted so far (modulo their number).
+    Cancel(usize),
+    /// Probe for `src`/`tag` on context 0 or 1.
+    Probe {
+        ctx: u64,
+        src: Option<u32>,
+        tag: Option<u32>,
+    },
+}
+
+fn match_op() -> impl Strategy<Value = MatchOp> {
+    let src = prop_oneof![Just(None), (1u32..4).prop_map(Some)];
+    let tag = prop_oneof![Just(None), (0u32..3).prop_map(Some)];
+    let ctx = prop_oneof![4 => Just(0u64), 1 => Just(1u64)];
+    prop_oneof![
+        3 => (ctx.clone(), src.clone(), tag.clone()).prop_map(|(ctx, src, tag)| MatchOp::Post { ctx, src, tag }),
+        3 => (ctx.clone(), 1u32..4, 0u32..3).prop_map(|(ctx, src, tag)| MatchOp::Arrive { ctx, src, tag }),
+        1 => any::<usize>().prop_map(MatchOp::Cancel),
+        1 => (ctx, src, tag).prop_map(|(ctx, src, tag)| MatchOp::Probe { ctx, src, tag }),
+    ]
+}
+
+/// The reference: MPI's matching rules written as plainly as possible. A receive takes
+/// the earliest-arrived matching message; a message goes to the earliest-posted matching
+/// receive; a receive that took nothing can be cancelled; a probe sees the earliest
+/// matching message not taken.
+#[derive(Default)]
+struct MatchModel {
+    /// Receives still waiting: (receive number, ctx, src, tag).
+    posted: Vec<(usize, u64, Option<u32>, Option<u32>)>,
+    /// Messages not taken: (message number, ctx, src, tag).
+    unexpected: Vec<(u64, u64, u32, u32)>,
+    /// What each receive got: the message number, or `None` if cancelled.
+    outcome: std::collections::HashMap<usize, Option<u64>>,
+}
+
+impl MatchModel {
+    fn fits(want: (u64, Option<u32>, Option<u32>), got: (u64, u32, u32)) -> bool {
+        want.0 == got.0 && want.1.is_none_or(|s| s == got.1) && want.2.is_none_or(|t| t == got.2)
+    }
+    fn post(&mut self, r: usize, ctx: u64, src: Option<u32>, tag: Option<u32>) {
+        match self
+            .unexpected
+            .iter()
+            .position(|&(_, c, s, t)| Self::fits((ctx, src, tag), (c, s, t)))
+        {
+            Some(i) => {
+                let (m, ..) = self.unexpected.remove(i);
+                self.outcome.insert(r, Some(m));
+            }
+            None => self.posted.push((r, ctx, src, tag)),
+        }
+    }
+    fn arrive(&mut self, m: u64, ctx: u64, src: u32, tag: u32) {
+        match self
+            .posted
+            .iter()
+            .position(|&(_, c, s, t)| Self::fits((c, s, t), (ctx, src, tag)))
+        {
+            Some(i) => {
+                let (r, ..) = self.posted.remove(i);
+                self.outcome.insert(r, Some(m));
+            }
+            None => self.unexpected.push((m, ctx, src, tag)),
+        }
+    }
+    fn cancel(&mut self, r: usize) -> bool {
+        match self.posted.iter().position(|&(p, ..)| p == r) {
+            Some(i) => {
+                self.posted.remove(i);
+                self.outcome.insert(r, None);
+                true
+            }
+            None => false,
+        }
+    }
+    fn probe(&self, ctx: u64, src: Option<u32>, tag: Option<u32>) -> Option<(u32, u32)> {
+        self.unexpected
+            .iter()
+            .find(|&&(_, c, s, t)| Self::fits((ctx, src, tag), (c, s, t)))
+            .map(|&(_, _, s, t)| (s, t))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Tag matching against the reference model: posted receives against unexpected
+    /// messages, wildcards on source and tag, contexts that never match each other, no
+    /// overtaking between two ranks, cancellation and probes, in any interleaving.
+    #[test]
+    fn matching_follows_the_reference_model(ops in proptest::collection::vec(match_op(), 1..60)) {
+        let resolve: Resolver = Box::new(|_| Resolved::Unreachable("no transport in this test".into()));
+        let cfg = Config {
+            eager_limit: 64,
+            single_copy: SingleCopy::None,
+            keep_registrations: false,
+            cma_split: 0,
+            tcp_eager_limit: 64,
+        };
+        let mut e = Engine::new(0, 4, None, vec![0, 1, 2, 3], cfg, resolve, Box::new(|_| None), None, None);
+        let mut model = MatchModel::default();
+        // Each receive's buffer (8 bytes: the number of the message it got) and engine id.
+        let mut bufs: Vec<Box<[u8; 8]>> = Vec::new();
+        let mut ids: Vec<u32> = Vec::new();
+        let mut next_msg = 1u64;
+        for op in &ops {
+            match *op {
+                MatchOp::Post { ctx, src, tag } => {
+                    bufs.push(Box::new([0u8; 8]));
+                    let b = bufs.last_mut().expect("just pushed");
+                    ids.push(e.recv(b.as_mut_ptr(), 8, ctx, src, tag));
+                    model.post(ids.len() - 1, ctx, src, tag);
+                }
+                MatchOp::Arrive { ctx, src, tag } => {
+                    let h = Hdr { kind: EAGER, src, ctx, tag, aux: 0, len: 8 };
+                    let mut f = h.encode().to_vec();
+                    f.extend_from_slice(&next_msg.to_le_bytes());
+                    e.st.on_frame_from(src, &f);
+                    model.arrive(next_msg, ctx, src, tag);
+                    next_msg += 1;
+                }
+                MatchOp::Cancel(i) if !ids.is_empty() => {
+                    let r = i % ids.len();
+                    if model.outcome.contains_key(&r) {
+                        continue; // completed or cancelled already: its id may be reused
+                    }
+                    prop_assert_eq!(e.cancel_recv(ids[r]), model.cancel(r), "cancel of receive {}", r);
+                }
+                MatchOp::Cancel(_) => {}
+                MatchOp::Probe { ctx, src, tag } => {
+                    let got = e.iprobe(ctx, src, tag).map(|s| (s.source, s.tag));
+                    prop_assert_eq!(got, model.probe(ctx, src, tag), "probe {:?}", op);
+                }
+            }
+        }
+        // Every receive the model says got a message has it, with its source and tag;
+        // the others are still pending (then cancelled here) or were cancelled.
+        for (r, &id) in ids.iter().enumerate() {
+            match model.outcome.get(&r) {
+                Some(Some(m)) => {
+                    let st = e.take(id);
+                    prop_assert!(matches!(st, Some(Ok(_))), "receive {} should have completed: {:?}", r, st.is_some());
+                    prop_assert_eq!(u64::from_le_bytes(*bufs[r]), *m, "receive {} got the wrong message", r);
+                }
+                Some(None) => {}
+                None => {
+                    prop_assert!(e.take(id).is_none(), "receive {} completed with no message for it", r);
+                    prop_assert!(e.cancel_recv(id), "receive {} could not be cancelled", r);
+                }
+            }
+        }
+    }
 }
