@@ -10,6 +10,8 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   # weft-pmix: OpenPMIx's client library and headers (bindgen, above); Open MPI's mpirun
   # hosts a PMIx server for the tests of Weft under a foreign engine
   libpmix-dev openmpi-bin
+  # MPICH programs under `weft run` (PMI-1, tests/mpi.rs)
+  mpich libmpich-dev
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix
   slurmd slurmctld slurm-client munge
   # ci/softroce.sh: the soft-RoCE VM

@@ -51,6 +51,7 @@ mod conns;
 mod groups;
 mod native;
 mod output;
+mod pmi;
 mod procs;
 mod psets;
 mod spawn;
@@ -198,6 +199,20 @@ enum Out {
 }
 
 enum Event {
+    /// A process's PMI-1 connection is up (`pmi`).
+    PmiOpen {
+        rank: Rank,
+        tx: UnboundedSender<Vec<u8>>,
+    },
+    /// A PMI-1 request line (or why the connection failed).
+    Pmi {
+        rank: Rank,
+        line: Result<String, String>,
+    },
+    /// A process's PMI-1 connection closed.
+    PmiClosed {
+        rank: Rank,
+    },
     ClientHello {
         conn: ConnId,
         rank: Rank,
@@ -361,6 +376,10 @@ struct State {
     invited: HashMap<(String, Rank), Invitee>,
     /// PGCID requests to the root server, by query id: the invitation they are for.
     pgcid_waiters: HashMap<u64, String>,
+    /// The PMI-1 connections of local processes (`pmi`).
+    pmi: HashMap<Rank, pmi::PmiConn>,
+    /// Who put each PMI-1 key (local puts, and other nodes' from a barrier's data).
+    pmi_owner: HashMap<String, Rank>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -569,6 +588,8 @@ impl State {
             live_children: procs.len(),
             procs,
             conns: HashMap::new(),
+            pmi: HashMap::new(),
+            pmi_owner: HashMap::new(),
             peers,
             peer_tx: HashMap::new(),
             ctl_tx,
@@ -631,6 +652,9 @@ fn wire_to_text(e: &WireError) -> String {
 
 impl State {
     fn send_client(&self, conn: ConnId, msg: &ServerMsg) {
+        if conn & pmi::PMI_CONN != 0 {
+            return self.pmi_reply(conn, msg);
+        }
         if let Some((_, tx)) = self.conns.get(&conn) {
             let _ = tx.send(Out::Frame(frame::encode(msg)));
         }
@@ -680,6 +704,9 @@ impl State {
 
     fn handle(&mut self, ev: Event) {
         match ev {
+            Event::PmiOpen { rank, tx } => self.pmi_open(rank, tx),
+            Event::Pmi { rank, line } => self.on_pmi(rank, line),
+            Event::PmiClosed { rank } => self.pmi_closed(rank),
             Event::ClientHello {
                 conn,
                 rank,

@@ -355,6 +355,7 @@ impl State {
 
     /// What a collective carried of other nodes' participants.
     pub(super) fn learn_remote(&mut self, data: ProcData) {
+        self.pmi_learn(&data);
         for (rank, gen, entries) in data {
             if rank < self.plan.job.size() {
                 let acts = self.modex.learn(rank, gen, entries);

@@ -34,6 +34,8 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
     if let Some(cwd) = &app.cwd {
         cmd.current_dir(cwd);
     }
+    // MPICH's way in (PMI-1 over an inherited socket; `pmi`).
+    let pmi = pmi::prepare(&mut cmd, rank, plan.job.size());
     let bind = plan.bind.get(rank as usize).cloned().flatten();
     let spawned = match bind {
         None => cmd
@@ -55,6 +57,8 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         }
     };
     let ev = st.ev.clone();
+    // The child has its end (or failed to start): the server keeps only its own.
+    let pmi = pmi.map(|(ours, _theirs)| ours);
     match spawned {
         Err(reason) => {
             tracing::error!("rank {rank}: {reason}");
@@ -68,6 +72,9 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
                 rank,
                 pid: child.id(),
             });
+            if let Some(ours) = pmi {
+                pmi::serve(ours, rank, ev.clone());
+            }
             let tag = |s: &str| {
                 plan.tag_output
                     .then(|| format!("[{},{rank}]<{s}>: ", plan.job_id))

@@ -1,0 +1,398 @@
+//! The PMI-1 wire protocol, the server's second front end: what MPICH and its derivatives
+//! speak to their launcher (Hydra's "simple PMI": one text line per request, `cmd=NAME
+//! key=value ...`). Every process gets one end of a socketpair as `PMI_FD` (with
+//! `PMI_RANK` and `PMI_SIZE`); its lines become the core's operations:
+//!
+//! - `put` commits the key (as `pmi1/KEY`, scope Global) for the process, and records the
+//!   key's owner in the server's index, which a barrier's data fills for other nodes;
+//! - `barrier_in` is a Full fence of the whole job (`barrier_out` when it completes);
+//! - `get` reads the key from its owner through the core's get (`PMI_process_mapping` is
+//!   answered from the job's placement);
+//! - `init`, `get_maxes`, `get_appnum`, `get_my_kvsname`, `get_universe_size` and
+//!   `finalize` are answered here.
+//!
+//! A process that never speaks PMI (a Weft program, a shell command) just inherits an
+//! unused descriptor. A malformed or unknown request gets an error reply naming it.
+
+use std::io::{BufRead, Read};
+use std::os::fd::AsRawFd;
+
+use super::*;
+
+/// Connection ids of PMI clients: this bit, then the rank (native clients count up from 0).
+pub(super) const PMI_CONN: ConnId = 1 << 62;
+/// Longest request line accepted (MPICH's values are at most `vallen_max` = 1024 bytes).
+const MAX_LINE: usize = 16 << 10;
+/// `vallen_max` told to clients.
+const VALLEN_MAX: usize = 1024;
+/// Prefix of the keys PMI clients put, in the core's key space.
+const KEY_PREFIX: &str = "pmi1/";
+
+/// A PMI client's state.
+pub(super) struct PmiConn {
+    tx: UnboundedSender<Vec<u8>>,
+    barriers: u64,
+    next_req: u64,
+    /// What each request sent to the core answers: a barrier or a get (replies come
+    /// through `send_client`, which borrows the state shared).
+    waiting: std::cell::RefCell<HashMap<u64, Wait>>,
+}
+
+#[derive(Clone, Copy)]
+enum Wait {
+    Barrier,
+    Get,
+}
+
+/// The socketpair of rank `rank`'s PMI connection: the server's end, and the child's,
+/// made inheritable, with the environment that names it added to `cmd`.
+pub(super) fn prepare(
+    cmd: &mut tokio::process::Command,
+    rank: Rank,
+    size: u32,
+) -> Option<(
+    std::os::unix::net::UnixStream,
+    std::os::unix::net::UnixStream,
+)> {
+    let (ours, theirs) = match std::os::unix::net::UnixStream::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("rank {rank}: no PMI connection (socketpair: {e})");
+            return None;
+        }
+    };
+    // The child inherits this end; the server closes its copy once the child started.
+    if let Err(e) = rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()) {
+        tracing::warn!("rank {rank}: no PMI connection (fcntl: {e})");
+        return None;
+    }
+    cmd.env("PMI_FD", theirs.as_raw_fd().to_string())
+        .env("PMI_RANK", rank.to_string())
+        .env("PMI_SIZE", size.to_string());
+    Some((ours, theirs))
+}
+
+/// Serves the server's end of rank `rank`'s PMI connection: lines to the actor, replies
+/// back.
+pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: UnboundedSender<Event>) {
+    let (tx, mut rx) = unbounded_channel::<Vec<u8>>();
+    let _ = ev.send(Event::PmiOpen { rank, tx });
+    let writer = match ours.try_clone() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("rank {rank}: PMI connection unusable: {e}");
+            return;
+        }
+    };
+    // Blocking IO on two plain threads: a PMI client sends a handful of lines in its life.
+    let evr = ev.clone();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(ours);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r
+                .by_ref()
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+            {
+                Ok(0) | Err(_) => break,
+                Ok(_) if line.len() > MAX_LINE => {
+                    let _ = evr.send(Event::Pmi {
+                        rank,
+                        line: Err(format!("a request line longer than {MAX_LINE} bytes")),
+                    });
+                    break;
+                }
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line).trim().to_string();
+                    if !text.is_empty()
+                        && evr
+                            .send(Event::Pmi {
+                                rank,
+                                line: Ok(text),
+                            })
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = evr.send(Event::PmiClosed { rank });
+    });
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut w = writer;
+        while let Some(bytes) = rx.blocking_recv() {
+            if w.write_all(&bytes).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// `cmd=NAME k=v ...` as (NAME, pairs); `None` without a `cmd`.
+fn parse(line: &str) -> Option<(&str, HashMap<&str, &str>)> {
+    let mut kv = HashMap::new();
+    for word in line.split_ascii_whitespace() {
+        let (k, v) = word.split_once('=')?;
+        kv.insert(k, v);
+    }
+    let cmd = kv.remove("cmd")?;
+    Some((cmd, kv))
+}
+
+/// A PMI `msg` value: no spaces.
+fn msg(text: &str) -> String {
+    text.replace(|c: char| c.is_ascii_whitespace() || c == '=', "_")
+}
+
+/// MPICH's `PMI_process_mapping` of ranks to nodes: `(vector,(first node, nodes, ranks
+/// per node),...)`, each triple a run of nodes given the same count of consecutive ranks.
+pub(super) fn process_mapping(node_of_rank: &[u32]) -> String {
+    // Runs of consecutive ranks on one node: (node, count).
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &n in node_of_rank {
+        match runs.last_mut() {
+            Some((node, count)) if *node == n => *count += 1,
+            _ => runs.push((n, 1)),
+        }
+    }
+    // Runs on consecutive nodes with the same count make one triple.
+    let mut triples: Vec<(u32, u32, u32)> = Vec::new();
+    for (node, count) in runs {
+        match triples.last_mut() {
+            Some((first, nodes, per)) if *per == count && *first + *nodes == node => *nodes += 1,
+            _ => triples.push((node, 1, count)),
+        }
+    }
+    let body: Vec<String> = triples
+        .iter()
+        .map(|(a, b, c)| format!("({a},{b},{c})"))
+        .collect();
+    format!("(vector,{})", body.join(","))
+}
+
+impl State {
+    pub(super) fn pmi_open(&mut self, rank: Rank, tx: UnboundedSender<Vec<u8>>) {
+        self.pmi.insert(
+            rank,
+            PmiConn {
+                tx,
+                barriers: 0,
+                next_req: 0,
+                waiting: std::cell::RefCell::new(HashMap::new()),
+            },
+        );
+    }
+
+    pub(super) fn pmi_closed(&mut self, rank: Rank) {
+        // The process's exit decides how it ended (as for a process that never spoke PMI).
+        self.pmi.remove(&rank);
+        let acts = self.modex.conn_closed(PMI_CONN | ConnId::from(rank));
+        self.apply(acts);
+    }
+
+    fn pmi_send(&self, rank: Rank, text: &str) {
+        if let Some(c) = self.pmi.get(&rank) {
+            let _ = c.tx.send(format!("{text}\n").into_bytes());
+        }
+    }
+
+    fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
+        let c = self.pmi.get_mut(&rank)?;
+        c.next_req += 1;
+        c.waiting.borrow_mut().insert(c.next_req, wait);
+        Some(c.next_req)
+    }
+
+    /// A request line from rank `rank` (or why its connection failed).
+    pub(super) fn on_pmi(&mut self, rank: Rank, line: Result<String, String>) {
+        let line = match line {
+            Ok(l) => l,
+            Err(why) => {
+                tracing::warn!("rank {rank}: PMI: {why}; closing its PMI connection");
+                return self.pmi_send(rank, &format!("cmd=error rc=-1 msg={}", msg(&why)));
+            }
+        };
+        let Some((cmd, kv)) = parse(&line) else {
+            tracing::warn!("rank {rank}: malformed PMI request {line:?}");
+            return self.pmi_send(
+                rank,
+                "cmd=error rc=-1 msg=malformed_request_(expected_cmd=NAME_key=value...)",
+            );
+        };
+        let conn = PMI_CONN | ConnId::from(rank);
+        let size = self.plan.job.size();
+        match cmd {
+            "init" => {
+                let v = kv.get("pmi_version").copied().unwrap_or("1");
+                let rc = if v == "1" { 0 } else { -1 };
+                self.pmi_send(
+                    rank,
+                    &format!("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc={rc}"),
+                );
+            }
+            "get_maxes" => self.pmi_send(
+                rank,
+                &format!("cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max={VALLEN_MAX}"),
+            ),
+            "get_appnum" => {
+                let app = self.plan.job.procs.get(rank as usize).map_or(0, |p| p.app);
+                self.pmi_send(rank, &format!("cmd=appnum rc=0 appnum={app}"));
+            }
+            "get_my_kvsname" => {
+                let name = msg(&self.plan.job.nspace);
+                self.pmi_send(rank, &format!("cmd=my_kvsname rc=0 kvsname={name}"));
+            }
+            "get_universe_size" => {
+                self.pmi_send(rank, &format!("cmd=universe_size rc=0 size={size}"));
+            }
+            "put" => {
+                let (Some(key), Some(value)) = (kv.get("key"), kv.get("value")) else {
+                    return self.pmi_send(rank, "cmd=put_result rc=-1 msg=put_needs_key_and_value");
+                };
+                if value.len() > VALLEN_MAX {
+                    return self.pmi_send(
+                        rank,
+                        &format!("cmd=put_result rc=-1 msg=value_longer_than_{VALLEN_MAX}_bytes"),
+                    );
+                }
+                self.pmi_owner.insert((*key).to_string(), rank);
+                let entry = (
+                    Scope::Global,
+                    format!("{KEY_PREFIX}{key}"),
+                    Value::Str((*value).to_string()),
+                );
+                self.commit(rank, vec![entry]);
+                self.pmi_send(rank, "cmd=put_result rc=0 msg=success");
+            }
+            "get" => {
+                let Some(key) = kv.get("key").copied() else {
+                    return self.pmi_send(rank, "cmd=get_result rc=-1 msg=get_needs_a_key");
+                };
+                if key == "PMI_process_mapping" {
+                    let nodes: Vec<u32> = self.plan.job.procs.iter().map(|p| p.node).collect();
+                    let v = process_mapping(&nodes);
+                    return self
+                        .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
+                }
+                let Some(&owner) = self.pmi_owner.get(key) else {
+                    return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
+                };
+                let Some(req) = self.pmi_req(rank, Wait::Get) else {
+                    return;
+                };
+                let flags = GetFlags {
+                    immediate: true,
+                    ..GetFlags::default()
+                };
+                self.get(conn, req, owner, format!("{KEY_PREFIX}{key}"), flags, None);
+            }
+            "barrier_in" => {
+                let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
+                    return;
+                };
+                let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
+                    c.barriers += 1;
+                    c.barriers
+                });
+                let id = CollId {
+                    kind: CollKind::Fence,
+                    procs: Procs::All,
+                    seq,
+                    name: "pmi1".into(),
+                };
+                self.coll_arrive(rank, conn, req, id, FenceMode::Full, None, None);
+            }
+            "finalize" => {
+                // As a native client's finalize at exit: its exit status decides.
+                if let Some(p) = self.procs.get_mut(&rank) {
+                    p.finalizing_at_exit = true;
+                }
+                self.pmi_send(rank, "cmd=finalize_ack rc=0");
+            }
+            "abort" => {
+                // The process exits next (with the code it names); that ends the job.
+                let code = kv.get("exitcode").copied().unwrap_or("?");
+                tracing::warn!("rank {rank} called PMI abort (exit code {code})");
+            }
+            other => {
+                tracing::warn!("rank {rank}: unsupported PMI request {other:?}");
+                self.pmi_send(
+                    rank,
+                    &format!("cmd={} rc=-1 msg=unsupported_PMI-1_request", msg(other)),
+                );
+            }
+        }
+    }
+
+    /// The core's reply `msg` to PMI client `conn`, in PMI's words.
+    pub(super) fn pmi_reply(&self, conn: ConnId, msg_: &ServerMsg) {
+        let rank = (conn & !PMI_CONN) as Rank;
+        let (req, text) = match msg_ {
+            ServerMsg::Done { req } => (*req, None),
+            ServerMsg::Value { req, value } => (*req, Some(Ok(value.clone()))),
+            ServerMsg::Missing { req, reason } => (*req, Some(Err(reason.clone()))),
+            ServerMsg::Failed { req, error } => (*req, Some(Err(wire_to_text(error)))),
+            _ => return, // events and the rest: not part of PMI-1
+        };
+        let Some(wait) = self
+            .pmi
+            .get(&rank)
+            .and_then(|c| c.waiting.borrow_mut().remove(&req))
+        else {
+            return;
+        };
+        let line = match (wait, text) {
+            (Wait::Barrier, None) => "cmd=barrier_out rc=0".to_string(),
+            (Wait::Barrier, Some(Err(why))) => format!("cmd=barrier_out rc=-1 msg={}", msg(&why)),
+            (Wait::Get, Some(Ok(Value::Str(v)))) => {
+                format!("cmd=get_result rc=0 msg=success value={v}")
+            }
+            (Wait::Get, Some(Err(_))) => "cmd=get_result rc=-1 msg=key_not_found".to_string(),
+            (w, _) => {
+                let what = match w {
+                    Wait::Barrier => "barrier_out",
+                    Wait::Get => "get_result",
+                };
+                format!("cmd={what} rc=-1 msg=unexpected_reply")
+            }
+        };
+        self.pmi_send(rank, &line);
+    }
+
+    /// Records the owners of the PMI keys in data of other nodes' processes.
+    pub(super) fn pmi_learn(&mut self, data: &ProcData) {
+        for (rank, _, entries) in data {
+            for (k, _) in entries.iter().flatten() {
+                if let Some(key) = k.strip_prefix(KEY_PREFIX) {
+                    self.pmi_owner.insert(key.to_string(), *rank);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_mappings_are_mpichs() {
+        assert_eq!(process_mapping(&[0, 0, 0, 0]), "(vector,(0,1,4))");
+        assert_eq!(process_mapping(&[0, 0, 1, 1]), "(vector,(0,2,2))");
+        assert_eq!(process_mapping(&[0, 1, 0, 1]), "(vector,(0,2,1),(0,2,1))");
+        assert_eq!(process_mapping(&[0, 0, 0, 1]), "(vector,(0,1,3),(1,1,1))");
+    }
+
+    #[test]
+    fn requests_parse_or_are_refused() {
+        let (cmd, kv) = parse("cmd=put kvsname=k key=a value=b").expect("parses");
+        assert_eq!((cmd, kv["key"], kv["value"]), ("put", "a", "b"));
+        assert!(parse("put key=a").is_none(), "a word without =");
+        assert!(parse("key=a value=b").is_none(), "no cmd");
+        assert_eq!(msg("rank 3 is gone"), "rank_3_is_gone");
+    }
+}

@@ -1,0 +1,175 @@
+//! Programs that bootstrap through the PMI-1 wire protocol under `weft run` (issue 18,
+//! section 2): a plain PMI-1 client written in the shell (every request, replies checked
+//! line by line, malformed and unknown requests refused with an error reply, keys of
+//! another node found after a barrier), and MPICH programs built from `benches/mpi/` with
+//! Debian's `mpicc.mpich` (a ring with send/recv, bcast, allreduce and barrier; the OSU
+//! latency) on one node and on 2 logical nodes (MPICH brings its own transports), a
+//! killed rank ending the job with its name, nothing left behind. Without `mpicc.mpich`
+//! the MPICH tests are skipped with a printed reason, or fail when `WEFT_REQUIRE_MPICH`
+//! is set (`ci/test.sh` installs MPICH and sets it).
+#![allow(missing_docs)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{assert_clean, run};
+
+/// A PMI-1 client in the shell: each request line, then the reply as `rank R: REPLY`.
+const PMI_SH: &str = r#"
+fd=$PMI_FD
+ask() { echo "$1" >&$fd; read -r line <&$fd; echo "rank $PMI_RANK: $2 $line"; }
+ask "cmd=init pmi_version=1 pmi_subversion=1" init
+ask "cmd=get_maxes" maxes
+ask "cmd=get_appnum" appnum
+ask "cmd=get_universe_size" universe
+ask "cmd=put kvsname=x key=card$PMI_RANK value=v$PMI_RANK" put
+ask "cmd=barrier_in" barrier
+ask "cmd=get kvsname=x key=card$(( (PMI_RANK + 1) % PMI_SIZE ))" next
+ask "cmd=get kvsname=x key=nobody" nobody
+ask "cmd=get kvsname=x key=PMI_process_mapping" mapping
+ask "this is not pmi" malformed
+ask "cmd=frobnicate" unknown
+ask "cmd=finalize" finalize
+"#;
+
+#[test]
+fn a_plain_pmi1_client_gets_every_reply_on_one_and_two_nodes() {
+    for (nodes, mapping) in [("1", "(vector,(0,1,2))"), ("2", "(vector,(0,2,1))")] {
+        let name = format!("pmi1-sh-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", "bash", "-c", PMI_SH],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        for r in 0..2 {
+            let next = (r + 1) % 2;
+            for want in [
+                "init cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0".to_string(),
+                "maxes cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max=1024".into(),
+                "appnum cmd=appnum rc=0 appnum=0".into(),
+                "universe cmd=universe_size rc=0 size=2".into(),
+                "put cmd=put_result rc=0 msg=success".into(),
+                "barrier cmd=barrier_out rc=0".into(),
+                format!("next cmd=get_result rc=0 msg=success value=v{next}"),
+                "nobody cmd=get_result rc=-1 msg=key_not_found".into(),
+                format!("mapping cmd=get_result rc=0 msg=success value={mapping}"),
+                "malformed cmd=error rc=-1 msg=malformed_request".into(),
+                "unknown cmd=frobnicate rc=-1 msg=unsupported_PMI-1_request".into(),
+                "finalize cmd=finalize_ack rc=0".into(),
+            ] {
+                assert_eq!(
+                    d.lines_with(&format!("rank {r}: {want}")),
+                    1,
+                    "{nodes} node(s), rank {r}: {want}\n{}",
+                    d.dump()
+                );
+            }
+        }
+        let job = format!("{name}-{}", std::process::id());
+        assert_clean(
+            &job,
+            &std::env::temp_dir().join("weft-tests").join(&job),
+            &d,
+        );
+    }
+}
+
+/// `benches/mpi/SOURCE.c` built with `mpicc.mpich`, or `None` (skipped, with the reason
+/// printed) when MPICH is not installed and `WEFT_REQUIRE_MPICH` is not set.
+fn mpich_program(source: &str) -> Option<String> {
+    let have = Command::new("mpicc.mpich")
+        .arg("-show")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_MPICH").is_none(),
+            "WEFT_REQUIRE_MPICH is set but mpicc.mpich is missing (apt-get install mpich libmpich-dev)"
+        );
+        eprintln!("skipped: mpicc.mpich not found (apt-get install mpich libmpich-dev)");
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{source}.mpich"));
+    let built = Command::new("mpicc.mpich")
+        .args(["-O2", "-DIMPL=\"mpich\"", "-o"])
+        .arg(&out)
+        .arg(root.join("benches/mpi").join(format!("{source}.c")))
+        .output()
+        .expect("mpicc.mpich");
+    assert!(
+        built.status.success(),
+        "mpicc.mpich {source}.c: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out.display().to_string())
+}
+
+#[test]
+fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
+    let Some(ring) = mpich_program("ring") else {
+        return;
+    };
+    for nodes in ["1", "2"] {
+        let name = format!("mpich-ring-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "4", &ring],
+            Duration::from_secs(120),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        for r in 0..4 {
+            assert_eq!(
+                d.lines_with(&format!("rank {r} ring ok")),
+                1,
+                "{}",
+                d.dump()
+            );
+        }
+        let job = format!("{name}-{}", std::process::id());
+        assert_clean(
+            &job,
+            &std::env::temp_dir().join("weft-tests").join(&job),
+            &d,
+        );
+    }
+    let Some(osu) = mpich_program("osu_p2p") else {
+        return;
+    };
+    let d = run(
+        "mpich-osu",
+        &["-n", "2", &osu, "--bench", "latency,bw", "--sizes", "8,64K"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(d.lines_with("\"impl\":\"mpich\""), 4, "{}", d.dump());
+}
+
+#[test]
+fn a_killed_mpich_rank_ends_the_job_naming_it() {
+    let Some(ring) = mpich_program("ring") else {
+        return;
+    };
+    let name = "mpich-die";
+    let d = run(
+        name,
+        &["-n", "4", &ring, "die", "2"],
+        Duration::from_secs(60),
+    );
+    assert_ne!(d.code(), Some(0), "{}", d.dump());
+    assert!(
+        d.stderr.contains("rank 2") && d.stderr.contains("SIGKILL"),
+        "the job names rank 2 and its signal\n{}",
+        d.dump()
+    );
+    let job = format!("{name}-{}", std::process::id());
+    assert_clean(
+        &job,
+        &std::env::temp_dir().join("weft-tests").join(&job),
+        &d,
+    );
+}
