@@ -15,7 +15,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{assert_clean, run};
+use common::{assert_clean, run, Done};
+
+/// Checks that job `name` (as `run` named it) left no segment or file behind.
+fn clean(name: &str, d: &Done) {
+    let job = format!("{name}-{}", std::process::id());
+    assert_clean(&job, &std::env::temp_dir().join("weft-tests").join(&job), d);
+}
 
 /// A PMI-1 client in the shell: each request line, then the reply as `rank R: REPLY`.
 const PMI_SH: &str = r#"
@@ -69,12 +75,7 @@ fn a_plain_pmi1_client_gets_every_reply_on_one_and_two_nodes() {
                 );
             }
         }
-        let job = format!("{name}-{}", std::process::id());
-        assert_clean(
-            &job,
-            &std::env::temp_dir().join("weft-tests").join(&job),
-            &d,
-        );
+        clean(&name, &d);
     }
 }
 
@@ -130,12 +131,7 @@ fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
                 d.dump()
             );
         }
-        let job = format!("{name}-{}", std::process::id());
-        assert_clean(
-            &job,
-            &std::env::temp_dir().join("weft-tests").join(&job),
-            &d,
-        );
+        clean(&name, &d);
     }
     let Some(osu) = mpich_program("osu_p2p") else {
         return;
@@ -166,10 +162,5 @@ fn a_killed_mpich_rank_ends_the_job_naming_it() {
         "the job names rank 2 and its signal\n{}",
         d.dump()
     );
-    let job = format!("{name}-{}", std::process::id());
-    assert_clean(
-        &job,
-        &std::env::temp_dir().join("weft-tests").join(&job),
-        &d,
-    );
+    clean(name, &d);
 }
