@@ -136,6 +136,10 @@ fn main() -> ExitCode {
                 "wire-up backend: {} (WEFT_WIREUP=weft|pmix|auto)",
                 weft_wireup::backend_choice()
             );
+            println!(
+                "hosting: weft run serves the PMI-1 wire protocol to every process (PMI_FD, \
+                 PMI_RANK, PMI_SIZE: MPICH programs run unmodified); not yet PMI-2 or a PMIx server"
+            );
             // Under a host engine, ask its PMIx server what it offers.
             if weft_wireup::in_a_job() && std::env::var_os(weft_wireup::env::RANK).is_none() {
                 match weft_wireup::Client::init() {
