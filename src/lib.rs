@@ -1,10 +1,11 @@
 //! Weft: a communication fabric for HPC.
 //!
-//! This facade re-exports the layers: [`wireup`] (launcher, servers, PMIx-style client),
-//! [`fabric`] (sessions, groups, communicators and tagged point-to-point over shared
-//! memory, verbs and TCP) and [`collectives`] (barrier, bcast, allreduce, ... and their
-//! non-blocking forms; dup and split). Depend on this crate and reach the layers through
-//! it.
+//! This facade re-exports the layers: [`wireup`] (the PMIx-style wire-up client, over
+//! `weft run`'s servers or a host engine's PMIx server), [`runtime`] (the launcher and
+//! the per-node servers, which also host MPICH programs over PMI-1), [`fabric`]
+//! (sessions, groups, communicators and tagged point-to-point over shared memory, verbs
+//! and TCP) and [`collectives`] (barrier, bcast, allreduce, ... and their non-blocking
+//! forms; dup and split). Depend on this crate and reach the layers through it.
 //!
 //! ```no_run
 //! use weft::prelude::*;

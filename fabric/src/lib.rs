@@ -43,7 +43,7 @@ use engine::{Config, Direct, Engine, Resolved, SingleCopy};
 use lock::Guard;
 use setup::{DEFAULT_CMA_SPLIT, DEFAULT_TCP_EAGER_LIMIT};
 pub use setup::{SHM_CARD_KEY, TCP_CARD_KEY, TUNABLES, VERBS_CARD_KEY};
-use weft_shm::{Inbox, Outbox};
+use weft_shm::Inbox;
 use weft_wireup::Client;
 
 /// A message tag. [`Tag::ANY`] matches any tag in a receive and is not a valid send tag.
@@ -591,15 +591,8 @@ impl Fabric {
         let pairs = inbox.as_ref().map(Inbox::pair_host);
         let resolve = Box::new(move |rank: u32| -> Resolved {
             match peers.get(rank as usize).cloned().flatten() {
-                Some(name) => match Outbox::connect(&name, my_local) {
-                    Ok(mut o) => {
-                        if let Some(p) = &pairs {
-                            p.pair(&mut o);
-                        }
-                        Resolved::Shm(Box::new(o))
-                    }
-                    Err(e) => Resolved::Unreachable(e.to_string()),
-                },
+                Some(name) => crate::setup::connect_shm(&name, my_local, pairs.as_ref())
+                    .unwrap_or_else(|e| Resolved::Unreachable(e.to_string())),
                 None => Resolved::Unreachable("no card".into()),
             }
         });

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use weft_shm::{Inbox, InboxConfig, Outbox};
+use weft_shm::{Inbox, InboxConfig, Outbox, PairHost, ShmError};
 use weft_wireup::{Client, GetOpts, Scope, Value};
 
 use crate::engine::{self, Config, Engine, Resolved, SingleCopy};
@@ -346,17 +346,12 @@ impl Fabric {
                 return match w2.get(rank, SHM_CARD_KEY, timeout) {
                     Ok(v) => match v.as_str().map(parse_shm_card) {
                         Some(Err(why)) => Resolved::Unreachable(why),
-                        Some(Ok(name)) => match Outbox::connect(name, my_local) {
-                            Ok(mut o) => {
-                                if let Some(p) = &pairs {
-                                    p.pair(&mut o);
-                                }
-                                Resolved::Shm(Box::new(o))
-                            }
-                            Err(e) => Resolved::Unreachable(format!(
-                                "cannot connect to its inbox {name}: {e}"
-                            )),
-                        },
+                        Some(Ok(name)) => connect_shm(name, my_local, pairs.as_ref())
+                            .unwrap_or_else(|e| {
+                                Resolved::Unreachable(format!(
+                                    "cannot connect to its inbox {name}: {e}"
+                                ))
+                            }),
                         None => Resolved::Unreachable(format!(
                             "its card {SHM_CARD_KEY} is not a string: {v:?}"
                         )),
@@ -437,6 +432,20 @@ impl Fabric {
             }),
         ))
     }
+}
+
+/// Connects to the inbox `name` as local sender `my_local`, giving the outbox this
+/// process's pair lines when it has them (`pairs`).
+pub(crate) fn connect_shm(
+    name: &str,
+    my_local: u32,
+    pairs: Option<&PairHost>,
+) -> Result<Resolved, ShmError> {
+    let mut o = Outbox::connect(name, my_local)?;
+    if let Some(p) = pairs {
+        p.pair(&mut o);
+    }
+    Ok(Resolved::Shm(Box::new(o)))
 }
 
 #[cfg(test)]
