@@ -383,10 +383,7 @@ fn first_send_to_a_fencing_peer() -> Res {
     };
     match w.rank() {
         0 => {
-            std::thread::sleep(Duration::from_millis(300));
-            let t0 = Instant::now();
-            w.send(&[42u64], 1, Tag(5))?;
-            println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+            timed_first_send(&w)?;
             fence()?;
         }
         1 => {
@@ -404,6 +401,16 @@ fn first_send_to_a_fencing_peer() -> Res {
     Ok(())
 }
 
+/// Rank 0's first send to rank 1, 300 ms after start (rank 1 is busy elsewhere by then),
+/// with how long it took.
+fn timed_first_send(w: &Communicator) -> Res {
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    w.send(&[42u64], 1, Tag(5))?;
+    println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+    Ok(())
+}
+
 /// Rank 1 waits in a get for a key rank 0 commits only after its first send to rank 1
 /// completed: the send needs rank 1 to answer (a TCP handshake) while it waits in the
 /// get, so the get must keep the fabric progressing.
@@ -413,10 +420,7 @@ fn first_send_to_a_getting_peer() -> Res {
     let wire = f.wire();
     match w.rank() {
         0 => {
-            std::thread::sleep(Duration::from_millis(300));
-            let t0 = Instant::now();
-            w.send(&[42u64], 1, Tag(5))?;
-            println!("rank 0 first send took {} ms", t0.elapsed().as_millis());
+            timed_first_send(&w)?;
             wire.put(Scope::Global, "after-send", 1u64)?;
             wire.commit()?;
         }

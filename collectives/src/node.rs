@@ -71,7 +71,7 @@ use weft_fabric::sched::{as_bytes, as_bytes_mut, cast_slice, cast_slice_mut, Buf
 use weft_fabric::{Communicator, P2pError, SpinGuard, SpinLock};
 use weft_shm::{cma_read, CollSegment};
 
-use crate::op::{apply, misaligned, ByteOp, Element, Op, Scratch};
+use crate::op::{apply, misaligned, ByteOp, Element, Op};
 use crate::{algo, at, CollError};
 
 /// Members past which the flat algorithms here stop paying (every member reads every
@@ -705,18 +705,27 @@ impl NodeColl {
         if root.is_some_and(|r| r != run.comm.rank()) {
             return Ok(());
         }
-        let mut scratch = Scratch::default();
-        let all = scratch.bytes(n * bytes);
-        run.wait_all_taking(run.fin(), w, all)?;
-        // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
-        let out = &mut recv[..count];
-        as_bytes_mut(out).copy_from_slice(&all[(n - 1) * bytes..]);
-        for r in (0..n - 1).rev() {
-            let input = cast_slice::<T>(&all[r * bytes..(r + 1) * bytes])
-                .ok_or_else(|| misaligned(run.op))?;
-            apply(op, input, out);
+        // Every member's payload, in the communicator's scratch (kept between operations:
+        // no allocation here once it has grown).
+        let mut scratch = std::mem::take(&mut run.st.scratch);
+        if scratch.len() * 16 < n * bytes {
+            scratch.resize((n * bytes).div_ceil(16), 0);
         }
-        Ok(())
+        let res = (|| {
+            let all = &mut as_bytes_mut(&mut scratch[..])[..n * bytes];
+            run.wait_all_taking(run.fin(), w, all)?;
+            // x0 op (x1 op (... op x(n-1))), from the right, the same bits everywhere.
+            let out = &mut recv[..count];
+            as_bytes_mut(out).copy_from_slice(&all[(n - 1) * bytes..]);
+            for r in (0..n - 1).rev() {
+                let input = cast_slice::<T>(&all[r * bytes..(r + 1) * bytes])
+                    .ok_or_else(|| misaligned(run.op))?;
+                apply(op, input, out);
+            }
+            Ok(())
+        })();
+        run.st.scratch = scratch;
+        res
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -897,14 +897,7 @@ impl State {
                 match c.mode {
                     Some(m) if m != mode => {
                         let reason = format!("participants asked for different modes ({m:?} here, {mode:?} on another node)");
-                        return self.fail_coll(
-                            &id,
-                            WireError::Invalid {
-                                op: id.op().into(),
-                                reason,
-                            },
-                            true,
-                        );
+                        return self.fail_disagreement(&id, reason);
                     }
                     _ => c.mode = Some(mode),
                 }
@@ -914,14 +907,7 @@ impl State {
                         "participants gave different directives ({:?} here, {theirs:?} on another node)",
                         c.group.as_ref().map(|g| &g.directives)
                     );
-                    return self.fail_coll(
-                        &id,
-                        WireError::Invalid {
-                            op: id.op().into(),
-                            reason,
-                        },
-                        true,
-                    );
+                    return self.fail_disagreement(&id, reason);
                 }
                 c.inbox.insert(step, blocks);
                 if fresh {

@@ -364,6 +364,15 @@ impl State {
         }
     }
 
+    /// Fails collective `id` everywhere because its participants disagree (`reason`).
+    pub(super) fn fail_disagreement(&mut self, id: &CollId, reason: String) {
+        let error = WireError::Invalid {
+            op: id.op().into(),
+            reason,
+        };
+        self.fail_coll(id, error, true);
+    }
+
     pub(super) fn fail_coll(&mut self, id: &CollId, error: WireError, broadcast: bool) {
         if let Some(c) = self.colls.remove(id) {
             for (conn, req) in &c.waiters {
