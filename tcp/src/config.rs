@@ -43,6 +43,11 @@ pub const TUNABLES: &[Tunable] = &[
         meaning: "bytes of frames queued per connection before try_send refuses",
     },
     Tunable {
+        name: "WEFT_TCP_WRITE_CHUNK",
+        default: "512k",
+        meaning: "most bytes of a bulk transfer handed to one sendmsg (smaller writes let the kernel process ACKs between them; 0: no limit)",
+    },
+    Tunable {
         name: "WEFT_TCP_SNDBUF",
         default: "auto",
         meaning: "SO_SNDBUF of each connection in bytes (auto: the kernel's)",
@@ -89,6 +94,12 @@ pub struct Config {
     pub max_frame: usize,
     /// Bytes of frames queued per connection before `try_send` says no.
     pub queue_bytes: usize,
+    /// Most bytes of a bulk transfer written by one `sendmsg` (`usize::MAX`: no limit).
+    /// Each `sendmsg` holds the socket lock while it copies; ACKs arriving meanwhile wait
+    /// in the socket's backlog, and on loopback their processing (which delivers the next
+    /// segments) then lands on the sender's core in one burst. 512 KiB measured best on
+    /// loopback (docs/benchmarks.md).
+    pub write_chunk: usize,
     /// `SO_SNDBUF` when set.
     pub sndbuf: Option<usize>,
     /// `SO_RCVBUF` when set.
@@ -115,6 +126,7 @@ impl fmt::Debug for Config {
             .field("addr", &self.addr)
             .field("max_frame", &self.max_frame)
             .field("queue_bytes", &self.queue_bytes)
+            .field("write_chunk", &self.write_chunk)
             .field("sndbuf", &self.sndbuf)
             .field("rcvbuf", &self.rcvbuf)
             .field("handshake_timeout", &self.handshake_timeout)
@@ -137,6 +149,7 @@ impl Config {
             addr,
             max_frame: 64 << 10,
             queue_bytes: 4 << 20,
+            write_chunk: 512 << 10,
             sndbuf: None,
             rcvbuf: None,
             handshake_timeout: Duration::from_secs(10),
@@ -212,6 +225,13 @@ impl Config {
         if let Some(n) = size("WEFT_TCP_QUEUE_BYTES", 1024, 1 << 40)? {
             c.queue_bytes = n as usize;
         }
+        if let Some(n) = size("WEFT_TCP_WRITE_CHUNK", 0, 1 << 40)? {
+            c.write_chunk = if n == 0 {
+                usize::MAX
+            } else {
+                n.max(4096) as usize
+            };
+        }
         c.sndbuf = size("WEFT_TCP_SNDBUF", 4096, 1 << 30)?.map(|n| n as usize);
         c.rcvbuf = size("WEFT_TCP_RCVBUF", 4096, 1 << 30)?.map(|n| n as usize);
         if let Some(n) = size("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", 1, 1 << 32)? {
@@ -241,6 +261,8 @@ impl Config {
                     "WEFT_TCP_IF" => "auto".to_string(),
                     "WEFT_TCP_MAX_FRAME" => self.max_frame.to_string(),
                     "WEFT_TCP_QUEUE_BYTES" => self.queue_bytes.to_string(),
+                    "WEFT_TCP_WRITE_CHUNK" if self.write_chunk == usize::MAX => "0".into(),
+                    "WEFT_TCP_WRITE_CHUNK" => self.write_chunk.to_string(),
                     "WEFT_TCP_SNDBUF" => opt(self.sndbuf),
                     "WEFT_TCP_RCVBUF" => opt(self.rcvbuf),
                     "WEFT_TCP_HANDSHAKE_TIMEOUT_MS" => ms(self.handshake_timeout),
@@ -353,8 +375,17 @@ mod tests {
             ("WEFT_TCP_SNDBUF", "1m"),
             ("WEFT_TCP_ADDR", "127.0.0.2"),
             ("WEFT_TCP_BULK_WAIT_MS", "0"),
+            ("WEFT_TCP_WRITE_CHUNK", "1m"),
         ])
         .unwrap();
+        assert_eq!(c.write_chunk, 1 << 20);
+        assert_eq!(cfg(&[]).unwrap().write_chunk, 512 << 10);
+        let unlimited = cfg(&[("WEFT_TCP_WRITE_CHUNK", "0")]).unwrap();
+        assert_eq!(unlimited.write_chunk, usize::MAX);
+        assert!(unlimited
+            .tunables()
+            .iter()
+            .any(|(n, v, _)| *n == "WEFT_TCP_WRITE_CHUNK" && v == "0"));
         assert_eq!(c.max_frame, 128 << 10);
         assert_eq!(c.sndbuf, Some(1 << 20));
         assert_eq!(c.rcvbuf, None);

@@ -736,7 +736,7 @@ impl Endpoint {
             let (res, want) = {
                 let mut iov = [IoSlice::new(&[]); MAX_IOV];
                 let mut k = 0;
-                let mut want = 0;
+                let mut cut = false;
                 for item in &p.out {
                     if k + 2 > MAX_IOV {
                         break;
@@ -755,18 +755,22 @@ impl Endpoint {
                             }
                             let done = off.saturating_sub(wire::REC_LEN);
                             if done < *len {
+                                let n = (len - done).min(self.cfg.write_chunk);
+                                cut = n < len - done;
                                 // SAFETY: `send_bulk`'s contract keeps ptr..ptr+len valid
-                                // and unchanged until reported sent.
-                                let data = unsafe {
-                                    std::slice::from_raw_parts(ptr.add(done), len - done)
-                                };
+                                // and unchanged until reported sent; n <= len - done.
+                                let data = unsafe { std::slice::from_raw_parts(ptr.add(done), n) };
                                 iov[k] = IoSlice::new(data);
                                 k += 1;
                             }
                         }
                     }
-                    want += item.unsent();
+                    if cut {
+                        // The rest of this bulk goes in the next sendmsg.
+                        break;
+                    }
                 }
+                let want = iov[..k].iter().map(|s| s.len()).sum::<usize>();
                 (send(&link.stream, &iov[..k]), want)
             };
             match res {

@@ -176,6 +176,12 @@ fn bulk_transfers_both_ways() {
     link(&mut c, &mut a);
     bulk_round(&mut c, &mut a, &[3, 1 << 20, 0], 300);
     bulk_round(&mut a, &mut c, &[1 << 20, 5], 400);
+    // Bulks cut into many writes (write_chunk), odd sizes, frames between them.
+    let mut d = cfg(3);
+    d.write_chunk = 4096;
+    let mut d = Node::with(d);
+    link(&mut d, &mut b);
+    bulk_round(&mut d, &mut b, &[4095, 4096, 4097, (1 << 20) + 3, 1], 500);
 }
 
 #[test]
