@@ -7,9 +7,10 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   cmake libclang1-14 libclang-common-14-dev
   # the verbs run time (libibverbs1, the rxe provider in ibverbs-providers) and tools
   rdma-core libibverbs1 ibverbs-providers ibverbs-utils perftest libibverbs-dev iproute2
-  # weft-pmix: OpenPMIx's client library and headers (bindgen, above); Open MPI's mpirun
-  # hosts a PMIx server for the tests of Weft under a foreign engine
-  libpmix-dev openmpi-bin
+  # weft-pmix: OpenPMIx's client and server libraries and headers (bindgen, above); Open
+  # MPI's mpirun hosts a PMIx server for the tests of Weft under a foreign engine, and its
+  # mpicc builds the Open MPI programs run under `weft run` (tests/mpi.rs)
+  libpmix-dev openmpi-bin libopenmpi-dev
   # MPICH programs under `weft run` (PMI-1, tests/mpi.rs)
   mpich libmpich-dev
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix

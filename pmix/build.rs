@@ -27,7 +27,10 @@ fn main() {
         }
     };
     let mut b = bindgen::Builder::default()
-        .header_contents("weft_pmix.h", "#include <pmix.h>\n")
+        .header_contents(
+            "weft_pmix.h",
+            "#include <pmix.h>\n#include <pmix_server.h>\n",
+        )
         .allowlist_function("PMIx_.*")
         .allowlist_type("pmix_.*")
         .allowlist_var("PMIX_.*")

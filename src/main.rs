@@ -138,8 +138,17 @@ fn main() -> ExitCode {
             );
             println!(
                 "hosting: weft run serves the PMI-1 wire protocol to every process (PMI_FD, \
-                 PMI_RANK, PMI_SIZE: MPICH programs run unmodified); not yet PMI-2 or a PMIx server"
+                 PMI_RANK, PMI_SIZE: MPICH programs run unmodified); not yet PMI-2"
             );
+            if weft_pmix::built_with().is_some() {
+                println!(
+                    "hosting: weft run serves PMIx to every process (an embedded PMIx server \
+                     per node: Open MPI programs and PMIx tools run unmodified; --no-pmix \
+                     turns it off); fences, direct modex, abort; not yet groups, psets, events"
+                );
+            } else {
+                println!("hosting: no PMIx server (built without libpmix)");
+            }
             // Under a host engine, ask its PMIx server what it offers.
             if weft_wireup::in_a_job() && std::env::var_os(weft_wireup::env::RANK).is_none() {
                 match weft_wireup::Client::init() {

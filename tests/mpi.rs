@@ -1,5 +1,11 @@
-//! Programs that bootstrap through the PMI-1 wire protocol under `weft run` (issue 18,
-//! section 2): a plain PMI-1 client written in the shell (every request, replies checked
+//! Programs that bootstrap through PMIx or the PMI-1 wire protocol under `weft run`
+//! (issue 18). PMIx (section 1): a plain PMIx client in C (`benches/mpi/pmix_client.c`:
+//! the job keys, a late key, fences collecting data or not, direct modex, a second fence
+//! after new puts, a missing key) and Open MPI programs built with `mpicc.openmpi`
+//! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
+//! `--timeout`, `--no-pmix`; skipped without Open MPI or libpmix unless
+//! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-1 (section 2): a plain PMI-1
+//! client written in the shell (every request, replies checked
 //! line by line, malformed and unknown requests refused with an error reply, keys of
 //! another node found after a barrier), and MPICH programs built from `benches/mpi/` with
 //! Debian's `mpicc.mpich` (a ring with send/recv, bcast, allreduce and barrier; the OSU
@@ -163,4 +169,241 @@ fn a_killed_mpich_rank_ends_the_job_naming_it() {
         d.dump()
     );
     clean(name, &d);
+}
+
+/// `benches/mpi/SOURCE.c` built with `mpicc.openmpi`, or `None` (skipped, with the reason
+/// printed) when Open MPI's compiler is not installed and `WEFT_REQUIRE_OPENMPI` is not
+/// set.
+fn openmpi_program(source: &str) -> Option<String> {
+    let have = Command::new("mpicc.openmpi")
+        .arg("--showme")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have || weft_pmix::built_with().is_none() {
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_OPENMPI").is_none(),
+            "WEFT_REQUIRE_OPENMPI is set but mpicc.openmpi or libpmix is missing \
+             (apt-get install openmpi-bin libopenmpi-dev libpmix-dev)"
+        );
+        eprintln!(
+            "skipped: mpicc.openmpi or libpmix not found (apt-get install openmpi-bin \
+             libopenmpi-dev libpmix-dev)"
+        );
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{source}.openmpi"));
+    let built = Command::new("mpicc.openmpi")
+        .args(["-O2", "-DIMPL=\"openmpi\"", "-o"])
+        .arg(&out)
+        .arg(root.join("benches/mpi").join(format!("{source}.c")))
+        .output()
+        .expect("mpicc.openmpi");
+    assert!(
+        built.status.success(),
+        "mpicc.openmpi {source}.c: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out.display().to_string())
+}
+
+/// `benches/mpi/pmix_client.c` built with cc against libpmix (see `openmpi_program` for
+/// when it is skipped).
+fn pmix_client() -> Option<String> {
+    if weft_pmix::built_with().is_none() {
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_OPENMPI").is_none(),
+            "WEFT_REQUIRE_OPENMPI is set but weft was built without libpmix"
+        );
+        eprintln!("skipped: built without libpmix (apt-get install libpmix-dev)");
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmix_client");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "pmix"])
+        .output()
+        .expect("pkg-config");
+    assert!(flags.status.success(), "pkg-config pmix");
+    let flags = String::from_utf8_lossy(&flags.stdout).to_string();
+    let built = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&out)
+        .arg(root.join("benches/mpi/pmix_client.c"))
+        .args(flags.split_whitespace())
+        .output()
+        .expect("cc");
+    assert!(
+        built.status.success(),
+        "cc pmix_client.c: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out.display().to_string())
+}
+
+/// Open MPI between logical nodes: its TCP transport on loopback only.
+const OMPI_LO: &str = "OMPI_MCA_btl_tcp_if_include=lo";
+
+#[test]
+fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
+    let Some(client) = pmix_client() else {
+        return;
+    };
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-client-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "4", &client, "test"],
+            Duration::from_secs(120),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        assert_eq!(d.lines_with("FAILED"), 0, "{}", d.dump());
+        for r in 0..4 {
+            for check in [
+                "job",
+                "late",
+                "collect fence",
+                "collect",
+                "sparse fence",
+                "sparse",
+                "again fence",
+                "again",
+                "missing",
+                "last fence",
+            ] {
+                assert_eq!(
+                    d.lines_with(&format!("rank {r}: {check} ok")),
+                    1,
+                    "{nodes} node(s), rank {r}: {check}\n{}",
+                    d.dump()
+                );
+            }
+        }
+        // The job keys count the job's nodes.
+        let count = format!("nodes {nodes} ");
+        assert_eq!(d.lines_with(&count), 4, "{}", d.dump());
+        clean(&name, &d);
+    }
+}
+
+#[test]
+fn openmpi_programs_run_under_weft_run_on_one_and_two_nodes() {
+    let (Some(hello), Some(ring)) = (openmpi_program("hello"), openmpi_program("ring")) else {
+        return;
+    };
+    let d = run("ompi-hello", &["-n", "4", &hello], Duration::from_secs(120));
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    for r in 0..4 {
+        assert_eq!(
+            d.lines_with(&format!("hello from rank {r} of 4")),
+            1,
+            "{}",
+            d.dump()
+        );
+    }
+    clean("ompi-hello", &d);
+    for nodes in ["1", "2"] {
+        let name = format!("ompi-ring-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "4", "-x", OMPI_LO, &ring],
+            Duration::from_secs(120),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        for r in 0..4 {
+            assert_eq!(
+                d.lines_with(&format!("rank {r} ring ok")),
+                1,
+                "{}",
+                d.dump()
+            );
+        }
+        clean(&name, &d);
+    }
+    let Some(osu) = openmpi_program("osu_p2p") else {
+        return;
+    };
+    let d = run(
+        "ompi-osu",
+        &["-n", "2", &osu, "--bench", "latency,bw", "--sizes", "8,64K"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(d.lines_with("\"impl\":\"openmpi\""), 4, "{}", d.dump());
+    clean("ompi-osu", &d);
+}
+
+#[test]
+fn a_killed_or_late_openmpi_job_ends_naming_the_rank_or_the_timeout() {
+    let Some(ring) = openmpi_program("ring") else {
+        return;
+    };
+    let name = "ompi-die";
+    let d = run(
+        name,
+        &["--nodes", "2", "-n", "4", "-x", OMPI_LO, &ring, "die", "2"],
+        Duration::from_secs(60),
+    );
+    assert_ne!(d.code(), Some(0), "{}", d.dump());
+    assert!(
+        d.stderr.contains("rank 2") && d.stderr.contains("SIGKILL"),
+        "the job names rank 2 and its signal\n{}",
+        d.dump()
+    );
+    clean(name, &d);
+    let name = "ompi-timeout";
+    let d = run(
+        name,
+        &["--timeout", "3", "-n", "2", &ring, "sleep", "100"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(124), "{}", d.dump());
+    assert_eq!(d.lines_with("sleeping"), 2, "{}", d.dump());
+    assert!(d.elapsed < Duration::from_secs(20), "{}", d.dump());
+    clean(name, &d);
+}
+
+#[test]
+fn pmix_is_offered_by_default_and_not_with_no_pmix() {
+    if weft_pmix::built_with().is_none() {
+        eprintln!("skipped: built without libpmix");
+        return;
+    }
+    let d = run(
+        "pmix-env",
+        &[
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            "echo rank=$PMIX_RANK ns=$PMIX_NAMESPACE ess=$OMPI_MCA_ess",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    for r in 0..2 {
+        assert_eq!(
+            d.lines_with(&format!("rank={r} ns=weft-")),
+            1,
+            "{}",
+            d.dump()
+        );
+    }
+    assert_eq!(d.lines_with("ess=pmi"), 2, "{}", d.dump());
+    clean("pmix-env", &d);
+    let d = run(
+        "pmix-off",
+        &[
+            "--no-pmix",
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            "echo rank=$PMIX_RANK ess=$OMPI_MCA_ess.",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(d.lines_with("rank= ess=."), 2, "{}", d.dump());
+    clean("pmix-off", &d);
 }

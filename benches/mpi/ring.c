@@ -1,12 +1,14 @@
 /* An MPI ring for the tests of MPI programs under `weft run` (tests/mpi.rs): a token goes
  * round the ring with MPI_Send/MPI_Recv, every rank adds its rank; an allreduce and a
  * barrier check the sum; prints "rank R ring ok". `ring die R`: rank R kills itself
- * (SIGKILL) after MPI_Init, the others wait in the ring. */
+ * (SIGKILL) after MPI_Init, the others wait in the ring. `ring sleep S`: every rank
+ * prints "rank R sleeping" and sleeps S seconds after MPI_Init (for --timeout). */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int main(int argc, char **argv)
 {
@@ -19,6 +21,11 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc > 2 && !strcmp(argv[1], "die") && atoi(argv[2]) == rank)
         raise(SIGKILL);
+    if (argc > 2 && !strcmp(argv[1], "sleep")) {
+        printf("rank %d sleeping\n", rank);
+        fflush(stdout);
+        sleep(atoi(argv[2]));
+    }
     long token = 0;
     int next = (rank + 1) % size, prev = (rank + size - 1) % size;
     if (rank == 0) {

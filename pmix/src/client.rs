@@ -41,7 +41,7 @@ pub(crate) const SUCCESS: sys::pmix_status_t = sys::PMIX_SUCCESS as sys::pmix_st
 /// The completion of a non-blocking PMIx operation: its status, set once by the
 /// library's callback (on its progress thread).
 #[derive(Debug, Default)]
-struct Done {
+pub(crate) struct Done {
     status: Mutex<Option<sys::pmix_status_t>>,
     cv: Condvar,
 }
@@ -49,7 +49,7 @@ struct Done {
 impl Done {
     /// Waits for the status, running `f` about every millisecond meanwhile; stops
     /// waiting when `f` says why.
-    fn wait(
+    pub(crate) fn wait(
         &self,
         f: &mut impl FnMut() -> Result<(), String>,
     ) -> Result<sys::pmix_status_t, String> {
@@ -74,7 +74,7 @@ impl Done {
 
 /// `pmix_op_cbfunc_t` of the non-blocking calls: records the status in the [`Done`]
 /// whose counted reference `cbdata` is.
-unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::c_void) {
+pub(crate) unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::c_void) {
     // SAFETY: `cbdata` is the `Arc<Done>` reference handed to the library with the call,
     // which runs this callback exactly once: it takes the reference over here.
     let done = unsafe { Arc::from_raw(cbdata.cast::<Done>().cast_const()) };

@@ -43,17 +43,24 @@ pub(crate) fn proc_of(nspace: &[u8], rank: u32) -> sys::pmix_proc_t {
 
 /// An array of `pmix_info_t` built here; each entry's value is destructed on drop (as
 /// `PMIX_INFO_DESTRUCT` does).
-pub(crate) struct Infos(Vec<sys::pmix_info_t>);
+pub(crate) struct Infos {
+    list: Vec<sys::pmix_info_t>,
+    /// Entries whose value the library does not own (not destructed).
+    borrowed: Vec<usize>,
+}
 
 impl std::fmt::Debug for Infos {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Infos({} entries)", self.0.len())
+        write!(f, "Infos({} entries)", self.list.len())
     }
 }
 
 impl Infos {
     pub(crate) fn new() -> Infos {
-        Infos(Vec::new())
+        Infos {
+            list: Vec::new(),
+            borrowed: Vec::new(),
+        }
     }
 
     /// Appends `key` = `data` of PMIx type `ty` (copied by `PMIx_Info_load`).
@@ -66,7 +73,7 @@ impl Infos {
             let mut info: sys::pmix_info_t = std::mem::zeroed();
             let rc = sys::PMIx_Info_load(&mut info, key.as_ptr().cast(), data, ty as u16);
             debug_assert_eq!(rc, 0, "PMIx_Info_load of a plain value");
-            self.0.push(info);
+            self.list.push(info);
         }
     }
 
@@ -91,30 +98,96 @@ impl Infos {
         self.push_raw(key, v.as_ptr().cast(), sys::PMIX_STRING);
     }
 
+    /// Appends a `uint32` value.
+    pub(crate) fn push_u32(&mut self, key: &[u8], v: u32) {
+        self.push_raw(key, (&v as *const u32).cast(), sys::PMIX_UINT32);
+    }
+
+    /// Appends a `uint16` value.
+    pub(crate) fn push_u16(&mut self, key: &[u8], v: u16) {
+        self.push_raw(key, (&v as *const u16).cast(), sys::PMIX_UINT16);
+    }
+
+    /// Appends a topology by pointer, as `PMIx_server_init` takes it (the library keeps
+    /// the pointer, and before init `PMIx_Info_load` copies nothing either): the entry
+    /// is not destructed on drop; `t` and its topology must outlive the library's use.
+    pub(crate) fn push_topology_ptr(&mut self, key: &[u8], t: *mut sys::pmix_topology_t) {
+        // SAFETY: all zeroes is an empty info; the key is copied in (bounded by the
+        // array), the value set to the pointer by hand.
+        unsafe {
+            let mut info: sys::pmix_info_t = std::mem::zeroed();
+            for (d, &c) in info
+                .key
+                .iter_mut()
+                .zip(key.iter().take(sys::PMIX_MAX_KEYLEN as usize))
+            {
+                *d = c as std::os::raw::c_char;
+            }
+            info.value.type_ = sys::PMIX_TOPO as u16;
+            info.value.data.topo = t;
+            self.borrowed.push(self.list.len());
+            self.list.push(info);
+        }
+    }
+
+    /// Appends a rank (`pmix_rank_t`).
+    pub(crate) fn push_rank(&mut self, key: &[u8], v: u32) {
+        let v: sys::pmix_rank_t = v;
+        self.push_raw(
+            key,
+            (&v as *const sys::pmix_rank_t).cast(),
+            sys::PMIX_PROC_RANK,
+        );
+    }
+
+    /// Appends a string value; `None` (the text holds a NUL byte) appends nothing.
+    pub(crate) fn push_string(&mut self, key: &[u8], v: &str) -> Option<()> {
+        let c = std::ffi::CString::new(v).ok()?;
+        self.push_str(key, &c);
+        Some(())
+    }
+
+    /// Appends `inner` as a data array of infos (copied deeply by `PMIx_Info_load`).
+    pub(crate) fn push_infos(&mut self, key: &[u8], inner: &mut Infos) {
+        let darray = sys::pmix_data_array_t {
+            type_: sys::PMIX_INFO as u16,
+            size: inner.len(),
+            array: inner.as_mut_ptr().cast(),
+        };
+        self.push_raw(
+            key,
+            (&darray as *const sys::pmix_data_array_t).cast(),
+            sys::PMIX_DATA_ARRAY,
+        );
+    }
+
     pub(crate) fn as_mut_ptr(&mut self) -> *mut sys::pmix_info_t {
-        if self.0.is_empty() {
+        if self.list.is_empty() {
             std::ptr::null_mut()
         } else {
-            self.0.as_mut_ptr()
+            self.list.as_mut_ptr()
         }
     }
 
     pub(crate) fn as_ptr(&self) -> *const sys::pmix_info_t {
-        if self.0.is_empty() {
+        if self.list.is_empty() {
             std::ptr::null()
         } else {
-            self.0.as_ptr()
+            self.list.as_ptr()
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.list.len()
     }
 }
 
 impl Drop for Infos {
     fn drop(&mut self) {
-        for i in &mut self.0 {
+        for (k, i) in self.list.iter_mut().enumerate() {
+            if self.borrowed.contains(&k) {
+                continue;
+            }
             // SAFETY: each value was loaded by PMIx_Info_load and is destructed once.
             unsafe { sys::PMIx_Value_destruct(&mut i.value) };
         }

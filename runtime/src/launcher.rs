@@ -99,6 +99,9 @@ pub struct LaunchSpec {
     pub datastore_bytes: u64,
     /// The server command (default: this executable with `server`).
     pub server_command: Option<Vec<String>>,
+    /// Offer PMIx to the processes (an embedded PMIx server on every node; default on,
+    /// `--no-pmix` turns it off).
+    pub pmix: bool,
 }
 
 impl Default for LaunchSpec {
@@ -127,6 +130,7 @@ impl Default for LaunchSpec {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(256 << 20),
             server_command: None,
+            pmix: true,
         }
     }
 }
@@ -165,6 +169,8 @@ options:
   --timeout S           kill the job after S seconds (exit status 124)
   --tag-output          prefix output lines with [job,rank]<stdout|stderr>:
   --keep-going          do not terminate the job when a process fails
+  --no-pmix             do not serve PMIx (Open MPI programs need it; Weft programs and
+                        MPICH's PMI-1 do not)
   --job-id ID           name of the job's sockets and segments (default random)
   -x VAR[=VALUE]        export VAR (from this environment, or VALUE) to every process";
 
@@ -259,6 +265,11 @@ pub fn parse_run_args(args: &[String]) -> Result<LaunchSpec, LaunchError> {
                 }
                 "--keep-going" => {
                     spec.keep_going = true;
+                    i += 1;
+                    continue;
+                }
+                "--no-pmix" => {
+                    spec.pmix = false;
                     i += 1;
                     continue;
                 }
@@ -458,6 +469,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
             }
             env
         },
+        pmix: spec.pmix,
     })
 }
 

@@ -187,6 +187,15 @@ impl Modex {
             .unwrap_or_default()
     }
 
+    /// The value of `key` of `rank` held here: committed by a local rank, or in the
+    /// cache of another node's data.
+    pub(crate) fn value(&self, rank: Rank, key: &str) -> Option<&Value> {
+        match self.locals.get(&rank) {
+            Some(l) => l.data.get(key).map(|(_, v)| v),
+            None => self.remote.get(&rank)?.entries.as_ref()?.get(key),
+        }
+    }
+
     fn data_of(&self, rank: Rank) -> ModexData {
         let l = self.locals.get(&rank);
         ModexData {

@@ -52,6 +52,7 @@ mod groups;
 mod native;
 mod output;
 mod pmi;
+mod pmix;
 mod procs;
 mod psets;
 mod spawn;
@@ -270,6 +271,8 @@ enum Event {
         rank: Rank,
     },
     KillNow,
+    /// What the PMIx server library asked (`pmix`).
+    Pmix(pmix::PmixEv),
 }
 
 #[derive(Default)]
@@ -380,6 +383,8 @@ struct State {
     pmi: HashMap<Rank, pmi::PmiConn>,
     /// Who put each PMI-1 key (local puts, and other nodes' from a barrier's data).
     pmi_owner: HashMap<String, Rank>,
+    /// The PMIx front end, when the job serves PMIx (`pmix`).
+    pmix: Option<pmix::PmixFront>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -534,7 +539,21 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         peers,
         ctl_tx,
     );
-    // 3. Start the node's processes.
+    // 3. The PMIx server (Open MPI programs' way in), then the node's processes.
+    // A build without libpmix has none to offer (`weft info` says so).
+    if plan.pmix && weft_pmix::built_with().is_some() {
+        let dir = args.job_dir.join(format!("pmix-{node}"));
+        match pmix::PmixFront::start(&plan, node, dir.clone(), ev_tx.clone()) {
+            Ok(px) => st.pmix = Some(px),
+            Err(why) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                tracing::warn!(
+                    "node {node}: no PMIx for this job's processes ({why}); Weft and \
+                     MPICH programs are not affected, Open MPI programs cannot start"
+                );
+            }
+        }
+    }
     let ranks: Vec<Rank> = st.procs.keys().copied().collect();
     for r in ranks {
         spawn_child(&st, r, &sock_path, &ds_name, output);
@@ -550,6 +569,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // The children's output is written before the launcher connection closes (the
     // launcher may end this process then).
     output.flush();
+    if let Some(px) = st.pmix.take() {
+        px.stop();
+    }
     drop(st);
     unlink_segments(&segment_prefix(&job_id, node));
     let _ = std::fs::remove_file(&sock_path);
@@ -590,6 +612,7 @@ impl State {
             conns: HashMap::new(),
             pmi: HashMap::new(),
             pmi_owner: HashMap::new(),
+            pmix: None,
             peers,
             peer_tx: HashMap::new(),
             ctl_tx,
@@ -654,6 +677,9 @@ impl State {
     fn send_client(&self, conn: ConnId, msg: &ServerMsg) {
         if conn & pmi::PMI_CONN != 0 {
             return self.pmi_reply(conn, msg);
+        }
+        if conn & pmix::PMIX_CONN != 0 {
+            return self.pmix_reply(msg);
         }
         if let Some((_, tx)) = self.conns.get(&conn) {
             let _ = tx.send(Out::Frame(frame::encode(msg)));
@@ -782,6 +808,7 @@ impl State {
                 after(&self.ev, Duration::from_millis(grace_ms), Event::KillNow);
             }
             Event::KillNow => self.kill_all(rustix::process::Signal::KILL),
+            Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
@@ -958,6 +985,8 @@ impl State {
                 self.apply(acts);
             }
             PeerMsg::ModexCancel { qid } => self.modex.cancel(qid),
+            PeerMsg::PmixDmodexReq { qid, rank } => self.pmix_serve(qid, rank),
+            PeerMsg::PmixDmodexResp { qid, result } => self.pmix_served(qid, result),
             PeerMsg::ModexResp { qid, rank, result } => {
                 let acts = self.modex.answer(qid, rank, result);
                 self.apply(acts);

@@ -504,6 +504,17 @@ pub enum PeerMsg {
         qid: u64,
         error: Option<String>,
     },
+    /// A PMIx client's direct modex: the PMIx server library's data of `rank` (which
+    /// runs on the receiving node), once it committed it.
+    PmixDmodexReq {
+        qid: u64,
+        rank: Rank,
+    },
+    /// The answer to `PmixDmodexReq` `qid`.
+    PmixDmodexResp {
+        qid: u64,
+        result: Result<Vec<u8>, WireError>,
+    },
 }
 
 /// How one process ended.
@@ -566,6 +577,8 @@ pub struct JobPlan {
     pub job_id: String,
     /// Extra environment for every process.
     pub env: Vec<(String, String)>,
+    /// Serve PMIx to the processes (an embedded PMIx server per node).
+    pub pmix: bool,
 }
 
 /// Server to launcher (TCP).

@@ -106,6 +106,7 @@ impl State {
         // Gets waiting for keys it never committed (a no-op for other nodes' ranks).
         let acts = self.modex.ended(rank, finalized, &reason);
         self.apply(acts);
+        self.pmix_rank_ended(rank, &reason, finalized);
         // Published in the datastore so that clients waiting on this rank in a transport
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);

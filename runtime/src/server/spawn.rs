@@ -28,6 +28,12 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
+    // Open MPI's way in (PMIx: the library's contact for this rank; `pmix`).
+    if let Some(px) = &st.pmix {
+        for (k, v) in px.env_of(rank) {
+            cmd.env(k, v);
+        }
+    }
     for (k, v) in &plan.env {
         cmd.env(k, v);
     }

@@ -1,0 +1,537 @@
+//! PMIx, the server's third front end: what Open MPI programs and PMIx tools speak to
+//! their launcher. OpenPMIx's server library (`weft_pmix::server`) serves the clients'
+//! socket, their puts, commits and local gets; what needs the host comes here as
+//! events, and is done with the core's machinery:
+//!
+//! - a fence is a fence of the core (`CollId` name `"pmix"`, one sequence number per
+//!   set of participants): with data collected (`PMIX_COLLECT_DATA`), each node's packed
+//!   contribution is committed as key `pmix/fence` of its lowest participating rank and
+//!   the fence is Full, so every node ends with every node's contribution, handed to the
+//!   library in node order; without, it is SyncOnly;
+//! - a direct modex (a client's get of another node's process's data) asks that node's
+//!   server (`PmixDmodexReq`), whose library answers once the process committed; it
+//!   fails when the process dies, its node is lost or the request's `PMIX_TIMEOUT` passes;
+//! - connected, finalized and abort: a finalized process's exit status decides how it
+//!   ended, as for the other front ends; an abort is logged, and the process killed if it
+//!   has not exited 2 s later.
+//!
+//! A job is registered with the information Open MPI's runtime reads at init (sizes,
+//! node and process maps, local peers, each rank's local and node rank, node and app).
+
+use weft_pmix::server::{DirectModex, Failure, Fence, Host, ModexReply, Nspace, ProcName};
+
+use super::*;
+
+/// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
+/// native clients count up from 0).
+pub(super) const PMIX_CONN: ConnId = 1 << 61;
+/// The key a node's fence contribution is committed under.
+const FENCE_KEY: &str = "pmix/fence";
+/// How long an aborting process has to exit before it is killed.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// What the library asked, as events of the actor.
+pub(super) enum PmixEv {
+    Connected(Rank),
+    Finalized(Rank),
+    Abort {
+        rank: Rank,
+        status: i32,
+        message: String,
+    },
+    Fence(Fence),
+    Dmodex(DirectModex),
+    /// The library answered another node's direct modex `qid`.
+    Served {
+        qid: u64,
+        to: u32,
+        result: Result<Vec<u8>, Failure>,
+    },
+    /// Direct modex `qid` reached its timeout.
+    DmodexTimeout {
+        qid: u64,
+    },
+    /// An aborting process's grace period ended.
+    AbortGraceOver {
+        rank: Rank,
+    },
+}
+
+/// Hands the library's requests to the actor.
+struct Bridge {
+    ev: UnboundedSender<Event>,
+}
+
+impl Bridge {
+    fn send(&self, e: PmixEv) {
+        let _ = self.ev.send(Event::Pmix(e));
+    }
+}
+
+impl Host for Bridge {
+    fn connected(&self, p: ProcName) {
+        if let Some(r) = p.rank {
+            self.send(PmixEv::Connected(r));
+        }
+    }
+    fn finalized(&self, p: ProcName) {
+        if let Some(r) = p.rank {
+            self.send(PmixEv::Finalized(r));
+        }
+    }
+    fn abort(&self, p: ProcName, status: i32, message: String, _targets: Vec<ProcName>) {
+        if let Some(rank) = p.rank {
+            self.send(PmixEv::Abort {
+                rank,
+                status,
+                message,
+            });
+        }
+    }
+    fn fence(&self, f: Fence) {
+        self.send(PmixEv::Fence(f));
+    }
+    fn direct_modex(&self, d: DirectModex) {
+        self.send(PmixEv::Dmodex(d));
+    }
+}
+
+/// A fence under way: its id and where the result goes.
+struct PendingFence {
+    id: CollId,
+    collect: bool,
+    reply: ModexReply,
+}
+
+/// The PMIx front end's state.
+pub(super) struct PmixFront {
+    server: weft_pmix::server::Server,
+    nspace: String,
+    /// The library's directory (removed at the end).
+    dir: PathBuf,
+    /// Open MPI's shared-memory directory on this node (removed at the end).
+    vader_dir: PathBuf,
+    /// The environment of each local child (from `PMIx_server_setup_fork`).
+    env: HashMap<Rank, Vec<(String, String)>>,
+    fence_seq: HashMap<Procs, u64>,
+    /// Fences under way, by request (answered through `send_client`, which borrows the
+    /// state shared).
+    fences: std::cell::RefCell<HashMap<u64, PendingFence>>,
+    next_req: u64,
+    /// Direct modex requests sent to other nodes: the rank asked about and the reply.
+    asked: HashMap<u64, (Rank, ModexReply)>,
+    /// Other nodes' direct modex requests the library has not answered: (asker, rank).
+    serving: HashMap<u64, (u32, Rank)>,
+    next_qid: u64,
+}
+
+impl PmixFront {
+    /// Starts the node's PMIx server in `dir` (created), registers the job and the
+    /// node's processes. `None` (with the reason logged) when PMIx cannot be served.
+    pub(super) fn start(
+        plan: &JobPlan,
+        node: u32,
+        dir: PathBuf,
+        ev: UnboundedSender<Event>,
+    ) -> Result<PmixFront, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
+            .map_err(|e| e.to_string())?;
+        let job = &plan.job;
+        let ns = Nspace {
+            nspace: job.nspace.clone(),
+            node,
+            hostnames: job.nodes.iter().map(|n| n.hostname.clone()).collect(),
+            node_of: job.procs.iter().map(|p| p.node).collect(),
+            app_of: job.procs.iter().map(|p| p.app).collect(),
+            local_rank_of: job.procs.iter().map(|p| p.local_rank).collect(),
+            locality_of: job.procs.iter().map(|p| p.locality.clone()).collect(),
+            tmpdir: dir.to_string_lossy().into_owned(),
+        };
+        server.register_nspace(&ns).map_err(|e| e.to_string())?;
+        // Open MPI 4.1's own settings, unless the user gave them.
+        let vader_dir = PathBuf::from(format!("/dev/shm/{}-ompi-n{node}", plan.job_id));
+        let ompi = ompi_env(plan, &vader_dir);
+        if ompi.iter().any(|(k, _)| k == VADER_DIR_VAR) {
+            std::fs::create_dir_all(&vader_dir)
+                .map_err(|e| format!("{}: {e}", vader_dir.display()))?;
+        }
+        let mut env = HashMap::new();
+        for r in job.ranks_on(node) {
+            server
+                .register_client(&job.nspace, r)
+                .map_err(|e| e.to_string())?;
+            let mut vars = server
+                .setup_fork(&job.nspace, r)
+                .map_err(|e| e.to_string())?;
+            vars.extend(ompi.iter().cloned());
+            env.insert(r, vars);
+        }
+        Ok(PmixFront {
+            server,
+            nspace: job.nspace.clone(),
+            dir,
+            vader_dir,
+            env,
+            fence_seq: HashMap::new(),
+            fences: std::cell::RefCell::new(HashMap::new()),
+            next_req: 0,
+            asked: HashMap::new(),
+            serving: HashMap::new(),
+            next_qid: u64::from(node) << 48,
+        })
+    }
+
+    /// The environment rank `rank` needs to reach the server.
+    pub(super) fn env_of(&self, rank: Rank) -> &[(String, String)] {
+        self.env.get(&rank).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Finalizes the library and removes its directory.
+    pub(super) fn stop(self) {
+        self.server.deregister_nspace(&self.nspace);
+        let (dir, vader_dir) = (self.dir.clone(), self.vader_dir.clone());
+        drop(self);
+        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(vader_dir);
+    }
+}
+
+/// Open MPI's variable naming the directory of its shared-memory segments.
+const VADER_DIR_VAR: &str = "OMPI_MCA_btl_vader_backing_directory";
+
+/// What Open MPI 4.1 needs to start under a PMIx server it does not know, each unless
+/// the user set it (in `weft run`'s environment or with `-x`):
+/// - `OMPI_MCA_schizo=ompi`, `OMPI_MCA_ess=pmi`: its launch-environment detection knows
+///   only Slurm, Flux, JSM and its own daemons, and without them it would start as a
+///   singleton (every rank "0 of 1"); this takes the PMIx path directly;
+/// - `OMPI_MCA_btl_vader_backing_directory`: a directory of this node's own in
+///   `/dev/shm`, removed at the job's end. Open MPI names its shared-memory segments by
+///   host name and local rank, which logical nodes on one machine share (their segments
+///   would collide), and it leaves them behind when a rank is killed.
+fn ompi_env(plan: &JobPlan, vader_dir: &Path) -> Vec<(String, String)> {
+    let user_set = |k: &str| std::env::var_os(k).is_some() || plan.env.iter().any(|(x, _)| x == k);
+    [
+        ("OMPI_MCA_schizo", "ompi".to_string()),
+        ("OMPI_MCA_ess", "pmi".to_string()),
+        (VADER_DIR_VAR, vader_dir.display().to_string()),
+    ]
+    .into_iter()
+    .filter(|(k, _)| !user_set(k))
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The client-facing status of a core error.
+fn failure_of(e: &WireError) -> Failure {
+    match e {
+        WireError::ProcGone { .. } => Failure::ProcGone,
+        WireError::Timeout { .. } => Failure::Timeout,
+        _ => Failure::Other,
+    }
+}
+
+impl State {
+    /// An event of the PMIx front end.
+    pub(super) fn on_pmix(&mut self, e: PmixEv) {
+        match e {
+            PmixEv::Connected(rank) => tracing::debug!("rank {rank}: PMIx client connected"),
+            PmixEv::Finalized(rank) => {
+                // As a native client's finalize at exit: its exit status decides.
+                if let Some(p) = self.procs.get_mut(&rank) {
+                    p.finalizing_at_exit = true;
+                }
+            }
+            PmixEv::Abort {
+                rank,
+                status,
+                message,
+            } => {
+                tracing::warn!("rank {rank} called PMIx_Abort (status {status}): {message}");
+                after(
+                    &self.ev,
+                    ABORT_GRACE,
+                    Event::Pmix(PmixEv::AbortGraceOver { rank }),
+                );
+            }
+            PmixEv::AbortGraceOver { rank } => {
+                if let Some(p) = self.procs.get(&rank) {
+                    if let (Some(pid), false) = (p.pid, p.exited) {
+                        tracing::warn!("rank {rank} did not exit after its abort: killed");
+                        crate::launcher::kill(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+            PmixEv::Fence(f) => self.pmix_fence(f),
+            PmixEv::Dmodex(d) => self.pmix_dmodex(d),
+            PmixEv::Served { qid, to, result } => {
+                if self
+                    .pmix
+                    .as_mut()
+                    .and_then(|px| px.serving.remove(&qid))
+                    .is_none()
+                {
+                    return; // answered already (its rank ended)
+                }
+                let result = result.map_err(|f| WireError::Invalid {
+                    op: "PMIx direct modex".into(),
+                    reason: format!("the PMIx server library failed it ({f:?})"),
+                });
+                self.send_peer(to, &PeerMsg::PmixDmodexResp { qid, result });
+            }
+            PmixEv::DmodexTimeout { qid } => {
+                if let Some((_, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) {
+                    reply.fail(Failure::Timeout);
+                }
+            }
+        }
+    }
+
+    fn pmix_fence(&mut self, f: Fence) {
+        let size = self.plan.job.size();
+        let Some(px) = self.pmix.as_mut() else {
+            return f.reply.fail(Failure::Other);
+        };
+        let mut all = false;
+        let mut ranks = Vec::new();
+        for p in &f.procs {
+            if p.nspace != px.nspace {
+                tracing::warn!(
+                    "PMIx fence over namespace {:?}: only the job's own is served",
+                    p.nspace
+                );
+                return f.reply.fail(Failure::NotSupported);
+            }
+            match p.rank {
+                None => all = true,
+                Some(r) if r < size => ranks.push(r),
+                Some(r) => {
+                    tracing::warn!("PMIx fence names rank {r}, outside the job (size {size})");
+                    return f.reply.fail(Failure::NotFound);
+                }
+            }
+        }
+        let procs = if all || f.procs.is_empty() {
+            Procs::All
+        } else {
+            Procs::List(ranks).normalize(size)
+        };
+        let seq = px.fence_seq.entry(procs.clone()).or_insert(0);
+        *seq += 1;
+        let id = CollId {
+            kind: CollKind::Fence,
+            procs,
+            seq: *seq,
+            name: "pmix".into(),
+        };
+        let locals: Vec<Rank> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|&r| id.procs.contains(r))
+            .collect();
+        let Some(&first) = locals.first() else {
+            tracing::warn!("PMIx fence {id:?} has no participant on node {}", self.node);
+            return f.reply.fail(Failure::Other);
+        };
+        let collect = f.collect || !f.data.is_empty();
+        let mode = if collect {
+            FenceMode::Full
+        } else {
+            FenceMode::SyncOnly
+        };
+        px.next_req += 1;
+        let req = px.next_req;
+        px.fences.borrow_mut().insert(
+            req,
+            PendingFence {
+                id: id.clone(),
+                collect,
+                reply: f.reply,
+            },
+        );
+        if collect {
+            let entry = (Scope::Global, FENCE_KEY.to_string(), Value::Bytes(f.data));
+            self.commit(first, vec![entry]);
+        }
+        let timeout_ms = f.timeout.map(|t| t.as_millis() as u64);
+        for r in locals {
+            self.coll_arrive(r, PMIX_CONN, req, id.clone(), mode, timeout_ms, None);
+        }
+    }
+
+    /// The core's reply `msg` to the PMIx front end: a fence's end.
+    pub(super) fn pmix_reply(&self, msg: &ServerMsg) {
+        let (req, err) = match msg {
+            ServerMsg::Done { req } => (*req, None),
+            ServerMsg::Failed { req, error } => (*req, Some(error.clone())),
+            _ => return,
+        };
+        let Some(f) = self
+            .pmix
+            .as_ref()
+            .and_then(|px| px.fences.borrow_mut().remove(&req))
+        else {
+            return; // the other local participants' copies of the same answer
+        };
+        if let Some(e) = err {
+            tracing::warn!("PMIx fence failed: {}", wire_to_text(&e));
+            return f.reply.fail(failure_of(&e));
+        }
+        if !f.collect {
+            return f.reply.ok(Vec::new());
+        }
+        // Every node's contribution, in node order: the key of its lowest participant.
+        let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
+        for r in f.id.procs.ranks(self.plan.job.size()) {
+            let node = self.plan.job.procs[r as usize].node;
+            firsts.entry(node).or_insert(r);
+        }
+        let mut all = Vec::new();
+        for (node, r) in firsts {
+            match self.modex.value(r, FENCE_KEY) {
+                Some(Value::Bytes(b)) => all.extend_from_slice(b),
+                _ => {
+                    tracing::warn!("PMIx fence: no contribution of node {node} (rank {r})");
+                    return f.reply.fail(Failure::Other);
+                }
+            }
+        }
+        f.reply.ok(all);
+    }
+
+    fn pmix_dmodex(&mut self, d: DirectModex) {
+        let size = self.plan.job.size();
+        let Some(px) = self.pmix.as_mut() else {
+            return d.reply.fail(Failure::Other);
+        };
+        let rank = match d.proc.rank {
+            Some(r) if d.proc.nspace == px.nspace && r < size => r,
+            _ => {
+                tracing::warn!(
+                    "PMIx direct modex for {:?}: not a process of the job",
+                    d.proc
+                );
+                return d.reply.fail(Failure::NotFound);
+            }
+        };
+        if let Some(g) = self.gone.get(&rank) {
+            tracing::debug!("PMIx direct modex for rank {rank}, which {}", g.reason);
+            return d.reply.fail(Failure::ProcGone);
+        }
+        let owner = self.plan.job.procs[rank as usize].node;
+        if owner == self.node {
+            // The library serves its own node's processes; it asks only for others.
+            return d.reply.fail(Failure::NotFound);
+        }
+        px.next_qid += 1;
+        let qid = px.next_qid;
+        px.asked.insert(qid, (rank, d.reply));
+        if let Some(t) = d.timeout {
+            after(&self.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
+        }
+        self.send_peer(owner, &PeerMsg::PmixDmodexReq { qid, rank });
+    }
+
+    /// Another node's direct modex for local rank `rank`.
+    pub(super) fn pmix_serve(&mut self, qid: u64, rank: Rank) {
+        let from = Modex::asker_of(qid);
+        let refuse = |why: String| PeerMsg::PmixDmodexResp {
+            qid,
+            result: Err(WireError::Invalid {
+                op: "PMIx direct modex".into(),
+                reason: why,
+            }),
+        };
+        let Some(px) = self.pmix.as_mut() else {
+            let m = refuse(format!("node {} does not serve PMIx", self.node));
+            return self.send_peer(from, &m);
+        };
+        if !self.procs.contains_key(&rank) {
+            let m = refuse(format!("rank {rank} does not run on node {}", self.node));
+            return self.send_peer(from, &m);
+        }
+        if let Some(g) = self.gone.get(&rank) {
+            let m = PeerMsg::PmixDmodexResp {
+                qid,
+                result: Err(WireError::ProcGone {
+                    op: "PMIx direct modex".into(),
+                    rank,
+                    reason: g.reason.clone(),
+                }),
+            };
+            return self.send_peer(from, &m);
+        }
+        px.serving.insert(qid, (from, rank));
+        let ev = self.ev.clone();
+        let nspace = px.nspace.clone();
+        let asked = px.server.dmodex_request(&nspace, rank, move |result| {
+            let _ = ev.send(Event::Pmix(PmixEv::Served {
+                qid,
+                to: from,
+                result,
+            }));
+        });
+        if let Err(e) = asked {
+            px.serving.remove(&qid);
+            let m = refuse(e.to_string());
+            self.send_peer(from, &m);
+        }
+    }
+
+    /// The answer of another node to direct modex `qid`.
+    pub(super) fn pmix_served(&mut self, qid: u64, result: Result<Vec<u8>, WireError>) {
+        let Some((_, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) else {
+            return; // timed out, or its rank ended
+        };
+        match result {
+            Ok(data) => reply.ok(data),
+            Err(e) => {
+                tracing::debug!("PMIx direct modex failed: {}", wire_to_text(&e));
+                reply.fail(failure_of(&e));
+            }
+        }
+    }
+
+    /// Rank `rank` ended: direct modex requests about it that can no longer be
+    /// answered fail (a finalized rank's data stays with its node's library).
+    pub(super) fn pmix_rank_ended(&mut self, rank: Rank, reason: &str, finalized: bool) {
+        if finalized {
+            return;
+        }
+        let Some(px) = self.pmix.as_mut() else {
+            return;
+        };
+        let mine: Vec<u64> = px
+            .asked
+            .iter()
+            .filter(|(_, (r, _))| *r == rank)
+            .map(|(q, _)| *q)
+            .collect();
+        for q in mine {
+            if let Some((_, reply)) = px.asked.remove(&q) {
+                reply.fail(Failure::ProcGone);
+            }
+        }
+        let served: Vec<(u64, u32)> = px
+            .serving
+            .iter()
+            .filter(|(_, (_, r))| *r == rank)
+            .map(|(q, (from, _))| (*q, *from))
+            .collect();
+        for (qid, _) in &served {
+            px.serving.remove(qid);
+        }
+        for (qid, from) in served {
+            let m = PeerMsg::PmixDmodexResp {
+                qid,
+                result: Err(WireError::ProcGone {
+                    op: "PMIx direct modex".into(),
+                    rank,
+                    reason: reason.to_string(),
+                }),
+            };
+            self.send_peer(from, &m);
+        }
+    }
+}
