@@ -556,6 +556,8 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
             let _ = weft_shm::unlink(&datastore_name(&plan.job_id, n));
             crate::server::unlink_segments(&crate::server::segment_prefix(&plan.job_id, n));
             let _ = std::fs::remove_file(socket_path(&job_dir, n));
+            // A server that was killed leaves its PMIx library's directory behind.
+            let _ = std::fs::remove_dir_all(crate::server::pmix_dir(&job_dir, n));
         }
         let _ = std::fs::remove_dir(&job_dir);
     };

@@ -135,10 +135,26 @@ pub fn unlink_segments(prefix: &str) {
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with(bare) {
-                let _ = weft_shm::unlink(&format!("/{name}"));
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    // Open MPI's segment directory (`ompi_shm_dir`).
+                    let _ = std::fs::remove_dir_all(e.path());
+                } else {
+                    let _ = weft_shm::unlink(&format!("/{name}"));
+                }
             }
         }
     }
+}
+
+/// The directory of node `node`'s PMIx server library in the job directory.
+pub fn pmix_dir(job_dir: &Path, node: u32) -> PathBuf {
+    job_dir.join(format!("pmix-{node}"))
+}
+
+/// The directory in /dev/shm where Open MPI programs of node `node` keep their
+/// shared-memory segments (under the node's segment prefix: removed with its segments).
+pub fn ompi_shm_dir(job_id: &str, node: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/shm{}ompi", segment_prefix(job_id, node)))
 }
 
 /// The path of node `node`'s socket in the job directory.
@@ -542,7 +558,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // 3. The PMIx server (Open MPI programs' way in), then the node's processes.
     // A build without libpmix has none to offer (`weft info` says so).
     if plan.pmix && weft_pmix::built_with().is_some() {
-        let dir = args.job_dir.join(format!("pmix-{node}"));
+        let dir = pmix_dir(&args.job_dir, node);
         match pmix::PmixFront::start(&plan, node, dir.clone(), ev_tx.clone()) {
             Ok(px) => st.pmix = Some(px),
             Err(why) => {

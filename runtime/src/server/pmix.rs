@@ -150,7 +150,7 @@ impl PmixFront {
         };
         server.register_nspace(&ns).map_err(|e| e.to_string())?;
         // Open MPI 4.1's own settings, unless the user gave them.
-        let vader_dir = PathBuf::from(format!("/dev/shm/{}-ompi-n{node}", plan.job_id));
+        let vader_dir = ompi_shm_dir(&plan.job_id, node);
         let ompi = ompi_env(plan, &vader_dir);
         if ompi.iter().any(|(k, _)| k == VADER_DIR_VAR) {
             std::fs::create_dir_all(&vader_dir)
