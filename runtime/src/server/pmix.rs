@@ -101,6 +101,8 @@ struct PendingFence {
     id: CollId,
     collect: bool,
     reply: ModexReply,
+    /// When the library handed it over (for the debug log of the host's share).
+    since: std::time::Instant,
 }
 
 /// The PMIx front end's state.
@@ -348,6 +350,7 @@ impl State {
                 id: id.clone(),
                 collect,
                 reply: f.reply,
+                since: std::time::Instant::now(),
             },
         );
         if collect {
@@ -378,6 +381,12 @@ impl State {
             tracing::warn!("PMIx fence failed: {}", wire_to_text(&e));
             return f.reply.fail(failure_of(&e));
         }
+        tracing::debug!(
+            "PMIx fence {:?} #{}: the servers' part took {:?}",
+            f.id.procs,
+            f.id.seq,
+            f.since.elapsed()
+        );
         if !f.collect {
             return f.reply.ok(Vec::new());
         }
