@@ -357,6 +357,7 @@ impl State {
             let entry = (Scope::Global, FENCE_KEY.to_string(), Value::Bytes(f.data));
             self.commit(first, vec![entry]);
         }
+        tracing::debug!("PMIx fence {:?} #{}: this node's clients arrived", id.procs, id.seq);
         let timeout_ms = f.timeout.map(|t| t.as_millis() as u64);
         for r in locals {
             self.coll_arrive(r, PMIX_CONN, req, id.clone(), mode, timeout_ms, None);
