@@ -1,8 +1,10 @@
-//! Weft programs under foreign engines that host a PMIx server: Debian's Open MPI 4.1
-//! `mpirun` (its runtime, without PMIx groups) and a real Slurm 22.05 (`srun
-//! --mpi=pmix`; `ci/slurm.sh start` runs one on this machine), with `Client::init()`
-//! choosing the PMIx backend on its own (the environment names a PMIx server, not `weft
-//! run`). Under each, on up to 6 processes (oversubscribed on CI's two cores):
+//! Weft programs under engines that host a PMIx server: Debian's Open MPI 4.1 `mpirun`
+//! (its runtime, without PMIx groups), a real Slurm 22.05 (`srun --mpi=pmix`;
+//! `ci/slurm.sh start` runs one on this machine), with `Client::init()` choosing the
+//! PMIx backend on its own (the environment names a PMIx server, not `weft run`), and
+//! `weft run`'s own embedded PMIx server with the backend forced (`WEFT_WIREUP=pmix`),
+//! on one node and across 2 logical nodes (fences between the servers, another node's
+//! cards by direct modex). Under each, on up to 6 processes (oversubscribed on CI's two cores):
 //! `fence_demo` in all three modes, `ring` (the fabric over shared memory, cards
 //! exchanged through the host; and over TCP, its secret shared through the host), a first
 //! TCP send to a peer waiting in a fence, `sessions_demo` (communicators from session
@@ -32,6 +34,17 @@ enum Host {
     Mpirun(PathBuf),
     /// A running Slurm (`srun --mpi=pmix`; `ci/slurm.sh start` makes one here).
     Slurm,
+    /// `weft run` itself, on this many logical nodes, its embedded PMIx server serving
+    /// Weft programs told to use the PMIx backend (`WEFT_WIREUP=pmix`).
+    WeftRun(u32),
+}
+
+/// `weft run`'s own PMIx server as the host (see [`Host::WeftRun`]).
+fn weft_run(nodes: u32) -> Option<Host> {
+    if weft_pmix::built_with().is_none() {
+        return skip("built without libpmix (apt-get install libpmix-dev)");
+    }
+    Some(Host::WeftRun(nodes))
 }
 
 /// Whether a missing host fails the test instead of skipping it (CI: `ci/test.sh` sets
@@ -133,6 +146,20 @@ fn under_with(
             c.envs(env.iter().copied());
             c
         }
+        Host::WeftRun(nodes) => {
+            let mut c = Command::new(weft());
+            c.args([
+                "run",
+                "--nodes",
+                &nodes.to_string(),
+                "-x",
+                "WEFT_WIREUP=pmix",
+            ]);
+            for (k, v) in env {
+                c.args(["-x", &format!("{k}={v}")]);
+            }
+            c
+        }
     };
     let mut child = cmd
         .arg("-n")
@@ -189,6 +216,8 @@ fn host_segments(host: &Host) -> Vec<String> {
                         .and_then(|r| r.split('-').next())
                         .is_some_and(|id| match host {
                             Host::Slurm => id.starts_with("slurm."),
+                            // Namespace `weft-<job id>`.
+                            Host::WeftRun(_) => id == "weft",
                             Host::Mpirun(_) => {
                                 !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())
                             }
@@ -310,6 +339,59 @@ fn programs_under(mpirun: &Host) {
     assert!(o.status.success(), "coll_probe fence\n{}", dump(&o));
     assert_eq!(lines_with(&o, "fence ok"), 3, "{}", dump(&o));
     let after: Vec<String> = host_segments(mpirun)
+        .into_iter()
+        .filter(|s| !before.contains(s))
+        .collect();
+    assert!(after.is_empty(), "shared memory left behind: {after:?}");
+}
+
+#[test]
+fn fence_demo_in_every_mode_ring_sessions_and_collectives_under_weft_runs_own_pmix_server() {
+    if let Some(host) = weft_run(1) {
+        programs_under(&host);
+        late_commits_under(&host);
+        killed_rank_under(&host);
+        fabric_programs_under(&host);
+    }
+}
+
+/// A Weft program on the PMIx backend across 2 logical nodes, `weft run`'s servers as
+/// the host (fences between the servers, direct modex of another node's cards): the
+/// fence modes, a ring over TCP, communicators from session groups, every collective, a
+/// fabric fence, a ping-pong between the nodes.
+#[test]
+fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
+    let Some(host) = weft_run(2) else { return };
+    let before = host_segments(&host);
+    let tcp = [("WEFT_TRANSPORTS", "shm,tcp")];
+    for mode in ["full", "sparse", "sync"] {
+        let o = under(&host, 4, &tcp, &[&example("fence_demo"), "--mode", mode]);
+        assert!(o.status.success(), "fence_demo --mode {mode}\n{}", dump(&o));
+        assert_eq!(lines_with(&o, " ok"), 4, "{mode}\n{}", dump(&o));
+        assert_eq!(
+            lines_with(&o, "(node 1 of 2, local rank "),
+            2,
+            "{}",
+            dump(&o)
+        );
+    }
+    let o = under(&host, 4, &tcp, &[&example("ring")]);
+    assert!(o.status.success(), "ring\n{}", dump(&o));
+    assert_eq!(lines_with(&o, "ring ok"), 1, "{}", dump(&o));
+    let o = under(&host, 4, &tcp, &[&example("sessions_demo")]);
+    assert!(o.status.success(), "sessions_demo\n{}", dump(&o));
+    assert_eq!(lines_with(&o, " size 4 pgcid 2"), 4, "{}", dump(&o));
+    assert_eq!(lines_with(&o, " size 4 pgcid 3"), 4, "{}", dump(&o));
+    let o = under(&host, 4, &tcp, &[&example("coll_check"), "--max", "65536"]);
+    assert!(o.status.success(), "coll_check\n{}", dump(&o));
+    assert_eq!(lines_with(&o, "coll ok"), 4, "{}", dump(&o));
+    let o = under(&host, 4, &tcp, &[&example("coll_probe"), "fence"]);
+    assert!(o.status.success(), "coll_probe fence\n{}", dump(&o));
+    assert_eq!(lines_with(&o, "fence ok"), 4, "{}", dump(&o));
+    let o = under(&host, 2, &tcp, &[&example("pingpong"), "--iters", "20"]);
+    assert!(o.status.success(), "pingpong\n{}", dump(&o));
+    assert_eq!(lines_with(&o, "pingpong ok"), 1, "{}", dump(&o));
+    let after: Vec<String> = host_segments(&host)
         .into_iter()
         .filter(|s| !before.contains(s))
         .collect();
@@ -546,7 +628,7 @@ fn killed_rank_under(host: &Host) {
             "mpirun names the killed rank\n{}",
             dump(&o)
         ),
-        Host::Slurm => {
+        Host::Slurm | Host::WeftRun(_) => {
             let saw = lines_with(&o, " saw rank 3 gone after ");
             assert!(saw >= 1, "the survivors' fences name rank 3\n{}", dump(&o));
             assert!(all.contains("ended: its process (pid "), "{}", dump(&o));
@@ -662,7 +744,9 @@ fn fabric_programs_under(host: &Host) {
         match (host, seen.first()) {
             (_, Some(&ms)) => assert!(ms < 2000, "{scenario}: {ms} ms\n{}", dump(&o)),
             (Host::Mpirun(_), None) => assert!(aborted, "{scenario}\n{}", dump(&o)),
-            (Host::Slurm, None) => panic!("{scenario}: rank 0 did not name rank 1\n{}", dump(&o)),
+            (Host::Slurm | Host::WeftRun(_), None) => {
+                panic!("{scenario}: rank 0 did not name rank 1\n{}", dump(&o))
+            }
         }
     }
 }

@@ -89,6 +89,11 @@ pub(crate) struct Link {
     /// The scope of each key this process committed: PMIx shows a process all of its
     /// own data, Weft hides a Remote key on its owner's node, the owner included.
     mine: Mutex<HashMap<String, Scope>>,
+    /// Values of other nodes' processes this process fetched through the host (a
+    /// direct fetch): held here, as a Weft node holds what it fetched, for later
+    /// local-only and immediate gets, which the host's client library would not answer
+    /// from them (`PMIX_OPTIONAL` looks only at what the local server stored).
+    fetched: Mutex<HashMap<(Rank, String), PmixValue>>,
     /// Groups with a PGCID this process led (the next one's count).
     led: AtomicU64,
     /// The transports' secret, once known (see [`Link::transport_secret`]).
@@ -420,6 +425,7 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             px,
             full: Mutex::new(None),
             mine: Mutex::new(HashMap::new()),
+            fetched: Mutex::new(HashMap::new()),
             led: AtomicU64::new(0),
             secret: std::sync::OnceLock::new(),
             size,
@@ -527,12 +533,18 @@ impl Link {
     pub(crate) fn transport_secret(&self) -> Option<[u64; 2]> {
         *self.secret.get_or_init(|| {
             let deadline = std::time::Instant::now() + SECRET_WAIT;
+            let mut again = false;
             loop {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 let opts = PGetOpts {
                     timeout: Some(left),
+                    // Asked again, rank 0's server must be asked again too: the client
+                    // library keeps what it fetched of rank 0 (from another node: its
+                    // data as of an earlier commit) and would answer from that.
+                    refresh: again,
                     ..PGetOpts::default()
                 };
+                again = true;
                 match self.px.get(Some(0), SECRET_KEY, opts) {
                     Ok(v) => return v.as_bytes().and_then(|b| postcard::from_bytes(b).ok()),
                     // Some hosts (Slurm) answer a fetch that arrives before the owner's
@@ -684,9 +696,12 @@ impl Link {
             match self.px.get(Some(rank), key, here) {
                 Ok(v) => return Ok(v),
                 Err(PmixError::NotFound { .. }) if here_only => {
+                    if let Some(v) = lock(&self.fetched).get(&(rank, key.to_owned())) {
+                        return Ok(v.clone());
+                    }
                     return Err(not_found(
                         "not on this node (local-only or immediate get, PMIx host)".into(),
-                    ))
+                    ));
                 }
                 // Committed after the fence: fetched from the owner's server below.
                 Err(PmixError::NotFound { .. }) => {}
@@ -733,7 +748,10 @@ impl Link {
                 .px
                 .get_with(Some(rank), key, popts, &mut *while_waiting)
             {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    lock(&self.fetched).insert((rank, key.to_owned()), v.clone());
+                    return Ok(v);
+                }
                 Err(PmixError::NotFound { .. }) => {
                     if let Some(reason) = self.hidden_here(rank, key, &mut *while_waiting) {
                         return Err(not_found(reason));

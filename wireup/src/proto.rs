@@ -513,8 +513,21 @@ pub enum PeerMsg {
     /// The answer to `PmixDmodexReq` `qid`.
     PmixDmodexResp {
         qid: u64,
-        result: Result<Vec<u8>, WireError>,
+        result: Result<Vec<u8>, DmodexFailure>,
     },
+}
+
+/// Why a PMIx direct modex could not be answered (what the asking client is told).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DmodexFailure {
+    /// The owner's library has no data of the process (not committed yet).
+    NotFound,
+    /// The process ended.
+    ProcGone(String),
+    /// The library timed out.
+    Timeout,
+    /// Anything else: why.
+    Other(String),
 }
 
 /// How one process ended.

@@ -19,6 +19,7 @@
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
 use weft_pmix::server::{DirectModex, Failure, Fence, Host, ModexReply, Nspace, ProcName};
+use weft_wireup::proto::DmodexFailure;
 
 use super::*;
 
@@ -275,9 +276,13 @@ impl State {
                 {
                     return; // answered already (its rank ended)
                 }
-                let result = result.map_err(|f| WireError::Invalid {
-                    op: "PMIx direct modex".into(),
-                    reason: format!("the PMIx server library failed it ({f:?})"),
+                let result = result.map_err(|f| match f {
+                    Failure::NotFound => DmodexFailure::NotFound,
+                    Failure::Timeout => DmodexFailure::Timeout,
+                    Failure::ProcGone => DmodexFailure::ProcGone("ended".into()),
+                    other => DmodexFailure::Other(format!(
+                        "the PMIx server library failed it ({other:?})"
+                    )),
                 });
                 self.send_peer(to, &PeerMsg::PmixDmodexResp { qid, result });
             }
@@ -357,7 +362,11 @@ impl State {
             let entry = (Scope::Global, FENCE_KEY.to_string(), Value::Bytes(f.data));
             self.commit(first, vec![entry]);
         }
-        tracing::debug!("PMIx fence {:?} #{}: this node's clients arrived", id.procs, id.seq);
+        tracing::debug!(
+            "PMIx fence {:?} #{}: this node's clients arrived",
+            id.procs,
+            id.seq
+        );
         let timeout_ms = f.timeout.map(|t| t.as_millis() as u64);
         for r in locals {
             self.coll_arrive(r, PMIX_CONN, req, id.clone(), mode, timeout_ms, None);
@@ -448,10 +457,7 @@ impl State {
         let from = Modex::asker_of(qid);
         let refuse = |why: String| PeerMsg::PmixDmodexResp {
             qid,
-            result: Err(WireError::Invalid {
-                op: "PMIx direct modex".into(),
-                reason: why,
-            }),
+            result: Err(DmodexFailure::Other(why)),
         };
         let Some(px) = self.pmix.as_mut() else {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
@@ -464,11 +470,7 @@ impl State {
         if let Some(g) = self.gone.get(&rank) {
             let m = PeerMsg::PmixDmodexResp {
                 qid,
-                result: Err(WireError::ProcGone {
-                    op: "PMIx direct modex".into(),
-                    rank,
-                    reason: g.reason.clone(),
-                }),
+                result: Err(DmodexFailure::ProcGone(g.reason.clone())),
             };
             return self.send_peer(from, &m);
         }
@@ -490,15 +492,20 @@ impl State {
     }
 
     /// The answer of another node to direct modex `qid`.
-    pub(super) fn pmix_served(&mut self, qid: u64, result: Result<Vec<u8>, WireError>) {
-        let Some((_, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) else {
+    pub(super) fn pmix_served(&mut self, qid: u64, result: Result<Vec<u8>, DmodexFailure>) {
+        let Some((rank, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) else {
             return; // timed out, or its rank ended
         };
         match result {
             Ok(data) => reply.ok(data),
             Err(e) => {
-                tracing::debug!("PMIx direct modex failed: {}", wire_to_text(&e));
-                reply.fail(failure_of(&e));
+                tracing::debug!("PMIx direct modex of rank {rank}: {e:?}");
+                reply.fail(match e {
+                    DmodexFailure::NotFound => Failure::NotFound,
+                    DmodexFailure::Timeout => Failure::Timeout,
+                    DmodexFailure::ProcGone(_) => Failure::ProcGone,
+                    DmodexFailure::Other(_) => Failure::Other,
+                });
             }
         }
     }
@@ -535,11 +542,7 @@ impl State {
         for (qid, from) in served {
             let m = PeerMsg::PmixDmodexResp {
                 qid,
-                result: Err(WireError::ProcGone {
-                    op: "PMIx direct modex".into(),
-                    rank,
-                    reason: reason.to_string(),
-                }),
+                result: Err(DmodexFailure::ProcGone(reason.to_string())),
             };
             self.send_peer(from, &m);
         }
