@@ -147,14 +147,17 @@ fn under_with(
             c
         }
         Host::WeftRun(nodes) => {
+            // A job id of its own: a random one (digits first) would look like an Open
+            // MPI job's segments to a test running under `mpirun` meanwhile.
+            static JOBS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let job = format!(
+                "pmixhost-{}-{}",
+                std::process::id(),
+                JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
             let mut c = Command::new(weft());
-            c.args([
-                "run",
-                "--nodes",
-                &nodes.to_string(),
-                "-x",
-                "WEFT_WIREUP=pmix",
-            ]);
+            c.args(["run", "--job-id", &job, "--nodes", &nodes.to_string()]);
+            c.args(["-x", "WEFT_WIREUP=pmix"]);
             for (k, v) in env {
                 c.args(["-x", &format!("{k}={v}")]);
             }

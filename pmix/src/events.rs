@@ -161,6 +161,31 @@ impl Pmix {
             return Err(status("PMIx_Register_event_handler", rc, ""));
         }
         *reg = Some(rc as usize);
+        // The same handler once more for the codes that matter, named: a server of
+        // OpenPMIx 4.2 records a client's default handler only where another default
+        // registration already exists (none does), so its own notifications (`weft
+        // run`'s, for one) reach no default handler. The handler completes the chain:
+        // an event that reaches this registration does not reach the default one too.
+        let mut codes: Vec<sys::pmix_status_t> = END_STATUSES.to_vec();
+        codes.extend([sys::PMIX_ERR_LOST_CONNECTION, sys::PMIX_ERR_UNREACH]);
+        // SAFETY: `codes` is valid for the call (the library copies it); as above.
+        let rc = unsafe {
+            sys::PMIx_Register_event_handler(
+                codes.as_mut_ptr(),
+                codes.len(),
+                std::ptr::null_mut(),
+                0,
+                Some(on_event),
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < SUCCESS {
+            tracing::debug!(
+                "PMIx_Register_event_handler for named codes: {}",
+                status("PMIx_Register_event_handler", rc, "")
+            );
+        }
         Ok(())
     }
 

@@ -130,6 +130,11 @@ impl Infos {
         }
     }
 
+    /// Appends a process name (`PMIX_PROC`, copied).
+    pub(crate) fn push_proc(&mut self, key: &[u8], p: &sys::pmix_proc_t) {
+        self.push_raw(key, (p as *const sys::pmix_proc_t).cast(), sys::PMIX_PROC);
+    }
+
     /// Appends a rank (`pmix_rank_t`).
     pub(crate) fn push_rank(&mut self, key: &[u8], v: u32) {
         let v: sys::pmix_rank_t = v;

@@ -191,6 +191,8 @@ mod stub {
         }
         /// Never called (no server exists in this build).
         pub fn deregister_nspace(&self, _nspace: &str) {}
+        /// Never called (no server exists in this build).
+        pub fn notify_ended(&self, _nspace: &str, _rank: u32, _exit_code: Option<i32>) {}
     }
 }
 
@@ -772,6 +774,51 @@ mod imp {
                 return Err(status(OP, rc, ""));
             }
             Ok(())
+        }
+
+        /// Tells the node's clients that rank `rank` of `nspace` ended without
+        /// finalizing (`PMIX_ERR_PROC_ABORTED`, the process named as
+        /// `PMIX_EVENT_AFFECTED_PROC`, with `PMIX_EXIT_CODE` when known). Does not wait.
+        pub fn notify_ended(&self, nspace: &str, rank: u32, exit_code: Option<i32>) {
+            const OP: &str = "PMIx_Notify_event";
+            let Ok(mut p) = nspace_c(OP, nspace) else {
+                return;
+            };
+            p.rank = rank;
+            let mut info = Box::new(Infos::new());
+            info.push_proc(sys::PMIX_EVENT_AFFECTED_PROC, &p);
+            if let Some(c) = exit_code {
+                info.push_int(sys::PMIX_EXIT_CODE, c);
+            }
+            unsafe extern "C" fn notified(_st: sys::pmix_status_t, cbdata: *mut c_void) {
+                // SAFETY: `cbdata` is the `Box<Infos>` leaked below; called once.
+                drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+            }
+            let (ptr, n) = (info.as_mut_ptr(), info.len());
+            let cbdata = Box::into_raw(info) as *mut c_void;
+            // SAFETY: the infos stay valid until `notified` frees them; `p` for the
+            // call (copied); the range reaches every local client. The source is the
+            // process that ended (a null source, this server, reaches no client).
+            let rc = unsafe {
+                sys::PMIx_Notify_event(
+                    sys::PMIX_ERR_PROC_ABORTED,
+                    &p,
+                    sys::PMIX_RANGE_LOCAL as sys::pmix_data_range_t,
+                    ptr,
+                    n,
+                    Some(notified),
+                    cbdata,
+                )
+            };
+            if rc != SUCCESS && rc != sys::PMIX_OPERATION_SUCCEEDED {
+                // SAFETY: the callback will not run: the box is ours again.
+                drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+                tracing::warn!("{OP}: {}", status(OP, rc, ""));
+            } else if rc == sys::PMIX_OPERATION_SUCCEEDED {
+                // Done at once: the callback will not run.
+                // SAFETY: as above.
+                drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+            }
         }
 
         /// Forgets a job (its clients' data and connections).

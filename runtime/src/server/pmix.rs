@@ -225,6 +225,44 @@ fn ompi_env(plan: &JobPlan, vader_dir: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
+/// How child `pid` ended, if it has or is ending: its exit status while it is a zombie
+/// (left to be reaped as usual), else what `/proc` says: gone (reaped, its status on its
+/// way to the actor), or exiting (`PF_EXITING`: its sockets close before it becomes a
+/// zombie, and the PMIx library reacts to those).
+fn ended_now(pid: u32) -> Option<String> {
+    if let Some(how) = exited_now(pid) {
+        return Some(how.describe());
+    }
+    const PF_EXITING: u64 = 0x4;
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(_) => return Some("its process exited".into()),
+    };
+    // pid (comm) state ppid pgrp session tty_nr tpgid flags ...
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let state = fields.first()?;
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    (matches!(*state, "Z" | "X" | "x") || flags & PF_EXITING != 0)
+        .then(|| "its process is exiting".to_string())
+}
+
+/// How child `pid` ended, if it has (it is left to be reaped as usual: `WNOWAIT`).
+fn exited_now(pid: u32) -> Option<ExitKind> {
+    use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let st = waitid(
+        WaitId::Pid(pid),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+    )
+    .ok()??;
+    if let Some(sig) = st.terminating_signal() {
+        Some(ExitKind::Signal(sig))
+    } else {
+        st.exit_status().map(ExitKind::Code)
+    }
+}
+
 /// The client-facing status of a core error.
 fn failure_of(e: &WireError) -> Failure {
     match e {
@@ -337,6 +375,17 @@ impl State {
             .copied()
             .filter(|&r| id.procs.contains(r))
             .collect();
+        // The library also hands a fence over when a local participant's connection
+        // broke (it died without contributing): such a rank must fail the fence, even
+        // if its exit status has not reached this server yet.
+        for &r in &locals {
+            if self.gone.contains_key(&r) {
+                continue;
+            }
+            if let Some(how) = self.procs.get(&r).and_then(|p| ended_now(p.pid?)) {
+                self.proc_gone_local(r, how, false);
+            }
+        }
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx fence {id:?} has no participant on node {}", self.node);
             return f.reply.fail(Failure::Other);
@@ -346,6 +395,9 @@ impl State {
             FenceMode::Full
         } else {
             FenceMode::SyncOnly
+        };
+        let Some(px) = self.pmix.as_mut() else {
+            return f.reply.fail(Failure::Other);
         };
         px.next_req += 1;
         let req = px.next_req;
@@ -519,6 +571,9 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return;
         };
+        // The node's clients hear of it (Open MPI's default handler ends the process;
+        // a Weft program names the rank).
+        px.server.notify_ended(&px.nspace, rank, None);
         let mine: Vec<u64> = px
             .asked
             .iter()
