@@ -144,7 +144,7 @@ fn main() -> ExitCode {
                 println!(
                     "hosting: weft run serves PMIx to every process (an embedded PMIx server \
                      per node: Open MPI programs and PMIx tools run unmodified; --no-pmix \
-                     turns it off); fences, direct modex, abort; not yet groups, psets, events"
+                     turns it off); fences, direct modex, abort, termination events; not yet groups, pset queries"
                 );
             } else {
                 println!("hosting: no PMIx server (built without libpmix)");

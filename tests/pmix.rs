@@ -361,7 +361,7 @@ fn fence_demo_in_every_mode_ring_sessions_and_collectives_under_weft_runs_own_pm
 /// A Weft program on the PMIx backend across 2 logical nodes, `weft run`'s servers as
 /// the host (fences between the servers, direct modex of another node's cards): the
 /// fence modes, a ring over TCP, communicators from session groups, every collective, a
-/// fabric fence, a ping-pong between the nodes.
+/// fabric fence, a ping-pong between the nodes, a rank killed during a fence.
 #[test]
 fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
     let Some(host) = weft_run(2) else { return };
@@ -394,6 +394,9 @@ fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
     let o = under(&host, 2, &tcp, &[&example("pingpong"), "--iters", "20"]);
     assert!(o.status.success(), "pingpong\n{}", dump(&o));
     assert_eq!(lines_with(&o, "pingpong ok"), 1, "{}", dump(&o));
+    // Rank 3 (node 1) dies while the others wait in a fence: rank 2 finds it dead on its
+    // node, ranks 0 and 1 (node 0) hear it from the host's termination event.
+    killed_rank_under(&host);
     let after: Vec<String> = host_segments(&host)
         .into_iter()
         .filter(|s| !before.contains(s))
