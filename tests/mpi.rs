@@ -1,7 +1,7 @@
 //! Programs that bootstrap through PMIx or the PMI-1 wire protocol under `weft run`
 //! (issue 18). PMIx (section 1): a plain PMIx client in C (`benches/mpi/pmix_client.c`:
 //! the job keys, a late key, fences collecting data or not, direct modex, a second fence
-//! after new puts, a missing key) and Open MPI programs built with `mpicc.openmpi`
+//! after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
 //! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
 //! `--timeout`, `--no-pmix`; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-1 (section 2): a plain PMI-1
@@ -268,6 +268,7 @@ fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
                 "sparse",
                 "again fence",
                 "again",
+                "group",
                 "missing",
                 "last fence",
             ] {
@@ -282,6 +283,13 @@ fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
         // The job keys count the job's nodes.
         let count = format!("nodes {nodes} ");
         assert_eq!(d.lines_with(&count), 4, "{}", d.dump());
+        // Every member got the same context ids (the groups' PGCIDs).
+        let ctx: std::collections::BTreeSet<&str> = d
+            .stdout
+            .lines()
+            .filter_map(|l| l.split(": group ctxid ").nth(1))
+            .collect();
+        assert_eq!(ctx.len(), 1, "{}", d.dump());
         clean(&name, &d);
     }
 }

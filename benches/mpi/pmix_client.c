@@ -13,6 +13,9 @@
  *   sparse     new puts, commit, fence without collecting; every rank's key read back
  *              (from another node: the direct modex);
  *   again      new puts after those fences, a collecting fence; read back;
+ *   group      PMIx_Group_construct of every rank asking for a context id: it succeeds,
+ *              "rank R: group ctxid C" printed (the same C everywhere), a second group
+ *              gets another id, PMIx_Group_destruct of both succeeds;
  *   missing    a key nobody put, with a 2 s PMIX_TIMEOUT: PMIX_ERR_NOT_FOUND (a process on
  *              another node, whose data came without it) or PMIX_ERR_TIMEOUT after the
  *              2 s (a process of this node, which might still put it), never a hang;
@@ -227,6 +230,46 @@ static int run_test(void)
     rc = fence(1);
     check(rc == PMIX_SUCCESS, "again fence", PMIx_Error_string(rc));
     read_back("again", "again", size, 20);
+
+    /* Groups with context ids. */
+    {
+        pmix_proc_t all;
+        pmix_info_t dir;
+        bool yes = true;
+        size_t ctx[2] = {0, 0};
+        int ok = 1;
+        const char *names[2] = {"pmix-client-group-a", "pmix-client-group-b"};
+        PMIX_LOAD_PROCID(&all, me.nspace, PMIX_RANK_WILDCARD);
+        for (int g = 0; g < 2 && ok; g++) {
+            pmix_info_t *res = NULL;
+            size_t nres = 0;
+            PMIX_INFO_LOAD(&dir, PMIX_GROUP_ASSIGN_CONTEXT_ID, &yes, PMIX_BOOL);
+            rc = PMIx_Group_construct(names[g], &all, 1, &dir, 1, &res, &nres);
+            PMIX_INFO_DESTRUCT(&dir);
+            int found = 0;
+            for (size_t n = 0; n < nres; n++)
+                if (PMIX_CHECK_KEY(&res[n], PMIX_GROUP_CONTEXT_ID)) {
+                    PMIX_VALUE_GET_NUMBER(rc, &res[n].value, ctx[g], size_t);
+                    found = 1;
+                }
+            if (res)
+                PMIX_INFO_FREE(res, nres);
+            snprintf(why, sizeof why, "construct %s: %s, context id %s", names[g],
+                     PMIx_Error_string(rc), found ? "given" : "missing");
+            ok = rc == PMIX_SUCCESS && found;
+        }
+        if (ok) {
+            printf("rank %u: group ctxid %zu %zu\n", me.rank, ctx[0], ctx[1]);
+            snprintf(why, sizeof why, "the two groups got the same context id %zu", ctx[0]);
+            ok = ctx[0] != ctx[1];
+        }
+        for (int g = 0; g < 2 && ok; g++) {
+            rc = PMIx_Group_destruct(names[g], NULL, 0);
+            snprintf(why, sizeof why, "destruct %s: %s", names[g], PMIx_Error_string(rc));
+            ok = rc == PMIX_SUCCESS;
+        }
+        check(ok, "group", why);
+    }
 
     /* A key nobody put. */
     {

@@ -130,6 +130,24 @@ impl Infos {
         }
     }
 
+    /// Appends a `size_t` value.
+    pub(crate) fn push_size(&mut self, key: &[u8], v: usize) {
+        self.push_raw(key, (&v as *const usize).cast(), sys::PMIX_SIZE);
+    }
+
+    /// Appends a byte object (copied).
+    pub(crate) fn push_bytes(&mut self, key: &[u8], v: &[u8]) {
+        let bo = sys::pmix_byte_object_t {
+            bytes: v.as_ptr().cast_mut().cast(),
+            size: v.len(),
+        };
+        self.push_raw(
+            key,
+            (&bo as *const sys::pmix_byte_object_t).cast(),
+            sys::PMIX_BYTE_OBJECT,
+        );
+    }
+
     /// Appends a process name (`PMIX_PROC`, copied).
     pub(crate) fn push_proc(&mut self, key: &[u8], p: &sys::pmix_proc_t) {
         self.push_raw(key, (p as *const sys::pmix_proc_t).cast(), sys::PMIX_PROC);

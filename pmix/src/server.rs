@@ -67,6 +67,30 @@ pub struct DirectModex {
     pub reply: ModexReply,
 }
 
+/// A group operation of local clients (`PMIx_Group_construct`/`destruct`), handed to
+/// [`Host::group`] once the node's members all called it.
+#[derive(Debug)]
+pub struct Group {
+    /// Construct (`true`) or destruct.
+    pub construct: bool,
+    /// The group's id.
+    pub id: String,
+    /// Its members.
+    pub procs: Vec<ProcName>,
+    /// `PMIX_GROUP_ASSIGN_CONTEXT_ID`.
+    pub assign_context_id: bool,
+    /// `PMIX_GROUP_OPTIONAL`.
+    pub optional: bool,
+    /// `PMIX_GROUP_NOTIFY_TERMINATION`.
+    pub notify_termination: bool,
+    /// `PMIX_TIMEOUT`, if given.
+    pub timeout: Option<Duration>,
+    /// `PMIX_GROUP_ENDPT_DATA`: this node's members' packed contribution.
+    pub endpt: Vec<u8>,
+    /// Where the result goes.
+    pub reply: GroupReply,
+}
+
 /// What the host does for the library (called on the library's progress thread: return
 /// quickly; answer through the replies later, from any thread).
 pub trait Host: Send + Sync + 'static {
@@ -81,6 +105,8 @@ pub trait Host: Send + Sync + 'static {
     fn fence(&self, fence: Fence);
     /// A local client asks for data of a process on another node.
     fn direct_modex(&self, req: DirectModex);
+    /// A group construct or destruct of local clients.
+    fn group(&self, req: Group);
 }
 
 /// One job as the library must know it before its clients start.
@@ -128,10 +154,10 @@ impl Nspace {
 }
 
 #[cfg(weft_pmix)]
-pub use imp::{ModexReply, Server};
+pub use imp::{GroupReply, ModexReply, Server};
 
 #[cfg(not(weft_pmix))]
-pub use stub::{ModexReply, Server};
+pub use stub::{GroupReply, ModexReply, Server};
 
 #[cfg(not(weft_pmix))]
 mod stub {
@@ -146,6 +172,19 @@ mod stub {
     impl ModexReply {
         /// Never called (no reply exists in this build).
         pub fn ok(self, _data: Vec<u8>) {}
+        /// Never called (no reply exists in this build).
+        pub fn fail(self, _why: Failure) {}
+    }
+
+    /// Where a group operation's result goes (none exists in this build).
+    #[derive(Debug)]
+    pub struct GroupReply {
+        _none: (),
+    }
+
+    impl GroupReply {
+        /// Never called (no reply exists in this build).
+        pub fn ok(self, _context_id: Option<u64>, _endpt: Vec<u8>) {}
         /// Never called (no reply exists in this build).
         pub fn fail(self, _why: Failure) {}
     }
@@ -288,6 +327,79 @@ mod imp {
                     cbdata: self.cbdata,
                 };
                 me.finish(sys::PMIX_ERROR, Vec::new());
+            }
+        }
+    }
+
+    /// Where a group operation's result goes: the library's callback, called exactly
+    /// once (by [`GroupReply::ok`], [`GroupReply::fail`] or, unanswered, on drop with
+    /// `PMIX_ERROR`).
+    pub struct GroupReply {
+        cb: sys::pmix_info_cbfunc_t,
+        cbdata: *mut c_void,
+    }
+
+    impl std::fmt::Debug for GroupReply {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("GroupReply")
+        }
+    }
+
+    // SAFETY: as for `ModexReply`: the callback may be called from any thread.
+    unsafe impl Send for GroupReply {}
+
+    /// Frees the infos handed to an info callback once the library is done with them.
+    unsafe extern "C" fn release_infos(cbdata: *mut c_void) {
+        // SAFETY: `cbdata` is the `Box<Infos>` leaked in `GroupReply::finish`; the
+        // library calls this once.
+        drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+    }
+
+    impl GroupReply {
+        /// The operation succeeded: the group's context id (if one was assigned) and
+        /// every node's contribution, concatenated (empty for a destruct).
+        pub fn ok(self, context_id: Option<u64>, endpt: Vec<u8>) {
+            let mut info = Infos::new();
+            if let Some(c) = context_id {
+                info.push_size(sys::PMIX_GROUP_CONTEXT_ID, c as usize);
+            }
+            if !endpt.is_empty() {
+                info.push_bytes(sys::PMIX_GROUP_ENDPT_DATA, &endpt);
+            }
+            self.finish(SUCCESS, info);
+        }
+
+        /// The operation failed.
+        pub fn fail(self, why: Failure) {
+            let st = match why {
+                Failure::ProcGone => sys::PMIX_ERR_PROC_ABORTED,
+                Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
+                Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
+                Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
+                Failure::Other => sys::PMIX_ERROR,
+            };
+            self.finish(st, Infos::new());
+        }
+
+        fn finish(mut self, st: sys::pmix_status_t, info: Infos) {
+            let Some(cb) = self.cb.take() else { return };
+            let mut info = Box::new(info);
+            let (ptr, n) = (info.as_mut_ptr(), info.len());
+            let keep = Box::into_raw(info);
+            // SAFETY: `cb` and `cbdata` came together from the library, which expects
+            // this call once; the infos stay valid until it calls `release_infos`.
+            unsafe { cb(st, ptr, n, self.cbdata, Some(release_infos), keep.cast()) };
+        }
+    }
+
+    impl Drop for GroupReply {
+        fn drop(&mut self) {
+            if self.cb.is_some() {
+                let me = GroupReply {
+                    cb: self.cb.take(),
+                    cbdata: self.cbdata,
+                };
+                me.fail(Failure::Other);
             }
         }
     }
@@ -479,6 +591,70 @@ mod imp {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
+    unsafe extern "C" fn group(
+        op: sys::pmix_group_operation_t,
+        grp: *mut c_char,
+        procs: *const sys::pmix_proc_t,
+        nprocs: usize,
+        dirs: *const sys::pmix_info_t,
+        ndirs: usize,
+        cb: sys::pmix_info_cbfunc_t,
+        cbdata: *mut c_void,
+    ) -> sys::pmix_status_t {
+        let Some(h) = host() else {
+            return sys::PMIX_ERR_NOT_SUPPORTED;
+        };
+        let id = if grp.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a non-null group id is NUL-terminated.
+            unsafe { CStr::from_ptr(grp) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let mut req = Group {
+            construct: op == sys::pmix_group_operation_t_PMIX_GROUP_CONSTRUCT,
+            id,
+            // SAFETY: the library passes `nprocs` valid names.
+            procs: unsafe { names_of(procs, nprocs) },
+            assign_context_id: false,
+            optional: false,
+            notify_termination: false,
+            timeout: None,
+            endpt: Vec::new(),
+            reply: GroupReply { cb, cbdata },
+        };
+        if !dirs.is_null() {
+            for i in 0..ndirs {
+                // SAFETY: `ndirs` valid infos.
+                let inf = unsafe { &*dirs.add(i) };
+                // SAFETY: a valid info's key is NUL-terminated within its array.
+                let k = unsafe { CStr::from_ptr(inf.key.as_ptr()) }.to_bytes_with_nul();
+                // SAFETY: the union member read is the one the type tag names.
+                let v = unsafe { crate::owned::value_of(&inf.value) };
+                let on = || !matches!(v, crate::PmixValue::Bool(false));
+                if k == sys::PMIX_GROUP_ASSIGN_CONTEXT_ID {
+                    req.assign_context_id = on();
+                } else if k == sys::PMIX_GROUP_OPTIONAL {
+                    req.optional = on();
+                } else if k == sys::PMIX_GROUP_NOTIFY_TERMINATION {
+                    req.notify_termination = on();
+                } else if k == sys::PMIX_TIMEOUT {
+                    if let Some(s) = v.as_u32().filter(|&s| s > 0) {
+                        req.timeout = Some(Duration::from_secs(u64::from(s)));
+                    }
+                } else if k == sys::PMIX_GROUP_ENDPT_DATA {
+                    if let crate::PmixValue::Bytes(b) = v {
+                        req.endpt = b;
+                    }
+                }
+            }
+        }
+        h.group(req);
+        SUCCESS
+    }
+
     /// The running PMIx server of this process; finalized on drop.
     pub struct Server {
         /// The topology handed to the library, kept until it is finalized.
@@ -538,6 +714,7 @@ mod imp {
             module.abort = Some(abort);
             module.fence_nb = Some(fence_nb);
             module.direct_modex = Some(direct_modex);
+            module.group = Some(group);
             let mut info = Infos::new();
             for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
                 info.push_string(k, dir_s)

@@ -52,6 +52,7 @@ mod groups;
 mod native;
 mod output;
 mod pmi;
+mod pmi2;
 mod pmix;
 mod procs;
 mod psets;
@@ -225,6 +226,12 @@ enum Event {
     Pmi {
         rank: Rank,
         line: Result<String, String>,
+    },
+    /// A PMI-2 command (or why the connection failed), after an init that asked for
+    /// version 2 (`pmi2`).
+    Pmi2 {
+        rank: Rank,
+        cmd: Result<String, String>,
     },
     /// A process's PMI-1 connection closed.
     PmiClosed {
@@ -401,6 +408,9 @@ struct State {
     pmi_owner: HashMap<String, Rank>,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
+    /// PMI-2's node attributes (`info-putnodeattr`), and the gets waiting for them.
+    pmi_node_attrs: HashMap<String, String>,
+    pmi_attr_waiters: HashMap<String, Vec<Rank>>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -629,6 +639,8 @@ impl State {
             pmi: HashMap::new(),
             pmi_owner: HashMap::new(),
             pmix: None,
+            pmi_node_attrs: HashMap::new(),
+            pmi_attr_waiters: HashMap::new(),
             peers,
             peer_tx: HashMap::new(),
             ctl_tx,
@@ -748,6 +760,7 @@ impl State {
         match ev {
             Event::PmiOpen { rank, tx } => self.pmi_open(rank, tx),
             Event::Pmi { rank, line } => self.on_pmi(rank, line),
+            Event::Pmi2 { rank, cmd } => self.on_pmi2(rank, cmd),
             Event::PmiClosed { rank } => self.pmi_closed(rank),
             Event::ClientHello {
                 conn,

@@ -24,22 +24,25 @@ pub(super) const PMI_CONN: ConnId = 1 << 62;
 /// Longest request line accepted (MPICH's values are at most `vallen_max` = 1024 bytes).
 const MAX_LINE: usize = 16 << 10;
 /// `vallen_max` told to clients.
-const VALLEN_MAX: usize = 1024;
+pub(super) const VALLEN_MAX: usize = 1024;
 /// Prefix of the keys PMI clients put, in the core's key space.
-const KEY_PREFIX: &str = "pmi1/";
+pub(super) const KEY_PREFIX: &str = "pmi1/";
 
 /// A PMI client's state.
 pub(super) struct PmiConn {
-    tx: UnboundedSender<Vec<u8>>,
-    barriers: u64,
-    next_req: u64,
+    pub(super) tx: UnboundedSender<Vec<u8>>,
+    pub(super) barriers: u64,
+    pub(super) next_req: u64,
     /// What each request sent to the core answers: a barrier or a get (replies come
     /// through `send_client`, which borrows the state shared).
-    waiting: std::cell::RefCell<HashMap<u64, Wait>>,
+    pub(super) waiting: std::cell::RefCell<HashMap<u64, Wait>>,
+    /// The client asked for PMI-2 at init (`pmi2`): its later commands and their
+    /// replies are PMI-2's.
+    pub(super) v2: bool,
 }
 
 #[derive(Clone, Copy)]
-enum Wait {
+pub(super) enum Wait {
     Barrier,
     Get,
 }
@@ -91,6 +94,21 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: Unboun
         let mut line = Vec::new();
         loop {
             line.clear();
+            // A PMI-2 command starts with its length (6 characters, a number): one after
+            // the PMI-1 `init` that asked for version 2 (`pmi2`). A PMI-1 line starts
+            // with `cmd=` (or `mcmd=`).
+            match r.fill_buf() {
+                Ok([]) | Err(_) => break,
+                Ok(b) if b[0].is_ascii_digit() => {
+                    let cmd = pmi2::read_command(&mut r, MAX_LINE);
+                    let stop = cmd.is_err();
+                    if evr.send(Event::Pmi2 { rank, cmd }).is_err() || stop {
+                        break;
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+            }
             match r
                 .by_ref()
                 .take(MAX_LINE as u64 + 1)
@@ -133,7 +151,7 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: Unboun
 }
 
 /// `cmd=NAME k=v ...` as (NAME, pairs); `None` without a `cmd`.
-fn parse(line: &str) -> Option<(&str, HashMap<&str, &str>)> {
+pub(super) fn parse(line: &str) -> Option<(&str, HashMap<&str, &str>)> {
     let mut kv = HashMap::new();
     for word in line.split_ascii_whitespace() {
         let (k, v) = word.split_once('=')?;
@@ -144,7 +162,7 @@ fn parse(line: &str) -> Option<(&str, HashMap<&str, &str>)> {
 }
 
 /// A PMI `msg` value: no spaces.
-fn msg(text: &str) -> String {
+pub(super) fn msg(text: &str) -> String {
     text.replace(|c: char| c.is_ascii_whitespace() || c == '=', "_")
 }
 
@@ -183,6 +201,7 @@ impl State {
                 barriers: 0,
                 next_req: 0,
                 waiting: std::cell::RefCell::new(HashMap::new()),
+                v2: false,
             },
         );
     }
@@ -194,13 +213,13 @@ impl State {
         self.apply(acts);
     }
 
-    fn pmi_send(&self, rank: Rank, text: &str) {
+    pub(super) fn pmi_send(&self, rank: Rank, text: &str) {
         if let Some(c) = self.pmi.get(&rank) {
             let _ = c.tx.send(format!("{text}\n").into_bytes());
         }
     }
 
-    fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
+    pub(super) fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
         let c = self.pmi.get_mut(&rank)?;
         c.next_req += 1;
         c.waiting.borrow_mut().insert(c.next_req, wait);
@@ -228,11 +247,26 @@ impl State {
         match cmd {
             "init" => {
                 let v = kv.get("pmi_version").copied().unwrap_or("1");
-                let rc = if v == "1" { 0 } else { -1 };
-                self.pmi_send(
-                    rank,
-                    &format!("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc={rc}"),
-                );
+                match v {
+                    "1" => self.pmi_send(
+                        rank,
+                        "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0",
+                    ),
+                    // The client's next commands are PMI-2's (`pmi2`).
+                    "2" => {
+                        if let Some(c) = self.pmi.get_mut(&rank) {
+                            c.v2 = true;
+                        }
+                        self.pmi_send(
+                            rank,
+                            "cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0",
+                        );
+                    }
+                    _ => self.pmi_send(
+                        rank,
+                        "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1",
+                    ),
+                }
             }
             "get_maxes" => self.pmi_send(
                 rank,
@@ -345,6 +379,9 @@ impl State {
         else {
             return;
         };
+        if self.pmi.get(&rank).is_some_and(|c| c.v2) {
+            return self.pmi2_reply(rank, wait, text);
+        }
         let line = match (wait, text) {
             (Wait::Barrier, None) => "cmd=barrier_out rc=0".to_string(),
             (Wait::Barrier, Some(Err(why))) => format!("cmd=barrier_out rc=-1 msg={}", msg(&why)),

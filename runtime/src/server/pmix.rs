@@ -18,7 +18,9 @@
 //! A job is registered with the information Open MPI's runtime reads at init (sizes,
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
-use weft_pmix::server::{DirectModex, Failure, Fence, Host, ModexReply, Nspace, ProcName};
+use weft_pmix::server::{
+    DirectModex, Failure, Fence, Group, GroupReply, Host, ModexReply, Nspace, ProcName,
+};
 use weft_wireup::proto::DmodexFailure;
 
 use super::*;
@@ -42,6 +44,7 @@ pub(super) enum PmixEv {
     },
     Fence(Fence),
     Dmodex(DirectModex),
+    Group(Group),
     /// The library answered another node's direct modex `qid`.
     Served {
         qid: u64,
@@ -95,6 +98,9 @@ impl Host for Bridge {
     fn direct_modex(&self, d: DirectModex) {
         self.send(PmixEv::Dmodex(d));
     }
+    fn group(&self, g: Group) {
+        self.send(PmixEv::Group(g));
+    }
 }
 
 /// A fence under way: its id and where the result goes.
@@ -104,6 +110,17 @@ struct PendingFence {
     reply: ModexReply,
     /// When the library handed it over (for the debug log of the host's share).
     since: std::time::Instant,
+}
+
+/// A group operation under way.
+struct PendingGroup {
+    id: CollId,
+    reply: GroupReply,
+}
+
+/// The key a node's contribution to group construct `id` is committed under.
+fn group_key(id: &str) -> String {
+    format!("pmix/grp/{id}")
 }
 
 /// The PMIx front end's state.
@@ -120,6 +137,10 @@ pub(super) struct PmixFront {
     /// Fences under way, by request (answered through `send_client`, which borrows the
     /// state shared).
     fences: std::cell::RefCell<HashMap<u64, PendingFence>>,
+    /// Group operations under way, by request (as `fences`).
+    groups: std::cell::RefCell<HashMap<u64, PendingGroup>>,
+    /// The sequence number of the next group operation of each kind, members and id.
+    group_seq: HashMap<(CollKind, Procs, String), u64>,
     next_req: u64,
     /// Direct modex requests sent to other nodes: the rank asked about and the reply.
     asked: HashMap<u64, (Rank, ModexReply)>,
@@ -178,6 +199,8 @@ impl PmixFront {
             env,
             fence_seq: HashMap::new(),
             fences: std::cell::RefCell::new(HashMap::new()),
+            groups: std::cell::RefCell::new(HashMap::new()),
+            group_seq: HashMap::new(),
             next_req: 0,
             asked: HashMap::new(),
             serving: HashMap::new(),
@@ -304,6 +327,7 @@ impl State {
                 }
             }
             PmixEv::Fence(f) => self.pmix_fence(f),
+            PmixEv::Group(g) => self.pmix_group(g),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Served { qid, to, result } => {
                 if self
@@ -375,17 +399,7 @@ impl State {
             .copied()
             .filter(|&r| id.procs.contains(r))
             .collect();
-        // The library also hands a fence over when a local participant's connection
-        // broke (it died without contributing): such a rank must fail the fence, even
-        // if its exit status has not reached this server yet.
-        for &r in &locals {
-            if self.gone.contains_key(&r) {
-                continue;
-            }
-            if let Some(how) = self.procs.get(&r).and_then(|p| ended_now(p.pid?)) {
-                self.proc_gone_local(r, how, false);
-            }
-        }
+        self.pmix_check_alive(&locals);
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx fence {id:?} has no participant on node {}", self.node);
             return f.reply.fail(Failure::Other);
@@ -425,13 +439,153 @@ impl State {
         }
     }
 
-    /// The core's reply `msg` to the PMIx front end: a fence's end.
+    /// The library also hands a collective over when a local participant's connection
+    /// broke (it died without contributing): such a rank must fail it, even if its exit
+    /// status has not reached this server yet.
+    fn pmix_check_alive(&mut self, locals: &[Rank]) {
+        for &r in locals {
+            if self.gone.contains_key(&r) {
+                continue;
+            }
+            if let Some(how) = self.procs.get(&r).and_then(|p| ended_now(p.pid?)) {
+                self.proc_gone_local(r, how, false);
+            }
+        }
+    }
+
+    /// A group construct or destruct: the core's group operation (`groups`), each
+    /// node's packed contribution carried as for a fence; the result is the group's
+    /// PGCID as its context id, and every node's contribution.
+    fn pmix_group(&mut self, g: Group) {
+        let size = self.plan.job.size();
+        let Some(px) = self.pmix.as_mut() else {
+            return g.reply.fail(Failure::Other);
+        };
+        let mut all = g.procs.is_empty();
+        let mut ranks = Vec::new();
+        for p in &g.procs {
+            if p.nspace != px.nspace {
+                tracing::warn!(
+                    "PMIx group {:?} names namespace {:?}: only the job's own is served",
+                    g.id,
+                    p.nspace
+                );
+                return g.reply.fail(Failure::NotSupported);
+            }
+            match p.rank {
+                None => all = true,
+                Some(r) if r < size => ranks.push(r),
+                Some(r) => {
+                    tracing::warn!("PMIx group {:?} names rank {r}, outside the job", g.id);
+                    return g.reply.fail(Failure::NotFound);
+                }
+            }
+        }
+        let procs = if all {
+            Procs::All
+        } else {
+            Procs::List(ranks).normalize(size)
+        };
+        let kind = if g.construct {
+            CollKind::GroupConstruct
+        } else {
+            CollKind::GroupDestruct
+        };
+        let seq = px
+            .group_seq
+            .entry((kind, procs.clone(), g.id.clone()))
+            .or_insert(0);
+        *seq += 1;
+        let id = CollId {
+            kind,
+            procs,
+            seq: *seq,
+            name: g.id.clone(),
+        };
+        let directives = GroupDirectives {
+            leader: None,
+            optional: g.optional,
+            local_only: false,
+            notify_termination: g.notify_termination,
+            ft_collective: false,
+            assign_context_id: g.assign_context_id,
+            no_data: false,
+        };
+        let locals: Vec<Rank> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|&r| id.procs.contains(r))
+            .collect();
+        let Some(&first) = locals.first() else {
+            tracing::warn!("PMIx group {:?} has no member on node {}", g.id, self.node);
+            return g.reply.fail(Failure::Other);
+        };
+        self.pmix_check_alive(&locals);
+        if g.construct && !g.endpt.is_empty() {
+            let entry = (Scope::Global, group_key(&g.id), Value::Bytes(g.endpt));
+            self.commit(first, vec![entry]);
+        }
+        let Some(px) = self.pmix.as_mut() else {
+            return g.reply.fail(Failure::Other);
+        };
+        px.next_req += 1;
+        let req = px.next_req;
+        px.groups.borrow_mut().insert(
+            req,
+            PendingGroup {
+                id: id.clone(),
+                reply: g.reply,
+            },
+        );
+        let timeout_ms = g.timeout.map(|t| t.as_millis() as u64);
+        for r in locals {
+            self.group_arrive(
+                r,
+                PMIX_CONN,
+                req,
+                id.clone(),
+                directives.clone(),
+                timeout_ms,
+            );
+        }
+    }
+
+    /// The core's reply `msg` to the PMIx front end: a fence's or a group operation's
+    /// end.
     pub(super) fn pmix_reply(&self, msg: &ServerMsg) {
         let (req, err) = match msg {
-            ServerMsg::Done { req } => (*req, None),
+            ServerMsg::Done { req } | ServerMsg::Group { req, .. } => (*req, None),
             ServerMsg::Failed { req, error } => (*req, Some(error.clone())),
             _ => return,
         };
+        let pending_group = self
+            .pmix
+            .as_ref()
+            .and_then(|px| px.groups.borrow_mut().remove(&req));
+        if let Some(pg) = pending_group {
+            if let Some(e) = err {
+                tracing::warn!("PMIx group {:?} failed: {}", pg.id.name, wire_to_text(&e));
+                return pg.reply.fail(failure_of(&e));
+            }
+            let ServerMsg::Group { group, .. } = msg else {
+                return pg.reply.ok(None, Vec::new()); // a destruct
+            };
+            // Every node's contribution, in node order: the key of its lowest member.
+            let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
+            for &r in &group.members {
+                firsts
+                    .entry(self.plan.job.procs[r as usize].node)
+                    .or_insert(r);
+            }
+            let mut all = Vec::new();
+            for (_, r) in firsts {
+                if let Some(Value::Bytes(b)) = self.modex.value(r, &group_key(&group.id)) {
+                    all.extend_from_slice(b);
+                }
+            }
+            return pg.reply.ok(group.pgcid, all);
+        }
         let Some(f) = self
             .pmix
             .as_ref()
