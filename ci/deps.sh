@@ -11,8 +11,9 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   # MPI's mpirun hosts a PMIx server for the tests of Weft under a foreign engine, and its
   # mpicc builds the Open MPI programs run under `weft run` (tests/mpi.rs)
   libpmix-dev openmpi-bin libopenmpi-dev
-  # MPICH programs under `weft run` (PMI-1, tests/mpi.rs)
-  mpich libmpich-dev
+  # MPICH programs under `weft run` (PMI-1, tests/mpi.rs), and Slurm's PMI-2 client
+  # library for the PMI-2 test
+  mpich libmpich-dev libpmi2-0-dev
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix
   slurmd slurmctld slurm-client munge
   # ci/softroce.sh: the soft-RoCE VM

@@ -137,14 +137,14 @@ fn main() -> ExitCode {
                 weft_wireup::backend_choice()
             );
             println!(
-                "hosting: weft run serves the PMI-1 wire protocol to every process (PMI_FD, \
-                 PMI_RANK, PMI_SIZE: MPICH programs run unmodified); not yet PMI-2"
+                "hosting: weft run serves the PMI-1 and PMI-2 wire protocols to every process \
+                 (PMI_FD, PMI_RANK, PMI_SIZE: MPICH programs run unmodified)"
             );
             if weft_pmix::built_with().is_some() {
                 println!(
                     "hosting: weft run serves PMIx to every process (an embedded PMIx server \
                      per node: Open MPI programs and PMIx tools run unmodified; --no-pmix \
-                     turns it off); fences, direct modex, abort, termination events; not yet groups, pset queries"
+                     turns it off); fences, direct modex, groups with context ids, abort, termination events; not yet pset queries"
                 );
             } else {
                 println!("hosting: no PMIx server (built without libpmix)");

@@ -4,8 +4,11 @@
 //! after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
 //! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
 //! `--timeout`, `--no-pmix`; skipped without Open MPI or libpmix unless
-//! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-1 (section 2): a plain PMI-1
-//! client written in the shell (every request, replies checked
+//! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
+//! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
+//! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
+//! two nodes, skipped without it unless `WEFT_REQUIRE_PMI2` is set. PMI-1 (section 2): a
+//! plain PMI-1 client written in the shell (every request, replies checked
 //! line by line, malformed and unknown requests refused with an error reply, keys of
 //! another node found after a barrier), and MPICH programs built from `benches/mpi/` with
 //! Debian's `mpicc.mpich` (a ring with send/recv, bcast, allreduce and barrier; the OSU
@@ -414,4 +417,106 @@ fn pmix_is_offered_by_default_and_not_with_no_pmix() {
     assert_eq!(d.code(), Some(0), "{}", d.dump());
     assert_eq!(d.lines_with("rank= ess=."), 2, "{}", d.dump());
     clean("pmix-off", &d);
+}
+
+/// A PMI-2 client in the shell: the PMI-1 init asking for version 2, then PMI-2 commands
+/// framed with their length, each reply printed as `rank R: WHAT REPLY`.
+const PMI2_SH: &str = r#"
+fd=$PMI_FD
+echo "cmd=init pmi_version=2 pmi_subversion=0" >&$fd
+read -r line <&$fd; echo "rank $PMI_RANK: init $line"
+ask() { printf '%-6d%s' "${#1}" "$1" >&$fd; read -r -N 6 len <&$fd; read -r -N "$len" body <&$fd; echo "rank $PMI_RANK: $2 $body"; }
+ask "cmd=fullinit;pmirank=$PMI_RANK;threaded=FALSE;" fullinit
+ask "cmd=frobnicate;" unknown
+ask "cmd=kvs-put;key=a" malformed
+ask "cmd=info-getjobattr;key=universeSize;" universe
+ask "cmd=finalize;" finalize
+"#;
+
+/// `benches/mpi/pmi2_client.c` built against Slurm's PMI-2 library, or `None` (skipped,
+/// with the reason printed) when it is not installed and `WEFT_REQUIRE_PMI2` is not set.
+fn pmi2_client() -> Option<String> {
+    if !std::path::Path::new("/usr/include/slurm/pmi2.h").exists() {
+        assert!(
+            std::env::var_os("WEFT_REQUIRE_PMI2").is_none(),
+            "WEFT_REQUIRE_PMI2 is set but Slurm's PMI-2 library is missing (apt-get install libpmi2-0-dev)"
+        );
+        eprintln!("skipped: Slurm's PMI-2 library not found (apt-get install libpmi2-0-dev)");
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmi2_client");
+    let built = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&out)
+        .arg(root.join("benches/mpi/pmi2_client.c"))
+        .args(["-lpmi2", "-lpthread"])
+        .output()
+        .expect("cc");
+    assert!(
+        built.status.success(),
+        "cc pmi2_client.c: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out.display().to_string())
+}
+
+#[test]
+fn pmi2_clients_get_every_reply_on_one_and_two_nodes() {
+    let d = run(
+        "pmi2-sh",
+        &["-n", "2", "bash", "-c", PMI2_SH],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    for r in 0..2 {
+        for want in [
+            "init cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0".to_string(),
+            format!(
+                "fullinit cmd=fullinit-response;pmi-version=2;pmi-subversion=0;rank={r};size=2;appnum=0;"
+            ),
+            "unknown cmd=frobnicate-response;rc=-1;errmsg=unsupported PMI-2 command;".into(),
+            "malformed cmd=error-response;rc=-1;errmsg=malformed command".into(),
+            "universe cmd=info-getjobattr-response;found=TRUE;value=2;rc=0;".into(),
+            "finalize cmd=finalize-response;rc=0;".into(),
+        ] {
+            assert_eq!(
+                d.lines_with(&format!("rank {r}: {want}")),
+                1,
+                "rank {r}: {want}\n{}",
+                d.dump()
+            );
+        }
+    }
+    clean("pmi2-sh", &d);
+    let Some(client) = pmi2_client() else {
+        return;
+    };
+    for (nodes, mapping) in [("1", "(vector,(0,1,4))"), ("2", "(vector,(0,2,2))")] {
+        let name = format!("pmi2-slurm-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "4", &client],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        assert_eq!(d.lines_with("FAILED"), 0, "{}", d.dump());
+        for r in 0..4 {
+            for check in ["init", "jobid", "mapping", "nodeattr", "kvs", "finalize"] {
+                assert_eq!(
+                    d.lines_with(&format!("rank {r}: {check} ok")),
+                    1,
+                    "{nodes} node(s), rank {r}: {check}\n{}",
+                    d.dump()
+                );
+            }
+            assert_eq!(
+                d.lines_with(&format!("rank {r}: mapping {mapping}")),
+                1,
+                "{}",
+                d.dump()
+            );
+        }
+        clean(&name, &d);
+    }
 }

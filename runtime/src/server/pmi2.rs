@@ -123,7 +123,11 @@ impl State {
         }
         let Some(pairs) = parse(&text) else {
             tracing::warn!("rank {rank}: malformed PMI-2 command {text:?}");
-            return self.pmi2_error(rank, "error", "malformed command (expected key=value;...)");
+            return self.pmi2_error(
+                rank,
+                "error",
+                "malformed command (expected key=value pairs, each ending with a semicolon)",
+            );
         };
         let get = |k: &str| pairs.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str());
         let Some(cmd) = get("cmd") else {

@@ -1,0 +1,95 @@
+/* A PMI-2 client on Slurm's PMI-2 library (Debian's libpmi2-0-dev), for the test of the
+ * PMI-2 wire protocol under `weft run` (tests/mpi.rs). Build:
+ *   cc -O2 -o pmi2_client pmi2_client.c -lpmi2 -lpthread
+ *
+ * Every rank prints "rank R: WHAT ok" per check, or "rank R: WHAT FAILED: why" (and exits
+ * 1 at the end if one failed):
+ *   init      PMI2_Init gives a rank and size matching PMI_RANK and PMI_SIZE, app 0;
+ *   jobid     PMI2_Job_GetId gives a non-empty id;
+ *   mapping   PMI2_Info_GetJobAttr("PMI_process_mapping") is found, "(vector,...)";
+ *   nodeattr  local rank 0 of each node puts a node attribute, every rank of the node
+ *             gets it (waiting for it);
+ *   kvs       every rank puts "key-R", PMI2_KVS_Fence, gets "key-(R+1)" with the value
+ *             its owner put; a key nobody put is not found;
+ * then PMI2_Finalize. */
+#include <slurm/pmi2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank = -1, failed = 0;
+
+static void check(int ok, const char *what, const char *why)
+{
+    if (ok) {
+        printf("rank %d: %s ok\n", rank, what);
+    } else {
+        printf("rank %d: %s FAILED: %s\n", rank, what, why);
+        failed = 1;
+    }
+    fflush(stdout);
+}
+
+int main(void)
+{
+    int spawned = 0, size = 0, appnum = -1, found = 0, len = 0;
+    char why[2048], val[PMI2_MAX_VALLEN], key[PMI2_MAX_KEYLEN], jobid[256];
+    int rc = PMI2_Init(&spawned, &size, &rank, &appnum);
+    const char *er = getenv("PMI_RANK"), *es = getenv("PMI_SIZE");
+    snprintf(why, sizeof why, "rc %d rank %d size %d appnum %d (PMI_RANK %s PMI_SIZE %s)", rc,
+             rank, size, appnum, er ? er : "-", es ? es : "-");
+    check(rc == PMI2_SUCCESS && er && es && rank == atoi(er) && size == atoi(es) && appnum == 0,
+          "init", why);
+    if (rc != PMI2_SUCCESS)
+        return 1;
+
+    rc = PMI2_Job_GetId(jobid, sizeof jobid);
+    snprintf(why, sizeof why, "rc %d jobid %s", rc, jobid);
+    check(rc == PMI2_SUCCESS && jobid[0], "jobid", why);
+
+    rc = PMI2_Info_GetJobAttr("PMI_process_mapping", val, sizeof val, &found);
+    snprintf(why, sizeof why, "rc %d found %d value %s", rc, found, found ? val : "-");
+    check(rc == PMI2_SUCCESS && found && !strncmp(val, "(vector,", 8), "mapping", why);
+    if (found)
+        printf("rank %d: mapping %s\n", rank, val);
+
+    /* The node's first process (the lowest rank of its node, given by the mapping's
+     * placement: weft run gives it PMI local rank order) puts, the others wait. */
+    const char *lr = getenv("WEFT_LOCAL_RANK");
+    if (lr && atoi(lr) == 0) {
+        snprintf(val, sizeof val, "attr-from-%d", rank);
+        rc = PMI2_Info_PutNodeAttr("weft-test-attr", val);
+        snprintf(why, sizeof why, "put rc %d", rc);
+        if (rc != PMI2_SUCCESS)
+            check(0, "nodeattr", why);
+    }
+    val[0] = 0;
+    rc = PMI2_Info_GetNodeAttr("weft-test-attr", val, sizeof val, &found, 1);
+    snprintf(why, sizeof why, "rc %d found %d value %s", rc, found, val);
+    check(rc == PMI2_SUCCESS && found && !strncmp(val, "attr-from-", 10), "nodeattr", why);
+
+    snprintf(key, sizeof key, "key-%d", rank);
+    snprintf(val, sizeof val, "value;of=%d", rank);
+    rc = PMI2_KVS_Put(key, val);
+    int frc = PMI2_KVS_Fence();
+    int next = (rank + 1) % size;
+    char want[64];
+    snprintf(key, sizeof key, "key-%d", next);
+    snprintf(want, sizeof want, "value;of=%d", next);
+    val[0] = 0;
+    int grc = PMI2_KVS_Get(jobid, PMI2_ID_NULL, key, val, sizeof val, &len);
+    snprintf(why, sizeof why, "put rc %d fence rc %d get rc %d value %s (want %s)", rc, frc, grc,
+             val, want);
+    int ok = rc == PMI2_SUCCESS && frc == PMI2_SUCCESS && grc == PMI2_SUCCESS && !strcmp(val, want);
+    grc = PMI2_KVS_Get(jobid, PMI2_ID_NULL, "nobody-put-this", val, sizeof val, &len);
+    if (ok && grc == PMI2_SUCCESS) {
+        snprintf(why, sizeof why, "a key nobody put was found: %s", val);
+        ok = 0;
+    }
+    check(ok, "kvs", why);
+
+    rc = PMI2_Finalize();
+    snprintf(why, sizeof why, "rc %d", rc);
+    check(rc == PMI2_SUCCESS, "finalize", why);
+    return failed;
+}
