@@ -144,7 +144,7 @@ fn main() -> ExitCode {
                 println!(
                     "hosting: weft run serves PMIx to every process (an embedded PMIx server \
                      per node: Open MPI programs and PMIx tools run unmodified; --no-pmix \
-                     turns it off); fences, direct modex, groups with context ids, abort, termination events; not yet pset queries"
+                     turns it off); fences, direct modex, groups with context ids, process-set queries, abort, termination events"
                 );
             } else {
                 println!("hosting: no PMIx server (built without libpmix)");

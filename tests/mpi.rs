@@ -1,7 +1,7 @@
 //! Programs that bootstrap through PMIx or the PMI-1 wire protocol under `weft run`
 //! (issue 18). PMIx (section 1): a plain PMIx client in C (`benches/mpi/pmix_client.c`:
-//! the job keys, a late key, fences collecting data or not, direct modex, a second fence
-//! after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
+//! the job keys, process sets by query, a late key, fences collecting data or not, direct
+//! modex, a second fence after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
 //! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
 //! `--timeout`, `--no-pmix`; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
@@ -264,6 +264,7 @@ fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
         for r in 0..4 {
             for check in [
                 "job",
+                "psets",
                 "late",
                 "collect fence",
                 "collect",

@@ -404,6 +404,47 @@ fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
     assert!(after.is_empty(), "shared memory left behind: {after:?}");
 }
 
+/// The process sets of an MPMD job reach a Weft program on the PMIx backend through
+/// `weft run`'s PMIx server (its answers to `PMIx_Query_info`).
+#[test]
+fn process_sets_by_query_under_weft_runs_own_pmix_server() {
+    if weft_run(1).is_none() {
+        return;
+    }
+    let demo = example("fence_demo");
+    let o = Command::new(weft())
+        .args([
+            "run",
+            "--job-id",
+            &format!("pmixpsets-{}", std::process::id()),
+        ])
+        .args([
+            "-x",
+            "WEFT_WIREUP=pmix",
+            "-n",
+            "2",
+            "--pset",
+            "ocean",
+            &demo,
+        ])
+        .args([":", "-n", "1", "--pset", "ice", &demo])
+        .output()
+        .expect("weft run");
+    assert!(o.status.success(), "{}", dump(&o));
+    assert_eq!(
+        lines_with(&o, r#"psets ["weft://world", "weft://self", "ocean"]"#),
+        2,
+        "{}",
+        dump(&o)
+    );
+    assert_eq!(
+        lines_with(&o, r#"psets ["weft://world", "weft://self", "ice"]"#),
+        1,
+        "{}",
+        dump(&o)
+    );
+}
+
 #[test]
 fn weft_info_names_the_pmix_backend_and_what_the_host_offers() {
     if let Some(slurm) = slurm() {

@@ -7,6 +7,8 @@
  *   job        the job keys Open MPI reads at init (job, universe and max size, nodes,
  *              local size and peers, local and node rank, app number, node id, host name,
  *              tmpdir and nsdir), each present and consistent;
+ *   psets      PMIx_Query_info of PMIX_QUERY_PSET_NAMES names "weft://world", and of
+ *              PMIX_QUERY_PSET_MEMBERSHIP of it gives every rank;
  *   late       rank 0 commits a key 300 ms late, with no fence; every rank gets it (its
  *              get waits for the commit);
  *   collect    put, commit, fence collecting data; every rank's key read back;
@@ -183,6 +185,50 @@ static int run_test(void)
     free(nsdir);
     if (size <= 0)
         return 1;
+
+    /* The process sets, by query. */
+    {
+        pmix_query_t q;
+        pmix_info_t *res = NULL;
+        size_t nres = 0;
+        int ok = 0;
+        pmix_status_t arc;
+        PMIX_QUERY_CONSTRUCT(&q);
+        PMIX_ARGV_APPEND(arc, q.keys, PMIX_QUERY_PSET_NAMES);
+        pmix_status_t qrc = PMIx_Query_info(&q, 1, &res, &nres);
+        snprintf(why, sizeof why, "names: %s", PMIx_Error_string(qrc));
+        for (size_t n = 0; n < nres; n++)
+            if (PMIX_CHECK_KEY(&res[n], PMIX_QUERY_PSET_NAMES) && res[n].value.type == PMIX_STRING) {
+                snprintf(why, sizeof why, "names: %s", res[n].value.data.string);
+                ok = strstr(res[n].value.data.string, "weft://world") != NULL;
+            }
+        if (res)
+            PMIX_INFO_FREE(res, nres);
+        PMIX_QUERY_DESTRUCT(&q);
+        if (ok) {
+            ok = 0;
+            PMIX_QUERY_CONSTRUCT(&q);
+            PMIX_ARGV_APPEND(arc, q.keys, PMIX_QUERY_PSET_MEMBERSHIP);
+            PMIX_QUERY_QUALIFIERS_CREATE(&q, 1);
+            PMIX_INFO_LOAD(&q.qualifiers[0], PMIX_PSET_NAME, "weft://world", PMIX_STRING);
+            res = NULL;
+            nres = 0;
+            qrc = PMIx_Query_info(&q, 1, &res, &nres);
+            snprintf(why, sizeof why, "members: %s", PMIx_Error_string(qrc));
+            for (size_t n = 0; n < nres; n++)
+                if (PMIX_CHECK_KEY(&res[n], PMIX_QUERY_PSET_MEMBERSHIP)
+                    && res[n].value.type == PMIX_DATA_ARRAY && res[n].value.data.darray) {
+                    size_t m = res[n].value.data.darray->size;
+                    snprintf(why, sizeof why, "members: %zu of %ld", m, size);
+                    ok = (long)m == size;
+                }
+            if (res)
+                PMIX_INFO_FREE(res, nres);
+            PMIX_QUERY_DESTRUCT(&q);
+        }
+        (void)arc;
+        check(ok, "psets", why);
+    }
 
     /* A key committed late, with no fence: the get waits for it. */
     if (me.rank == 0) {

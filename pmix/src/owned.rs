@@ -148,6 +148,20 @@ impl Infos {
         );
     }
 
+    /// Appends an array of process names (a `PMIX_DATA_ARRAY` of `PMIX_PROC`, copied).
+    pub(crate) fn push_procs(&mut self, key: &[u8], v: &[sys::pmix_proc_t]) {
+        let darray = sys::pmix_data_array_t {
+            type_: sys::PMIX_PROC as u16,
+            size: v.len(),
+            array: v.as_ptr().cast_mut().cast(),
+        };
+        self.push_raw(
+            key,
+            (&darray as *const sys::pmix_data_array_t).cast(),
+            sys::PMIX_DATA_ARRAY,
+        );
+    }
+
     /// Appends a process name (`PMIX_PROC`, copied).
     pub(crate) fn push_proc(&mut self, key: &[u8], p: &sys::pmix_proc_t) {
         self.push_raw(key, (p as *const sys::pmix_proc_t).cast(), sys::PMIX_PROC);

@@ -91,6 +91,35 @@ pub struct Group {
     pub reply: GroupReply,
 }
 
+/// One query of a `PMIx_Query_info` the library passes to its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryKey {
+    /// The key asked for (`pmix.qry.psets`, `pmix.qry.pmems`, ...).
+    pub key: String,
+    /// The process set it is about (`PMIX_PSET_NAME` qualifier), if any.
+    pub pset: Option<String>,
+}
+
+/// An answer to one query key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryAnswer {
+    /// `PMIX_QUERY_PSET_NAMES`: the process sets' names (sent comma-delimited).
+    PsetNames(Vec<String>),
+    /// `PMIX_QUERY_NUM_PSETS`: how many there are.
+    NumPsets(usize),
+    /// `PMIX_QUERY_PSET_MEMBERSHIP`: the members of the set named in the query.
+    PsetMembers(Vec<ProcName>),
+}
+
+/// A `PMIx_Query_info` of a local client, handed to [`Host::query`].
+#[derive(Debug)]
+pub struct Query {
+    /// What is asked.
+    pub keys: Vec<QueryKey>,
+    /// Where the answers go.
+    pub reply: GroupReply,
+}
+
 /// What the host does for the library (called on the library's progress thread: return
 /// quickly; answer through the replies later, from any thread).
 pub trait Host: Send + Sync + 'static {
@@ -107,6 +136,8 @@ pub trait Host: Send + Sync + 'static {
     fn direct_modex(&self, req: DirectModex);
     /// A group construct or destruct of local clients.
     fn group(&self, req: Group);
+    /// A query of a local client (answer with [`GroupReply::answers`]).
+    fn query(&self, req: Query);
 }
 
 /// One job as the library must know it before its clients start.
@@ -155,6 +186,8 @@ impl Nspace {
 
 #[cfg(weft_pmix)]
 pub use imp::{GroupReply, ModexReply, Server};
+/// Where a query's answers go (the same callback as a group operation's).
+pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
 pub use stub::{GroupReply, ModexReply, Server};
@@ -185,6 +218,8 @@ mod stub {
     impl GroupReply {
         /// Never called (no reply exists in this build).
         pub fn ok(self, _context_id: Option<u64>, _endpt: Vec<u8>) {}
+        /// Never called (no reply exists in this build).
+        pub fn answers(self, _answers: Vec<QueryAnswer>) {}
         /// Never called (no reply exists in this build).
         pub fn fail(self, _why: Failure) {}
     }
@@ -365,6 +400,36 @@ mod imp {
             }
             if !endpt.is_empty() {
                 info.push_bytes(sys::PMIX_GROUP_ENDPT_DATA, &endpt);
+            }
+            self.finish(SUCCESS, info);
+        }
+
+        /// A query's answers (none: `PMIX_ERR_NOT_FOUND`).
+        pub fn answers(self, answers: Vec<QueryAnswer>) {
+            if answers.is_empty() {
+                return self.fail(Failure::NotFound);
+            }
+            let mut info = Infos::new();
+            for a in answers {
+                match a {
+                    // OpenPMIx 4.2 documents a comma-delimited list.
+                    QueryAnswer::PsetNames(names) => {
+                        info.push_string(sys::PMIX_QUERY_PSET_NAMES, &names.join(","));
+                    }
+                    QueryAnswer::NumPsets(n) => info.push_size(sys::PMIX_QUERY_NUM_PSETS, n),
+                    QueryAnswer::PsetMembers(procs) => {
+                        let procs: Vec<sys::pmix_proc_t> = procs
+                            .iter()
+                            .map(|p| {
+                                crate::owned::proc_of(
+                                    p.nspace.as_bytes(),
+                                    p.rank.unwrap_or(sys::PMIX_RANK_WILDCARD),
+                                )
+                            })
+                            .collect();
+                        info.push_procs(sys::PMIX_QUERY_PSET_MEMBERSHIP, &procs);
+                    }
+                }
             }
             self.finish(SUCCESS, info);
         }
@@ -655,6 +720,62 @@ mod imp {
         SUCCESS
     }
 
+    unsafe extern "C" fn query(
+        _proct: *mut sys::pmix_proc_t,
+        queries: *mut sys::pmix_query_t,
+        nqueries: usize,
+        cb: sys::pmix_info_cbfunc_t,
+        cbdata: *mut c_void,
+    ) -> sys::pmix_status_t {
+        let Some(h) = host() else {
+            return sys::PMIX_ERR_NOT_SUPPORTED;
+        };
+        let mut keys = Vec::new();
+        for qi in 0..nqueries {
+            if queries.is_null() {
+                break;
+            }
+            // SAFETY: the library passes `nqueries` valid queries.
+            let q = unsafe { &*queries.add(qi) };
+            let mut pset = None;
+            for i in 0..q.nqual {
+                if q.qualifiers.is_null() {
+                    break;
+                }
+                // SAFETY: `nqual` valid qualifiers.
+                let inf = unsafe { &*q.qualifiers.add(i) };
+                // SAFETY: a valid info's key is NUL-terminated within its array.
+                let k = unsafe { CStr::from_ptr(inf.key.as_ptr()) }.to_bytes_with_nul();
+                if k == sys::PMIX_PSET_NAME {
+                    // SAFETY: the union member read is the one the type tag names.
+                    if let crate::PmixValue::Str(n) = unsafe { crate::owned::value_of(&inf.value) }
+                    {
+                        pset = Some(n);
+                    }
+                }
+            }
+            let mut i = 0;
+            while !q.keys.is_null() {
+                // SAFETY: a NULL-terminated array of NUL-terminated keys.
+                let k = unsafe { *q.keys.add(i) };
+                if k.is_null() {
+                    break;
+                }
+                keys.push(QueryKey {
+                    // SAFETY: as above.
+                    key: unsafe { CStr::from_ptr(k) }.to_string_lossy().into_owned(),
+                    pset: pset.clone(),
+                });
+                i += 1;
+            }
+        }
+        h.query(Query {
+            keys,
+            reply: GroupReply { cb, cbdata },
+        });
+        SUCCESS
+    }
+
     /// The running PMIx server of this process; finalized on drop.
     pub struct Server {
         /// The topology handed to the library, kept until it is finalized.
@@ -715,6 +836,7 @@ mod imp {
             module.fence_nb = Some(fence_nb);
             module.direct_modex = Some(direct_modex);
             module.group = Some(group);
+            module.query = Some(query);
             let mut info = Infos::new();
             for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
                 info.push_string(k, dir_s)

@@ -19,7 +19,8 @@
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
 use weft_pmix::server::{
-    DirectModex, Failure, Fence, Group, GroupReply, Host, ModexReply, Nspace, ProcName,
+    DirectModex, Failure, Fence, Group, GroupReply, Host, ModexReply, Nspace, ProcName, Query,
+    QueryAnswer,
 };
 use weft_wireup::proto::DmodexFailure;
 
@@ -45,6 +46,7 @@ pub(super) enum PmixEv {
     Fence(Fence),
     Dmodex(DirectModex),
     Group(Group),
+    Query(Query),
     /// The library answered another node's direct modex `qid`.
     Served {
         qid: u64,
@@ -100,6 +102,9 @@ impl Host for Bridge {
     }
     fn group(&self, g: Group) {
         self.send(PmixEv::Group(g));
+    }
+    fn query(&self, q: Query) {
+        self.send(PmixEv::Query(q));
     }
 }
 
@@ -328,6 +333,7 @@ impl State {
             }
             PmixEv::Fence(f) => self.pmix_fence(f),
             PmixEv::Group(g) => self.pmix_group(g),
+            PmixEv::Query(q) => self.pmix_query(q),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Served { qid, to, result } => {
                 if self
@@ -549,6 +555,65 @@ impl State {
                 timeout_ms,
             );
         }
+    }
+
+    /// A client's query: the process sets (the job's, and those defined while it runs)
+    /// by name, their number, one's members. Keys this host does not know are left out;
+    /// none known: not supported; an unknown set: not found.
+    fn pmix_query(&mut self, q: Query) {
+        let Some(px) = self.pmix.as_ref() else {
+            return q.reply.fail(Failure::Other);
+        };
+        let mut sets: Vec<(String, Vec<Rank>)> = self
+            .plan
+            .job
+            .psets
+            .iter()
+            .map(|p| (p.name.clone(), p.members.clone()))
+            .collect();
+        for (name, members) in &self.runtime_psets {
+            if !sets.iter().any(|(n, _)| n == name) {
+                sets.push((name.clone(), members.clone()));
+            }
+        }
+        let mut answers = Vec::new();
+        let mut known = false;
+        for k in &q.keys {
+            match k.key.as_str() {
+                "pmix.qry.psets" => {
+                    known = true;
+                    answers.push(QueryAnswer::PsetNames(
+                        sets.iter().map(|(n, _)| n.clone()).collect(),
+                    ));
+                }
+                "pmix.qry.psetnum" => {
+                    known = true;
+                    answers.push(QueryAnswer::NumPsets(sets.len()));
+                }
+                "pmix.qry.pmems" => {
+                    known = true;
+                    let members = k
+                        .pset
+                        .as_ref()
+                        .and_then(|want| sets.iter().find(|(n, _)| n == want));
+                    if let Some((_, m)) = members {
+                        answers.push(QueryAnswer::PsetMembers(
+                            m.iter()
+                                .map(|&r| ProcName {
+                                    nspace: px.nspace.clone(),
+                                    rank: Some(r),
+                                })
+                                .collect(),
+                        ));
+                    }
+                }
+                other => tracing::debug!("PMIx query of {other:?}: not served"),
+            }
+        }
+        if !known {
+            return q.reply.fail(Failure::NotSupported);
+        }
+        q.reply.answers(answers);
     }
 
     /// The core's reply `msg` to the PMIx front end: a fence's or a group operation's
