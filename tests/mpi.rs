@@ -155,6 +155,26 @@ fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
 }
 
 #[test]
+fn an_mpich_abort_ends_the_job_with_its_code() {
+    let Some(ring) = mpich_program("ring") else {
+        return;
+    };
+    let name = "mpich-abort";
+    let d = run(
+        name,
+        &["-n", "3", &ring, "abort", "1"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(3), "{}", d.dump());
+    assert!(
+        d.stderr.contains("rank 1 called PMI abort") && d.stderr.contains("exited with code 3"),
+        "{}",
+        d.dump()
+    );
+    clean(name, &d);
+}
+
+#[test]
 fn a_killed_mpich_rank_ends_the_job_naming_it() {
     let Some(ring) = mpich_program("ring") else {
         return;
@@ -360,6 +380,22 @@ fn a_killed_or_late_openmpi_job_ends_naming_the_rank_or_the_timeout() {
     assert!(
         d.stderr.contains("rank 2") && d.stderr.contains("SIGKILL"),
         "the job names rank 2 and its signal\n{}",
+        d.dump()
+    );
+    clean(name, &d);
+    // MPI_Abort (PMIx_Abort): the job ends with the rank's error code, naming it.
+    let name = "ompi-abort";
+    let d = run(
+        name,
+        &["-n", "3", &ring, "abort", "1"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(3), "{}", d.dump());
+    assert!(
+        d.stderr.contains("rank 1 called PMIx_Abort (status 3)")
+            && d.stderr.contains("rank 1 (node 0")
+            && d.stderr.contains("exited with code 3"),
+        "{}",
         d.dump()
     );
     clean(name, &d);

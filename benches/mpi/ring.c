@@ -2,7 +2,8 @@
  * round the ring with MPI_Send/MPI_Recv, every rank adds its rank; an allreduce and a
  * barrier check the sum; prints "rank R ring ok". `ring die R`: rank R kills itself
  * (SIGKILL) after MPI_Init, the others wait in the ring. `ring sleep S`: every rank
- * prints "rank R sleeping" and sleeps S seconds after MPI_Init (for --timeout). */
+ * prints "rank R sleeping" and sleeps S seconds after MPI_Init (for --timeout). `ring abort
+ * R`: rank R calls MPI_Abort with error code 3 after MPI_Init. */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +22,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc > 2 && !strcmp(argv[1], "die") && atoi(argv[2]) == rank)
         raise(SIGKILL);
+    if (argc > 2 && !strcmp(argv[1], "abort") && atoi(argv[2]) == rank)
+        MPI_Abort(MPI_COMM_WORLD, 3);
     if (argc > 2 && !strcmp(argv[1], "sleep")) {
         printf("rank %d sleeping\n", rank);
         fflush(stdout);

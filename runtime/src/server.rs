@@ -65,6 +65,8 @@ use spawn::spawn_child;
 
 /// How long a timed-out fence waits for other servers to say who is missing.
 const ARRIVAL_QUERY_WAIT: Duration = Duration::from_millis(300);
+/// How long a process that called abort has to exit before it is killed.
+const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// How many joined-collective digests a server remembers per local process.
 const JOINED_HISTORY: usize = 4096;
 
@@ -294,6 +296,10 @@ enum Event {
         rank: Rank,
     },
     KillNow,
+    /// An aborting process's grace period ended: kill it if it still runs.
+    AbortGraceOver {
+        rank: Rank,
+    },
     /// What the PMIx server library asked (`pmix`).
     Pmix(pmix::PmixEv),
 }
@@ -309,6 +315,8 @@ struct LocalProc {
     exited: bool,
     /// Events for the process that arrived before it connected (delivered at hello).
     early_events: Vec<WireEvent>,
+    /// It called abort with this exit code (`procs::proc_aborted`).
+    aborted: Option<i32>,
 }
 
 struct Gone {
@@ -837,6 +845,13 @@ impl State {
                 after(&self.ev, Duration::from_millis(grace_ms), Event::KillNow);
             }
             Event::KillNow => self.kill_all(rustix::process::Signal::KILL),
+            Event::AbortGraceOver { rank } => {
+                if let Some(p) = self.procs.get(&rank) {
+                    if let (Some(pid), false) = (p.pid, p.exited) {
+                        crate::launcher::kill(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
             Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
@@ -851,13 +866,19 @@ impl State {
                     p.pid = pid;
                 }
             }
-            Event::ChildExit { rank, how } => {
+            Event::ChildExit { rank, mut how } => {
                 if let Some(p) = self.procs.get_mut(&rank) {
                     if p.exited {
                         return;
                     }
                     p.exited = true;
                     p.pid = None;
+                    // An abort's code, whether the process exited with it or was killed
+                    // after it (`proc_aborted`).
+                    if let (Some(code), ExitKind::Code(0) | ExitKind::Signal(_)) = (p.aborted, &how)
+                    {
+                        how = ExitKind::Code(code);
+                    }
                 }
                 self.live_children = self.live_children.saturating_sub(1);
                 if !self.gone.contains_key(&rank) {

@@ -348,9 +348,8 @@ impl State {
                 self.pmi_send(rank, "cmd=finalize_ack rc=0");
             }
             "abort" => {
-                // The process exits next (with the code it names); that ends the job.
-                let code = kv.get("exitcode").copied().unwrap_or("?");
-                tracing::warn!("rank {rank} called PMI abort (exit code {code})");
+                let code = kv.get("exitcode").and_then(|c| c.parse().ok()).unwrap_or(1);
+                self.proc_aborted(rank, code, &format!("called PMI abort (exit code {code})"));
             }
             other => {
                 tracing::warn!("rank {rank}: unsupported PMI request {other:?}");

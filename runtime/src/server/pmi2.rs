@@ -11,7 +11,7 @@
 //! - `info-getjobattr` answers `PMI_process_mapping` and `universeSize`;
 //!   `info-putnodeattr` and `info-getnodeattr` keep attributes of the node, visible to
 //!   its processes (a get with `wait=TRUE` waits for the put);
-//! - `finalize` as PMI-1's; `abort` is logged, the process's exit ends the job.
+//! - `finalize` as PMI-1's; `abort` ends the process and the job (exit code 1).
 //!
 //! A malformed command or an unknown one gets a reply with `rc=-1` and `errmsg` saying
 //! why.
@@ -279,8 +279,8 @@ impl State {
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
             "abort" => {
-                let why = get("msg").unwrap_or("");
-                tracing::warn!("rank {rank} called PMI2_Abort: {why}");
+                let what = format!("called PMI2_Abort: {}", get("msg").unwrap_or(""));
+                self.proc_aborted(rank, 1, &what);
             }
             other => {
                 tracing::warn!("rank {rank}: unsupported PMI-2 command {other:?}");

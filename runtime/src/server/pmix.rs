@@ -12,8 +12,8 @@
 //!   server (`PmixDmodexReq`), whose library answers once the process committed; it
 //!   fails when the process dies, its node is lost or the request's `PMIX_TIMEOUT` passes;
 //! - connected, finalized and abort: a finalized process's exit status decides how it
-//!   ended, as for the other front ends; an abort is logged, and the process killed if it
-//!   has not exited 2 s later.
+//!   ended, as for the other front ends; an abort ends the process with its status
+//!   (`proc_aborted`).
 //!
 //! A job is registered with the information Open MPI's runtime reads at init (sizes,
 //! node and process maps, local peers, each rank's local and node rank, node and app).
@@ -31,8 +31,6 @@ use super::*;
 pub(super) const PMIX_CONN: ConnId = 1 << 61;
 /// The key a node's fence contribution is committed under.
 const FENCE_KEY: &str = "pmix/fence";
-/// How long an aborting process has to exit before it is killed.
-const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// What the library asked, as events of the actor.
 pub(super) enum PmixEv {
@@ -56,10 +54,6 @@ pub(super) enum PmixEv {
     /// Direct modex `qid` reached its timeout.
     DmodexTimeout {
         qid: u64,
-    },
-    /// An aborting process's grace period ended.
-    AbortGraceOver {
-        rank: Rank,
     },
 }
 
@@ -315,22 +309,11 @@ impl State {
                 rank,
                 status,
                 message,
-            } => {
-                tracing::warn!("rank {rank} called PMIx_Abort (status {status}): {message}");
-                after(
-                    &self.ev,
-                    ABORT_GRACE,
-                    Event::Pmix(PmixEv::AbortGraceOver { rank }),
-                );
-            }
-            PmixEv::AbortGraceOver { rank } => {
-                if let Some(p) = self.procs.get(&rank) {
-                    if let (Some(pid), false) = (p.pid, p.exited) {
-                        tracing::warn!("rank {rank} did not exit after its abort: killed");
-                        crate::launcher::kill(pid, rustix::process::Signal::KILL);
-                    }
-                }
-            }
+            } => self.proc_aborted(
+                rank,
+                status,
+                &format!("called PMIx_Abort (status {status}): {message}"),
+            ),
             PmixEv::Fence(f) => self.pmix_fence(f),
             PmixEv::Group(g) => self.pmix_group(g),
             PmixEv::Query(q) => self.pmix_query(q),

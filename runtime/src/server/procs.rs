@@ -71,6 +71,19 @@ impl State {
         self.apply(acts);
     }
 
+    /// Local rank `rank` called abort (PMIx, PMI-1 or PMI-2) with exit code `code`, as
+    /// `what` says: logged; unless it exits within `ABORT_GRACE` (Open MPI does, MPICH
+    /// waits to be killed, as Hydra does) it is killed, and either way its end is
+    /// reported with that code, ending the job like any failed rank.
+    pub(super) fn proc_aborted(&mut self, rank: Rank, code: i32, what: &str) {
+        tracing::warn!("rank {rank} {what}");
+        if let Some(p) = self.procs.get_mut(&rank) {
+            p.aborted = Some(code);
+            p.finalizing_at_exit = false;
+        }
+        after(&self.ev, ABORT_GRACE, Event::AbortGraceOver { rank });
+    }
+
     /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
     /// other servers and everything here that waits on it.
     pub(super) fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
