@@ -675,7 +675,12 @@ fn killed_rank_under(host: &Host) {
             "mpirun names the killed rank\n{}",
             dump(&o)
         ),
-        Host::Slurm | Host::WeftRun(_) => {
+        // Every survivor names it: from its node (the pid gone) or from the host's event.
+        Host::WeftRun(_) => {
+            assert_eq!(lines_with(&o, " saw rank 3 gone after "), 3, "{}", dump(&o));
+            assert!(!all.contains("expected ProcGone"), "{}", dump(&o));
+        }
+        Host::Slurm => {
             let saw = lines_with(&o, " saw rank 3 gone after ");
             assert!(saw >= 1, "the survivors' fences name rank 3\n{}", dump(&o));
             assert!(all.contains("ended: its process (pid "), "{}", dump(&o));

@@ -803,6 +803,11 @@ impl Link {
 
     /// `PMIx_Finalize`.
     pub(crate) fn finalize(&self) -> Result<(), String> {
+        // Neighbours that find this process gone afterwards learn it finalized (the
+        // host's server says nothing to them of a clean end).
+        if self.px.put(PScope::Local, liveness::FIN_KEY, b"1").is_ok() {
+            let _ = self.px.commit();
+        }
         self.px.finalize_shared().map_err(|e| e.to_string())
     }
 }

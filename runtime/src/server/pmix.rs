@@ -258,7 +258,7 @@ fn ended_now(pid: u32) -> Option<String> {
     const PF_EXITING: u64 = 0x4;
     let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,
-        Err(_) => return Some("its process exited".into()),
+        Err(_) => return Some("ended: its process exited".into()),
     };
     // pid (comm) state ppid pgrp session tty_nr tpgid flags ...
     let rest = stat.rsplit_once(')')?.1;
@@ -266,7 +266,7 @@ fn ended_now(pid: u32) -> Option<String> {
     let state = fields.first()?;
     let flags: u64 = fields.get(6)?.parse().ok()?;
     (matches!(*state, "Z" | "X" | "x") || flags & PF_EXITING != 0)
-        .then(|| "its process is exiting".to_string())
+        .then(|| "ended: its process is exiting".to_string())
 }
 
 /// How child `pid` ended, if it has (it is left to be reaped as usual: `WNOWAIT`).

@@ -19,6 +19,9 @@ pub(super) struct Ends {
 
 /// The key under which each process publishes its pid and start time to its node.
 pub(super) const PID_KEY: &str = "weft.pid";
+/// The key a process commits (scope Local) as it finalizes: a neighbour whose process is
+/// then found gone finalized cleanly ([`weft_wireup::FINALIZED`]), it did not die.
+pub(super) const FIN_KEY: &str = "weft.finalized";
 
 /// How often a wait checks that the participants on this node are alive.
 pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(100);
@@ -165,10 +168,19 @@ impl Link {
         if dead {
             // Its inbox's name is nobody's to remove now but ours.
             let _ = weft_shm::unlink(&format!("{}r{rank}", self.prefix));
+            let here = PGetOpts {
+                local_only: true,
+                ..PGetOpts::default()
+            };
+            let finalized = self.px.get(Some(rank), FIN_KEY, here).is_ok();
             let mut ends = lock(&self.ends);
-            ends.gone
-                .entry(rank)
-                .or_insert_with(|| format!("ended: its process (pid {pid} on this node) is gone"));
+            ends.gone.entry(rank).or_insert_with(|| {
+                if finalized {
+                    crate::FINALIZED.to_owned()
+                } else {
+                    format!("ended: its process (pid {pid} on this node) is gone")
+                }
+            });
             // SYNC: pairs with the Acquire in `gone`.
             self.any_end.store(true, Ordering::Release);
         }
