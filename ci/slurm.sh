@@ -94,6 +94,10 @@ start() {
     command -v "$tool" >/dev/null || { say "$tool not found (apt-get install ${PKGS[*]}, or ci/deps.sh)"; exit 2; }
   done
   stop
+  # A fresh controller numbers jobs from 1 again: the PMIx plugin's directories of an
+  # earlier instance's steps would collide ("Cannot create directory
+  # /tmp/spmix_appdir_0_15.0: File exists", the step fails to launch).
+  rm -rf /tmp/spmix_appdir_* 2>/dev/null || true
   mkdir -p "$dir/state" "$dir/spool" /run/munge
   # munge: a key (the package makes one; make one if missing) and the daemon.
   if [[ ! -s /etc/munge/munge.key ]]; then

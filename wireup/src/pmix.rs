@@ -495,7 +495,7 @@ impl Link {
                 self.check_neighbours(ranks, true);
                 probed = Instant::now();
             }
-            match self.first_gone(ranks) {
+            match self.first_failed(ranks) {
                 Some((r, why)) => {
                     let msg = format!("rank {r} {why}");
                     dead = Some((r, why));
@@ -716,6 +716,9 @@ impl Link {
         // meanwhile (which a host may keep waiting for) is named within about one.
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut pause = GET_RETRY_FIRST;
+        // A pause that ends at the deadline is followed by one last ask: a key committed
+        // during the pause is not a timeout.
+        let mut last_ask = false;
         loop {
             if let Some(reason) = self.gone(rank) {
                 // What it committed before it ended may still be on this node's server
@@ -735,7 +738,10 @@ impl Link {
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
-                return Err(timed_out());
+                if last_ask {
+                    return Err(timed_out());
+                }
+                last_ask = true;
             }
             let popts = PGetOpts {
                 timeout: Some(left.map_or(GET_SLICE, |l| l.min(GET_SLICE))),

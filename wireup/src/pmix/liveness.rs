@@ -196,6 +196,29 @@ impl Link {
     }
 
     /// The first of `ranks` (`None`: the whole job) that is gone, and why.
+    /// [`Link::first_gone`] without the processes that finalized: a participant that
+    /// finalized completed the collectives it joined (its fence completion may reach it
+    /// before this process's does), and one that never joined is for the host to fail.
+    pub(super) fn first_failed(&self, ranks: Option<&[Rank]>) -> Option<(Rank, String)> {
+        self.read_events();
+        // SYNC: pairs with the Release in `read_events`.
+        if !self.any_end.load(Ordering::Acquire) {
+            return None;
+        }
+        let ends = lock(&self.ends);
+        let me = self.px.rank();
+        let counts = |r: Rank| r != me && r < self.size && ranks.is_none_or(|rs| rs.contains(&r));
+        ends.gone
+            .iter()
+            .filter(|(r, why)| counts(**r) && why.as_str() != crate::FINALIZED)
+            .min_by_key(|(r, _)| **r)
+            .map(|(r, why)| (*r, why.clone()))
+            .or_else(|| {
+                let lost = ends.lost.clone()?;
+                (0..self.size).find(|&r| counts(r)).map(|r| (r, lost))
+            })
+    }
+
     pub(super) fn first_gone(&self, ranks: Option<&[Rank]>) -> Option<(Rank, String)> {
         self.read_events();
         // SYNC: pairs with the Release in `read_events`.
