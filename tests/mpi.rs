@@ -121,9 +121,24 @@ fn mpich_program(source: &str) -> Option<String> {
 
 #[test]
 fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
-    let Some(ring) = mpich_program("ring") else {
+    let (Some(hello), Some(ring)) = (mpich_program("hello"), mpich_program("ring")) else {
         return;
     };
+    let d = run(
+        "mpich-hello",
+        &["-n", "4", &hello],
+        Duration::from_secs(120),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    for r in 0..4 {
+        assert_eq!(
+            d.lines_with(&format!("hello from rank {r} of 4")),
+            1,
+            "{}",
+            d.dump()
+        );
+    }
+    clean("mpich-hello", &d);
     for nodes in ["1", "2"] {
         let name = format!("mpich-ring-{nodes}");
         let d = run(
@@ -155,7 +170,7 @@ fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
 }
 
 #[test]
-fn an_mpich_abort_ends_the_job_with_its_code() {
+fn an_mpich_abort_ends_the_job_with_its_code_and_a_late_one_at_its_timeout() {
     let Some(ring) = mpich_program("ring") else {
         return;
     };
@@ -171,6 +186,16 @@ fn an_mpich_abort_ends_the_job_with_its_code() {
         "{}",
         d.dump()
     );
+    clean(name, &d);
+    // Past --timeout: killed, exit status 124, after its output was forwarded.
+    let name = "mpich-timeout";
+    let d = run(
+        name,
+        &["--timeout", "3", "-n", "2", &ring, "sleep", "100"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(124), "{}", d.dump());
+    assert_eq!(d.lines_with("sleeping"), 2, "{}", d.dump());
     clean(name, &d);
 }
 
