@@ -185,12 +185,12 @@ impl Nspace {
 }
 
 #[cfg(weft_pmix)]
-pub use imp::{GroupReply, ModexReply, Server};
+pub use imp::{preload, GroupReply, ModexReply, Server};
 /// Where a query's answers go (the same callback as a group operation's).
 pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
-pub use stub::{GroupReply, ModexReply, Server};
+pub use stub::{preload, GroupReply, ModexReply, Server};
 
 #[cfg(not(weft_pmix))]
 mod stub {
@@ -208,6 +208,9 @@ mod stub {
         /// Never called (no reply exists in this build).
         pub fn fail(self, _why: Failure) {}
     }
+
+    /// Nothing to load in this build.
+    pub fn preload() {}
 
     /// Where a group operation's result goes (none exists in this build).
     #[derive(Debug)]
@@ -649,6 +652,35 @@ mod imp {
         }
     }
 
+    // SAFETY: an hwloc topology is plain memory the library reads; it moves between
+    // threads here (loaded by `preload`'s thread, then owned by the `Server`), never used
+    // by two at once.
+    unsafe impl Send for Topology {}
+
+    /// The topology `preload` is loading, if it was called.
+    static PRELOAD: Mutex<Option<std::thread::JoinHandle<Option<Topology>>>> = Mutex::new(None);
+
+    /// Starts loading the machine's topology now, on a thread of its own, for a later
+    /// [`Server::init`] (which otherwise loads it itself, ~3 ms here).
+    pub fn preload() {
+        let mut p = PRELOAD.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_none() {
+            *p = std::thread::Builder::new()
+                .name("pmix-topology".into())
+                .spawn(Topology::load)
+                .ok();
+        }
+    }
+
+    /// The preloaded topology, else one loaded now.
+    fn topology() -> Option<Topology> {
+        let handle = PRELOAD.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match handle {
+            Some(h) => h.join().ok().flatten(),
+            None => Topology::load(),
+        }
+    }
+
     impl Drop for Topology {
         fn drop(&mut self) {
             // SAFETY: created by hwloc_topology_init, destroyed once.
@@ -849,7 +881,7 @@ mod imp {
             // discovers the PCI devices too, which took 15 of its 20 ms of start here.
             // The library keeps pointers to both: they live in the `Server`, past
             // PMIx_server_finalize.
-            let topo = Topology::load().map(|t| {
+            let topo = topology().map(|t| {
                 let pt = Box::new(sys::pmix_topology_t {
                     source: c"hwloc".as_ptr().cast_mut(),
                     topology: t.0.cast(),

@@ -434,6 +434,10 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         source,
     };
 
+    // The PMIx server's topology loads meanwhile (`pmix`).
+    if weft_pmix::built_with().is_some() {
+        weft_pmix::server::preload();
+    }
     // 1. Launcher handshake and plan.
     let ctl = TcpStream::connect(args.launcher)
         .await
