@@ -88,6 +88,39 @@ fn a_plain_pmi1_client_gets_every_reply_on_one_and_two_nodes() {
     }
 }
 
+/// Whether a test can go on: `have`, else skipped with `hint` printed, or failed when
+/// the environment variable `require` is set (`ci/test.sh` sets them).
+fn available(have: bool, require: &str, hint: &str) -> bool {
+    if !have {
+        assert!(
+            std::env::var_os(require).is_none(),
+            "{require} is set but {hint}"
+        );
+        eprintln!("skipped: {hint}");
+    }
+    have
+}
+
+/// `benches/mpi/SOURCE` compiled by `cc` with `flags` into the test's target directory as
+/// `out` (the build must succeed).
+fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let built = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(root.join("benches/mpi").join(source))
+        .args(flags)
+        .output()
+        .unwrap_or_else(|e| panic!("{cc}: {e}"));
+    assert!(
+        built.status.success(),
+        "{cc} {source}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out.display().to_string()
+}
+
 /// `benches/mpi/SOURCE.c` built with `mpicc.mpich`, or `None` (skipped, with the reason
 /// printed) when MPICH is not installed and `WEFT_REQUIRE_MPICH` is not set.
 fn mpich_program(source: &str) -> Option<String> {
@@ -95,40 +128,34 @@ fn mpich_program(source: &str) -> Option<String> {
         .arg("-show")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !have {
-        assert!(
-            std::env::var_os("WEFT_REQUIRE_MPICH").is_none(),
-            "WEFT_REQUIRE_MPICH is set but mpicc.mpich is missing (apt-get install mpich libmpich-dev)"
-        );
-        eprintln!("skipped: mpicc.mpich not found (apt-get install mpich libmpich-dev)");
-        return None;
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{source}.mpich"));
-    let built = Command::new("mpicc.mpich")
-        .args(["-O2", "-DIMPL=\"mpich\"", "-o"])
-        .arg(&out)
-        .arg(root.join("benches/mpi").join(format!("{source}.c")))
-        .output()
-        .expect("mpicc.mpich");
-    assert!(
-        built.status.success(),
-        "mpicc.mpich {source}.c: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Some(out.display().to_string())
+    let hint = "mpicc.mpich is missing (apt-get install mpich libmpich-dev)";
+    available(have, "WEFT_REQUIRE_MPICH", hint).then(|| {
+        let flags = ["-DIMPL=\"mpich\"".to_string()];
+        build_c(
+            "mpicc.mpich",
+            &format!("{source}.c"),
+            &format!("{source}.mpich"),
+            &flags,
+        )
+    })
 }
 
-#[test]
-fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
-    let (Some(hello), Some(ring)) = (mpich_program("hello"), mpich_program("ring")) else {
+/// The MPI programs built by `build` (`tag` names the jobs, `implementation` is what
+/// `osu_p2p` prints as its "impl", `extra` are `weft run` options for 2 nodes): hello on 4
+/// ranks, the ring on 1 and 2 logical nodes, the OSU latency and bandwidth on 2 ranks;
+/// every output line there, nothing left behind.
+fn hello_ring_osu(
+    tag: &str,
+    implementation: &str,
+    build: fn(&str) -> Option<String>,
+    extra: &[&str],
+) {
+    let (Some(hello), Some(ring), Some(osu)) = (build("hello"), build("ring"), build("osu_p2p"))
+    else {
         return;
     };
-    let d = run(
-        "mpich-hello",
-        &["-n", "4", &hello],
-        Duration::from_secs(120),
-    );
+    let name = format!("{tag}-hello");
+    let d = run(&name, &["-n", "4", &hello], Duration::from_secs(120));
     assert_eq!(d.code(), Some(0), "{}", d.dump());
     for r in 0..4 {
         assert_eq!(
@@ -138,14 +165,13 @@ fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
             d.dump()
         );
     }
-    clean("mpich-hello", &d);
+    clean(&name, &d);
     for nodes in ["1", "2"] {
-        let name = format!("mpich-ring-{nodes}");
-        let d = run(
-            &name,
-            &["--nodes", nodes, "-n", "4", &ring],
-            Duration::from_secs(120),
-        );
+        let name = format!("{tag}-ring-{nodes}");
+        let mut args = vec!["--nodes", nodes, "-n", "4"];
+        args.extend_from_slice(extra);
+        args.push(&ring);
+        let d = run(&name, &args, Duration::from_secs(120));
         assert_eq!(d.code(), Some(0), "{}", d.dump());
         for r in 0..4 {
             assert_eq!(
@@ -157,66 +183,79 @@ fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
         }
         clean(&name, &d);
     }
-    let Some(osu) = mpich_program("osu_p2p") else {
-        return;
-    };
+    let name = format!("{tag}-osu");
     let d = run(
-        "mpich-osu",
+        &name,
         &["-n", "2", &osu, "--bench", "latency,bw", "--sizes", "8,64K"],
         Duration::from_secs(120),
     );
     assert_eq!(d.code(), Some(0), "{}", d.dump());
-    assert_eq!(d.lines_with("\"impl\":\"mpich\""), 4, "{}", d.dump());
+    let want = format!("\"impl\":\"{implementation}\"");
+    assert_eq!(d.lines_with(&want), 4, "{}", d.dump());
+    clean(&name, &d);
 }
 
 #[test]
-fn an_mpich_abort_ends_the_job_with_its_code_and_a_late_one_at_its_timeout() {
-    let Some(ring) = mpich_program("ring") else {
-        return;
-    };
-    let name = "mpich-abort";
-    let d = run(
-        name,
-        &["-n", "3", &ring, "abort", "1"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(d.code(), Some(3), "{}", d.dump());
-    assert!(
-        d.stderr.contains("rank 1 called PMI abort") && d.stderr.contains("exited with code 3"),
-        "{}",
-        d.dump()
-    );
-    clean(name, &d);
-    // Past --timeout: killed, exit status 124, after its output was forwarded.
-    let name = "mpich-timeout";
-    let d = run(
-        name,
-        &["--timeout", "3", "-n", "2", &ring, "sleep", "100"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(d.code(), Some(124), "{}", d.dump());
-    assert_eq!(d.lines_with("sleeping"), 2, "{}", d.dump());
-    clean(name, &d);
+fn mpich_programs_run_under_weft_run_on_one_and_two_nodes() {
+    hello_ring_osu("mpich", "mpich", mpich_program, &[]);
 }
 
-#[test]
-fn a_killed_mpich_rank_ends_the_job_naming_it() {
-    let Some(ring) = mpich_program("ring") else {
+/// How a job of the MPI ring built by `build` ends when it fails (`tag` names the jobs,
+/// `abort_says` is the server's line about the abort, `extra` are `weft run` options for 2
+/// nodes): a rank killed (SIGKILL) on 2 nodes is named with its signal; MPI_Abort ends
+/// the job with the abort's code, naming the rank; a job past `--timeout` is killed with
+/// status 124 after its output was forwarded; nothing left behind.
+fn failing_jobs(tag: &str, build: fn(&str) -> Option<String>, abort_says: &str, extra: &[&str]) {
+    let Some(ring) = build("ring") else {
         return;
     };
-    let name = "mpich-die";
-    let d = run(
-        name,
-        &["-n", "4", &ring, "die", "2"],
-        Duration::from_secs(60),
-    );
+    let name = format!("{tag}-die");
+    let mut args = vec!["--nodes", "2", "-n", "4"];
+    args.extend_from_slice(extra);
+    args.extend([ring.as_str(), "die", "2"]);
+    let d = run(&name, &args, Duration::from_secs(60));
     assert_ne!(d.code(), Some(0), "{}", d.dump());
     assert!(
         d.stderr.contains("rank 2") && d.stderr.contains("SIGKILL"),
         "the job names rank 2 and its signal\n{}",
         d.dump()
     );
-    clean(name, &d);
+    clean(&name, &d);
+    let name = format!("{tag}-abort");
+    let d = run(
+        &name,
+        &["-n", "3", &ring, "abort", "1"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(3), "{}", d.dump());
+    assert!(
+        d.stderr.contains(abort_says)
+            && d.stderr.contains("rank 1 (node 0")
+            && d.stderr.contains("exited with code 3"),
+        "{}",
+        d.dump()
+    );
+    clean(&name, &d);
+    let name = format!("{tag}-timeout");
+    let d = run(
+        &name,
+        &["--timeout", "3", "-n", "2", &ring, "sleep", "100"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(124), "{}", d.dump());
+    assert_eq!(d.lines_with("sleeping"), 2, "{}", d.dump());
+    assert!(d.elapsed < Duration::from_secs(20), "{}", d.dump());
+    clean(&name, &d);
+}
+
+#[test]
+fn a_killed_aborting_or_late_mpich_job_ends_naming_the_rank_or_the_timeout() {
+    failing_jobs(
+        "mpich",
+        mpich_program,
+        "rank 1 called PMI abort (exit code 3)",
+        &[],
+    );
 }
 
 /// `benches/mpi/SOURCE.c` built with `mpicc.openmpi`, or `None` (skipped, with the reason
@@ -227,66 +266,43 @@ fn openmpi_program(source: &str) -> Option<String> {
         .arg("--showme")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !have || weft_pmix::built_with().is_none() {
-        assert!(
-            std::env::var_os("WEFT_REQUIRE_OPENMPI").is_none(),
-            "WEFT_REQUIRE_OPENMPI is set but mpicc.openmpi or libpmix is missing \
-             (apt-get install openmpi-bin libopenmpi-dev libpmix-dev)"
-        );
-        eprintln!(
-            "skipped: mpicc.openmpi or libpmix not found (apt-get install openmpi-bin \
-             libopenmpi-dev libpmix-dev)"
-        );
-        return None;
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{source}.openmpi"));
-    let built = Command::new("mpicc.openmpi")
-        .args(["-O2", "-DIMPL=\"openmpi\"", "-o"])
-        .arg(&out)
-        .arg(root.join("benches/mpi").join(format!("{source}.c")))
-        .output()
-        .expect("mpicc.openmpi");
-    assert!(
-        built.status.success(),
-        "mpicc.openmpi {source}.c: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Some(out.display().to_string())
+    let hint = "mpicc.openmpi or libpmix is missing (apt-get install openmpi-bin \
+                libopenmpi-dev libpmix-dev)";
+    let have = have && weft_pmix::built_with().is_some();
+    available(have, "WEFT_REQUIRE_OPENMPI", hint).then(|| {
+        let flags = ["-DIMPL=\"openmpi\"".to_string()];
+        build_c(
+            "mpicc.openmpi",
+            &format!("{source}.c"),
+            &format!("{source}.openmpi"),
+            &flags,
+        )
+    })
 }
 
 /// `benches/mpi/pmix_client.c` built with cc against libpmix (see `openmpi_program` for
 /// when it is skipped).
 fn pmix_client() -> Option<String> {
-    if weft_pmix::built_with().is_none() {
-        assert!(
-            std::env::var_os("WEFT_REQUIRE_OPENMPI").is_none(),
-            "WEFT_REQUIRE_OPENMPI is set but weft was built without libpmix"
-        );
-        eprintln!("skipped: built without libpmix (apt-get install libpmix-dev)");
+    let hint = "weft was built without libpmix (apt-get install libpmix-dev)";
+    if !available(
+        weft_pmix::built_with().is_some(),
+        "WEFT_REQUIRE_OPENMPI",
+        hint,
+    ) {
         return None;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmix_client");
     let flags = Command::new("pkg-config")
         .args(["--cflags", "--libs", "pmix"])
         .output()
         .expect("pkg-config");
     assert!(flags.status.success(), "pkg-config pmix");
-    let flags = String::from_utf8_lossy(&flags.stdout).to_string();
-    let built = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&out)
-        .arg(root.join("benches/mpi/pmix_client.c"))
-        .args(flags.split_whitespace())
-        .output()
-        .expect("cc");
-    assert!(
-        built.status.success(),
-        "cc pmix_client.c: {}",
-        String::from_utf8_lossy(&built.stderr)
+    let mut all = vec!["-Wall".to_string()];
+    all.extend(
+        String::from_utf8_lossy(&flags.stdout)
+            .split_whitespace()
+            .map(str::to_owned),
     );
-    Some(out.display().to_string())
+    Some(build_c("cc", "pmix_client.c", "pmix_client", &all))
 }
 
 /// Open MPI between logical nodes: its TCP transport on loopback only.
@@ -345,95 +361,17 @@ fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
 
 #[test]
 fn openmpi_programs_run_under_weft_run_on_one_and_two_nodes() {
-    let (Some(hello), Some(ring)) = (openmpi_program("hello"), openmpi_program("ring")) else {
-        return;
-    };
-    let d = run("ompi-hello", &["-n", "4", &hello], Duration::from_secs(120));
-    assert_eq!(d.code(), Some(0), "{}", d.dump());
-    for r in 0..4 {
-        assert_eq!(
-            d.lines_with(&format!("hello from rank {r} of 4")),
-            1,
-            "{}",
-            d.dump()
-        );
-    }
-    clean("ompi-hello", &d);
-    for nodes in ["1", "2"] {
-        let name = format!("ompi-ring-{nodes}");
-        let d = run(
-            &name,
-            &["--nodes", nodes, "-n", "4", "-x", OMPI_LO, &ring],
-            Duration::from_secs(120),
-        );
-        assert_eq!(d.code(), Some(0), "{}", d.dump());
-        for r in 0..4 {
-            assert_eq!(
-                d.lines_with(&format!("rank {r} ring ok")),
-                1,
-                "{}",
-                d.dump()
-            );
-        }
-        clean(&name, &d);
-    }
-    let Some(osu) = openmpi_program("osu_p2p") else {
-        return;
-    };
-    let d = run(
-        "ompi-osu",
-        &["-n", "2", &osu, "--bench", "latency,bw", "--sizes", "8,64K"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(d.code(), Some(0), "{}", d.dump());
-    assert_eq!(d.lines_with("\"impl\":\"openmpi\""), 4, "{}", d.dump());
-    clean("ompi-osu", &d);
+    hello_ring_osu("ompi", "openmpi", openmpi_program, &["-x", OMPI_LO]);
 }
 
 #[test]
-fn a_killed_or_late_openmpi_job_ends_naming_the_rank_or_the_timeout() {
-    let Some(ring) = openmpi_program("ring") else {
-        return;
-    };
-    let name = "ompi-die";
-    let d = run(
-        name,
-        &["--nodes", "2", "-n", "4", "-x", OMPI_LO, &ring, "die", "2"],
-        Duration::from_secs(60),
+fn a_killed_aborting_or_late_openmpi_job_ends_naming_the_rank_or_the_timeout() {
+    failing_jobs(
+        "ompi",
+        openmpi_program,
+        "rank 1 called PMIx_Abort (status 3)",
+        &["-x", OMPI_LO],
     );
-    assert_ne!(d.code(), Some(0), "{}", d.dump());
-    assert!(
-        d.stderr.contains("rank 2") && d.stderr.contains("SIGKILL"),
-        "the job names rank 2 and its signal\n{}",
-        d.dump()
-    );
-    clean(name, &d);
-    // MPI_Abort (PMIx_Abort): the job ends with the rank's error code, naming it.
-    let name = "ompi-abort";
-    let d = run(
-        name,
-        &["-n", "3", &ring, "abort", "1"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(d.code(), Some(3), "{}", d.dump());
-    assert!(
-        d.stderr.contains("rank 1 called PMIx_Abort (status 3)")
-            && d.stderr.contains("rank 1 (node 0")
-            && d.stderr.contains("exited with code 3"),
-        "{}",
-        d.dump()
-    );
-    clean(name, &d);
-    let name = "ompi-timeout";
-    let d = run(
-        name,
-        &["--timeout", "3", "-n", "2", &ring, "sleep", "100"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(d.code(), Some(124), "{}", d.dump());
-    assert_eq!(d.lines_with("sleeping"), 2, "{}", d.dump());
-    assert!(d.elapsed < Duration::from_secs(20), "{}", d.dump());
-    clean(name, &d);
 }
 
 #[test]
@@ -498,29 +436,12 @@ ask "cmd=finalize;" finalize
 /// `benches/mpi/pmi2_client.c` built against Slurm's PMI-2 library, or `None` (skipped,
 /// with the reason printed) when it is not installed and `WEFT_REQUIRE_PMI2` is not set.
 fn pmi2_client() -> Option<String> {
-    if !std::path::Path::new("/usr/include/slurm/pmi2.h").exists() {
-        assert!(
-            std::env::var_os("WEFT_REQUIRE_PMI2").is_none(),
-            "WEFT_REQUIRE_PMI2 is set but Slurm's PMI-2 library is missing (apt-get install libpmi2-0-dev)"
-        );
-        eprintln!("skipped: Slurm's PMI-2 library not found (apt-get install libpmi2-0-dev)");
-        return None;
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmi2_client");
-    let built = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&out)
-        .arg(root.join("benches/mpi/pmi2_client.c"))
-        .args(["-lpmi2", "-lpthread"])
-        .output()
-        .expect("cc");
-    assert!(
-        built.status.success(),
-        "cc pmi2_client.c: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Some(out.display().to_string())
+    let have = std::path::Path::new("/usr/include/slurm/pmi2.h").exists();
+    let hint = "Slurm's PMI-2 library is missing (apt-get install libpmi2-0-dev)";
+    available(have, "WEFT_REQUIRE_PMI2", hint).then(|| {
+        let flags = ["-Wall", "-lpmi2", "-lpthread"].map(str::to_owned);
+        build_c("cc", "pmi2_client.c", "pmi2_client", &flags)
+    })
 }
 
 #[test]

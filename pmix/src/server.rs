@@ -292,6 +292,30 @@ mod imp {
         HOST.get()
     }
 
+    impl Failure {
+        /// The status the client sees.
+        fn status(self) -> sys::pmix_status_t {
+            match self {
+                Failure::ProcGone => sys::PMIX_ERR_PROC_ABORTED,
+                Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
+                Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
+                Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
+                Failure::Other => sys::PMIX_ERROR,
+            }
+        }
+
+        /// The failure a library status means (`Other` for any but the four named).
+        fn of(st: sys::pmix_status_t) -> Failure {
+            match st {
+                sys::PMIX_ERR_PROC_ABORTED => Failure::ProcGone,
+                sys::PMIX_ERR_TIMEOUT => Failure::Timeout,
+                sys::PMIX_ERR_NOT_FOUND => Failure::NotFound,
+                sys::PMIX_ERR_NOT_SUPPORTED => Failure::NotSupported,
+                _ => Failure::Other,
+            }
+        }
+    }
+
     /// Where a fence's or direct modex's result goes: the library's callback, called
     /// exactly once (by [`ModexReply::ok`], [`ModexReply::fail`] or, unanswered, on
     /// drop with `PMIX_ERROR`).
@@ -326,14 +350,7 @@ mod imp {
 
         /// The operation failed.
         pub fn fail(self, why: Failure) {
-            let st = match why {
-                Failure::ProcGone => sys::PMIX_ERR_PROC_ABORTED,
-                Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
-                Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
-                Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
-                Failure::Other => sys::PMIX_ERROR,
-            };
-            self.finish(st, Vec::new());
+            self.finish(why.status(), Vec::new());
         }
 
         fn finish(mut self, st: sys::pmix_status_t, data: Vec<u8>) {
@@ -364,7 +381,7 @@ mod imp {
                     cb: self.cb.take(),
                     cbdata: self.cbdata,
                 };
-                me.finish(sys::PMIX_ERROR, Vec::new());
+                me.fail(Failure::Other);
             }
         }
     }
@@ -439,14 +456,7 @@ mod imp {
 
         /// The operation failed.
         pub fn fail(self, why: Failure) {
-            let st = match why {
-                Failure::ProcGone => sys::PMIX_ERR_PROC_ABORTED,
-                Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
-                Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
-                Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
-                Failure::Other => sys::PMIX_ERROR,
-            };
-            self.finish(st, Infos::new());
+            self.finish(why.status(), Infos::new());
         }
 
         fn finish(mut self, st: sys::pmix_status_t, info: Infos) {
@@ -1086,10 +1096,7 @@ mod imp {
                         // SAFETY: `sz` bytes at `data`, valid during the callback.
                         Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), sz) }.to_vec())
                     }
-                    sys::PMIX_ERR_NOT_FOUND => Err(Failure::NotFound),
-                    sys::PMIX_ERR_TIMEOUT => Err(Failure::Timeout),
-                    sys::PMIX_ERR_PROC_ABORTED => Err(Failure::ProcGone),
-                    _ => Err(Failure::Other),
+                    st => Err(Failure::of(st)),
                 };
                 f(out);
             }

@@ -26,7 +26,7 @@ const MAX_LINE: usize = 16 << 10;
 /// `vallen_max` told to clients.
 pub(super) const VALLEN_MAX: usize = 1024;
 /// Prefix of the keys PMI clients put, in the core's key space.
-pub(super) const KEY_PREFIX: &str = "pmi1/";
+const KEY_PREFIX: &str = "pmi1/";
 
 /// A PMI client's state.
 pub(super) struct PmiConn {
@@ -226,6 +226,52 @@ impl State {
         Some(c.next_req)
     }
 
+    /// Commits `key` = `value` for rank `rank` (PMI-1's `put`, PMI-2's `kvs-put`: they
+    /// share keys) and records its owner.
+    pub(super) fn pmi_put(&mut self, rank: Rank, key: &str, value: &str) {
+        self.pmi_owner.insert(key.to_string(), rank);
+        let entry = (
+            Scope::Global,
+            format!("{KEY_PREFIX}{key}"),
+            Value::Str(value.to_string()),
+        );
+        self.commit(rank, vec![entry]);
+    }
+
+    /// Rank `rank` joins its next PMI barrier (a Full fence of the job named `name`);
+    /// its end reaches the client through `pmi_reply`.
+    pub(super) fn pmi_barrier(&mut self, rank: Rank, name: &str) {
+        let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
+            return;
+        };
+        let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
+            c.barriers += 1;
+            c.barriers
+        });
+        let id = CollId {
+            kind: CollKind::Fence,
+            procs: Procs::All,
+            seq,
+            name: name.into(),
+        };
+        let conn = PMI_CONN | ConnId::from(rank);
+        self.coll_arrive(rank, conn, req, id, FenceMode::Full, None, None);
+    }
+
+    /// Rank `rank` gets `key` from `owner` (what it has committed now); the value
+    /// reaches the client through `pmi_reply`.
+    pub(super) fn pmi_get(&mut self, rank: Rank, owner: Rank, key: &str) {
+        let Some(req) = self.pmi_req(rank, Wait::Get) else {
+            return;
+        };
+        let flags = GetFlags {
+            immediate: true,
+            ..GetFlags::default()
+        };
+        let conn = PMI_CONN | ConnId::from(rank);
+        self.get(conn, req, owner, format!("{KEY_PREFIX}{key}"), flags, None);
+    }
+
     /// A request line from rank `rank` (or why its connection failed).
     pub(super) fn on_pmi(&mut self, rank: Rank, line: Result<String, String>) {
         let line = match line {
@@ -242,7 +288,6 @@ impl State {
                 "cmd=error rc=-1 msg=malformed_request_(expected_cmd=NAME_key=value...)",
             );
         };
-        let conn = PMI_CONN | ConnId::from(rank);
         let size = self.plan.job.size();
         match cmd {
             "init" => {
@@ -293,13 +338,7 @@ impl State {
                         &format!("cmd=put_result rc=-1 msg=value_longer_than_{VALLEN_MAX}_bytes"),
                     );
                 }
-                self.pmi_owner.insert((*key).to_string(), rank);
-                let entry = (
-                    Scope::Global,
-                    format!("{KEY_PREFIX}{key}"),
-                    Value::Str((*value).to_string()),
-                );
-                self.commit(rank, vec![entry]);
+                self.pmi_put(rank, key, value);
                 self.pmi_send(rank, "cmd=put_result rc=0 msg=success");
             }
             "get" => {
@@ -315,31 +354,9 @@ impl State {
                 let Some(&owner) = self.pmi_owner.get(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
-                let Some(req) = self.pmi_req(rank, Wait::Get) else {
-                    return;
-                };
-                let flags = GetFlags {
-                    immediate: true,
-                    ..GetFlags::default()
-                };
-                self.get(conn, req, owner, format!("{KEY_PREFIX}{key}"), flags, None);
+                self.pmi_get(rank, owner, key);
             }
-            "barrier_in" => {
-                let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
-                    return;
-                };
-                let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
-                    c.barriers += 1;
-                    c.barriers
-                });
-                let id = CollId {
-                    kind: CollKind::Fence,
-                    procs: Procs::All,
-                    seq,
-                    name: "pmi1".into(),
-                };
-                self.coll_arrive(rank, conn, req, id, FenceMode::Full, None, None);
-            }
+            "barrier_in" => self.pmi_barrier(rank, "pmi1"),
             "finalize" => {
                 // As a native client's finalize at exit: its exit status decides.
                 if let Some(p) = self.procs.get_mut(&rank) {

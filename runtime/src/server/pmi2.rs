@@ -18,7 +18,7 @@
 
 use std::io::Read;
 
-use super::pmi::{msg, Wait, KEY_PREFIX, PMI_CONN, VALLEN_MAX};
+use super::pmi::{msg, Wait, VALLEN_MAX};
 use super::*;
 
 /// Reads one PMI-2 command (its 6-character length, then that many bytes).
@@ -135,7 +135,6 @@ impl State {
         };
         let resp = |name: &str| ("cmd", format!("{name}-response"));
         let ok = || ("rc", "0".to_string());
-        let conn = PMI_CONN | ConnId::from(rank);
         let size = self.plan.job.size();
         let app = self.plan.job.procs.get(rank as usize).map_or(0, |p| p.app);
         match cmd {
@@ -231,31 +230,10 @@ impl State {
                     let why = format!("value longer than {VALLEN_MAX} bytes");
                     return self.pmi2_error(rank, cmd, &why);
                 }
-                self.pmi_owner.insert(key.to_string(), rank);
-                let entry = (
-                    Scope::Global,
-                    format!("{KEY_PREFIX}{key}"),
-                    Value::Str(value.to_string()),
-                );
-                self.commit(rank, vec![entry]);
+                self.pmi_put(rank, key, value);
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
-            "kvs-fence" => {
-                let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
-                    return;
-                };
-                let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
-                    c.barriers += 1;
-                    c.barriers
-                });
-                let id = CollId {
-                    kind: CollKind::Fence,
-                    procs: Procs::All,
-                    seq,
-                    name: "pmi2".into(),
-                };
-                self.coll_arrive(rank, conn, req, id, FenceMode::Full, None, None);
-            }
+            "kvs-fence" => self.pmi_barrier(rank, "pmi2"),
             "kvs-get" => {
                 let Some(key) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
@@ -263,14 +241,8 @@ impl State {
                 let Some(&owner) = self.pmi_owner.get(key) else {
                     return self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]);
                 };
-                let Some(req) = self.pmi_req(rank, Wait::Get) else {
-                    return;
-                };
-                let flags = GetFlags {
-                    immediate: true,
-                    ..GetFlags::default()
-                };
-                self.get(conn, req, owner, format!("{KEY_PREFIX}{key}"), flags, None);
+                let (key, owner) = (key.to_string(), owner);
+                self.pmi_get(rank, owner, &key);
             }
             "finalize" => {
                 if let Some(p) = self.procs.get_mut(&rank) {

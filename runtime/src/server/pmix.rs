@@ -345,34 +345,47 @@ impl State {
         }
     }
 
-    fn pmix_fence(&mut self, f: Fence) {
+    /// The participants a PMIx collective names (`op`), as the core's: every rank for
+    /// the wildcard (or none named), else the ranks; another namespace is not served,
+    /// a rank outside the job not found.
+    fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
         let size = self.plan.job.size();
-        let Some(px) = self.pmix.as_mut() else {
-            return f.reply.fail(Failure::Other);
+        let Some(px) = self.pmix.as_ref() else {
+            return Err(Failure::Other);
         };
-        let mut all = false;
+        let mut all = procs.is_empty();
         let mut ranks = Vec::new();
-        for p in &f.procs {
+        for p in procs {
             if p.nspace != px.nspace {
                 tracing::warn!(
-                    "PMIx fence over namespace {:?}: only the job's own is served",
+                    "PMIx {op} over namespace {:?}: only the job's own is served",
                     p.nspace
                 );
-                return f.reply.fail(Failure::NotSupported);
+                return Err(Failure::NotSupported);
             }
             match p.rank {
                 None => all = true,
                 Some(r) if r < size => ranks.push(r),
                 Some(r) => {
-                    tracing::warn!("PMIx fence names rank {r}, outside the job (size {size})");
-                    return f.reply.fail(Failure::NotFound);
+                    tracing::warn!("PMIx {op} names rank {r}, outside the job (size {size})");
+                    return Err(Failure::NotFound);
                 }
             }
         }
-        let procs = if all || f.procs.is_empty() {
+        Ok(if all {
             Procs::All
         } else {
             Procs::List(ranks).normalize(size)
+        })
+    }
+
+    fn pmix_fence(&mut self, f: Fence) {
+        let procs = match self.pmix_procs("fence", &f.procs) {
+            Ok(p) => p,
+            Err(why) => return f.reply.fail(why),
+        };
+        let Some(px) = self.pmix.as_mut() else {
+            return f.reply.fail(Failure::Other);
         };
         let seq = px.fence_seq.entry(procs.clone()).or_insert(0);
         *seq += 1;
@@ -446,34 +459,12 @@ impl State {
     /// node's packed contribution carried as for a fence; the result is the group's
     /// PGCID as its context id, and every node's contribution.
     fn pmix_group(&mut self, g: Group) {
-        let size = self.plan.job.size();
+        let procs = match self.pmix_procs("group", &g.procs) {
+            Ok(p) => p,
+            Err(why) => return g.reply.fail(why),
+        };
         let Some(px) = self.pmix.as_mut() else {
             return g.reply.fail(Failure::Other);
-        };
-        let mut all = g.procs.is_empty();
-        let mut ranks = Vec::new();
-        for p in &g.procs {
-            if p.nspace != px.nspace {
-                tracing::warn!(
-                    "PMIx group {:?} names namespace {:?}: only the job's own is served",
-                    g.id,
-                    p.nspace
-                );
-                return g.reply.fail(Failure::NotSupported);
-            }
-            match p.rank {
-                None => all = true,
-                Some(r) if r < size => ranks.push(r),
-                Some(r) => {
-                    tracing::warn!("PMIx group {:?} names rank {r}, outside the job", g.id);
-                    return g.reply.fail(Failure::NotFound);
-                }
-            }
-        }
-        let procs = if all {
-            Procs::All
-        } else {
-            Procs::List(ranks).normalize(size)
         };
         let kind = if g.construct {
             CollKind::GroupConstruct
