@@ -20,6 +20,13 @@ use weft_wireup::marker::{encode_marker, local_only_reason};
 use weft_wireup::proto::{ModexData, PeerMsg, WireError};
 use weft_wireup::{Rank, Scope, Value};
 
+/// Keys only the server reads (the PMIx front end's packed fence and group data, under
+/// `pmix/`): kept in the data concern, not written to the node's datastore, which no
+/// process reads them from (a fence's blob is 32 KiB per process in the PMIx benchmark).
+fn server_only(key: &str) -> bool {
+    key.starts_with("pmix/")
+}
+
 /// A client connection of the server.
 pub(crate) type ConnId = u64;
 
@@ -217,7 +224,7 @@ impl Modex {
         };
         l.gen += 1;
         for (scope, key, value) in entries {
-            if scope.visible_on_node() {
+            if scope.visible_on_node() && !server_only(&key) {
                 out.push(Action::Store {
                     key: keys::data(rank, &key),
                     value: postcard::to_stdvec(&value).expect("encode a value"),
@@ -449,7 +456,7 @@ impl Modex {
         c.want = c.want.max(gen);
         match entries {
             Some(e) if c.entries.is_none() || gen > c.gen => {
-                for (k, v) in &e {
+                for (k, v) in e.iter().filter(|(k, _)| !server_only(k)) {
                     out.push(Action::Store {
                         key: keys::data(rank, k),
                         value: postcard::to_stdvec(v).expect("encode a value"),
