@@ -1,0 +1,80 @@
+//! The PMIx server in a build without libpmix: [`Server::init`] says it is unavailable;
+//! nothing else can exist.
+
+use super::*;
+
+/// Where a result goes (none exists in this build).
+#[derive(Debug)]
+pub struct ModexReply {
+    _none: (),
+}
+
+impl ModexReply {
+    /// Never called (no reply exists in this build).
+    pub fn ok(self, _data: Vec<u8>) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
+/// Nothing to load in this build.
+pub fn preload() {}
+
+/// Where a group operation's result goes (none exists in this build).
+#[derive(Debug)]
+pub struct GroupReply {
+    _none: (),
+}
+
+impl GroupReply {
+    /// Never called (no reply exists in this build).
+    pub fn ok(self, _context_id: Option<u64>, _endpt: Vec<u8>) {}
+    /// Never called (no reply exists in this build).
+    pub fn answers(self, _answers: Vec<QueryAnswer>) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
+/// The PMIx server (this build has no library: [`Server::init`] says so).
+#[derive(Debug)]
+pub struct Server {
+    _none: (),
+}
+
+impl Server {
+    /// Always [`PmixError::Unavailable`] in this build.
+    pub fn init(
+        _dir: &std::path::Path,
+        _host: std::sync::Arc<dyn Host>,
+    ) -> Result<Server, PmixError> {
+        Err(crate::unavailable())
+    }
+    /// Never called (no server exists in this build).
+    pub fn register_nspace(&self, _ns: &Nspace) -> Result<(), PmixError> {
+        Err(crate::unavailable())
+    }
+    /// Never called (no server exists in this build).
+    pub fn register_client(&self, _nspace: &str, _rank: u32) -> Result<(), PmixError> {
+        Err(crate::unavailable())
+    }
+    /// Never called (no server exists in this build).
+    pub fn setup_fork(
+        &self,
+        _nspace: &str,
+        _rank: u32,
+    ) -> Result<Vec<(String, String)>, PmixError> {
+        Err(crate::unavailable())
+    }
+    /// Never called (no server exists in this build).
+    pub fn dmodex_request(
+        &self,
+        _nspace: &str,
+        _rank: u32,
+        _done: impl FnOnce(Result<Vec<u8>, Failure>) + Send + 'static,
+    ) -> Result<(), PmixError> {
+        Err(crate::unavailable())
+    }
+    /// Never called (no server exists in this build).
+    pub fn deregister_nspace(&self, _nspace: &str) {}
+    /// Never called (no server exists in this build).
+    pub fn notify_ended(&self, _nspace: &str, _rank: u32, _exit_code: Option<i32>) {}
+}
