@@ -10,6 +10,10 @@
 //! libpmix (or with `WEFT_PMIX=off`) still works: every call then returns
 //! [`PmixError::Unavailable`] saying why, and [`built_with`] is `None`.
 //!
+//! The other side, [`server`], embeds OpenPMIx's server library in a Weft server, so that
+//! `weft run` hosts PMIx clients (Open MPI programs among them): the library serves its
+//! clients, and what it needs of its host reaches a [`server::Host`].
+//!
 //! ```no_run
 //! use weft_pmix::{GetOpts, Pmix, Scope};
 //! let px = Pmix::init()?;
