@@ -65,7 +65,14 @@ impl Link {
     fn note_event(&self, ends: &mut Ends, ev: &Event, me: Rank) {
         let ns = self.px.nspace();
         if ev.kind == EventKind::ConnectionLost {
-            if ev.affected.is_empty() {
+            // A lost connection whose source is another process of the job is that
+            // process's to its server (Slurm's plugin reports a dead task so): that
+            // process ended, the host is not lost.
+            let another = ev
+                .source
+                .as_ref()
+                .is_some_and(|(n, r)| n == ns && *r != me && *r < self.size());
+            if ev.affected.is_empty() && !another {
                 ends.lost.get_or_insert_with(|| {
                     format!(
                         "is unreachable: the connection to the host's PMIx server is lost ({})",
