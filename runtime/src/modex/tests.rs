@@ -425,3 +425,31 @@ fn fuzz_random_operations_answer_every_get_once() {
     });
     println!("fuzz modex: {gets_total} gets");
 }
+
+#[test]
+fn server_only_keys_stay_out_of_the_datastore_but_are_held_and_learned() {
+    let (mut a, _) = pair();
+    let stores = |acts: &[Action]| {
+        acts.iter()
+            .filter(|x| matches!(x, Action::Store { .. }))
+            .count()
+    };
+    // A PMIx fence blob: kept, not written to the node's segment.
+    let acts = a.commit(0, put("pmix/fence", 7));
+    assert_eq!(stores(&acts), 0);
+    assert_eq!(a.value(0, "pmix/fence"), Some(&Value::U64(7)));
+    // An ordinary key is written.
+    assert_eq!(stores(&a.commit(0, put("card", 1))), 1);
+    // Learned from another node (a Full fence's data): held, only the card stored.
+    let entries = vec![
+        ("pmix/fence".to_string(), Value::U64(9)),
+        ("card".to_string(), Value::U64(2)),
+    ];
+    let acts = a.learn(2, 1, Some(entries));
+    assert_eq!(
+        stores(&acts),
+        2,
+        "the card and the completeness marker: {acts:?}"
+    );
+    assert_eq!(a.value(2, "pmix/fence"), Some(&Value::U64(9)));
+}
