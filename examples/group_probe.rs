@@ -30,6 +30,7 @@ fn main() {
         "leader" => leader(),
         "leave" => leave(),
         "psets" => psets(),
+        "pgcids" => pgcids(),
         "invite" => invite(),
         "invite-abort" => invite_abort(),
         other => Err(format!("unknown scenario {other:?}").into()),
@@ -278,6 +279,67 @@ fn nonblocking() -> Res {
         g.pgcid.ok_or("no pgcid")?,
         if polls > 0 { "many" } else { "none" }
     );
+    Ok(())
+}
+
+/// PGCIDs through a job's life: a group over every rank, one over all but rank 0 (led by
+/// rank 1), the first destructed and constructed again, an optional one (its membership
+/// decided by its leader). Every member gets the same id for a group, no id twice, and
+/// the members' cards are on the node after each construct. Prints the ids (the test
+/// tells the host's from derived ones).
+fn pgcids() -> Res {
+    let w = Client::init()?;
+    let r = w.rank();
+    w.put(Scope::Global, "card", format!("card-of-{r}"))?;
+    w.commit()?;
+    let d = GroupDirectives::default().assign_context_id();
+    let cards_here = |members: &[u32]| -> Res {
+        for &p in members {
+            let v = w.get(p, "card", GetOpts::default().local_only())?;
+            if v.as_str() != Some(&format!("card-of-{p}")) {
+                return Err(format!("card of {p} is {v:?}").into());
+            }
+        }
+        Ok(())
+    };
+    let a = w.group_construct("a", &all(&w), &d, t(30))?;
+    cards_here(&a.members)?;
+    let tail: Vec<u32> = (1..w.size()).collect();
+    let mut b = None;
+    if r != 0 {
+        let g = w.group_construct("b", &tail, &d, t(30))?;
+        cards_here(&g.members)?;
+        b = g.pgcid;
+    }
+    w.group_destruct("a", t(30))?;
+    let a2 = w.group_construct("a", &all(&w), &d, t(30))?;
+    let c = w.group_construct("c", &all(&w), &d.clone().optional(), t(30))?;
+    if c.members != all(&w) {
+        return Err(format!("optional c lost members: {c:?}").into());
+    }
+    let ids = [a.pgcid, b, a2.pgcid, c.pgcid];
+    let mut seen = Vec::new();
+    for id in ids.iter().flatten() {
+        if seen.contains(id) {
+            return Err(format!("PGCID {id} twice: {ids:?}").into());
+        }
+        seen.push(*id);
+    }
+    let show = |p: Option<u64>| p.map_or("-".to_string(), |p| p.to_string());
+    println!(
+        "rank {r} pgcids a {} b {} a-again {} c {}",
+        show(a.pgcid),
+        show(b),
+        show(a2.pgcid),
+        show(c.pgcid)
+    );
+    for g in ["a", "c"] {
+        w.group_destruct(g, t(30))?;
+    }
+    if r != 0 {
+        w.group_destruct("b", t(30))?;
+    }
+    println!("rank {r} pgcids destructed");
     Ok(())
 }
 

@@ -150,7 +150,10 @@ fn main() -> ExitCode {
                 println!("hosting: no PMIx server (built without libpmix)");
             }
             // Under a host engine, ask its PMIx server what it offers.
-            if weft_wireup::in_a_job() && std::env::var_os(weft_wireup::env::RANK).is_none() {
+            let pmix_chosen = std::env::var("WEFT_WIREUP").is_ok_and(|v| v == "pmix");
+            if weft_wireup::in_a_job()
+                && (std::env::var_os(weft_wireup::env::RANK).is_none() || pmix_chosen)
+            {
                 match weft_wireup::Client::init() {
                     Ok(c) => {
                         for line in c.host_report().unwrap_or_default() {

@@ -404,6 +404,57 @@ fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
     assert!(after.is_empty(), "shared memory left behind: {after:?}");
 }
 
+/// Groups on the PMIx backend go to the host's PMIx groups where it has them (`weft
+/// run`'s server does): the host assigns the PGCIDs (one sequence, as Weft's own servers
+/// hand them out, where ids derived without one would give the group led by rank 1 the id
+/// 2 + (2^22 - 2) / 4 = 1048577), a destruct is the host's collective (the id is
+/// constructed again), an optional construct takes its id from the host too, members
+/// that disagree are told, and `weft info` says whose groups a process gets. On one
+/// node and across two.
+#[test]
+fn groups_are_the_hosts_under_weft_runs_own_pmix_server() {
+    for nodes in [1, 2] {
+        let Some(host) = weft_run(nodes) else { return };
+        let probe = example("group_probe");
+        let o = under(&host, 4, &[], &[&probe, "pgcids"]);
+        assert!(o.status.success(), "pgcids\n{}", dump(&o));
+        assert_eq!(
+            lines_with(&o, " pgcids a 2 b 3 a-again 4 c 5"),
+            3,
+            "{}",
+            dump(&o)
+        );
+        assert_eq!(
+            lines_with(&o, "rank 0 pgcids a 2 b - a-again 4 c 5"),
+            1,
+            "{}",
+            dump(&o)
+        );
+        let o = under(&host, 4, &[], &[&probe, "mismatch"]);
+        assert_eq!(
+            lines_with(&o, "constructs it with other members or directives"),
+            4,
+            "{}",
+            dump(&o)
+        );
+        optional_leaves_out_a_latecomer(&host);
+    }
+    let Some(host) = weft_run(1) else { return };
+    let w = weft().display().to_string();
+    let o = under(&host, 1, &[], &[&w, "info"]);
+    assert!(o.status.success(), "{}", dump(&o));
+    assert_eq!(
+        lines_with(
+            &o,
+            "host: groups: the host's PMIx groups (PMIx_Group_construct/destruct), PGCIDs \
+             assigned by the host"
+        ),
+        1,
+        "{}",
+        dump(&o)
+    );
+}
+
 /// The process sets of an MPMD job reach a Weft program on the PMIx backend through
 /// `weft run`'s PMIx server (its answers to `PMIx_Query_info`).
 #[test]
@@ -536,6 +587,16 @@ fn group_constructs_that_disagree_and_what_is_not_mapped_yet_give_errors_that_sa
     assert_eq!(
         lines_with(&o, "constructs it with other members or directives"),
         4,
+        "{}",
+        dump(&o)
+    );
+    // The host has no PMIx groups: Weft's own construct, PGCIDs derived from the leader
+    // (the group led by rank 1 of 4: 2 + (2^22 - 2) / 4), the same at every member.
+    let o = under_mpirun(&mpirun, 4, &[&probe, "pgcids"]);
+    assert!(o.status.success(), "pgcids\n{}", dump(&o));
+    assert_eq!(
+        lines_with(&o, " pgcids a 2 b 1048577 a-again 3 c 4"),
+        3,
         "{}",
         dump(&o)
     );

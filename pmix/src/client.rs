@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::owned::{key, proc_of, Infos, OwnedValue};
-use crate::{secs, sys, GetOpts, PmixError, PmixValue, Scope};
+use crate::{secs, sys, GetOpts, GroupOpts, PmixError, PmixValue, Scope};
 
 /// `PMIx_Get_version()`.
 pub(crate) fn version() -> String {
@@ -72,14 +72,71 @@ impl Done {
     }
 }
 
+impl Done {
+    /// Records the status and wakes the waiter.
+    fn set(&self, status: sys::pmix_status_t) {
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+        self.cv.notify_all();
+    }
+}
+
 /// `pmix_op_cbfunc_t` of the non-blocking calls: records the status in the [`Done`]
 /// whose counted reference `cbdata` is.
 pub(crate) unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut std::ffi::c_void) {
     // SAFETY: `cbdata` is the `Arc<Done>` reference handed to the library with the call,
     // which runs this callback exactly once: it takes the reference over here.
     let done = unsafe { Arc::from_raw(cbdata.cast::<Done>().cast_const()) };
-    *done.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
-    done.cv.notify_all();
+    done.set(status);
+}
+
+/// The completion of a group construct: its status and the context id the host gave.
+#[derive(Debug, Default)]
+struct GroupDone {
+    done: Done,
+    ctxid: Mutex<Option<u64>>,
+}
+
+/// `pmix_info_cbfunc_t` of `PMIx_Group_construct_nb`: records the context id among the
+/// results (`PMIX_GROUP_CONTEXT_ID`) and the status in the [`GroupDone`] whose counted
+/// reference `cbdata` is, then lets the library free the results.
+unsafe extern "C" fn group_done(
+    st: sys::pmix_status_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    cbdata: *mut std::ffi::c_void,
+    release: sys::pmix_release_cbfunc_t,
+    release_data: *mut std::ffi::c_void,
+) {
+    // SAFETY: `cbdata` is the `Arc<GroupDone>` reference handed over with the call,
+    // which runs this callback exactly once: it takes the reference over here.
+    let done = unsafe { Arc::from_raw(cbdata.cast::<GroupDone>().cast_const()) };
+    let infos: &[sys::pmix_info_t] = if info.is_null() || ninfo == 0 {
+        &[]
+    } else {
+        // SAFETY: the library passes `ninfo` valid entries at `info` until released.
+        unsafe { std::slice::from_raw_parts(info, ninfo) }
+    };
+    let want = CStr::from_bytes_with_nul(sys::PMIX_GROUP_CONTEXT_ID).ok();
+    for i in infos {
+        // SAFETY: the key is NUL-terminated within its array.
+        let k = unsafe { CStr::from_ptr(i.key.as_ptr()) };
+        if Some(k) == want {
+            // SAFETY: the value of a valid info entry.
+            let v = unsafe { crate::owned::value_of(&i.value) };
+            let id = match v {
+                PmixValue::Size(n) => Some(n as u64),
+                PmixValue::U64(n) => Some(n),
+                PmixValue::U32(n) => Some(n.into()),
+                _ => None,
+            };
+            *done.ctxid.lock().unwrap_or_else(|p| p.into_inner()) = id;
+        }
+    }
+    if let Some(r) = release {
+        // SAFETY: the library's release function for these results, called once.
+        unsafe { r(release_data) };
+    }
+    done.done.set(st);
 }
 
 /// A get's outcome from the library's status and value (`t`: its timeout, whole seconds).
@@ -611,5 +668,190 @@ impl Pmix {
                 key: k.to_owned(),
                 who: "the host".into(),
             })
+    }
+}
+
+/// The timeout of a group construct or destruct, in whole seconds (`uint32`), under a key
+/// of Weft's own rather than `PMIX_TIMEOUT`: OpenPMIx 4.2.2's server arms its group
+/// timer once per local member on one event (and hands the timer's callback the wrong
+/// object), which corrupts its event loop (`PMIx_server_finalize` then spins for ever).
+/// Weft's server reads this key as the timeout; under another host the caller's own
+/// wait ends at the timeout (see [`bounded`]).
+pub const GROUP_TIMEOUT_KEY: &[u8] = b"weft.grp.timeout\0";
+
+/// How much longer than its timeout a caller waits for a group operation's end, so that
+/// a host that enforces the timeout reports it first.
+const GROUP_GRACE: Duration = Duration::from_secs(5);
+
+/// `while_waiting`, which also gives up once `timeout` and [`GROUP_GRACE`] passed.
+fn bounded(
+    timeout: Option<Duration>,
+    mut while_waiting: impl FnMut() -> Result<(), String>,
+) -> impl FnMut() -> Result<(), String> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t + GROUP_GRACE);
+    move || {
+        while_waiting()?;
+        match deadline {
+            Some(d) if std::time::Instant::now() >= d => Err(TIMED_OUT.to_owned()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What [`bounded`] says when the timeout passed.
+const TIMED_OUT: &str = "the timeout passed without an answer from the host";
+
+/// A group call the caller stopped waiting for: a timeout when [`bounded`] ended it.
+fn abandoned(op: &'static str, reason: String, t: Option<u32>) -> PmixError {
+    if reason == TIMED_OUT {
+        PmixError::Timeout {
+            op,
+            secs: t.unwrap_or(0),
+        }
+    } else {
+        PmixError::Abandoned { op, reason }
+    }
+}
+
+/// The outcome of a group call from the library's status (`t`: its timeout, whole
+/// seconds).
+fn group_result(op: &'static str, rc: sys::pmix_status_t, t: Option<u32>) -> Result<(), PmixError> {
+    match rc {
+        SUCCESS => Ok(()),
+        sys::PMIX_ERR_NOT_SUPPORTED => Err(PmixError::NotSupported { op }),
+        sys::PMIX_ERR_BAD_PARAM => Err(PmixError::Invalid { op }),
+        sys::PMIX_ERR_TIMEOUT => Err(PmixError::Timeout {
+            op,
+            secs: t.unwrap_or(0),
+        }),
+        _ => Err(status(op, rc, "")),
+    }
+}
+
+impl Pmix {
+    /// Constructs group `id` over `ranks` of the job at the host
+    /// (`PMIx_Group_construct_nb`): a collective of the members that also brings every
+    /// member's committed data to this process, as a collecting fence does. Returns the
+    /// context id the host assigned, when `opts` asked for one. A host without PMIx
+    /// groups fails it with [`PmixError::NotSupported`]. Runs `while_waiting` about every
+    /// millisecond meanwhile, and stops waiting ([`PmixError::Abandoned`]) when it says
+    /// why, as [`fence_with`](Pmix::fence_with) does.
+    pub fn group_construct_with(
+        &self,
+        id: &str,
+        ranks: &[u32],
+        opts: GroupOpts,
+        while_waiting: impl FnMut() -> Result<(), String>,
+    ) -> Result<Option<u64>, PmixError> {
+        const OP: &str = "PMIx_Group_construct";
+        let gid = key(OP, id)?;
+        let procs: Vec<sys::pmix_proc_t> = ranks.iter().map(|&r| self.me(r)).collect();
+        let mut info = Infos::new();
+        if opts.assign_context_id {
+            info.push_bool(sys::PMIX_GROUP_ASSIGN_CONTEXT_ID, true);
+        }
+        if opts.notify_termination {
+            info.push_bool(sys::PMIX_GROUP_NOTIFY_TERMINATION, true);
+        }
+        let t = opts.timeout.map(secs);
+        if let Some(t) = t {
+            info.push_u32(GROUP_TIMEOUT_KEY, t);
+        }
+        let mut while_waiting = bounded(opts.timeout, while_waiting);
+        let done = Arc::new(GroupDone::default());
+        let cb = Arc::into_raw(done.clone())
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: the id, `procs` and `info` are valid for their lengths and outlive the
+        // operation (this function returns only after the callback ran, or when the
+        // library refused to start it, or it leaks them when it stops waiting); `cb` is a
+        // counted reference the callback takes over (released below when the call fails
+        // at once).
+        let rc = unsafe {
+            sys::PMIx_Group_construct_nb(
+                gid.as_ptr(),
+                procs.as_ptr(),
+                procs.len(),
+                info.as_ptr(),
+                info.len(),
+                Some(group_done),
+                cb,
+            )
+        };
+        let rc = if rc == SUCCESS {
+            match done.done.wait(&mut while_waiting) {
+                Ok(rc) => rc,
+                Err(reason) => {
+                    // The library may still read them until it completes: keep them.
+                    std::mem::forget(procs);
+                    std::mem::forget(info);
+                    std::mem::forget(gid);
+                    return Err(abandoned(OP, reason, t));
+                }
+            }
+        } else {
+            // SAFETY: the library did not take `cb` (no callback will run): release it.
+            drop(unsafe { Arc::from_raw(cb.cast::<GroupDone>()) });
+            rc
+        };
+        group_result(OP, rc, t)?;
+        if !opts.assign_context_id {
+            return Ok(None);
+        }
+        let ctxid = *done.ctxid.lock().unwrap_or_else(|p| p.into_inner());
+        match ctxid {
+            // The library's "none" (SIZE_MAX) is no id either.
+            Some(c) if c != u64::MAX && c != usize::MAX as u64 => Ok(Some(c)),
+            _ => Err(status(
+                OP,
+                sys::PMIX_ERR_BAD_PARAM,
+                "the host assigned no context id although one was asked for",
+            )),
+        }
+    }
+
+    /// Destructs group `id` at the host (`PMIx_Group_destruct_nb`): a collective of its
+    /// members (ended members are not waited for when it was made with
+    /// `notify_termination`). Runs `while_waiting` meanwhile, as
+    /// [`group_construct_with`](Pmix::group_construct_with) does.
+    pub fn group_destruct_with(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+        while_waiting: impl FnMut() -> Result<(), String>,
+    ) -> Result<(), PmixError> {
+        const OP: &str = "PMIx_Group_destruct";
+        let gid = key(OP, id)?;
+        let mut info = Infos::new();
+        let t = timeout.map(secs);
+        if let Some(t) = t {
+            info.push_u32(GROUP_TIMEOUT_KEY, t);
+        }
+        let mut while_waiting = bounded(timeout, while_waiting);
+        let done = Arc::new(Done::default());
+        let cb = Arc::into_raw(done.clone())
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: as in `group_construct_with`: the id and `info` outlive the operation
+        // (or are leaked when the wait stops), `cb` is a counted reference the callback
+        // takes over (released below when the call fails at once).
+        let rc = unsafe {
+            sys::PMIx_Group_destruct_nb(gid.as_ptr(), info.as_ptr(), info.len(), Some(op_done), cb)
+        };
+        let rc = if rc == SUCCESS {
+            match done.wait(&mut while_waiting) {
+                Ok(rc) => rc,
+                Err(reason) => {
+                    std::mem::forget(info);
+                    std::mem::forget(gid);
+                    return Err(abandoned(OP, reason, t));
+                }
+            }
+        } else {
+            // SAFETY: the library did not take `cb` (no callback will run): release it.
+            drop(unsafe { Arc::from_raw(cb.cast::<Done>()) });
+            rc
+        };
+        group_result(OP, rc, t)
     }
 }

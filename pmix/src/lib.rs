@@ -58,7 +58,10 @@ pub mod sys {
 }
 
 #[cfg(weft_pmix)]
-pub use client::Pmix;
+pub use client::{Pmix, GROUP_TIMEOUT_KEY};
+/// See the client's documentation of this key (a build without libpmix has no client).
+#[cfg(not(weft_pmix))]
+pub const GROUP_TIMEOUT_KEY: &[u8] = b"weft.grp.timeout\0";
 
 /// Reserved keys of job and process information that a PMIx server provides (the
 /// subset Weft reads; any other key can be passed as a string).
@@ -218,6 +221,19 @@ pub struct GetOpts {
     pub refresh: bool,
 }
 
+/// Directives of a host group construct ([`Pmix::group_construct_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GroupOpts {
+    /// `PMIX_GROUP_ASSIGN_CONTEXT_ID`: the host hands the group a context id (its
+    /// PGCID), the same at every member.
+    pub assign_context_id: bool,
+    /// `PMIX_GROUP_NOTIFY_TERMINATION`: the host tells the members when one ends, and
+    /// does not wait for ended members in the destruct.
+    pub notify_termination: bool,
+    /// `PMIX_TIMEOUT` (whole seconds, rounded up).
+    pub timeout: Option<Duration>,
+}
+
 /// What went wrong in a PMIx call.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -258,6 +274,20 @@ pub enum PmixError {
         op: &'static str,
         /// What was wrong.
         what: String,
+    },
+    /// The host's server does not support the call (`PMIX_ERR_NOT_SUPPORTED`): Open
+    /// MPI 4.1's runtime and Slurm 22.05 answer so to group constructs.
+    #[error("{op}: the host's PMIx server does not support it")]
+    NotSupported {
+        /// The call.
+        op: &'static str,
+    },
+    /// The host's server refused the request as invalid (`PMIX_ERR_BAD_PARAM`): for a
+    /// group, members that construct it with other members or directives.
+    #[error("{op}: the host's PMIx server refused it as invalid (PMIX_ERR_BAD_PARAM)")]
+    Invalid {
+        /// The call.
+        op: &'static str,
     },
     /// Any other failure status of the library.
     #[error("{op}: {message} (PMIx status {status}){hint}")]
@@ -414,6 +444,25 @@ impl Pmix {
         _pset: Option<&str>,
         _wait: Duration,
     ) -> Result<PmixValue, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
+    pub fn group_construct_with(
+        &self,
+        _id: &str,
+        _ranks: &[u32],
+        _opts: GroupOpts,
+        _while_waiting: impl FnMut() -> Result<(), String>,
+    ) -> Result<Option<u64>, PmixError> {
+        Err(unavailable())
+    }
+    /// Never called (no [`Pmix`] exists in this build).
+    pub fn group_destruct_with(
+        &self,
+        _id: &str,
+        _timeout: Option<Duration>,
+        _while_waiting: impl FnMut() -> Result<(), String>,
+    ) -> Result<(), PmixError> {
         Err(unavailable())
     }
     /// Never called (no [`Pmix`] exists in this build).

@@ -37,6 +37,8 @@ pub enum Failure {
     NotFound,
     /// The request names what the host does not serve (`PMIX_ERR_NOT_SUPPORTED`).
     NotSupported,
+    /// The participants' requests disagree, or one is malformed (`PMIX_ERR_BAD_PARAM`).
+    Invalid,
     /// Anything else (`PMIX_ERROR`).
     Other,
 }

@@ -347,8 +347,13 @@ impl Client {
             });
         };
         if let Some(px) = self.pmix_link() {
-            // Under a PMIx host a group's PGCID is never handed out again (see
-            // `crate::pmix`): nothing to agree on, the destruct is local.
+            // A group constructed at the host is destructed there (a collective of its
+            // members); Weft's own construct under a host is destructed locally, as its
+            // PGCID is never handed out again (see `crate::pmix`).
+            let notify = g.directives.notify_termination;
+            px.host_destruct(id, &g.members, notify, timeout, &mut || {
+                self.conn().run_progress()
+            })?;
             px.forget_group(id);
             return Ok(PendingDestruct {
                 client: self,

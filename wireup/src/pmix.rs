@@ -25,17 +25,21 @@
 //!   and start time): a fence or get waiting on a process that ended fails naming it
 //!   (`ProcGone`), and the fabric's waits on it too ([`Link::gone`]);
 //!
-//! - groups: Weft's own construct over the host's fence (Open MPI 4.1's runtime and
-//!   Slurm 22.05 have no PMIx groups): each member puts a digest of the membership and
-//!   directives (and the leader its count of groups it led), a collecting fence among
-//!   the members moves them, and each member checks the others' digests; the PGCID is
-//!   computed from the leader and its count ([`groups::pgcid`]), the same at every member and
-//!   unique within the job without a server; a destruct is local (no PGCID is reused).
+//! - groups: each member puts a digest of the membership and directives (and the leader
+//!   its count of groups it led); the host's `PMIx_Group_construct`, where the host has
+//!   PMIx groups (`weft run`'s server has), moves them with the members' cards and assigns
+//!   the PGCID, and a destruct is the host's `PMIx_Group_destruct`. Where it has none
+//!   (Open MPI 4.1's runtime and Slurm 22.05 answer "not supported"; every member finds
+//!   the same), Weft's own construct: a collecting fence among the members moves them;
+//!   the PGCID is computed from the leader and its count ([`groups::pgcid`]), the same at
+//!   every member and unique within the job without a server; a destruct is local (no
+//!   PGCID is reused). Either way each member checks the others' digests.
 //!   With `optional`, `notify_termination` or `ft_collective`, where members may be left
 //!   out, the leader decides instead of a fence: it reads each member's contribution
 //!   (leaving out one that has not come by the timeout, with `optional`, or that ended,
 //!   with the other two) and publishes the outcome, which the members read
-//!   ([`Link::decide_by_leader`]).
+//!   ([`Link::decide_by_leader`]); where the host has groups, the PGCID then comes from
+//!   a host construct over the members kept.
 //!
 //! - the transports' shared secret: rank 0 makes one at init and puts it (Global); the
 //!   others fetch it on first use.
@@ -58,8 +62,8 @@
 mod groups;
 mod liveness;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -96,6 +100,11 @@ pub(crate) struct Link {
     fetched: Mutex<HashMap<(Rank, String), PmixValue>>,
     /// Groups with a PGCID this process led (the next one's count).
     led: AtomicU64,
+    /// Whether the host has PMIx groups (`groups::HOST_GROUPS_*`; found by the first
+    /// construct, or by [`Link::report`]).
+    host_groups: AtomicU8,
+    /// Groups constructed at the host (their destruct is the host's too).
+    at_host: Mutex<HashSet<String>>,
     /// The transports' secret, once known (see [`Link::transport_secret`]).
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
     /// Processes in the job.
@@ -427,6 +436,8 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             mine: Mutex::new(HashMap::new()),
             fetched: Mutex::new(HashMap::new()),
             led: AtomicU64::new(0),
+            host_groups: AtomicU8::new(groups::HOST_GROUPS_UNKNOWN),
+            at_host: Mutex::new(HashSet::new()),
             secret: std::sync::OnceLock::new(),
             size,
             prefix,
@@ -459,10 +470,7 @@ impl Link {
             ),
             format!("process sets: {}", self.host_psets),
             format!("termination events: {}", self.events),
-            "groups: Weft's own construct over the host's fence (Open MPI 4.1's runtime and \
-             Slurm 22.05 offer no PMIx groups); PGCIDs derived from the leader, unique within \
-             the job"
-                .to_owned(),
+            format!("groups: {}", self.groups_report()),
             format!(
                 "TCP between nodes listens on {} (WEFT_TCP_ADDR or WEFT_TCP_IF to choose)",
                 match self.node_addr {
@@ -485,11 +493,26 @@ impl Link {
         ranks: Option<&[Rank]>,
         collect: bool,
         timeout: Option<Duration>,
-        mut while_waiting: impl FnMut(),
+        while_waiting: impl FnMut(),
     ) -> Result<(), Result<(Rank, String), PmixError>> {
+        self.host_collective(ranks, while_waiting, |wait| {
+            self.px.fence_with(ranks, collect, timeout, wait)
+        })
+    }
+
+    /// Runs `call`, a collective of the host over `ranks` (a fence, a group construct
+    /// or destruct), handing it a wait hook that runs `while_waiting` and gives up when
+    /// a participant is reported gone: `Err(Ok((rank, why)))` then, `Err(Err(e))` for
+    /// the host's own failure (a participant found gone after it is named too).
+    fn host_collective<T>(
+        &self,
+        ranks: Option<&[Rank]>,
+        mut while_waiting: impl FnMut(),
+        call: impl FnOnce(&mut dyn FnMut() -> Result<(), String>) -> Result<T, PmixError>,
+    ) -> Result<T, Result<(Rank, String), PmixError>> {
         let mut dead = None;
         let mut probed = Instant::now();
-        let out = self.px.fence_with(ranks, collect, timeout, || {
+        let out = call(&mut || {
             while_waiting();
             if probed.elapsed() >= LIVENESS_EVERY {
                 self.check_neighbours(ranks, true);
@@ -505,10 +528,11 @@ impl Link {
             }
         });
         match out {
-            Ok(()) => Ok(()),
+            Ok(v) => Ok(v),
+            Err(e @ PmixError::NotSupported { .. }) => Err(Err(e)),
             Err(e) => {
                 if dead.is_none() {
-                    // The host may fail the fence before its event about the dead
+                    // The host may fail the call before its event about the dead
                     // process reaches this one: give the event a moment.
                     let until = Instant::now() + EVENT_GRACE;
                     while dead.is_none() && Instant::now() < until {

@@ -26,17 +26,19 @@ impl Failure {
             Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
             Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
             Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
+            Failure::Invalid => sys::PMIX_ERR_BAD_PARAM,
             Failure::Other => sys::PMIX_ERROR,
         }
     }
 
-    /// The failure a library status means (`Other` for any but the four named).
+    /// The failure a library status means (`Other` for any but the five named).
     fn of(st: sys::pmix_status_t) -> Failure {
         match st {
             sys::PMIX_ERR_PROC_ABORTED => Failure::ProcGone,
             sys::PMIX_ERR_TIMEOUT => Failure::Timeout,
             sys::PMIX_ERR_NOT_FOUND => Failure::NotFound,
             sys::PMIX_ERR_NOT_SUPPORTED => Failure::NotSupported,
+            sys::PMIX_ERR_BAD_PARAM => Failure::Invalid,
             _ => Failure::Other,
         }
     }
@@ -473,7 +475,7 @@ unsafe extern "C" fn group(
                 req.optional = on();
             } else if k == sys::PMIX_GROUP_NOTIFY_TERMINATION {
                 req.notify_termination = on();
-            } else if k == sys::PMIX_TIMEOUT {
+            } else if k == sys::PMIX_TIMEOUT || k == crate::GROUP_TIMEOUT_KEY {
                 if let Some(s) = v.as_u32().filter(|&s| s > 0) {
                     req.timeout = Some(Duration::from_secs(u64::from(s)));
                 }

@@ -290,6 +290,7 @@ fn failure_of(e: &WireError) -> Failure {
     match e {
         WireError::ProcGone { .. } => Failure::ProcGone,
         WireError::Timeout { .. } => Failure::Timeout,
+        WireError::Invalid { .. } => Failure::Invalid,
         _ => Failure::Other,
     }
 }

@@ -1,6 +1,7 @@
-//! Groups under a PMIx host: Weft's own construct over the host's fence, or decided by
-//! the leader when members may be left out; PGCIDs without a server; the events of a
-//! group's members' ends.
+//! Groups under a PMIx host: the host's PMIx groups where it has them, else Weft's own
+//! construct over the host's fence; decided by the leader when members may be left out;
+//! PGCIDs from the host, or derived without a server; the events of a group's members'
+//! ends.
 
 use super::*;
 
@@ -30,6 +31,30 @@ enum Decision {
     Timeout { missing: Vec<Rank> },
     /// The contributions disagree or are corrupt.
     Invalid { reason: String },
+}
+
+/// Whether a construct went to the host's PMIx groups.
+#[derive(Debug, Clone, Copy)]
+enum AtHost {
+    /// Constructed there, with the PGCID the host assigned (if one was asked for).
+    Yes(Option<u64>),
+    /// The host has no PMIx groups.
+    No,
+}
+
+/// [`Link::host_groups`]: not known yet, the host has PMIx groups, it has none.
+pub(super) const HOST_GROUPS_UNKNOWN: u8 = 0;
+const HOST_GROUPS_YES: u8 = 1;
+const HOST_GROUPS_NO: u8 = 2;
+
+/// How long a member waits for another's contribution after the collective that brought
+/// it, when no timeout was given (a host that did not bring it is asked directly).
+const HOST_DATA_WAIT: Duration = Duration::from_secs(60);
+
+/// The id of Weft's group `id` at the host: Weft's own, prefixed so that it cannot be
+/// taken for a namespace or a group of another PMIx program.
+fn host_group_id(id: &str) -> String {
+    format!("weft.grp:{id}")
 }
 
 /// How much longer than the construct's timeout a member waits for its leader's decision.
@@ -103,9 +128,9 @@ impl Link {
         let bytes = postcard::to_stdvec(&mine).unwrap_or_default();
         self.px.put(PScope::Global, &key, &bytes).map_err(host)?;
         self.px.commit().map_err(host)?;
+        let mut progress = while_waiting;
         if directives.optional || directives.ft_collective || directives.notify_termination {
             // Members may be left out: the leader decides who is in (a fence cannot).
-            let mut progress = while_waiting;
             let c = Construct {
                 members: &members,
                 leader,
@@ -115,34 +140,57 @@ impl Link {
                 timeout,
             };
             let (members, left_out, leaders) = self.decide_by_leader(cid, &c, &mut progress)?;
-            return self.constructed(size, &id, members, left_out, leader, leaders, directives);
+            // The PGCID, where the host assigns them, from its construct over the members
+            // the leader kept: the host stays the one authority for the job's ids.
+            let at_host = if directives.assign_context_id {
+                self.host_construct(&id, &members, directives, timeout, &mut progress)?
+            } else {
+                AtHost::No
+            };
+            return self.constructed(
+                size,
+                &id,
+                (members, left_out),
+                (leader, leaders),
+                directives,
+                at_host,
+            );
         }
-        match self.host_fence(Some(&members), true, timeout, while_waiting) {
-            Ok(()) => {}
-            Err(Ok((rank, reason))) => {
-                return Err(GroupError::ProcGone {
-                    op: OP,
-                    id: id.clone(),
-                    rank,
-                    reason,
-                })
+        // The host's construct where it has PMIx groups (it moves the members' committed
+        // data as a collecting fence does), else a collecting fence.
+        let at_host = self.host_construct(&id, &members, directives, timeout, &mut progress)?;
+        if matches!(at_host, AtHost::No) {
+            match self.host_fence(Some(&members), true, timeout, &mut progress) {
+                Ok(()) => {}
+                Err(Ok((rank, reason))) => {
+                    return Err(GroupError::ProcGone {
+                        op: OP,
+                        id: id.clone(),
+                        rank,
+                        reason,
+                    })
+                }
+                Err(Err(PmixError::Timeout { .. })) => {
+                    return Err(GroupError::Timeout {
+                        op: OP,
+                        id: id.clone(),
+                        missing: Vec::new(),
+                    })
+                }
+                Err(Err(e)) => return Err(host(e)),
             }
-            Err(Err(PmixError::Timeout { .. })) => {
-                return Err(GroupError::Timeout {
-                    op: OP,
-                    id: id.clone(),
-                    missing: Vec::new(),
-                })
-            }
-            Err(Err(e)) => return Err(host(e)),
         }
-        let here = PGetOpts {
-            local_only: true,
-            ..PGetOpts::default()
-        };
         let mut leaders = 0;
         for &m in &members {
-            let got = self.px.get(Some(m), &key, here).map_err(host)?;
+            // Here after the fence or the host's construct; a host that did not bring
+            // it is asked directly.
+            let opts = GetOpts {
+                timeout: Some(timeout.unwrap_or(HOST_DATA_WAIT)),
+                ..GetOpts::default()
+            };
+            let got = self
+                .fetch(m, &key, opts, &mut progress)
+                .map_err(|e| invalid(format!("reading rank {m}'s contribution: {e}")))?;
             let (d, c): (u64, u64) = got
                 .as_bytes()
                 .and_then(|b| postcard::from_bytes(b).ok())
@@ -156,24 +204,184 @@ impl Link {
                 leaders = c;
             }
         }
-        self.constructed(size, &id, members, Vec::new(), leader, leaders, directives)
+        self.constructed(
+            size,
+            &id,
+            (members, Vec::new()),
+            (leader, leaders),
+            directives,
+            at_host,
+        )
     }
 
-    /// The group constructed as `id` with `members` (and `left_out`): its PGCID from the
-    /// leader's count, and its watch for member-failed events.
-    #[allow(clippy::too_many_arguments)]
+    /// Whether the host's server has PMIx groups: `None` until a construct found out.
+    pub(crate) fn host_has_groups(&self) -> Option<bool> {
+        // Relaxed: a cached answer of the host's, the same whichever thread reads it.
+        match self.host_groups.load(Ordering::Relaxed) {
+            HOST_GROUPS_YES => Some(true),
+            HOST_GROUPS_NO => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Which groups this process gets, in words (for `weft info`); a host not asked yet
+    /// is asked by a construct and destruct of this process alone.
+    pub(crate) fn groups_report(&self) -> String {
+        if self.host_has_groups().is_none() {
+            let id = format!("weft.probe/{}", self.px.rank());
+            let me = [self.px.rank()];
+            let t = Some(Duration::from_secs(10));
+            let d = GroupDirectives::default();
+            if let Ok(AtHost::Yes(_)) = self.host_construct(&id, &me, &d, t, &mut || {}) {
+                if let Err(e) = self.host_destruct(&id, &me, false, t, &mut || {}) {
+                    tracing::warn!("destructing the probe group {id:?}: {e}");
+                }
+            }
+        }
+        match self.host_has_groups() {
+            Some(true) => "the host's PMIx groups (PMIx_Group_construct/destruct), PGCIDs \
+                           assigned by the host"
+                .into(),
+            Some(false) => "Weft's own construct over the host's fence (the host's PMIx \
+                            server has no PMIx groups, as Open MPI 4.1's runtime and Slurm \
+                            22.05 have none); PGCIDs derived from the leader, unique within \
+                            the job"
+                .into(),
+            None => "not known: the host failed a probe construct (see the log)".into(),
+        }
+    }
+
+    /// Constructs group `id` over `members` at the host (`PMIx_Group_construct`), when
+    /// the host has PMIx groups: [`AtHost::No`] when it has none (found now, or known
+    /// from an earlier construct; every member finds the same, support being the
+    /// host's).
+    fn host_construct(
+        &self,
+        id: &str,
+        members: &[Rank],
+        directives: &GroupDirectives,
+        timeout: Option<Duration>,
+        progress: &mut dyn FnMut(),
+    ) -> Result<AtHost, GroupError> {
+        const OP: &str = "group construct";
+        if self.host_has_groups() == Some(false) {
+            return Ok(AtHost::No);
+        }
+        // Always with a context id: OpenPMIx's server keeps the directives of the first
+        // local caller only, so members that differ in `assign_context_id` would get
+        // different answers; the same directives everywhere let the construct complete,
+        // and the members' digests (checked next) tell the disagreement to every member.
+        let opts = weft_pmix::GroupOpts {
+            assign_context_id: true,
+            notify_termination: directives.notify_termination,
+            timeout,
+        };
+        let out = self.host_collective(Some(members), progress, |wait| {
+            self.px
+                .group_construct_with(&host_group_id(id), members, opts, wait)
+        });
+        let gone = |rank, reason| GroupError::ProcGone {
+            op: OP,
+            id: id.to_owned(),
+            rank,
+            reason,
+        };
+        // Relaxed: see `host_has_groups`.
+        match out {
+            Ok(pgcid) => {
+                self.host_groups.store(HOST_GROUPS_YES, Ordering::Relaxed);
+                lock(&self.at_host).insert(id.to_owned());
+                Ok(AtHost::Yes(pgcid.filter(|_| directives.assign_context_id)))
+            }
+            Err(Err(PmixError::NotSupported { .. })) => {
+                self.host_groups.store(HOST_GROUPS_NO, Ordering::Relaxed);
+                Ok(AtHost::No)
+            }
+            Err(Ok((rank, reason))) => Err(gone(rank, reason)),
+            Err(Err(PmixError::Timeout { .. })) => Err(GroupError::Timeout {
+                op: OP,
+                id: id.to_owned(),
+                missing: Vec::new(),
+            }),
+            Err(Err(e @ PmixError::Invalid { .. })) => Err(GroupError::Invalid {
+                op: OP,
+                id: id.to_owned(),
+                reason: format!(
+                    "members construct it with other members or directives ({e}; its log \
+                     names them)"
+                ),
+            }),
+            Err(Err(e)) => Err(GroupError::Aborted {
+                op: OP,
+                id: id.to_owned(),
+                reason: format!("the host's PMIx server failed it ({e}); its log may say why"),
+            }),
+        }
+    }
+
+    /// Destructs group `id` at the host if it was constructed there (a collective of its
+    /// members); `Ok(false)` when it was not (its destruct is local).
+    /// With `notify_termination`, members already known ended are not waited for.
+    pub(crate) fn host_destruct(
+        &self,
+        id: &str,
+        members: &[Rank],
+        notify_termination: bool,
+        timeout: Option<Duration>,
+        progress: &mut dyn FnMut(),
+    ) -> Result<bool, GroupError> {
+        const OP: &str = "group destruct";
+        if !lock(&self.at_host).contains(id) {
+            return Ok(false);
+        }
+        let members: Vec<Rank> = members
+            .iter()
+            .copied()
+            .filter(|&r| !notify_termination || self.first_gone(Some(&[r])).is_none())
+            .collect();
+        let out = self.host_collective(Some(&members), progress, |wait| {
+            self.px
+                .group_destruct_with(&host_group_id(id), timeout, wait)
+        });
+        match out {
+            Ok(()) => {
+                lock(&self.at_host).remove(id);
+                Ok(true)
+            }
+            Err(Ok((rank, reason))) => Err(GroupError::ProcGone {
+                op: OP,
+                id: id.to_owned(),
+                rank,
+                reason,
+            }),
+            Err(Err(PmixError::Timeout { .. })) => Err(GroupError::Timeout {
+                op: OP,
+                id: id.to_owned(),
+                missing: Vec::new(),
+            }),
+            Err(Err(e)) => Err(GroupError::Aborted {
+                op: OP,
+                id: id.to_owned(),
+                reason: format!("the host's PMIx server: {e}"),
+            }),
+        }
+    }
+
+    /// The group constructed as `id` with `members` (and `left_out`): its PGCID (the
+    /// host's, or from the leader's count), and its watch for member-failed events.
     fn constructed(
         &self,
         size: u32,
         id: &str,
-        members: Vec<Rank>,
-        left_out: Vec<Rank>,
-        leader: Rank,
-        leaders: u64,
+        (members, left_out): (Vec<Rank>, Vec<Rank>),
+        (leader, leaders): (Rank, u64),
         directives: &GroupDirectives,
+        at_host: AtHost,
     ) -> Result<GroupInfo, GroupError> {
         let id = id.to_owned();
-        let pgcid = if directives.assign_context_id {
+        let pgcid = if let AtHost::Yes(Some(p)) = at_host {
+            Some(p)
+        } else if directives.assign_context_id {
             Some(
                 pgcid(size, leader, leaders).ok_or_else(|| GroupError::Invalid {
                     op: "group construct",
