@@ -176,53 +176,20 @@ fn main() -> ExitCode {
                 Err(e) => println!("tcp: misconfigured ({e})"),
             }
             println!("tunables:");
-            let tcp = weft_tcp::TUNABLES
-                .iter()
-                .map(|t| (t.name, t.default, t.meaning));
-            let all = TUNABLES
-                .iter()
-                .chain(weft_shm::TUNABLES)
-                .chain(weft_fabric::TUNABLES)
-                .chain(weft_verbs::TUNABLES)
-                .copied()
-                .chain(tcp)
-                .chain(
-                    weft_collectives::TUNABLES
-                        .iter()
-                        .map(|t| (t.var, t.default, t.help)),
-                );
-            for (name, default, what) in all {
-                let cur = std::env::var(name)
-                    .map(|v| format!(" (set: {v})"))
-                    .unwrap_or_default();
-                println!("  {name:<26} default {default:<10} {what}{cur}");
+            let tables = [
+                weft_runtime::TUNABLES,
+                weft_wireup::TUNABLES,
+                weft_shm::TUNABLES,
+                weft_fabric::TUNABLES,
+                weft_verbs::TUNABLES,
+                weft_tcp::TUNABLES,
+                weft_collectives::TUNABLES,
+            ];
+            for t in tables.iter().flat_map(|t| t.iter()) {
+                println!("{}", weft_tunables::info_line(t));
             }
             ExitCode::SUCCESS
         }
         Cmd::Bench { args } => exit(weft_benches::main(&args)),
     }
 }
-
-/// Environment tunables, listed by `weft info`.
-const TUNABLES: &[(&str, &str, &str)] = &[
-    (
-        "WEFT_WIREUP",
-        "auto",
-        "wire-up backend of Client::init: weft (weft run's servers), pmix (the host engine's PMIx server), auto (weft under weft run, else pmix when the environment names a PMIx server)",
-    ),
-    (
-        "WEFT_LOG",
-        "warn",
-        "log filter of the launcher and servers (error, warn, info, debug)",
-    ),
-    (
-        "WEFT_RUN_GRACE_MS",
-        "1000",
-        "ms after a process fails before the others are terminated (SIGTERM, SIGKILL 0.5 s later)",
-    ),
-    (
-        "WEFT_DATASTORE_BYTES",
-        "268435456",
-        "size of each node's datastore segment (sparse)",
-    ),
-];

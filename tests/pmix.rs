@@ -685,7 +685,7 @@ fn a_bad_or_unusable_wireup_choice_is_named_at_once() {
     for (value, want) in [
         (
             "bogus",
-            "WEFT_WIREUP=\"bogus\" is not valid: expected weft, pmix or auto",
+            "WEFT_WIREUP=\"bogus\" is not valid: expected one of weft, pmix, auto",
         ),
         ("pmix", "wire-up through the host's PMIx server"),
     ] {

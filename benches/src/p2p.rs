@@ -883,9 +883,9 @@ fn ratio_comment(weft: &[(usize, f64)], reference: &Reference) -> Option<String>
 fn tunables() -> String {
     weft_fabric::TUNABLES
         .iter()
-        .map(|(var, default, _)| match std::env::var(var) {
-            Ok(v) => format!("{var}={v}"),
-            Err(_) => format!("{var}={default} (default)"),
+        .map(|t| match std::env::var(t.name) {
+            Ok(v) => format!("{}={v}", t.name),
+            Err(_) => format!("{}={} (default)", t.name, t.default),
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -2,89 +2,81 @@
 
 use std::sync::OnceLock;
 
-/// One tunable: its variable, default and meaning (for `weft info`).
-#[derive(Debug, Clone, Copy)]
-pub struct Tunable {
-    /// The environment variable.
-    pub var: &'static str,
-    /// Its default.
-    pub default: &'static str,
-    /// What it sets.
-    pub help: &'static str,
-}
+pub use weft_tunables::Tunable;
+use weft_tunables::{BadTunable, Lookup};
 
 /// Every collective tunable.
 pub const TUNABLES: &[Tunable] = &[
     Tunable {
-        var: "WEFT_COLL_SHM",
+        name: "WEFT_COLL_SHM",
         default: "on",
-        help: "node-local collectives through a shared-memory segment (barrier, bcast, reduce, allreduce, allgather, alltoall): on, off",
+        meaning: "node-local collectives through a shared-memory segment (barrier, bcast, reduce, allreduce, allgather, alltoall): on, off",
     },
     Tunable {
-        var: "WEFT_COLL_SHM_MAX",
+        name: "WEFT_COLL_SHM_MAX",
         default: "8K",
-        help: "bytes up to which bcast, reduce and allreduce go through the segment's cells (at most 16K; allgather per rank and alltoall in all: up to the smaller of this and 4K)",
+        meaning: "bytes up to which bcast, reduce and allreduce go through the segment's cells (at most 16K; allgather per rank and alltoall in all: up to the smaller of this and 4K)",
     },
     Tunable {
-        var: "WEFT_COLL_SHM_TREE",
+        name: "WEFT_COLL_SHM_TREE",
         default: "9",
-        help: "members from which the node segment's barrier runs over its release/gather tree (2 log_radix(N) hops) instead of every member reading every other's flag (one hop, N reads each): a count (2 or more), or off",
+        meaning: "members from which the node segment's barrier runs over its release/gather tree (2 log_radix(N) hops) instead of every member reading every other's flag (one hop, N reads each): a count (2 or more), or off",
     },
     Tunable {
-        var: "WEFT_COLL_SHM_RADIX",
+        name: "WEFT_COLL_SHM_RADIX",
         default: "4",
-        help: "children per member in the node segment's release/gather tree (2 to 64)",
+        meaning: "children per member in the node segment's release/gather tree (2 to 64)",
     },
     Tunable {
-        var: "WEFT_COLL_SINGLE_COPY",
+        name: "WEFT_COLL_SINGLE_COPY",
         default: "auto",
-        help: "node-local bcast (3+ members), reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
+        meaning: "node-local bcast (3+ members), reduce, allreduce, allgather and alltoall above WEFT_COLL_SHM_MAX read each other's buffers with one copy (CMA) when the kernel allows: auto, off (point-to-point)",
     },
     Tunable {
-        var: "WEFT_COLL_HIER",
+        name: "WEFT_COLL_HIER",
         default: "on",
-        help: "communicators that span nodes with two or more members on some node: barrier, bcast and small allreduce in phases (node, leaders, node): on, off",
+        meaning: "communicators that span nodes with two or more members on some node: barrier, bcast and small allreduce in phases (node, leaders, node): on, off",
     },
     Tunable {
-        var: "WEFT_COLL_HIER_MAX",
+        name: "WEFT_COLL_HIER_MAX",
         default: "4K",
-        help: "bytes up to which allreduce (commutative operations) is hierarchical",
+        meaning: "bytes up to which allreduce (commutative operations) is hierarchical",
     },
     Tunable {
-        var: "WEFT_COLL_BCAST",
+        name: "WEFT_COLL_BCAST",
         default: "auto",
-        help: "broadcast algorithm: auto, binomial, scatter-allgather",
+        meaning: "broadcast algorithm: auto, binomial, scatter-allgather",
     },
     Tunable {
-        var: "WEFT_COLL_BCAST_LARGE",
+        name: "WEFT_COLL_BCAST_LARGE",
         default: "256K",
-        help:
+        meaning:
             "auto: broadcasts of at least this many bytes (and 3+ processes) use scatter-allgather",
     },
     Tunable {
-        var: "WEFT_COLL_ALLREDUCE",
+        name: "WEFT_COLL_ALLREDUCE",
         default: "auto",
-        help: "allreduce algorithm: auto, recursive-doubling, rabenseifner (commutative ops), ring (commutative ops), reduce-bcast",
+        meaning: "allreduce algorithm: auto, recursive-doubling, rabenseifner (commutative ops), ring (commutative ops), reduce-bcast",
     },
     Tunable {
-        var: "WEFT_COLL_ALLREDUCE_MID",
+        name: "WEFT_COLL_ALLREDUCE_MID",
         default: "16K",
-        help: "auto: allreduces of at least this many bytes (and 3+ processes) use Rabenseifner's algorithm (commutative ops; past WEFT_COLL_ALLREDUCE_LARGE only for a power-of-two size)",
+        meaning: "auto: allreduces of at least this many bytes (and 3+ processes) use Rabenseifner's algorithm (commutative ops; past WEFT_COLL_ALLREDUCE_LARGE only for a power-of-two size)",
     },
     Tunable {
-        var: "WEFT_COLL_ALLREDUCE_LARGE",
+        name: "WEFT_COLL_ALLREDUCE_LARGE",
         default: "64K",
-        help: "auto: allreduces of at least this many bytes use the ring (commutative ops) where Rabenseifner's does not apply",
+        meaning: "auto: allreduces of at least this many bytes use the ring (commutative ops) where Rabenseifner's does not apply",
     },
     Tunable {
-        var: "WEFT_COLL_ALLGATHER",
+        name: "WEFT_COLL_ALLGATHER",
         default: "auto",
-        help: "allgather algorithm: auto, bruck, ring",
+        meaning: "allgather algorithm: auto, bruck, ring",
     },
     Tunable {
-        var: "WEFT_COLL_ALLGATHER_LARGE",
+        name: "WEFT_COLL_ALLGATHER_LARGE",
         default: "16K",
-        help: "auto: allgathers of at least this many bytes per rank use the ring",
+        meaning: "auto: allgathers of at least this many bytes per rank use the ring",
     },
 ];
 
@@ -134,66 +126,47 @@ pub(crate) struct Config {
     pub(crate) allgather_large: usize,
 }
 
-/// A size with an optional K, M or G suffix (powers of 1024).
-pub(crate) fn parse_size(v: &str) -> Option<usize> {
-    let v = v.trim();
-    let (num, mult) = match v.char_indices().last()? {
-        (i, 'k' | 'K') => (&v[..i], 1usize << 10),
-        (i, 'm' | 'M') => (&v[..i], 1 << 20),
-        (i, 'g' | 'G') => (&v[..i], 1 << 30),
-        _ => (v, 1),
-    };
-    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+/// The entry of `name`.
+fn t(name: &str) -> &'static Tunable {
+    weft_tunables::find(TUNABLES, name)
 }
 
-fn default_of(var: &str) -> &'static str {
-    TUNABLES
-        .iter()
-        .find(|t| t.var == var)
-        .map_or("", |t| t.default)
-}
-
-fn read(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| default_of(var).to_string())
-}
-
-fn size(var: &str) -> usize {
-    let v = read(var);
-    parse_size(&v).unwrap_or_else(|| {
-        tracing::warn!(
-            "{var}={v:?} is not a size (like 64K): using {}",
-            default_of(var)
-        );
-        parse_size(default_of(var)).unwrap_or(0)
+/// A collective tunable's value, or its default (warning, naming the variable) when the
+/// value set is not valid: a collective's choice of algorithm is not worth failing for.
+fn or_default<T>(
+    name: &str,
+    get: Lookup<'_>,
+    read: impl Fn(Lookup<'_>) -> Result<T, BadTunable>,
+) -> T {
+    read(get).unwrap_or_else(|e| {
+        tracing::warn!("{e}: using the default, {}", t(name).default);
+        read(&|_: &str| None).unwrap_or_else(|e| panic!("the default of {name}: {e}"))
     })
 }
 
-/// A count between `min` and `max` (or `off`, read as `usize::MAX`, where allowed).
-fn count(var: &str, min: usize, max: usize, off: bool) -> usize {
-    let v = read(var);
-    if off && v == "off" {
-        return usize::MAX;
-    }
-    match v.trim().parse::<usize>() {
-        Ok(c) if (min..=max).contains(&c) => c,
-        _ => {
-            let d = default_of(var);
-            tracing::warn!("{var}={v:?} is not a count from {min} to {max}: using {d}");
-            d.parse().unwrap_or(min)
-        }
-    }
+fn size(name: &str, get: Lookup<'_>) -> usize {
+    or_default(name, get, |g| t(name).size_in(g, 0, usize::MAX as u64)) as usize
 }
 
-fn choice<T: Copy>(var: &str, options: &[(&str, T)]) -> T {
-    let v = read(var);
-    match options.iter().find(|(n, _)| *n == v) {
-        Some((_, t)) => *t,
-        None => {
-            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-            tracing::warn!("{var}={v:?} is not one of {names:?}: using auto");
-            options[0].1
-        }
+/// A count between `min` and `max` (or `off`, read as `usize::MAX`, where allowed).
+fn count(name: &str, get: Lookup<'_>, min: usize, max: usize, off: bool) -> usize {
+    if off && t(name).set_in(get).is_some_and(|v| v.trim() == "off") {
+        return usize::MAX;
     }
+    or_default(name, get, |g| t(name).count_in(g, min as u64, max as u64)) as usize
+}
+
+fn switch(name: &str, get: Lookup<'_>) -> bool {
+    or_default(name, get, |g| t(name).switch_in(g))
+}
+
+fn choice<T: Copy>(name: &str, get: Lookup<'_>, options: &[(&'static str, T)]) -> T {
+    let words: Vec<&'static str> = options.iter().map(|(n, _)| *n).collect();
+    let w = or_default(name, get, |g| t(name).choice_in(g, &words));
+    options
+        .iter()
+        .find(|(n, _)| *n == w)
+        .map_or(options[0].1, |(_, v)| *v)
 }
 
 impl Config {
@@ -204,25 +177,35 @@ impl Config {
     }
 
     fn from_env() -> Config {
+        Config::from_lookup(&weft_tunables::env)
+    }
+
+    fn from_lookup(get: Lookup<'_>) -> Config {
         Config {
-            shm: choice("WEFT_COLL_SHM", &[("on", true), ("off", false)]),
-            shm_max: size("WEFT_COLL_SHM_MAX").min(weft_shm::CollSegment::CELL),
-            shm_tree: count("WEFT_COLL_SHM_TREE", 2, usize::MAX, true),
-            shm_radix: count("WEFT_COLL_SHM_RADIX", 2, 64, false),
-            single_copy: choice("WEFT_COLL_SINGLE_COPY", &[("auto", true), ("off", false)]),
-            hier: choice("WEFT_COLL_HIER", &[("on", true), ("off", false)]),
-            hier_max: size("WEFT_COLL_HIER_MAX"),
+            shm: switch("WEFT_COLL_SHM", get),
+            shm_max: size("WEFT_COLL_SHM_MAX", get).min(weft_shm::CollSegment::CELL),
+            shm_tree: count("WEFT_COLL_SHM_TREE", get, 2, usize::MAX, true),
+            shm_radix: count("WEFT_COLL_SHM_RADIX", get, 2, 64, false),
+            single_copy: choice(
+                "WEFT_COLL_SINGLE_COPY",
+                get,
+                &[("auto", true), ("off", false)],
+            ),
+            hier: switch("WEFT_COLL_HIER", get),
+            hier_max: size("WEFT_COLL_HIER_MAX", get),
             bcast: choice(
                 "WEFT_COLL_BCAST",
+                get,
                 &[
                     ("auto", Bcast::Auto),
                     ("binomial", Bcast::Binomial),
                     ("scatter-allgather", Bcast::ScatterAllgather),
                 ],
             ),
-            bcast_large: size("WEFT_COLL_BCAST_LARGE"),
+            bcast_large: size("WEFT_COLL_BCAST_LARGE", get),
             allreduce: choice(
                 "WEFT_COLL_ALLREDUCE",
+                get,
                 &[
                     ("auto", Allreduce::Auto),
                     ("recursive-doubling", Allreduce::RecursiveDoubling),
@@ -231,17 +214,18 @@ impl Config {
                     ("reduce-bcast", Allreduce::ReduceBcast),
                 ],
             ),
-            allreduce_mid: size("WEFT_COLL_ALLREDUCE_MID"),
-            allreduce_large: size("WEFT_COLL_ALLREDUCE_LARGE"),
+            allreduce_mid: size("WEFT_COLL_ALLREDUCE_MID", get),
+            allreduce_large: size("WEFT_COLL_ALLREDUCE_LARGE", get),
             allgather: choice(
                 "WEFT_COLL_ALLGATHER",
+                get,
                 &[
                     ("auto", Allgather::Auto),
                     ("bruck", Allgather::Bruck),
                     ("ring", Allgather::Ring),
                 ],
             ),
-            allgather_large: size("WEFT_COLL_ALLGATHER_LARGE"),
+            allgather_large: size("WEFT_COLL_ALLGATHER_LARGE", get),
         }
     }
 }
@@ -250,24 +234,41 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(&move |n: &str| {
+            vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        })
+    }
+
+    /// The table's defaults are the configuration's, and every entry is read.
     #[test]
-    fn sizes_take_suffixes() {
-        assert_eq!(parse_size("64K"), Some(65536));
-        assert_eq!(parse_size("2m"), Some(2 << 20));
-        assert_eq!(parse_size("17"), Some(17));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
+    fn every_tunable_default_parses_and_is_the_configs() {
+        let unset = format!("{:?}", cfg(&[]));
+        for t in TUNABLES {
+            let set = format!("{:?}", cfg(&[(t.name, t.default)]));
+            assert_eq!(set, unset, "{} = {}", t.name, t.default);
+        }
+        assert_eq!(cfg(&[]).allreduce_large, 64 << 10);
     }
 
     #[test]
-    fn every_tunable_default_parses() {
-        let c = Config::from_env();
-        assert_eq!(
-            c.allreduce_large,
-            parse_size(default_of("WEFT_COLL_ALLREDUCE_LARGE")).unwrap()
-        );
-        for t in TUNABLES {
-            assert!(!t.default.is_empty(), "{}", t.var);
-        }
+    fn values_in_the_one_syntax_and_bad_ones_fall_back_to_the_default() {
+        let c = cfg(&[
+            ("WEFT_COLL_SHM", "0"),
+            ("WEFT_COLL_HIER_MAX", "16KiB"),
+            ("WEFT_COLL_SHM_TREE", "off"),
+            ("WEFT_COLL_ALLREDUCE", "Ring"),
+        ]);
+        assert!(!c.shm);
+        assert_eq!(c.hier_max, 16 << 10);
+        assert_eq!(c.shm_tree, usize::MAX);
+        assert_eq!(c.allreduce, Allreduce::Ring);
+        let bad = cfg(&[("WEFT_COLL_SHM_RADIX", "65"), ("WEFT_COLL_BCAST", "tree")]);
+        assert_eq!(bad.shm_radix, 4);
+        assert_eq!(bad.bcast, Bcast::Auto);
     }
 }

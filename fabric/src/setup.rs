@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weft_shm::{Inbox, InboxConfig, Outbox, PairHost, ShmError};
+use weft_tunables::Tunable;
 use weft_wireup::{Client, GetOpts, Scope, Value};
 
 use crate::engine::{self, Config, Engine, Resolved, SingleCopy};
@@ -42,92 +43,69 @@ fn parse_shm_card(card: &str) -> Result<&str, String> {
     Ok(name)
 }
 
-/// Tunables of the fabric, listed by `weft info`.
-pub const TUNABLES: &[(&str, &str, &str)] = &[
-    (
+/// Tunables of the fabric, listed by `weft info` (in `weft_tunables`' syntax).
+pub const TUNABLES: &[Tunable] = &[
+    Tunable::new(
         "WEFT_TRANSPORTS",
         "shm,verbs,tcp",
         "transports to use, in this order of preference: shm for peers on the node, then verbs (when both ends have a usable RDMA device), then tcp for the others; without shm, peers on the node use the others too; `shm` alone refuses other nodes",
     ),
-    (
+    Tunable::new(
         "WEFT_TCP_EAGER_LIMIT",
         "65536",
         "largest message sent eagerly over TCP (bytes); larger ones go by rendezvous, written straight from the sender's buffer into the receiver's",
     ),
-    (
+    Tunable::new(
         "WEFT_VERBS_KEEP_REGISTRATIONS",
         "0",
         "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes (for the fabric this decides WEFT_VERBS_RCACHE)",
     ),
-    (
+    Tunable::new(
         "WEFT_SHM_EAGER_LIMIT",
         "8192",
         "largest eager message (bytes), capped at the ring's largest frame minus 32 (16352 with 64 KiB fastboxes)",
     ),
-    (
+    Tunable::new(
         "WEFT_SHM_SINGLE_COPY",
         "cma",
         "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
     ),
-    (
+    Tunable::new(
         "WEFT_SHM_CMA_SPLIT",
         "65536",
         "single-copy rendezvous of at least this many bytes are split: the receiver reads the first half while the sender writes the second into the receiver (both cores copy); 0: the receiver copies everything",
     ),
 ];
 
-fn tunable<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, InitError>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(var) {
-        Err(_) => Ok(default),
-        Ok(value) => value.parse().map_err(|e: T::Err| InitError::Tunable {
-            var,
-            value,
-            reason: e.to_string(),
-        }),
+/// The entry of `name`.
+fn t(name: &str) -> &'static Tunable {
+    weft_tunables::find(TUNABLES, name)
+}
+
+impl From<weft_tunables::BadTunable> for InitError {
+    fn from(e: weft_tunables::BadTunable) -> InitError {
+        InitError::Tunable {
+            var: e.name,
+            value: e.value,
+            reason: format!("must be {}", e.expected),
+        }
     }
 }
 
 fn config() -> Result<Config, InitError> {
-    let eager_limit: usize = tunable("WEFT_SHM_EAGER_LIMIT", 8192)?;
-    let single_copy = match std::env::var("WEFT_SHM_SINGLE_COPY").as_deref() {
-        // Measured default (weft bench bw/latency, 2 cores, 2026-11-22): process_vm_readv
-        // beat the pipelined copy through the rings at every rendezvous size, 1.4-4x at
-        // 16 KiB-1 MiB and 12.0 against 8.6 GB/s at 4 MiB; it is also what Open MPI and
-        // MPICH use when the kernel allows it. An earlier host, a VM where page pinning
-        // cost ~2 us per message, measured the opposite: set `none` on such machines.
-        Err(_) | Ok("cma") => SingleCopy::Cma,
-        Ok("none") => SingleCopy::None,
-        Ok(other) => {
-            return Err(InitError::Tunable {
-                var: "WEFT_SHM_SINGLE_COPY",
-                value: other.into(),
-                reason: "must be cma or none".into(),
-            })
-        }
+    let eager_limit = t("WEFT_SHM_EAGER_LIMIT").size(0, u64::from(u32::MAX))? as usize;
+    // Measured default (weft bench bw/latency, 2 cores, 2026-11-22): process_vm_readv
+    // beat the pipelined copy through the rings at every rendezvous size, 1.4-4x at
+    // 16 KiB-1 MiB and 12.0 against 8.6 GB/s at 4 MiB; it is also what Open MPI and
+    // MPICH use when the kernel allows it. An earlier host, a VM where page pinning
+    // cost ~2 us per message, measured the opposite: set `none` on such machines.
+    let single_copy = match t("WEFT_SHM_SINGLE_COPY").choice(&["cma", "none"])? {
+        "none" => SingleCopy::None,
+        _ => SingleCopy::Cma,
     };
-    let keep_registrations = match std::env::var("WEFT_VERBS_KEEP_REGISTRATIONS").as_deref() {
-        Err(_) | Ok("0") => false,
-        Ok("1") => true,
-        Ok(other) => {
-            return Err(InitError::Tunable {
-                var: "WEFT_VERBS_KEEP_REGISTRATIONS",
-                value: other.into(),
-                reason: "must be 0 or 1".into(),
-            })
-        }
-    };
-    let cma_split: usize = tunable("WEFT_SHM_CMA_SPLIT", DEFAULT_CMA_SPLIT)?;
-    let tcp_eager_limit: usize = tunable("WEFT_TCP_EAGER_LIMIT", DEFAULT_TCP_EAGER_LIMIT)?;
-    if tcp_eager_limit > MAX_TCP_EAGER_LIMIT {
-        return Err(InitError::Tunable {
-            var: "WEFT_TCP_EAGER_LIMIT",
-            value: tcp_eager_limit.to_string(),
-            reason: format!("at most {MAX_TCP_EAGER_LIMIT} bytes"),
-        });
-    }
+    let keep_registrations = t("WEFT_VERBS_KEEP_REGISTRATIONS").switch()?;
+    let cma_split = t("WEFT_SHM_CMA_SPLIT").size(0, u64::from(u32::MAX))? as usize;
+    let tcp_eager_limit = t("WEFT_TCP_EAGER_LIMIT").size(0, MAX_TCP_EAGER_LIMIT as u64)? as usize;
     Ok(Config {
         eager_limit,
         single_copy,
@@ -459,5 +437,29 @@ mod tests {
         let old = format!("/weft-j-n0-r3#{}", weft_shm::layout::LAYOUT_VERSION + 1);
         assert!(parse_shm_card(&old).unwrap_err().contains("layout version"));
         assert!(parse_shm_card("nohash").unwrap_err().contains("malformed"));
+    }
+
+    /// The table's defaults are the ones the fabric uses.
+    #[test]
+    fn the_tables_defaults_are_the_fabrics() {
+        let none = |_: &str| None;
+        let size = |n| t(n).size_in(&none, 0, u64::MAX).unwrap() as usize;
+        assert_eq!(size("WEFT_SHM_EAGER_LIMIT"), 8192);
+        assert_eq!(size("WEFT_SHM_CMA_SPLIT"), DEFAULT_CMA_SPLIT);
+        assert_eq!(size("WEFT_TCP_EAGER_LIMIT"), DEFAULT_TCP_EAGER_LIMIT);
+        assert_eq!(
+            t("WEFT_SHM_SINGLE_COPY").choice_in(&none, &["cma", "none"]),
+            Ok("cma")
+        );
+        assert_eq!(
+            t("WEFT_VERBS_KEEP_REGISTRATIONS").switch_in(&none),
+            Ok(false)
+        );
+        let bad = |v: &'static str| move |_: &str| Some(v.to_owned());
+        let e = t("WEFT_TCP_EAGER_LIMIT").size_in(&bad("2m"), 0, MAX_TCP_EAGER_LIMIT as u64);
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("WEFT_TCP_EAGER_LIMIT=\"2m\""));
     }
 }

@@ -119,16 +119,20 @@ impl Default for LaunchSpec {
             keep_going: false,
             job_id: None,
             env: Vec::new(),
-            grace: Duration::from_millis(
-                std::env::var("WEFT_RUN_GRACE_MS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(1000),
-            ),
-            datastore_bytes: std::env::var("WEFT_DATASTORE_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(256 << 20),
+            grace: crate::tunable_or_default("WEFT_RUN_GRACE_MS", |get| {
+                weft_tunables::find(crate::TUNABLES, "WEFT_RUN_GRACE_MS").millis_in(
+                    get,
+                    Duration::ZERO,
+                    Duration::from_secs(3600),
+                )
+            }),
+            datastore_bytes: crate::tunable_or_default("WEFT_DATASTORE_BYTES", |get| {
+                weft_tunables::find(crate::TUNABLES, "WEFT_DATASTORE_BYTES").size_in(
+                    get,
+                    1 << 20,
+                    1 << 40,
+                )
+            }),
             server_command: None,
             pmix: true,
         }

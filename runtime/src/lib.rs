@@ -6,5 +6,37 @@
 #![forbid(unsafe_code)]
 
 pub mod launcher;
+
+/// Tunables of the launcher and servers, listed by `weft info`.
+pub const TUNABLES: &[weft_tunables::Tunable] = &[
+    weft_tunables::Tunable::new(
+        "WEFT_LOG",
+        "warn",
+        "log filter of the launcher and servers (error, warn, info, debug)",
+    ),
+    weft_tunables::Tunable::new(
+        "WEFT_RUN_GRACE_MS",
+        "1000",
+        "after a process fails, how long before the others are terminated (SIGTERM, SIGKILL 0.5 s later); ms, or with a unit ms or s",
+    ),
+    weft_tunables::Tunable::new(
+        "WEFT_DATASTORE_BYTES",
+        "256m",
+        "size of each node's datastore segment (sparse)",
+    ),
+];
+
+/// A launcher tunable's value, or its default (with a warning naming the variable) when
+/// the value set is not valid.
+pub(crate) fn tunable_or_default<T>(
+    name: &str,
+    read: impl Fn(weft_tunables::Lookup<'_>) -> Result<T, weft_tunables::BadTunable>,
+) -> T {
+    read(&weft_tunables::env).unwrap_or_else(|e| {
+        let d = weft_tunables::find(TUNABLES, name).default;
+        eprintln!("weft: {e}; using the default, {d}");
+        read(&|_: &str| None).unwrap_or_else(|e| panic!("the default of {name}: {e}"))
+    })
+}
 mod modex;
 pub mod server;

@@ -1,5 +1,7 @@
 //! Geometry of an inbox and its `WEFT_SHM_*` tunables.
 
+use weft_tunables::Tunable;
+
 use crate::error::ShmError;
 use crate::layout::{
     CLAIM_BYTES, FASTBOX_CTL_BYTES, FASTBOX_CTL_OFFSET, FASTBOX_MIN_BYTES, PAIR_LINE_BYTES,
@@ -23,30 +25,30 @@ const ENV_QUEUE_SLOTS: &str = "WEFT_SHM_QUEUE_SLOTS";
 const ENV_QUEUE_SLOT_BYTES: &str = "WEFT_SHM_QUEUE_SLOT_BYTES";
 const ENV_PAIR_LINES: &str = "WEFT_SHM_PAIR_LINES";
 
-/// The tunables of the shared-memory transport as `(name, default,
-/// description)`, for `weft info`.
-pub const TUNABLES: &[(&str, &str, &str)] = &[
-    (
+/// The tunables of the shared-memory transport, for `weft info` and
+/// [`InboxConfig::from_env`] (sizes in `weft_tunables`' syntax: `16k`, `1m`).
+pub const TUNABLES: &[Tunable] = &[
+    Tunable::new(
         ENV_FASTBOX_PEERS,
         "32",
         "senders per inbox that get a fastbox (a private ring); later ones share the queue",
     ),
-    (
+    Tunable::new(
         ENV_FASTBOX_BYTES,
         "65536",
         "bytes of each fastbox ring, a power of two >= 4096; largest frame is a quarter of it",
     ),
-    (
+    Tunable::new(
         ENV_QUEUE_SLOTS,
         "1024",
         "slots of each inbox's shared multi-producer queue, a power of two >= 2",
     ),
-    (
+    Tunable::new(
         ENV_QUEUE_SLOT_BYTES,
         "1024",
         "bytes of each queue slot, a multiple of 64; largest queued frame is this minus 16",
     ),
-    (
+    Tunable::new(
         ENV_PAIR_LINES,
         "0",
         "pair lines per inbox (64 bytes each): local ranks below it share one cache line per \
@@ -143,22 +145,6 @@ fn check_pair_lines(v: u32) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_u32(raw: &str) -> Result<u32, String> {
-    let t = raw.trim();
-    let (digits, mult) = match t.as_bytes().last() {
-        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some(b'm' | b'M') => (&t[..t.len() - 1], 1u64 << 20),
-        Some(b'g' | b'G') => (&t[..t.len() - 1], 1u64 << 30),
-        _ => (t, 1u64),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| "not a non-negative integer (optionally with k, m or g)".to_owned())?;
-    n.checked_mul(mult)
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| "too large".to_owned())
-}
-
 impl InboxConfig {
     /// The defaults, overridden by any of `WEFT_SHM_FASTBOX_PEERS`,
     /// `WEFT_SHM_FASTBOX_BYTES`, `WEFT_SHM_QUEUE_SLOTS`,
@@ -193,11 +179,16 @@ impl InboxConfig {
             (ENV_PAIR_LINES, &mut cfg.pair_lines, check_pair_lines),
         ];
         for (var, field, check) in fields {
-            let Some(value) = lookup(var) else { continue };
-            let parsed = parse_u32(&value).and_then(|v| check(v).map(|()| v));
-            match parsed {
-                Ok(v) => *field = v,
-                Err(reason) => return Err(ShmError::BadEnv { var, value, reason }),
+            let t = weft_tunables::find(TUNABLES, var);
+            let bad = |value: String, reason: String| ShmError::BadEnv { var, value, reason };
+            let parsed = t
+                .size_opt_in(&lookup, 0, u64::from(u32::MAX))
+                .map_err(|e| bad(e.value, format!("must be {}", e.expected)))?;
+            let Some(v) = parsed else { continue };
+            let v = v as u32;
+            match check(v) {
+                Ok(()) => *field = v,
+                Err(reason) => return Err(bad(t.set_in(&lookup).unwrap_or_default(), reason)),
             }
         }
         cfg.geometry()?;
@@ -282,7 +273,10 @@ mod tests {
             ..cfg.clone()
         };
         assert_eq!(lines.geometry().unwrap().ring_offset, 28672);
-        let defaults: Vec<u32> = TUNABLES.iter().map(|t| t.1.parse().unwrap()).collect();
+        let defaults: Vec<u32> = TUNABLES
+            .iter()
+            .map(|t| weft_tunables::parse_size(t.default).unwrap() as u32)
+            .collect();
         assert_eq!(
             defaults,
             [

@@ -8,19 +8,11 @@ use std::time::Duration;
 
 use crate::Error;
 
-/// One tunable: environment variable, default (as text) and meaning.
-#[derive(Debug, Clone, Copy)]
-pub struct Tunable {
-    /// Environment variable.
-    pub name: &'static str,
-    /// Default value, as text.
-    pub default: &'static str,
-    /// What it does.
-    pub meaning: &'static str,
-}
+pub use weft_tunables::Tunable;
 
-/// Every `WEFT_TCP_*` tunable. Sizes accept the suffixes `k`, `m`, `g` (binary, also
-/// `KiB`...); an empty value or `auto` means the default.
+/// Every `WEFT_TCP_*` tunable, in `weft_tunables`' syntax: sizes accept the suffixes `k`,
+/// `m`, `g` (binary, also `KiB`...), durations `ms` or `s`; an empty value or `auto`
+/// means the default.
 pub const TUNABLES: &[Tunable] = &[
     Tunable {
         name: "WEFT_TCP_ADDR",
@@ -176,26 +168,15 @@ impl Config {
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, Error> {
         let mut c = Config::new(me, job, secret, addr);
-        let var = |name: &'static str| {
-            get(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty() && v != "auto")
-        };
+        let get: weft_tunables::Lookup<'_> = &get;
+        let t = |name| weft_tunables::find(TUNABLES, name);
+        let var = |name: &'static str| t(name).set_in(get);
         let size = |name: &'static str, min: u64, max: u64| -> Result<Option<u64>, Error> {
-            let Some(v) = var(name) else { return Ok(None) };
-            let n = parse_size(&v).map_err(|reason| Error::Config {
-                name,
-                value: v.clone(),
-                reason,
-            })?;
-            if n < min || n > max {
-                return Err(Error::Config {
-                    name,
-                    value: v,
-                    reason: format!("must be between {min} and {max}"),
-                });
-            }
-            Ok(Some(n))
+            Ok(t(name).size_opt_in(get, min, max)?)
+        };
+        let ms = |name: &'static str, min: u64| -> Result<Option<Duration>, Error> {
+            let (min, max) = (Duration::from_millis(min), Duration::from_millis(1 << 32));
+            Ok(t(name).millis_opt_in(get, min, max)?)
         };
         if let Some(v) = var("WEFT_TCP_ADDR") {
             c.addr = v.parse().map_err(|_| Error::Config {
@@ -234,16 +215,16 @@ impl Config {
         }
         c.sndbuf = size("WEFT_TCP_SNDBUF", 4096, 1 << 30)?.map(|n| n as usize);
         c.rcvbuf = size("WEFT_TCP_RCVBUF", 4096, 1 << 30)?.map(|n| n as usize);
-        if let Some(n) = size("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", 1, 1 << 32)? {
-            c.handshake_timeout = Duration::from_millis(n);
+        if let Some(d) = ms("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", 1)? {
+            c.handshake_timeout = d;
         }
-        if let Some(n) = size("WEFT_TCP_HELLO_TIMEOUT_MS", 1, 1 << 32)? {
-            c.hello_timeout = Duration::from_millis(n);
+        if let Some(d) = ms("WEFT_TCP_HELLO_TIMEOUT_MS", 1)? {
+            c.hello_timeout = d;
         }
-        if let Some(n) = size("WEFT_TCP_BULK_WAIT_MS", 0, 1 << 32)? {
-            c.bulk_wait = (n > 0).then(|| Duration::from_millis(n));
+        if let Some(d) = ms("WEFT_TCP_BULK_WAIT_MS", 0)? {
+            c.bulk_wait = (!d.is_zero()).then_some(d);
         }
-        if let Some(n) = size("WEFT_TCP_DIRECT_READS", 0, 1 << 16)? {
+        if let Some(n) = t("WEFT_TCP_DIRECT_READS").count_opt_in(get, 0, 1 << 16)? {
             c.direct_reads = n as usize;
         }
         Ok(c)
@@ -275,24 +256,6 @@ impl Config {
             })
             .collect()
     }
-}
-
-/// `123`, `64k`, `4M`, `4MiB`, `1g` (binary multiples).
-fn parse_size(v: &str) -> Result<u64, String> {
-    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    if digits == 0 {
-        return Err("not a number".into());
-    }
-    let n: u64 = v[..digits].parse().map_err(|_| "too large".to_string())?;
-    let shift = match v[digits..].trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        s => return Err(format!("unknown size suffix {s:?} (use k, m or g)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| "too large".to_string())
 }
 
 /// The first IPv4 address of interface `name` (getifaddrs).
@@ -357,15 +320,15 @@ mod tests {
         })
     }
 
+    /// The table's defaults are the configuration's: each set to its default text reads
+    /// as unset.
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("123"), Ok(123));
-        assert_eq!(parse_size("64k"), Ok(65536));
-        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert!(parse_size("x").is_err());
-        assert!(parse_size("12q").unwrap_err().contains("suffix"));
-        assert!(parse_size("99999999999999999999").is_err());
+    fn the_tables_defaults_are_the_configs() {
+        let unset = format!("{:?}", cfg(&[]).unwrap());
+        for t in TUNABLES.iter().filter(|t| t.default != "auto") {
+            let set = format!("{:?}", cfg(&[(t.name, t.default)]).unwrap());
+            assert_eq!(set, unset, "{} = {}", t.name, t.default);
+        }
     }
 
     #[test]
@@ -408,7 +371,10 @@ mod tests {
             "{e}"
         );
         let e = cfg(&[("WEFT_TCP_RCVBUF", "1")]).unwrap_err().to_string();
-        assert!(e.contains("between"), "{e}");
+        assert!(
+            e.contains("WEFT_TCP_RCVBUF") && e.contains("4096..="),
+            "{e}"
+        );
         let e = cfg(&[("WEFT_TCP_ADDR", "0.0.0.0")])
             .unwrap_err()
             .to_string();

@@ -74,3 +74,13 @@ pub enum Error {
         reason: String,
     },
 }
+
+impl From<weft_tunables::BadTunable> for Error {
+    fn from(e: weft_tunables::BadTunable) -> Error {
+        Error::Config {
+            name: e.name,
+            value: e.value,
+            reason: format!("must be {}", e.expected),
+        }
+    }
+}

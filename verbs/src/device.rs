@@ -6,44 +6,82 @@ use std::time::Duration;
 
 use crate::sys::{self, Context, Cq, GidKind, Pd, Qp, QpCaps, QpType};
 use crate::Error;
+use weft_tunables::Tunable;
 
-/// Tunables of the verbs transport (name, default, meaning), listed by `weft info`.
-pub const TUNABLES: &[(&str, &str, &str)] = &[
-    ("WEFT_VERBS_DEVICE", "first device", "verbs device to use (e.g. rxe0, mlx5_0)"),
-    ("WEFT_VERBS_PORT", "1", "port number of the device"),
-    (
+/// Tunables of the verbs transport, listed by `weft info` and read by
+/// [`Config::from_env`] (in `weft_tunables`' syntax).
+pub const TUNABLES: &[Tunable] = &[
+    Tunable::new(
+        "WEFT_VERBS_DEVICE",
+        "first device",
+        "verbs device to use (e.g. rxe0, mlx5_0)",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_PORT",
+        "1",
+        "port number of the device",
+    ),
+    Tunable::new(
         "WEFT_VERBS_GID_INDEX",
         "auto",
         "GID index; auto picks the first RoCE v2 IPv4 GID (else RoCE v2, else index 0 on InfiniBand)",
     ),
-    (
+    Tunable::new(
         "WEFT_VERBS_EAGER_SIZE",
         "8192",
         "bytes of one eager buffer: the largest frame (32-byte header + payload) sent eagerly",
     ),
-    ("WEFT_VERBS_CREDITS", "32", "eager receives granted to each connected peer (flow-control credits)"),
-    ("WEFT_VERBS_SRQ_SIZE", "1024", "most eager receive buffers posted to the shared receive queue"),
-    ("WEFT_VERBS_SEND_BUFS", "256", "registered send buffers for frames too large to send inline"),
-    ("WEFT_VERBS_SQ_DEPTH", "128", "send queue depth of each RC queue pair"),
-    ("WEFT_VERBS_SIGNAL_EVERY", "16", "request a send completion every N sends (selective signaling)"),
-    (
+    Tunable::new(
+        "WEFT_VERBS_CREDITS",
+        "32",
+        "eager receives granted to each connected peer (flow-control credits)",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_SRQ_SIZE",
+        "1024",
+        "most eager receive buffers posted to the shared receive queue",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_SEND_BUFS",
+        "256",
+        "registered send buffers for frames too large to send inline",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_SQ_DEPTH",
+        "128",
+        "send queue depth of each RC queue pair",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_SIGNAL_EVERY",
+        "16",
+        "request a send completion every N sends (selective signaling)",
+    ),
+    Tunable::new(
         "WEFT_VERBS_MAX_INLINE",
         "device max",
         "largest frame sent inline (copied by the CPU into the work request); 0 disables inline",
     ),
-    (
+    Tunable::new(
         "WEFT_VERBS_ACK_TIMEOUT",
         "14",
         "RC ACK timeout exponent (4.096 us * 2^N); a dead peer is an error after (retries + 1) x that",
     ),
-    (
+    Tunable::new(
         "WEFT_VERBS_RETRY_CNT",
         "6",
         "RC transport retries before a send to a silent peer fails (0..=7; rxe treats 7 as infinite)",
     ),
-    ("WEFT_VERBS_RCACHE", "1", "cache memory registrations (1) or register per use (0)"),
-    ("WEFT_VERBS_RCACHE_MAX", "256", "most cached registrations; the least recently used is evicted"),
-    (
+    Tunable::new(
+        "WEFT_VERBS_RCACHE",
+        "1",
+        "cache memory registrations (1) or register per use (0)",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_RCACHE_MAX",
+        "256",
+        "most cached registrations; the least recently used is evicted",
+    ),
+    Tunable::new(
         "WEFT_VERBS_HANDSHAKE_TIMEOUT_MS",
         "10000",
         "a connection handshake without an answer fails after this many milliseconds (under the fabric: a warning, and it goes on while the peer lives)",
@@ -122,35 +160,45 @@ impl Config {
     pub fn from_env(id: u32) -> Result<Config, Error> {
         let mut c = Config::new(id);
         fn var(name: &'static str) -> Option<String> {
-            std::env::var(name)
-                .ok()
-                .filter(|v| !v.is_empty() && v != "auto")
+            weft_tunables::find(TUNABLES, name).set()
         }
-        fn num<T: std::str::FromStr>(
+        fn num<T: TryFrom<u64>>(
             name: &'static str,
             min: u64,
             max: u64,
         ) -> Result<Option<T>, Error> {
-            let Some(v) = var(name) else { return Ok(None) };
-            let bad = |reason: String| Error::Config {
+            let t = weft_tunables::find(TUNABLES, name);
+            let bad = |value: String, reason: String| Error::Config {
                 name,
-                value: v.clone(),
+                value,
                 reason,
             };
-            let n: u64 = v.parse().map_err(|_| bad("not a number".into()))?;
-            if n < min || n > max {
-                return Err(bad(format!("must be in {min}..={max}")));
-            }
-            v.parse::<T>()
+            let Some(n) = t
+                .count_opt(min, max)
+                .map_err(|e| bad(e.value, format!("must be {}", e.expected)))?
+            else {
+                return Ok(None);
+            };
+            T::try_from(n)
                 .map(Some)
-                .map_err(|_| bad("out of range".into()))
+                .map_err(|_| bad(n.to_string(), "out of range".into()))
+        }
+        fn size(name: &'static str, min: u64, max: u64) -> Result<Option<usize>, Error> {
+            let t = weft_tunables::find(TUNABLES, name);
+            t.size_opt_in(&weft_tunables::env, min, max)
+                .map(|n| n.map(|n| n as usize))
+                .map_err(|e| Error::Config {
+                    name,
+                    value: e.value,
+                    reason: format!("must be {}", e.expected),
+                })
         }
         c.device = var("WEFT_VERBS_DEVICE");
         if let Some(v) = num("WEFT_VERBS_PORT", 1, 255)? {
             c.port = v;
         }
         c.gid_index = num("WEFT_VERBS_GID_INDEX", 0, 1 << 16)?;
-        if let Some(v) = num("WEFT_VERBS_EAGER_SIZE", 64, 1 << 20)? {
+        if let Some(v) = size("WEFT_VERBS_EAGER_SIZE", 64, 1 << 20)? {
             c.eager_size = v;
         }
         if let Some(v) = num("WEFT_VERBS_CREDITS", 2, 4096)? {
@@ -175,14 +223,28 @@ impl Config {
         if let Some(v) = num("WEFT_VERBS_RETRY_CNT", 0, 7)? {
             c.retry_cnt = v;
         }
-        if let Some(v) = num::<u8>("WEFT_VERBS_RCACHE", 0, 1)? {
-            c.rcache = v == 1;
+        if var("WEFT_VERBS_RCACHE").is_some() {
+            let t = weft_tunables::find(TUNABLES, "WEFT_VERBS_RCACHE");
+            c.rcache = t.switch().map_err(|e| Error::Config {
+                name: "WEFT_VERBS_RCACHE",
+                value: e.value,
+                reason: format!("must be {}", e.expected),
+            })?;
         }
         if let Some(v) = num("WEFT_VERBS_RCACHE_MAX", 1, 1 << 20)? {
             c.rcache_max = v;
         }
-        if let Some(v) = num("WEFT_VERBS_HANDSHAKE_TIMEOUT_MS", 1, 1 << 32)? {
-            c.handshake_timeout = Duration::from_millis(v);
+        let t = weft_tunables::find(TUNABLES, "WEFT_VERBS_HANDSHAKE_TIMEOUT_MS");
+        let (lo, hi) = (Duration::from_millis(1), Duration::from_millis(1 << 32));
+        if let Some(d) =
+            t.millis_opt_in(&weft_tunables::env, lo, hi)
+                .map_err(|e| Error::Config {
+                    name: t.name,
+                    value: e.value,
+                    reason: format!("must be {}", e.expected),
+                })?
+        {
+            c.handshake_timeout = d;
         }
         Ok(c)
     }
@@ -520,12 +582,12 @@ mod tests {
             "WEFT_VERBS_HANDSHAKE_TIMEOUT_MS",
         ] {
             assert!(
-                TUNABLES.iter().any(|t| t.0 == name),
+                TUNABLES.iter().any(|t| t.name == name),
                 "{name} missing from TUNABLES"
             );
         }
         let c = Config::new(0);
-        assert_eq!(c.eager_size.to_string(), TUNABLES[3].1);
-        assert_eq!(c.credits.to_string(), TUNABLES[4].1);
+        assert_eq!(c.eager_size.to_string(), TUNABLES[3].default);
+        assert_eq!(c.credits.to_string(), TUNABLES[4].default);
     }
 }

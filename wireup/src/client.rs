@@ -215,22 +215,22 @@ pub(crate) fn segment_prefix_of(nspace: &str, node: u32) -> String {
 /// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
 /// started the process, else a PMIx server whose contact is in the environment).
 fn backend() -> Result<Choice, InitError> {
-    match std::env::var("WEFT_WIREUP").as_deref() {
-        Ok("weft") => Ok(Choice::Weft),
-        Ok("pmix") => Ok(Choice::Pmix),
-        Ok("auto") | Err(_) => Ok(
-            if std::env::var_os(env::RANK).is_none() && weft_pmix::server_contact().is_some() {
-                Choice::Pmix
-            } else {
-                Choice::Weft
-            },
-        ),
-        Ok(other) => Err(InitError::BadEnv {
-            var: "WEFT_WIREUP",
-            value: other.to_owned(),
-            reason: "expected weft, pmix or auto".into(),
-        }),
-    }
+    let t = weft_tunables::find(crate::TUNABLES, "WEFT_WIREUP");
+    let choice = t
+        .choice(&["weft", "pmix", "auto"])
+        .map_err(|e| InitError::BadEnv {
+            var: e.name,
+            value: e.value,
+            reason: format!("expected {}", e.expected),
+        })?;
+    Ok(match choice {
+        "weft" => Choice::Weft,
+        "pmix" => Choice::Pmix,
+        _ if std::env::var_os(env::RANK).is_none() && weft_pmix::server_contact().is_some() => {
+            Choice::Pmix
+        }
+        _ => Choice::Weft,
+    })
 }
 
 /// Whether this process was started as a rank of a job: by `weft run`, or by a host

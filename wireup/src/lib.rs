@@ -41,6 +41,13 @@ pub mod proto;
 pub mod topology;
 mod value;
 
+/// Tunables of the wire-up client, listed by `weft info`.
+pub const TUNABLES: &[weft_tunables::Tunable] = &[weft_tunables::Tunable::new(
+    "WEFT_WIREUP",
+    "auto",
+    "wire-up backend of Client::init: weft (weft run's servers), pmix (the host engine's PMIx server), auto (weft under weft run, else pmix when the environment names a PMIx server)",
+)];
+
 /// The reason a rank reported gone gives when it finalized cleanly (every other reason
 /// is a failure: an exit before finalize, a signal, a lost connection).
 pub const FINALIZED: &str = "has finalized";
