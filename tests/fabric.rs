@@ -241,6 +241,24 @@ fn waiting_for_a_late_peers_card_does_not_stall_other_threads() {
     assert!(meanwhile >= 100, "the other thread was stalled: {line}");
 }
 
+/// The wait for a late peer's card is `WEFT_CARD_TIMEOUT`: set to 1 s against a peer that
+/// starts its fabric 3 s late, the first send fails, naming the peer, the wait and the
+/// variable.
+#[test]
+fn a_card_that_does_not_come_within_weft_card_timeout_names_it() {
+    let p = example("fabric_probe");
+    let t0 = Instant::now();
+    let done = run(
+        "cardwait",
+        &["-x", "WEFT_CARD_TIMEOUT=1s", "-n", "3", &p, "slow-peer"],
+        Duration::from_secs(60),
+    );
+    assert_ne!(done.code(), Some(0), "{}", done.dump());
+    let want = "no path to rank 2: no shared-memory card after waiting 1s (WEFT_CARD_TIMEOUT)";
+    assert!(done.stderr.contains(want), "{}", done.dump());
+    assert!(t0.elapsed() < Duration::from_secs(30), "{}", done.dump());
+}
+
 /// When a node's server dies, its processes, waiting on each other in shared memory
 /// (nothing in their datastore will ever say a peer is gone), notice that their server
 /// is lost and end within seconds instead of waiting for ever; the job leaves nothing.

@@ -304,6 +304,8 @@ struct Inner {
     connected: Vec<AtomicBool>,
     /// What every handle of the world communicator shares.
     world_shared: Arc<CommShared>,
+    /// How long a finalize keeps pushing out frames (`WEFT_FINALIZE_TIMEOUT`).
+    finalize_wait: Duration,
 }
 
 /// A peer's card fetched once: the fetch, and per peer whether it ran.
@@ -333,6 +335,7 @@ impl Inner {
             prefetch,
             connected: (0..size).map(|_| AtomicBool::new(false)).collect(),
             world_shared: Arc::default(),
+            finalize_wait: setup::finalize_wait(),
         }
     }
 
@@ -551,7 +554,8 @@ impl Fabric {
     /// Pushes out every buffered frame, then finalizes the wire-up client: the process is
     /// then done with Weft (no later `Fabric::init` or `Session::init`).
     pub fn finalize(self) -> Result<(), weft_wireup::FinalizeError> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let wait = self.inner.finalize_wait;
+        let deadline = Instant::now() + wait;
         let mut backoff = Backoff::default();
         loop {
             let mut e = self.inner.engine();
@@ -561,7 +565,8 @@ impl Fabric {
             }
             if Instant::now() > deadline {
                 tracing::error!(
-                    "finalize: {} frames could not be delivered within 10 s (peers not receiving?)",
+                    "finalize: {} frames could not be delivered within {wait:?} (peers not \
+                     receiving? WEFT_FINALIZE_TIMEOUT sets the wait)",
                     e.backlog()
                 );
                 break;

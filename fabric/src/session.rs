@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use weft_wireup::{GroupDirectives, GroupError, PSET_SELF, PSET_WORLD};
 
@@ -403,7 +403,7 @@ impl Session {
         if open.is_empty() {
             return Ok(());
         }
-        flush(&self.fabric, Duration::from_secs(10)).map_err(|why| {
+        flush(&self.fabric).map_err(|why| {
             SessionError::Finalize(GroupError::Invalid {
                 op: "group destruct",
                 id: "*".into(),
@@ -437,7 +437,8 @@ impl Session {
 }
 
 /// Pushes out every buffered frame (a peer must be receiving), for at most `limit`.
-fn flush(fabric: &Fabric, limit: Duration) -> Result<(), String> {
+fn flush(fabric: &Fabric) -> Result<(), String> {
+    let limit = fabric.inner.finalize_wait;
     let deadline = Instant::now() + limit;
     let mut backoff = Backoff::default();
     loop {
@@ -449,7 +450,8 @@ fn flush(fabric: &Fabric, limit: Duration) -> Result<(), String> {
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{left} frames could not be delivered within {limit:?} (peers not receiving?)"
+                "{left} frames could not be delivered within {limit:?} (peers not receiving? \
+                 WEFT_FINALIZE_TIMEOUT sets the wait)"
             ));
         }
         drop(e);
@@ -828,7 +830,7 @@ impl Communicator {
             let fabric = Fabric {
                 inner: self.inner.clone(),
             };
-            return flush(&fabric, Duration::from_secs(10)).map_err(CommError::Disconnect);
+            return flush(&fabric).map_err(CommError::Disconnect);
         };
         if o.session.finalized() {
             return Err(CommError::SessionFinalized);
@@ -839,7 +841,7 @@ impl Communicator {
         let fabric = Fabric {
             inner: self.inner.clone(),
         };
-        flush(&fabric, Duration::from_secs(10)).map_err(CommError::Disconnect)?;
+        flush(&fabric).map_err(CommError::Disconnect)?;
         fabric
             .wire()
             .group_destruct(&o.group_id, None)

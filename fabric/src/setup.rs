@@ -14,9 +14,6 @@ use crate::{Fabric, InitError, Inner, Prefetch};
 
 /// The key under which a process publishes its shared-memory inbox (Local scope).
 pub const SHM_CARD_KEY: &str = "weft.shm.inbox";
-/// How long the first send to a peer waits for its card (the peer has not started its
-/// fabric yet).
-const CARD_WAIT: Duration = Duration::from_secs(60);
 /// The key under which a process publishes its verbs card (Global scope, so that
 /// `WEFT_TRANSPORTS=verbs` works between processes of one node too).
 pub const VERBS_CARD_KEY: &str = "weft.verbs.card";
@@ -45,6 +42,16 @@ fn parse_shm_card(card: &str) -> Result<&str, String> {
 
 /// Tunables of the fabric, listed by `weft info` (in `weft_tunables`' syntax).
 pub const TUNABLES: &[Tunable] = &[
+    Tunable::new(
+        "WEFT_CARD_TIMEOUT",
+        "60s",
+        "how long the first send to a peer waits for its card (the peer has not started its fabric yet); a peer without one by then is unreachable",
+    ),
+    Tunable::new(
+        "WEFT_FINALIZE_TIMEOUT",
+        "10s",
+        "how long a finalize (Fabric, Session) or a communicator's disconnect keeps pushing out frames the peers have not taken yet",
+    ),
     Tunable::new(
         "WEFT_TRANSPORTS",
         "shm,verbs,tcp",
@@ -89,6 +96,33 @@ impl From<weft_tunables::BadTunable> for InitError {
             value: e.value,
             reason: format!("must be {}", e.expected),
         }
+    }
+}
+
+/// Longest `WEFT_CARD_TIMEOUT` and `WEFT_FINALIZE_TIMEOUT` (a year: "for ever").
+const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `WEFT_CARD_TIMEOUT`.
+pub(crate) fn card_wait() -> Result<Duration, InitError> {
+    Ok(t("WEFT_CARD_TIMEOUT").millis(Duration::from_millis(1), LONGEST_WAIT)?)
+}
+
+/// `WEFT_FINALIZE_TIMEOUT` (its default when set to what it cannot be: `Fabric::init`
+/// refused that already).
+pub(crate) fn finalize_wait() -> Duration {
+    let t = t("WEFT_FINALIZE_TIMEOUT");
+    t.millis(Duration::ZERO, LONGEST_WAIT).unwrap_or_else(|_| {
+        t.millis_in(&|_: &str| None, Duration::ZERO, LONGEST_WAIT)
+            .unwrap_or(Duration::from_secs(10))
+    })
+}
+
+/// Why a card did not come: the get's error, and how long it was waited for (none when
+/// the get only looked), naming the tunable that sets the wait.
+fn no_card(what: &str, e: &weft_wireup::GetError, waited: Option<Duration>) -> String {
+    match waited {
+        Some(w) => format!("no {what} card after waiting {w:?} (WEFT_CARD_TIMEOUT): {e}"),
+        None => format!("no {what} card: {e}"),
     }
 }
 
@@ -188,6 +222,8 @@ impl Fabric {
         let local = wire.local_peers().to_vec();
         let t = transports()?;
         let cfg = config()?;
+        let card_wait = card_wait()?;
+        self::t("WEFT_FINALIZE_TIMEOUT").millis(Duration::ZERO, LONGEST_WAIT)?;
         let remote_peers = size as usize > local.len();
         let inbox = if t.shm && local.len() > 1 {
             let name = format!("{}r{me}", wire.segment_prefix());
@@ -302,7 +338,7 @@ impl Fabric {
             Box::new(move |rank: u32| {
                 if let Some(key) = card_key(rank) {
                     // The outcome is the resolver's to report (from the datastore then).
-                    let _ = w.get(rank, key, GetOpts::default().timeout(CARD_WAIT));
+                    let _ = w.get(rank, key, GetOpts::default().timeout(card_wait));
                 }
             })
         };
@@ -312,14 +348,16 @@ impl Fabric {
             let on_node = node == w2.node();
             // Once prefetched (the wait is over) the card is on the node, or never comes:
             // under the engine lock, only look.
+            // Once prefetched, the prefetch waited (up to WEFT_CARD_TIMEOUT): only look.
             let timeout = if done
                 .get(rank as usize)
                 .is_some_and(|d| d.load(Ordering::Relaxed))
             {
                 GetOpts::default().immediate()
             } else {
-                GetOpts::default().timeout(CARD_WAIT)
+                GetOpts::default().timeout(card_wait)
             };
+            let waited = Some(card_wait);
             if on_node && t.shm {
                 return match w2.get(rank, SHM_CARD_KEY, timeout) {
                     Ok(v) => match v.as_str().map(parse_shm_card) {
@@ -334,7 +372,7 @@ impl Fabric {
                             "its card {SHM_CARD_KEY} is not a string: {v:?}"
                         )),
                     },
-                    Err(e) => Resolved::Unreachable(format!("no shared-memory card: {e}")),
+                    Err(e) => Resolved::Unreachable(no_card("shared-memory", &e, waited)),
                 };
             }
             // Verbs where both ends have it, else TCP; if neither, every reason.
@@ -351,7 +389,7 @@ impl Fabric {
                         why.push(format!("its verbs transport cannot open: {down}"))
                     }
                     Ok(v) => why.push(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}")),
-                    Err(e) => why.push(format!("no verbs card: {e}")),
+                    Err(e) => why.push(no_card("verbs", &e, waited)),
                 }
             }
             if !t.tcp {
@@ -361,10 +399,10 @@ impl Fabric {
                 why.push(format!("the TCP transport cannot open here: {down}"));
             } else {
                 // Committed with the verbs card: no second wait once that one was found.
-                let timeout = if t.verbs && verbs_open {
-                    GetOpts::default().immediate()
+                let (timeout, waited) = if t.verbs && verbs_open {
+                    (GetOpts::default().immediate(), None)
                 } else {
-                    timeout
+                    (timeout, waited)
                 };
                 match w2.get(rank, TCP_CARD_KEY, timeout) {
                     Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
@@ -372,7 +410,7 @@ impl Fabric {
                         why.push(format!("its TCP transport cannot open: {down}"))
                     }
                     Ok(v) => why.push(format!("its card {TCP_CARD_KEY} is not bytes: {v:?}")),
-                    Err(e) => why.push(format!("no TCP card: {e}")),
+                    Err(e) => why.push(no_card("TCP", &e, waited)),
                 }
             }
             let place = if on_node {
@@ -455,6 +493,9 @@ mod tests {
             t("WEFT_VERBS_KEEP_REGISTRATIONS").switch_in(&none),
             Ok(false)
         );
+        let wait = |n| t(n).millis_in(&none, Duration::ZERO, LONGEST_WAIT).unwrap();
+        assert_eq!(wait("WEFT_CARD_TIMEOUT"), Duration::from_secs(60));
+        assert_eq!(wait("WEFT_FINALIZE_TIMEOUT"), Duration::from_secs(10));
         let bad = |v: &'static str| move |_: &str| Some(v.to_owned());
         let e = t("WEFT_TCP_EAGER_LIMIT").size_in(&bad("2m"), 0, MAX_TCP_EAGER_LIMIT as u64);
         assert!(e

@@ -15,6 +15,26 @@ use crate::proto::{ClientMsg, ServerMsg};
 /// How long one read (or a follower's wait) lasts before the caller checks its deadline.
 pub(crate) const READ_SLICE: Duration = Duration::from_millis(200);
 
+/// Why a wait on the server ended at its deadline.
+const LATE: &str = "the server did not answer in time";
+
+/// `WEFT_WIREUP_REQUEST_TIMEOUT`, read once (a value it cannot be: the default, with a
+/// warning naming it).
+fn request_timeout() -> Duration {
+    static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let t = weft_tunables::find(crate::TUNABLES, "WEFT_WIREUP_REQUEST_TIMEOUT");
+        let (lo, hi) = (
+            Duration::from_millis(1),
+            Duration::from_secs(365 * 24 * 3600),
+        );
+        t.millis(lo, hi).unwrap_or_else(|e| {
+            tracing::warn!("{e}: using the default, {}", t.default);
+            Duration::from_secs(60)
+        })
+    })
+}
+
 /// How long the client waits beyond an operation's own timeout before it declares the
 /// server unresponsive (the server enforces the timeout itself and names who is missing).
 const SERVER_SLACK: Duration = Duration::from_secs(5);
@@ -169,6 +189,23 @@ impl Conn {
         self.wait(op, req, timeout)
     }
 
+    /// [`call`](Conn::call) for a request that has no timeout of its own: bounded by
+    /// `WEFT_WIREUP_REQUEST_TIMEOUT`, which its timeout error names.
+    pub(crate) fn call_bounded(
+        &self,
+        op: &'static str,
+        build: impl FnOnce(u64) -> ClientMsg,
+    ) -> Result<ServerMsg, ConnError> {
+        let t = request_timeout();
+        self.call(op, build, Some(t)).map_err(|mut e| {
+            if e.reason == LATE {
+                e.reason =
+                    format!("the server did not answer within {t:?} (WEFT_WIREUP_REQUEST_TIMEOUT)");
+            }
+            e
+        })
+    }
+
     /// Files one frame read from the server (or the reason the connection broke).
     fn file(&self, rx: &mut Rx, got: Result<Option<ServerMsg>, String>) {
         match got {
@@ -207,7 +244,7 @@ impl Conn {
             timeout.and_then(|t| Instant::now().checked_add(t)?.checked_add(SERVER_SLACK));
         let late = |op| ConnError {
             op,
-            reason: "the server did not answer in time".into(),
+            reason: LATE.into(),
             source: None,
             absent: false,
         };
@@ -467,5 +504,22 @@ mod tests {
             )
             .is_ok());
         t.join().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod tunable_tests {
+    use super::*;
+
+    #[test]
+    fn the_request_timeouts_default_parses_and_is_the_fallback() {
+        let t = weft_tunables::find(crate::TUNABLES, "WEFT_WIREUP_REQUEST_TIMEOUT");
+        let got = t.millis_in(&|_: &str| None, Duration::ZERO, Duration::MAX);
+        assert_eq!(got, Ok(Duration::from_secs(60)));
+        let w = weft_tunables::find(crate::TUNABLES, "WEFT_WIREUP");
+        assert_eq!(
+            w.choice_in(&|_: &str| None, &["weft", "pmix", "auto"]),
+            Ok("auto")
+        );
     }
 }

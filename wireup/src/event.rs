@@ -239,7 +239,7 @@ impl Client {
         name: &str,
         build: impl FnOnce(u64) -> ClientMsg,
     ) -> Result<(), RequestError> {
-        let reply = self.conn().call(op, build, Some(Duration::from_secs(60)));
+        let reply = self.conn().call_bounded(op, build);
         self.dispatch_events();
         match reply? {
             ServerMsg::Done { .. } => Ok(()),

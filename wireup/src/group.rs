@@ -454,11 +454,9 @@ impl Client {
     /// Every group with members on this node, as this node's server knows them (after a
     /// member's death, groups made with `notify_termination` no longer list it).
     pub fn groups(&self) -> Result<Vec<GroupInfo>, GroupError> {
-        let m = self.conn().call(
-            "group query",
-            |req| ClientMsg::GroupQuery { req },
-            Some(Duration::from_secs(30)),
-        )?;
+        let m = self
+            .conn()
+            .call_bounded("group query", |req| ClientMsg::GroupQuery { req })?;
         match m {
             ServerMsg::Groups { groups, .. } => Ok(groups),
             other => Err(GroupError::unexpected("group query", "*", &other)),

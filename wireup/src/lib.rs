@@ -42,11 +42,18 @@ pub mod topology;
 mod value;
 
 /// Tunables of the wire-up client, listed by `weft info`.
-pub const TUNABLES: &[weft_tunables::Tunable] = &[weft_tunables::Tunable::new(
-    "WEFT_WIREUP",
-    "auto",
-    "wire-up backend of Client::init: weft (weft run's servers), pmix (the host engine's PMIx server), auto (weft under weft run, else pmix when the environment names a PMIx server)",
-)];
+pub const TUNABLES: &[weft_tunables::Tunable] = &[
+    weft_tunables::Tunable::new(
+        "WEFT_WIREUP",
+        "auto",
+        "wire-up backend of Client::init: weft (weft run's servers), pmix (the host engine's PMIx server), auto (weft under weft run, else pmix when the environment names a PMIx server)",
+    ),
+    weft_tunables::Tunable::new(
+        "WEFT_WIREUP_REQUEST_TIMEOUT",
+        "60s",
+        "how long a request to the node's server that has no timeout of its own (group queries, group leave, leader claims, process-set definitions and deletions) waits for the answer",
+    ),
+];
 
 /// The reason a rank reported gone gives when it finalized cleanly (every other reason
 /// is a failure: an exit before finalize, a signal, a lost connection).
