@@ -62,26 +62,6 @@ pub const TUNABLES: &[Tunable] = &[
         "65536",
         "largest message sent eagerly over TCP (bytes); larger ones go by rendezvous, written straight from the sender's buffer into the receiver's",
     ),
-    Tunable::new(
-        "WEFT_VERBS_KEEP_REGISTRATIONS",
-        "0",
-        "1: keep the verbs registration of a user buffer after its rendezvous (faster for reused buffers; the program must not free and reuse such memory while the fabric is open); 0: release it when the message completes (for the fabric this decides WEFT_VERBS_RCACHE)",
-    ),
-    Tunable::new(
-        "WEFT_SHM_EAGER_LIMIT",
-        "8192",
-        "largest eager message (bytes), capped at the ring's largest frame minus 32 (16352 with 64 KiB fastboxes)",
-    ),
-    Tunable::new(
-        "WEFT_SHM_SINGLE_COPY",
-        "cma",
-        "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
-    ),
-    Tunable::new(
-        "WEFT_SHM_CMA_SPLIT",
-        "65536",
-        "single-copy rendezvous of at least this many bytes are split: the receiver reads the first half while the sender writes the second into the receiver (both cores copy); 0: the receiver copies everything",
-    ),
 ];
 
 /// The entry of `name`.
@@ -127,18 +107,17 @@ fn no_card(what: &str, e: &weft_wireup::GetError, waited: Option<Duration>) -> S
 }
 
 fn config() -> Result<Config, InitError> {
-    let eager_limit = t("WEFT_SHM_EAGER_LIMIT").size(0, u64::from(u32::MAX))? as usize;
-    // Measured default (weft bench bw/latency, 2 cores, 2026-11-22): process_vm_readv
-    // beat the pipelined copy through the rings at every rendezvous size, 1.4-4x at
-    // 16 KiB-1 MiB and 12.0 against 8.6 GB/s at 4 MiB; it is also what Open MPI and
-    // MPICH use when the kernel allows it. An earlier host, a VM where page pinning
-    // cost ~2 us per message, measured the opposite: set `none` on such machines.
-    let single_copy = match t("WEFT_SHM_SINGLE_COPY").choice(&["cma", "none"])? {
-        "none" => SingleCopy::None,
-        _ => SingleCopy::Cma,
+    // The shared-memory path's protocol knobs are shm's (`weft_shm::PathConfig`).
+    let path = weft_shm::PathConfig::from_env()?;
+    let eager_limit = path.eager_limit;
+    let single_copy = if path.single_copy {
+        SingleCopy::Cma
+    } else {
+        SingleCopy::None
     };
-    let keep_registrations = t("WEFT_VERBS_KEEP_REGISTRATIONS").switch()?;
-    let cma_split = t("WEFT_SHM_CMA_SPLIT").size(0, u64::from(u32::MAX))? as usize;
+    // The verbs endpoint's registration cache decides it (`WEFT_VERBS_RCACHE`, verbs').
+    let keep_registrations = false;
+    let cma_split = path.cma_split;
     let tcp_eager_limit = t("WEFT_TCP_EAGER_LIMIT").size(0, MAX_TCP_EAGER_LIMIT as u64)? as usize;
     Ok(Config {
         eager_limit,
@@ -221,7 +200,7 @@ impl Fabric {
         let size = wire.size();
         let local = wire.local_peers().to_vec();
         let t = transports()?;
-        let cfg = config()?;
+        let mut cfg = config()?;
         let card_wait = card_wait()?;
         self::t("WEFT_FINALIZE_TIMEOUT").millis(Duration::ZERO, LONGEST_WAIT)?;
         let remote_peers = size as usize > local.len();
@@ -237,10 +216,12 @@ impl Fabric {
         let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
         let mut verbs_down = None;
         let verbs = if want_verbs {
-            let vcfg = weft_verbs::Config::from_env(me).map(|mut c| {
-                // Registrations are looked up again only when the program promises not to
-                // free and reuse its buffers (WEFT_VERBS_KEEP_REGISTRATIONS=1).
-                c.rcache = cfg.keep_registrations;
+            let mut base = weft_verbs::Config::new(me);
+            // Registrations are kept between messages only when the program promises not
+            // to free and reuse its buffers (WEFT_VERBS_RCACHE=on): off unless set.
+            base.rcache = false;
+            let vcfg = base.apply_env().map(|mut c| {
+                cfg.keep_registrations = c.rcache;
                 // A live peer is never given up for a slow handshake: the fabric asks
                 // wire-up whether it lives (a dead one is named by how it ended).
                 c.patient_handshakes = true;
@@ -482,17 +463,9 @@ mod tests {
     fn the_tables_defaults_are_the_fabrics() {
         let none = |_: &str| None;
         let size = |n| t(n).size_in(&none, 0, u64::MAX).unwrap() as usize;
-        assert_eq!(size("WEFT_SHM_EAGER_LIMIT"), 8192);
-        assert_eq!(size("WEFT_SHM_CMA_SPLIT"), DEFAULT_CMA_SPLIT);
         assert_eq!(size("WEFT_TCP_EAGER_LIMIT"), DEFAULT_TCP_EAGER_LIMIT);
-        assert_eq!(
-            t("WEFT_SHM_SINGLE_COPY").choice_in(&none, &["cma", "none"]),
-            Ok("cma")
-        );
-        assert_eq!(
-            t("WEFT_VERBS_KEEP_REGISTRATIONS").switch_in(&none),
-            Ok(false)
-        );
+        let shm = weft_shm::PathConfig::default();
+        assert_eq!(shm.cma_split, DEFAULT_CMA_SPLIT);
         let wait = |n| t(n).millis_in(&none, Duration::ZERO, LONGEST_WAIT).unwrap();
         assert_eq!(wait("WEFT_CARD_TIMEOUT"), Duration::from_secs(60));
         assert_eq!(wait("WEFT_FINALIZE_TIMEOUT"), Duration::from_secs(10));

@@ -55,7 +55,76 @@ pub const TUNABLES: &[Tunable] = &[
          pair for frames of at most 24 bytes; 0 = off (the default: no gain measured yet \
          behind the fabric's matching)",
     ),
+    Tunable::new(
+        "WEFT_SHM_EAGER_LIMIT",
+        "8192",
+        "largest eager message (bytes), capped at the ring's largest frame minus 32 (16352 with 64 KiB fastboxes)",
+    ),
+    Tunable::new(
+        "WEFT_SHM_SINGLE_COPY",
+        "cma",
+        "rendezvous copy: cma (process_vm_readv, one copy; falls back to none where the kernel refuses it) or none (pipelined through the rings, two copies on two cores)",
+    ),
+    Tunable::new(
+        "WEFT_SHM_CMA_SPLIT",
+        "65536",
+        "single-copy rendezvous of at least this many bytes are split: the receiver reads the first half while the sender writes the second into the receiver (both cores copy); 0: the receiver copies everything",
+    ),
 ];
+
+/// How messages travel over shared memory, which the fabric's engine applies:
+/// `WEFT_SHM_EAGER_LIMIT`, `WEFT_SHM_SINGLE_COPY` and `WEFT_SHM_CMA_SPLIT` (see
+/// [`TUNABLES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathConfig {
+    /// Largest message sent eagerly, in bytes.
+    pub eager_limit: usize,
+    /// Rendezvous by one copy (CMA, `process_vm_readv`) rather than pipelined through
+    /// the rings. Measured default (weft bench bw/latency, 2 cores, 2026-11-22): CMA beat
+    /// the pipelined copy at every rendezvous size, 1.4-4x at 16 KiB-1 MiB and 12.0
+    /// against 8.6 GB/s at 4 MiB; it is also what Open MPI and MPICH use when the kernel
+    /// allows it. An earlier host, a VM where page pinning cost ~2 us per message,
+    /// measured the opposite: set `none` on such machines.
+    pub single_copy: bool,
+    /// Single-copy rendezvous of at least this many bytes are split between receiver and
+    /// sender; 0: never.
+    pub cma_split: usize,
+}
+
+impl Default for PathConfig {
+    fn default() -> PathConfig {
+        PathConfig::from_lookup(&|_: &str| None)
+            .unwrap_or_else(|e| panic!("the shared-memory path's defaults: {e}"))
+    }
+}
+
+impl PathConfig {
+    /// The table's defaults, overridden by the variables that are set; a value that is
+    /// not valid is a [`ShmError::BadEnv`] naming it.
+    pub fn from_env() -> Result<PathConfig, ShmError> {
+        PathConfig::from_lookup(&weft_tunables::env)
+    }
+
+    fn from_lookup(get: weft_tunables::Lookup<'_>) -> Result<PathConfig, ShmError> {
+        let t = |name| weft_tunables::find(TUNABLES, name);
+        let bad = |e: weft_tunables::BadTunable| ShmError::BadEnv {
+            var: e.name,
+            value: e.value,
+            reason: format!("must be {}", e.expected),
+        };
+        let max = u64::from(u32::MAX);
+        Ok(PathConfig {
+            eager_limit: t("WEFT_SHM_EAGER_LIMIT")
+                .size_in(get, 0, max)
+                .map_err(bad)? as usize,
+            single_copy: t("WEFT_SHM_SINGLE_COPY")
+                .choice_in(get, &["cma", "none"])
+                .map_err(bad)?
+                == "cma",
+            cma_split: t("WEFT_SHM_CMA_SPLIT").size_in(get, 0, max).map_err(bad)? as usize,
+        })
+    }
+}
 
 /// Geometry of an [`Inbox`](crate::Inbox): how many fastboxes, how big, and
 /// the shared queue behind them.
@@ -273,7 +342,7 @@ mod tests {
             ..cfg.clone()
         };
         assert_eq!(lines.geometry().unwrap().ring_offset, 28672);
-        let defaults: Vec<u32> = TUNABLES
+        let defaults: Vec<u32> = TUNABLES[..5]
             .iter()
             .map(|t| weft_tunables::parse_size(t.default).unwrap() as u32)
             .collect();
@@ -317,6 +386,23 @@ mod tests {
             assert!(matches!(err, ShmError::BadEnv { .. }), "{msg}");
             assert!(msg.contains(var) && msg.contains(value), "{msg}");
         }
+    }
+
+    #[test]
+    fn the_paths_defaults_and_its_errors() {
+        let d = PathConfig::default();
+        assert_eq!(
+            (d.eager_limit, d.single_copy, d.cma_split),
+            (8192, true, 65536)
+        );
+        let set = |n: &'static str, v: &'static str| move |k: &str| (k == n).then(|| v.to_owned());
+        let none = PathConfig::from_lookup(&set("WEFT_SHM_SINGLE_COPY", "none")).unwrap();
+        assert!(!none.single_copy);
+        let e = PathConfig::from_lookup(&set("WEFT_SHM_SINGLE_COPY", "dma")).unwrap_err();
+        assert!(e.to_string().contains("WEFT_SHM_SINGLE_COPY"), "{e}");
+        assert!(e.to_string().contains("cma, none"), "{e}");
+        let big = PathConfig::from_lookup(&set("WEFT_SHM_EAGER_LIMIT", "16k")).unwrap();
+        assert_eq!(big.eager_limit, 16384);
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub use claim::{Claim, ClaimTable};
 pub use cleanup::unlink_on_sigterm;
 pub use cma::{cma_read, cma_write};
 pub use coll::CollSegment;
-pub use config::{InboxConfig, TUNABLES};
+pub use config::{InboxConfig, PathConfig, TUNABLES};
 pub use error::ShmError;
 pub use inbox::{Inbox, Outbox};
 pub use pair::{copy_short, PairHost};

@@ -73,8 +73,13 @@ pub const TUNABLES: &[Tunable] = &[
     ),
     Tunable::new(
         "WEFT_VERBS_RCACHE",
-        "1",
-        "cache memory registrations (1) or register per use (0)",
+        "auto",
+        "keep the registrations of user buffers between uses (on: faster for reused buffers, but the program must not free and reuse such memory while the endpoint is open) or register per use (off); auto: on for a bare Endpoint, off under the fabric",
+    ),
+    Tunable::new(
+        "WEFT_VERBS_KEEP_REGISTRATIONS",
+        "auto",
+        "the same knob as WEFT_VERBS_RCACHE, under the name the fabric gave it (WEFT_VERBS_RCACHE wins when both are set)",
     ),
     Tunable::new(
         "WEFT_VERBS_RCACHE_MAX",
@@ -158,7 +163,13 @@ impl Config {
 
     /// Defaults overridden by the `WEFT_VERBS_*` environment variables.
     pub fn from_env(id: u32) -> Result<Config, Error> {
-        let mut c = Config::new(id);
+        Config::new(id).apply_env()
+    }
+
+    /// This configuration overridden by the `WEFT_VERBS_*` variables that are set (the
+    /// fabric starts from its own defaults: registrations not kept).
+    pub fn apply_env(self) -> Result<Config, Error> {
+        let mut c = self;
         fn var(name: &'static str) -> Option<String> {
             weft_tunables::find(TUNABLES, name).set()
         }
@@ -223,13 +234,16 @@ impl Config {
         if let Some(v) = num("WEFT_VERBS_RETRY_CNT", 0, 7)? {
             c.retry_cnt = v;
         }
-        if var("WEFT_VERBS_RCACHE").is_some() {
-            let t = weft_tunables::find(TUNABLES, "WEFT_VERBS_RCACHE");
-            c.rcache = t.switch().map_err(|e| Error::Config {
-                name: "WEFT_VERBS_RCACHE",
-                value: e.value,
-                reason: format!("must be {}", e.expected),
-            })?;
+        // WEFT_VERBS_KEEP_REGISTRATIONS: the name the fabric gave the same knob.
+        for name in ["WEFT_VERBS_KEEP_REGISTRATIONS", "WEFT_VERBS_RCACHE"] {
+            if var(name).is_some() {
+                let t = weft_tunables::find(TUNABLES, name);
+                c.rcache = t.switch().map_err(|e| Error::Config {
+                    name,
+                    value: e.value,
+                    reason: format!("must be {}", e.expected),
+                })?;
+            }
         }
         if let Some(v) = num("WEFT_VERBS_RCACHE_MAX", 1, 1 << 20)? {
             c.rcache_max = v;
