@@ -73,8 +73,8 @@ impl From<weft_tunables::BadTunable> for InitError {
     fn from(e: weft_tunables::BadTunable) -> InitError {
         InitError::Tunable {
             var: e.name,
+            reason: e.reason(),
             value: e.value,
-            reason: format!("must be {}", e.expected),
         }
     }
 }

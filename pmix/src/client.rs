@@ -89,6 +89,20 @@ pub(crate) unsafe extern "C" fn op_done(status: sys::pmix_status_t, cbdata: *mut
     done.set(status);
 }
 
+/// The `ninfo` results at `info` a callback received (none when null).
+///
+/// # Safety
+///
+/// `info` must point at `ninfo` valid entries that outlive the returned slice.
+unsafe fn info_slice<'a>(info: *const sys::pmix_info_t, ninfo: usize) -> &'a [sys::pmix_info_t] {
+    if info.is_null() || ninfo == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(info, ninfo) }
+    }
+}
+
 /// The completion of a group construct: its status and the context id the host gave.
 #[derive(Debug, Default)]
 struct GroupDone {
@@ -110,12 +124,8 @@ unsafe extern "C" fn group_done(
     // SAFETY: `cbdata` is the `Arc<GroupDone>` reference handed over with the call,
     // which runs this callback exactly once: it takes the reference over here.
     let done = unsafe { Arc::from_raw(cbdata.cast::<GroupDone>().cast_const()) };
-    let infos: &[sys::pmix_info_t] = if info.is_null() || ninfo == 0 {
-        &[]
-    } else {
-        // SAFETY: the library passes `ninfo` valid entries at `info` until released.
-        unsafe { std::slice::from_raw_parts(info, ninfo) }
-    };
+    // SAFETY: the library passes `ninfo` valid entries at `info` until released.
+    let infos = unsafe { info_slice(info, ninfo) };
     let want = CStr::from_bytes_with_nul(sys::PMIX_GROUP_CONTEXT_ID).ok();
     for i in infos {
         // SAFETY: the key is NUL-terminated within its array.
@@ -560,12 +570,8 @@ unsafe extern "C" fn query_done(
     // SAFETY: `cbdata` is the `Arc<QueryDone>` reference handed over with the call,
     // which runs this callback exactly once: it takes the reference over here.
     let done = unsafe { Arc::from_raw(cbdata.cast::<QueryDone>().cast_const()) };
-    let infos: &[sys::pmix_info_t] = if info.is_null() || ninfo == 0 {
-        &[]
-    } else {
-        // SAFETY: the library passes `ninfo` valid entries at `info` until released.
-        unsafe { std::slice::from_raw_parts(info, ninfo) }
-    };
+    // SAFETY: the library passes `ninfo` valid entries at `info` until released.
+    let infos = unsafe { info_slice(info, ninfo) };
     let results = infos
         .iter()
         .map(|i| {

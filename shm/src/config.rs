@@ -109,8 +109,8 @@ impl PathConfig {
         let t = |name| weft_tunables::find(TUNABLES, name);
         let bad = |e: weft_tunables::BadTunable| ShmError::BadEnv {
             var: e.name,
+            reason: e.reason(),
             value: e.value,
-            reason: format!("must be {}", e.expected),
         };
         let max = u64::from(u32::MAX);
         Ok(PathConfig {
@@ -251,8 +251,8 @@ impl InboxConfig {
             let t = weft_tunables::find(TUNABLES, var);
             let bad = |value: String, reason: String| ShmError::BadEnv { var, value, reason };
             let parsed = t
-                .size_opt_in(&lookup, 0, u64::from(u32::MAX))
-                .map_err(|e| bad(e.value, format!("must be {}", e.expected)))?;
+                .if_set(&lookup, |t| t.size_in(&lookup, 0, u64::from(u32::MAX)))
+                .map_err(|e| bad(e.value.clone(), e.reason()))?;
             let Some(v) = parsed else { continue };
             let v = v as u32;
             match check(v) {

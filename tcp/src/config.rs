@@ -172,11 +172,11 @@ impl Config {
         let t = |name| weft_tunables::find(TUNABLES, name);
         let var = |name: &'static str| t(name).set_in(get);
         let size = |name: &'static str, min: u64, max: u64| -> Result<Option<u64>, Error> {
-            Ok(t(name).size_opt_in(get, min, max)?)
+            Ok(t(name).if_set(get, |t| t.size_in(get, min, max))?)
         };
         let ms = |name: &'static str, min: u64| -> Result<Option<Duration>, Error> {
             let (min, max) = (Duration::from_millis(min), Duration::from_millis(1 << 32));
-            Ok(t(name).millis_opt_in(get, min, max)?)
+            Ok(t(name).if_set(get, |t| t.millis_in(get, min, max))?)
         };
         if let Some(v) = var("WEFT_TCP_ADDR") {
             c.addr = v.parse().map_err(|_| Error::Config {
@@ -224,7 +224,8 @@ impl Config {
         if let Some(d) = ms("WEFT_TCP_BULK_WAIT_MS", 0)? {
             c.bulk_wait = (!d.is_zero()).then_some(d);
         }
-        if let Some(n) = t("WEFT_TCP_DIRECT_READS").count_opt_in(get, 0, 1 << 16)? {
+        let direct = t("WEFT_TCP_DIRECT_READS");
+        if let Some(n) = direct.if_set(get, |t| t.count_in(get, 0, 1 << 16))? {
             c.direct_reads = n as usize;
         }
         Ok(c)

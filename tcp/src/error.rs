@@ -79,8 +79,8 @@ impl From<weft_tunables::BadTunable> for Error {
     fn from(e: weft_tunables::BadTunable) -> Error {
         Error::Config {
             name: e.name,
+            reason: e.reason(),
             value: e.value,
-            reason: format!("must be {}", e.expected),
         }
     }
 }

@@ -50,6 +50,14 @@ pub struct BadTunable {
     pub expected: String,
 }
 
+impl BadTunable {
+    /// Why the value is refused, as components word it in their own errors
+    /// (`must be a size in 0..=100`).
+    pub fn reason(&self) -> String {
+        format!("must be {}", self.expected)
+    }
+}
+
 /// Where values come from: the environment ([`env`]), or a table in tests.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -189,49 +197,18 @@ impl Tunable {
         self.count_in(&env, min, max)
     }
 
-    /// A whole number within `min..=max` if one is set (`None`: unset or `auto`, for
-    /// tunables whose default is decided at run time).
-    pub fn count_opt_in(
+    /// `read` of this tunable if a value is set (`None`: unset or `auto`), for tunables
+    /// whose default is decided at run time or by the caller:
+    /// `t.if_set(get, |t| t.size_in(get, 1, 1 << 30))`.
+    pub fn if_set<T>(
         &self,
         lookup: Lookup<'_>,
-        min: u64,
-        max: u64,
-    ) -> Result<Option<u64>, BadTunable> {
+        read: impl FnOnce(&Tunable) -> Result<T, BadTunable>,
+    ) -> Result<Option<T>, BadTunable> {
         if self.set_in(lookup).is_none() {
             return Ok(None);
         }
-        self.count_in(lookup, min, max).map(Some)
-    }
-
-    /// A size within `min..=max` if one is set (`None`: unset or `auto`).
-    pub fn size_opt_in(
-        &self,
-        lookup: Lookup<'_>,
-        min: u64,
-        max: u64,
-    ) -> Result<Option<u64>, BadTunable> {
-        if self.set_in(lookup).is_none() {
-            return Ok(None);
-        }
-        self.size_in(lookup, min, max).map(Some)
-    }
-
-    /// A duration within `min..=max` if one is set (`None`: unset or `auto`).
-    pub fn millis_opt_in(
-        &self,
-        lookup: Lookup<'_>,
-        min: Duration,
-        max: Duration,
-    ) -> Result<Option<Duration>, BadTunable> {
-        if self.set_in(lookup).is_none() {
-            return Ok(None);
-        }
-        self.millis_in(lookup, min, max).map(Some)
-    }
-
-    /// [`count_opt_in`](Tunable::count_opt_in) the environment.
-    pub fn count_opt(&self, min: u64, max: u64) -> Result<Option<u64>, BadTunable> {
-        self.count_opt_in(&env, min, max)
+        read(self).map(Some)
     }
 
     /// A switch.
@@ -377,9 +354,10 @@ mod tests {
         assert!(d("2h").is_err());
         assert!(d("7200s").is_err(), "out of range");
         assert_eq!(T.choice_in(&set("RING"), &["ring", "bruck"]), Ok("ring"));
-        assert_eq!(T.count_opt_in(&set("auto"), 0, 9), Ok(None));
-        assert_eq!(T.count_opt_in(&set("7"), 0, 9), Ok(Some(7)));
-        assert!(T.count_opt_in(&set("10"), 0, 9).is_err());
+        let opt = |v| T.if_set(&set(v), |t| t.count_in(&set(v), 0, 9));
+        assert_eq!(opt("auto"), Ok(None));
+        assert_eq!(opt("7"), Ok(Some(7)));
+        assert!(opt("10").is_err());
     }
 
     proptest! {

@@ -185,8 +185,8 @@ impl Config {
                 reason,
             };
             let Some(n) = t
-                .count_opt(min, max)
-                .map_err(|e| bad(e.value, format!("must be {}", e.expected)))?
+                .if_set(&weft_tunables::env, |t| t.count(min, max))
+                .map_err(|e| bad(e.value.clone(), e.reason()))?
             else {
                 return Ok(None);
             };
@@ -196,12 +196,12 @@ impl Config {
         }
         fn size(name: &'static str, min: u64, max: u64) -> Result<Option<usize>, Error> {
             let t = weft_tunables::find(TUNABLES, name);
-            t.size_opt_in(&weft_tunables::env, min, max)
+            t.if_set(&weft_tunables::env, |t| t.size(min, max))
                 .map(|n| n.map(|n| n as usize))
                 .map_err(|e| Error::Config {
                     name,
+                    reason: e.reason(),
                     value: e.value,
-                    reason: format!("must be {}", e.expected),
                 })
         }
         c.device = var("WEFT_VERBS_DEVICE");
@@ -240,8 +240,8 @@ impl Config {
                 let t = weft_tunables::find(TUNABLES, name);
                 c.rcache = t.switch().map_err(|e| Error::Config {
                     name,
+                    reason: e.reason(),
                     value: e.value,
-                    reason: format!("must be {}", e.expected),
                 })?;
             }
         }
@@ -250,13 +250,13 @@ impl Config {
         }
         let t = weft_tunables::find(TUNABLES, "WEFT_VERBS_HANDSHAKE_TIMEOUT_MS");
         let (lo, hi) = (Duration::from_millis(1), Duration::from_millis(1 << 32));
-        if let Some(d) =
-            t.millis_opt_in(&weft_tunables::env, lo, hi)
-                .map_err(|e| Error::Config {
-                    name: t.name,
-                    value: e.value,
-                    reason: format!("must be {}", e.expected),
-                })?
+        if let Some(d) = t
+            .if_set(&weft_tunables::env, |t| t.millis(lo, hi))
+            .map_err(|e| Error::Config {
+                name: t.name,
+                reason: e.reason(),
+                value: e.value,
+            })?
         {
             c.handshake_timeout = d;
         }
