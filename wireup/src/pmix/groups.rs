@@ -470,7 +470,13 @@ impl Link {
                         missing: vec![leader],
                     })
                 }
-                Err(e) => return Err(host(PmixError::Unavailable(e.to_string()))),
+                Err(e) => {
+                    return Err(GroupError::Aborted {
+                        op: OP,
+                        id: id.clone(),
+                        reason: format!("reading the leader's (rank {leader}) decision: {e}"),
+                    })
+                }
             }
         };
         match decision {
