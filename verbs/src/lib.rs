@@ -92,7 +92,13 @@
 //! the transfer done; the other side moves the data with [`Endpoint::rdma_read`] (sender
 //! exposes, receiver pulls) or [`Endpoint::rdma_write`] (receiver exposes, sender pushes),
 //! zero copy on both sides, and learns of completion from [`Endpoint::poll_rdma`]
-//! (`poll_reads` is the same). Measured on rxe0 in the VM at 1 MiB: writes reach
+//! (`poll_reads` is the same). Those two are `unsafe`: the caller promises not to touch
+//! the local memory until the completion (the fabric moves the application's buffers of
+//! nonblocking requests, a promise no Rust type can carry). Without `unsafe`, an
+//! [`RdmaBuf`] from [`Endpoint::alloc_rdma_buf`] (registered once) is lent by value to
+//! [`Endpoint::read_into`] or [`Endpoint::write_from`] and handed back by
+//! [`Endpoint::take_buf`] once `poll_rdma` reported the transfer; a buffer longer than the
+//! peer's region is refused and handed back. Measured on rxe0 in the VM at 1 MiB: writes reach
 //! `ib_write_bw`, reads about 0.85x of it (`ib_read_bw` is slower than `ib_write_bw` there
 //! too), so a receiver-driven write protocol is the faster rendezvous on that device.
 //! Both sides register through the registration cache: regions are registered page-aligned
@@ -131,7 +137,9 @@ mod sys;
 
 pub use card::CARD_LEN;
 pub use device::{describe, query_device, Config, DeviceInfo, GidEntry, TUNABLES};
-pub use endpoint::{ConnId, Deliver, Endpoint, RdmaToken, ReadToken, RemoteRegion, Stats};
+pub use endpoint::{
+    ConnId, Deliver, Endpoint, RdmaBuf, RdmaToken, ReadToken, Refused, RemoteRegion, Stats,
+};
 pub use error::Error;
 pub use rcache::RcacheStats;
 pub use sys::{

@@ -450,6 +450,94 @@ fn invalidating_one_buffer_spares_a_transfer_through_a_neighbour_sharing_its_pag
     assert_ne!(x.rkey, y.rkey);
 }
 
+/// Polls `a` (and `b`, so its side of the connection moves) until `token` is reported;
+/// returns its result.
+fn wait_rdma(
+    a: &mut weft_verbs::Endpoint,
+    b: &mut weft_verbs::Endpoint,
+    token: weft_verbs::RdmaToken,
+) -> Result<(), Error> {
+    let mut done = None;
+    let t = Instant::now();
+    while done.is_none() {
+        a.poll_rdma(&mut |tok, r| {
+            assert_eq!(tok, token, "only this transfer is in flight");
+            done = Some(r);
+        });
+        b.poll(&mut |_, _| {}).expect("poll b");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "transfer never completed"
+        );
+    }
+    done.unwrap()
+}
+
+#[test]
+fn rdma_bufs_read_and_write_without_unsafe_and_come_back_after_the_completion() {
+    let Some((mut a, mut b)) = pair(|_| {}) else {
+        return;
+    };
+    let (ab, _) = connect(&mut a, &mut b);
+    let len = 1 << 20;
+    // Read: b exposes a pattern, a reads it into its own registered buffer.
+    let src: Vec<u8> = (0..len).map(|i| (i * 11 + 3) as u8).collect();
+    let region = b.register(src.as_ptr(), len).expect("register");
+    let buf = a.alloc_rdma_buf(len).expect("alloc_rdma_buf");
+    assert!(buf.as_slice().iter().all(|&x| x == 0), "made zeroed");
+    let token = a.read_into(ab, buf, region).expect("read started");
+    assert!(
+        a.take_buf(token).is_none(),
+        "the buffer stays lent until poll_rdma reports the read"
+    );
+    wait_rdma(&mut a, &mut b, token).expect("read succeeded");
+    let mut buf = a.take_buf(token).expect("the buffer comes back");
+    assert!(buf.as_slice() == &src[..], "read bytes differ");
+    assert!(a.take_buf(token).is_none(), "handed back once");
+    b.release(region);
+
+    // Write: b exposes a zeroed buffer, a writes its (rewritten) buffer there.
+    for (i, x) in buf.as_mut_slice().iter_mut().enumerate() {
+        *x = (i * 5 + 1) as u8;
+    }
+    let dst = vec![0u8; len];
+    let region = b.register(dst.as_ptr(), len).expect("register");
+    let token = a.write_from(ab, buf, region).expect("write started");
+    wait_rdma(&mut a, &mut b, token).expect("write succeeded");
+    let buf = a.take_buf(token).expect("the buffer comes back");
+    // SAFETY: `dst` is live; the write completed, nothing writes to it any more.
+    let landed = unsafe { std::slice::from_raw_parts(std::ptr::read_volatile(&dst.as_ptr()), len) };
+    assert!(landed == buf.as_slice(), "written bytes differ");
+    b.release(region);
+    assert_eq!((a.stats().reads, a.stats().writes), (1, 1));
+
+    // A buffer longer than the peer's region is refused, handed back as it was.
+    let small = vec![0u8; 4096];
+    let region = b.register(small.as_ptr(), small.len()).expect("register");
+    let refused = a
+        .read_into(ab, buf, region)
+        .expect_err("longer than the region");
+    match &refused.error {
+        Some(Error::MessageTooLarge { what, len: l, max }) => {
+            assert!(what.contains("longer than the peer's region"), "{what}");
+            assert_eq!((*l, *max), (len, 4096));
+        }
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    assert_eq!(refused.buf.len(), len);
+    assert!(
+        refused.buf.as_slice()[..16] == landed[..16],
+        "contents kept"
+    );
+    let refused = a
+        .write_from(ab, refused.buf, region)
+        .expect_err("longer than the region");
+    assert!(matches!(refused.error, Some(Error::MessageTooLarge { .. })));
+    b.release(region);
+    // Nothing was registered per transfer: the exposures' registrations only.
+    assert_eq!(a.stats().rcache.entries, 0, "{:?}", a.stats().rcache);
+}
+
 #[test]
 fn max_message_size_and_invalid_buffers_are_clear_errors() {
     let Some((mut a, mut b)) = pair(|_| {}) else {
