@@ -36,10 +36,11 @@ use frame::{
     decode_frame, CMA_DONE, CMA_WRITE, COLL_ABORT, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA, RTS_TCP,
 };
 use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
+use rendezvous::RndvRecv;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Split;
 use tcp::TcpEvent;
-use verbs::{keep_frame, PendingRead, Read};
+use verbs::{keep_frame, PendingRead};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.
@@ -179,7 +180,7 @@ struct Req {
     serial: u64,
 }
 
-// SAFETY: the raw pointers of `Kind` and `Read` are user buffers that the call or the
+// SAFETY: the raw pointers of `Kind` and `RndvRecv` are user buffers that the call or the
 // `Request` that posted them borrows (`&mut [T]` / `&[T]` of `Pod` data, themselves
 // `Send`) until the request completes or is cancelled; the engine that holds them is
 // only touched under its mutex, so moving it (or handing the mutex) to another thread
@@ -214,7 +215,7 @@ struct State {
     /// The verbs endpoint, when the process has one.
     verbs: Option<Endpoint>,
     /// RDMA reads in flight.
-    reads: HashMap<ReadToken, Read>,
+    reads: HashMap<ReadToken, RndvRecv>,
     /// RDMA reads waiting for room.
     pending_reads: VecDeque<PendingRead>,
     /// The claim words of this process's inbox (split single-copy rendezvous).
@@ -581,8 +582,8 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_fail_if_gone(id);
         }
-        if self.st.reads.values().any(|r| r.id == id)
-            || self.st.pending_reads.iter().any(|p| p.read.id == id)
+        if self.st.reads.values().any(|r| r.m.id == id)
+            || self.st.pending_reads.iter().any(|p| p.read.m.id == id)
             || self.st.copying(id)
         {
             // The NIC may still write into its buffer: its read's completion (success or
@@ -779,7 +780,7 @@ impl State {
                     }
                 };
                 let id = i as u32;
-                let busy = self.reads.values().any(|x| x.id == id) || self.copying(id);
+                let busy = self.reads.values().any(|x| x.m.id == id) || self.copying(id);
                 (waits && !busy).then_some(id)
             })
             .collect();

@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 
 pub use backoff::spin_limit;
 pub(crate) use backoff::{note_oversubscription, Backoff};
-use engine::{Config, Direct, Engine, Resolved, SingleCopy};
+use engine::{Config, Direct, Engine, Resolved, Resolver, SingleCopy};
 use lock::Guard;
-use setup::{DEFAULT_CMA_SPLIT, DEFAULT_TCP_EAGER_LIMIT};
+use setup::DEFAULT_TCP_EAGER_LIMIT;
 pub use setup::{SHM_CARD_KEY, TCP_CARD_KEY, TUNABLES, VERBS_CARD_KEY};
 use weft_shm::Inbox;
 use weft_wireup::Client;
@@ -594,12 +594,9 @@ impl Fabric {
     ) -> Fabric {
         let my_local = local.iter().position(|&r| r == me).unwrap_or(0) as u32;
         let pairs = inbox.as_ref().map(Inbox::pair_host);
-        let resolve = Box::new(move |rank: u32| -> Resolved {
-            match peers.get(rank as usize).cloned().flatten() {
-                Some(name) => crate::setup::connect_shm(&name, my_local, pairs.as_ref())
-                    .unwrap_or_else(|e| Resolved::Unreachable(e.to_string())),
-                None => Resolved::Unreachable("no card".into()),
-            }
+        let resolve = card_table(peers, move |name: String| {
+            crate::setup::connect_shm(&name, my_local, pairs.as_ref())
+                .unwrap_or_else(|e| Resolved::Unreachable(e.to_string()))
         });
         let cfg = Config {
             eager_limit,
@@ -609,7 +606,7 @@ impl Fabric {
                 SingleCopy::None
             },
             keep_registrations: false,
-            cma_split: DEFAULT_CMA_SPLIT,
+            cma_split: weft_shm::PathConfig::default().cma_split,
             tcp_eager_limit: DEFAULT_TCP_EAGER_LIMIT,
         };
         let engine = Engine::new(
@@ -674,12 +671,7 @@ impl Fabric {
         eager_limit: usize,
         card: fn(Vec<u8>) -> Resolved,
     ) -> Fabric {
-        let resolve = Box::new(move |rank: u32| -> Resolved {
-            match cards.get(rank as usize).cloned().flatten() {
-                Some(c) => card(c),
-                None => Resolved::Unreachable("no card".into()),
-            }
-        });
+        let resolve = card_table(cards, card);
         let cfg = Config {
             eager_limit,
             single_copy: SingleCopy::None,
@@ -691,6 +683,20 @@ impl Fabric {
         let engine = Engine::new(me, size, None, vec![me], cfg, resolve, gone, verbs, tcp);
         Fabric::without_wire(engine, me, size)
     }
+}
+
+/// The resolver of a fabric made from explicit pieces: rank r's card is `cards[r]`, made
+/// into a path by `path`; a rank without one is unreachable.
+fn card_table<C: Clone + Send + 'static>(
+    cards: Vec<Option<C>>,
+    mut path: impl FnMut(C) -> Resolved + Send + 'static,
+) -> Resolver {
+    Box::new(
+        move |rank: u32| match cards.get(rank as usize).cloned().flatten() {
+            Some(c) => path(c),
+            None => Resolved::Unreachable("no card".into()),
+        },
+    )
 }
 
 /// A communicator: a group of processes with a context id carried in every message.

@@ -128,8 +128,6 @@ fn config() -> Result<Config, InitError> {
     })
 }
 
-/// Default of `WEFT_SHM_CMA_SPLIT` (bytes).
-pub(crate) const DEFAULT_CMA_SPLIT: usize = 64 * 1024;
 /// Default of `WEFT_TCP_EAGER_LIMIT` (bytes).
 pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
 /// Largest `WEFT_TCP_EAGER_LIMIT`: an eager frame is read whole into the endpoint's
@@ -464,8 +462,6 @@ mod tests {
         let none = |_: &str| None;
         let size = |n| t(n).size_in(&none, 0, u64::MAX).unwrap() as usize;
         assert_eq!(size("WEFT_TCP_EAGER_LIMIT"), DEFAULT_TCP_EAGER_LIMIT);
-        let shm = weft_shm::PathConfig::default();
-        assert_eq!(shm.cma_split, DEFAULT_CMA_SPLIT);
         let wait = |n| t(n).millis_in(&none, Duration::ZERO, LONGEST_WAIT).unwrap();
         assert_eq!(wait("WEFT_CARD_TIMEOUT"), Duration::from_secs(60));
         assert_eq!(wait("WEFT_FINALIZE_TIMEOUT"), Duration::from_secs(10));

@@ -3,6 +3,7 @@
 //! takes a matching eager frame straight from a transport's poll into the caller's buffer.
 
 use super::frame::{decode_frame, outcome, Hdr, EAGER};
+use super::rendezvous::Matched;
 use super::{Kind, Req, State};
 use crate::{P2pError, Status};
 
@@ -135,21 +136,29 @@ impl State {
             .position(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
         {
             let u = self.unexpected.remove(i).expect("index from position");
+            let (src, tag) = (u.src, u.tag);
+            let m = |sreq, len: u64| Matched {
+                id,
+                src,
+                tag,
+                sreq,
+                len: len as usize,
+            };
             match u.body {
-                Body::Eager(data) => self.fill(id, u.src, u.tag, &data),
+                Body::Eager(data) => self.fill(id, src, tag, &data),
                 Body::Rts {
                     sreq,
                     addr,
                     pid,
                     len,
-                } => self.rts_matched(id, u.src, u.tag, sreq, addr, pid, len),
+                } => self.rts_matched(m(sreq, len), addr, pid),
                 Body::RtsRdma {
                     sreq,
                     addr,
                     rkey,
                     len,
-                } => self.rdma_matched(id, u.src, u.tag, sreq, addr, rkey, len),
-                Body::RtsTcp { sreq, len } => self.tcp_matched(id, u.src, u.tag, sreq, len),
+                } => self.rdma_matched(m(sreq, len), addr, rkey),
+                Body::RtsTcp { sreq, len } => self.tcp_matched(m(sreq, len)),
             }
         } else {
             self.posted.push_back(Posted { id, ctx, src, tag });
@@ -212,7 +221,7 @@ impl State {
 
     pub(super) fn on_rts(&mut self, h: Hdr, addr: u64, pid: i32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rts_matched(id, h.src, h.tag, h.aux, addr, pid, h.len),
+            Some(id) => self.rts_matched(Matched::of(id, h), addr, pid),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,

@@ -6,6 +6,59 @@ use super::frame::{outcome, Hdr, CTS, FIN};
 use super::{Kind, Path, Req, SingleCopy, State};
 use crate::{P2pError, Status};
 
+/// A rendezvous offer (RTS, RTS_RDMA or RTS_TCP) matched to a posted receive: the
+/// receive, and what every offer's header carries.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Matched {
+    /// The posted receive's request.
+    pub(super) id: u32,
+    pub(super) src: u32,
+    pub(super) tag: u32,
+    /// The sender's request (what CTS and FIN name).
+    pub(super) sreq: u32,
+    /// The message's length (the receive may be shorter: truncation).
+    pub(super) len: usize,
+}
+
+impl Matched {
+    /// The offer of header `h`, matched to receive `id`.
+    #[inline]
+    pub(super) fn of(id: u32, h: Hdr) -> Matched {
+        Matched {
+            id,
+            src: h.src,
+            tag: h.tag,
+            sreq: h.aux,
+            len: h.len as usize,
+        }
+    }
+}
+
+/// A matched rendezvous with its receive's buffer: where the data lands.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RndvRecv {
+    pub(super) m: Matched,
+    pub(super) buf: *mut u8,
+    pub(super) cap: usize,
+}
+
+// SAFETY: as for `Kind`: `buf` is a receive buffer borrowed by its request.
+unsafe impl Send for RndvRecv {}
+
+impl RndvRecv {
+    /// Bytes that land: the message, cut to the receive's capacity.
+    #[inline]
+    pub(super) fn n(&self) -> usize {
+        self.m.len.min(self.cap)
+    }
+
+    /// What the receive completes with once its data is in.
+    #[inline]
+    pub(super) fn outcome(&self) -> Result<Status, P2pError> {
+        outcome(self.m.src, self.m.tag, self.m.len, self.cap)
+    }
+}
+
 /// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Offer {
@@ -45,26 +98,29 @@ impl State {
         self.push(to, &hdr, payload);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rts_matched(
-        &mut self,
-        id: u32,
-        src: u32,
-        tag: u32,
-        sreq: u32,
-        addr: u64,
-        pid: i32,
-        len: u64,
-    ) {
-        let Some((buf, cap)) = self.recv_buffer(id) else {
+    /// Offer `m` and its receive's buffer; `None` when the receive is gone.
+    #[inline]
+    pub(super) fn rndv_recv(&self, m: Matched) -> Option<RndvRecv> {
+        let (buf, cap) = self.recv_buffer(m.id)?;
+        Some(RndvRecv { m, buf, cap })
+    }
+
+    /// A receive matched an RTS (shared memory) of the buffer at `addr` in process `pid`:
+    /// a single copy (split with the sender when large), or else CTS for a pipelined
+    /// stream.
+    pub(super) fn rts_matched(&mut self, m: Matched, addr: u64, pid: i32) {
+        let Some(r) = self.rndv_recv(m) else {
             return;
         };
-        let len = len as usize;
-        let n = len.min(cap);
-        let done = |st: &mut State| {
-            let r = outcome(src, tag, len, cap);
-            st.complete(id, r);
-        };
+        let Matched {
+            id,
+            src,
+            tag,
+            sreq,
+            len,
+        } = m;
+        let (buf, n) = (r.buf, r.n());
+        let done = |st: &mut State| st.complete(id, r.outcome());
         if self.cfg.single_copy == SingleCopy::Cma
             && self.peers[src as usize].cma_ok
             && self.cfg.cma_split > 0

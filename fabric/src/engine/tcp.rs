@@ -10,6 +10,7 @@ use weft_tcp::ConnId;
 
 use super::frame::{outcome, Hdr, CTS, RTS_TCP};
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::rendezvous::{Matched, RndvRecv};
 use super::{keep_frame, Kind, Path, Req, State};
 use crate::{P2pError, Status};
 
@@ -117,7 +118,7 @@ impl State {
     /// An offer over TCP arrived: match it, or queue it as unexpected.
     pub(super) fn on_rts_tcp(&mut self, h: Hdr) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.tcp_matched(id, h.src, h.tag, h.aux, h.len),
+            Some(id) => self.tcp_matched(Matched::of(id, h)),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
@@ -130,12 +131,19 @@ impl State {
         }
     }
 
-    /// Receive `id` matched a TCP offer: hands its buffer to the endpoint for the bulk
+    /// A receive matched a TCP offer: hands its buffer to the endpoint for the bulk
     /// transfer, then asks for it (CTS).
-    pub(super) fn tcp_matched(&mut self, id: u32, src: u32, tag: u32, sreq: u32, len: u64) {
-        let Some((buf, cap)) = self.recv_buffer(id) else {
+    pub(super) fn tcp_matched(&mut self, m: Matched) {
+        let Some(RndvRecv { buf, cap, .. }) = self.rndv_recv(m) else {
             return;
         };
+        let Matched {
+            id,
+            src,
+            tag,
+            sreq,
+            len,
+        } = m;
         let conn = match self.path(src).map(|()| &self.peers[src as usize].path) {
             Ok(Path::Tcp(c)) => *c,
             Ok(_) => {
@@ -161,7 +169,7 @@ impl State {
             ..
         })) = self.reqs.get_mut(id as usize)
         {
-            *pipe = Some((src, tag, len as usize, 0));
+            *pipe = Some((src, tag, len, 0));
             *bulk = Some(t);
         }
         self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());

@@ -2,8 +2,9 @@
 //! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
 //! waits and failures.
 
-use super::frame::{outcome, Hdr, RTS_RDMA};
+use super::frame::{Hdr, RTS_RDMA};
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::rendezvous::{Matched, RndvRecv};
 use super::{Path, State};
 use crate::P2pError;
 use weft_verbs::ConnId;
@@ -42,28 +43,14 @@ pub(super) fn keep_frame(
     spans.push((peer, scratch.len()));
 }
 
-/// An RDMA read of a rendezvous in flight: the receive it fills.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Read {
-    pub(super) id: u32,
-    pub(super) src: u32,
-    pub(super) tag: u32,
-    pub(super) sreq: u32,
-    pub(super) len: usize,
-    pub(super) cap: usize,
-    pub(super) buf: *mut u8,
-}
-
-/// An RDMA read waiting for room on its connection.
+/// An RDMA read waiting for room on its connection: the receive it fills and the
+/// sender's region.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PendingRead {
-    pub(super) read: Read,
+    pub(super) read: RndvRecv,
     pub(super) addr: u64,
     pub(super) rkey: u32,
 }
-
-// SAFETY: as for `Kind`: `buf` is a receive buffer borrowed by its request.
-unsafe impl Send for Read {}
 
 impl State {
     /// A rendezvous send over verbs: registers the buffer and offers it with RTS_RDMA;
@@ -98,29 +85,11 @@ impl State {
         Ok(self.offer(RTS_RDMA, (buf, len, dest, ctx, tag), region, &p))
     }
 
-    /// A receive matched an RTS_RDMA: read the data straight into its buffer.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rdma_matched(
-        &mut self,
-        id: u32,
-        src: u32,
-        tag: u32,
-        sreq: u32,
-        addr: u64,
-        rkey: u32,
-        len: u64,
-    ) {
-        let Some((buf, cap)) = self.recv_buffer(id) else {
+    /// A receive matched an RTS_RDMA of region (`addr`, `rkey`): read the data straight
+    /// into its buffer.
+    pub(super) fn rdma_matched(&mut self, m: Matched, addr: u64, rkey: u32) {
+        let Some(read) = self.rndv_recv(m) else {
             return;
-        };
-        let read = Read {
-            id,
-            src,
-            tag,
-            sreq,
-            len: len as usize,
-            cap,
-            buf,
         };
         self.pending_reads
             .push_back(PendingRead { read, addr, rkey });
@@ -131,27 +100,21 @@ impl State {
     pub(super) fn start_reads(&mut self) {
         while let Some(p) = self.pending_reads.front().copied() {
             let r = p.read;
-            let n = r.len.min(r.cap);
+            let (id, src, n) = (r.m.id, r.m.src, r.n());
             if n == 0 {
                 self.pending_reads.pop_front();
                 self.read_done(r, Ok(()));
                 continue;
             }
-            if let Err(e) = self.path(r.src) {
+            if let Err(e) = self.path(src) {
                 self.pending_reads.pop_front();
-                self.complete(r.id, Err(e));
+                self.complete(id, Err(e));
                 continue;
             }
-            let Path::Verbs(conn) = self.peers[r.src as usize].path else {
+            let Path::Verbs(conn) = self.peers[src as usize].path else {
                 self.pending_reads.pop_front();
                 let reason = "a verbs rendezvous from a peer not reached over verbs".into();
-                self.complete(
-                    r.id,
-                    Err(P2pError::Transport {
-                        rank: r.src,
-                        reason,
-                    }),
-                );
+                self.complete(id, Err(P2pError::Transport { rank: src, reason }));
                 continue;
             };
             let Some(ep) = &mut self.verbs else { return };
@@ -174,23 +137,26 @@ impl State {
     }
 
     /// An RDMA read finished: complete the receive, tell the sender.
-    pub(super) fn read_done(&mut self, r: Read, res: Result<(), String>) {
-        if !self.cfg.keep_registrations && r.len.min(r.cap) > 0 {
+    pub(super) fn read_done(&mut self, r: RndvRecv, res: Result<(), String>) {
+        let Matched {
+            id, src, tag, sreq, ..
+        } = r.m;
+        if !self.cfg.keep_registrations && r.n() > 0 {
             if let Some(ep) = &mut self.verbs {
-                ep.invalidate(r.buf, r.len.min(r.cap));
+                ep.invalidate(r.buf, r.n());
             }
         }
         match res {
             Ok(()) => {
-                self.fin(r.src, r.tag, r.sreq);
-                self.complete(r.id, outcome(r.src, r.tag, r.len, r.cap));
+                self.fin(src, tag, sreq);
+                self.complete(id, r.outcome());
             }
             Err(reason) => {
-                self.failed.entry(r.src).or_insert_with(|| reason.clone());
+                self.failed.entry(src).or_insert_with(|| reason.clone());
                 self.complete(
-                    r.id,
+                    id,
                     Err(P2pError::PeerGone {
-                        rank: r.src,
+                        rank: src,
                         reason: format!("RDMA read failed: {reason}"),
                     }),
                 );
@@ -265,7 +231,7 @@ impl State {
         let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
         let rkey = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rdma_matched(id, h.src, h.tag, h.aux, addr, rkey, h.len),
+            Some(id) => self.rdma_matched(Matched::of(id, h), addr, rkey),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
