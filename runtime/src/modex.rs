@@ -232,6 +232,16 @@ impl Modex {
             }
             l.data.insert(key, (scope, value));
         }
+        out.extend(self.release(rank));
+        out
+    }
+
+    /// After a commit or the end of local rank `rank`: answers the local gets and other
+    /// nodes' requests waiting for it whose answer is now known; the rest keep waiting.
+    /// The one place waiters are answered late, by the rules a request that arrives now
+    /// is answered with ([`Modex::local_answer`], [`Modex::served`]).
+    fn release(&mut self, rank: Rank) -> Vec<Action> {
+        let mut out = Vec::new();
         if let Some(ws) = self.waiting.remove(&rank) {
             let mut still = Vec::new();
             for w in ws {
@@ -248,19 +258,15 @@ impl Modex {
                 self.waiting.insert(rank, still);
             }
         }
-        let l = &self.locals[&rank];
-        let ready: Vec<u64> = self
+        let ready: Vec<(u64, Result<ModexData, WireError>)> = self
             .serving
             .iter()
-            .filter(|(_, s)| s.rank == rank && l.data.contains_key(&s.key))
-            .map(|(&q, _)| q)
+            .filter(|(_, s)| s.rank == rank)
+            .filter_map(|(&q, s)| Some((q, self.served(rank, &s.key, true)?)))
             .collect();
-        if !ready.is_empty() {
-            let data = self.data_of(rank);
-            for qid in ready {
-                let s = self.serving.remove(&qid).expect("listed");
-                out.push(resp(s.from, qid, rank, Ok(data.clone())));
-            }
+        for (qid, result) in ready {
+            let s = self.serving.remove(&qid).expect("listed");
+            out.push(resp(s.from, qid, rank, result));
         }
         out
     }
@@ -372,26 +378,33 @@ impl Modex {
     /// Another node's request for `key` of local rank `rank`.
     pub(crate) fn serve(&mut self, qid: u64, rank: Rank, key: String, wait: bool) -> Vec<Action> {
         let from = Self::asker_of(qid);
-        let Some(l) = self.locals.get(&rank) else {
+        if !self.locals.contains_key(&rank) {
             let error = WireError::Invalid {
                 op: "get".into(),
                 reason: format!("rank {rank} does not run on node {}", self.node),
             };
             return vec![resp(from, qid, rank, Err(error))];
-        };
-        if l.data.contains_key(&key) || !wait {
-            return vec![resp(from, qid, rank, Ok(self.data_of(rank)))];
         }
-        match &l.end {
-            Some(e) if e.finalized => vec![resp(from, qid, rank, Ok(self.data_of(rank)))],
-            Some(e) => {
-                let error = gone_error(rank, &key, &e.reason);
-                vec![resp(from, qid, rank, Err(error))]
-            }
+        match self.served(rank, &key, wait) {
+            Some(result) => vec![resp(from, qid, rank, result)],
             None => {
                 self.serving.insert(qid, Serve { from, rank, key });
                 Vec::new()
             }
+        }
+    }
+
+    /// What the owner answers another node's request for `key` of local rank `rank`
+    /// now, or `None` while the request waits (the key may still be committed).
+    fn served(&self, rank: Rank, key: &str, wait: bool) -> Option<Result<ModexData, WireError>> {
+        let l = self.locals.get(&rank)?;
+        if l.data.contains_key(key) || !wait {
+            return Some(Ok(self.data_of(rank)));
+        }
+        match &l.end {
+            Some(e) if e.finalized => Some(Ok(self.data_of(rank))),
+            Some(e) => Some(Err(gone_error(rank, key, &e.reason))),
+            None => None,
         }
     }
 
@@ -480,41 +493,14 @@ impl Modex {
     /// Local rank `rank` ended (finalized, or died with `reason`): gets waiting for keys
     /// it never committed end now.
     pub(crate) fn ended(&mut self, rank: Rank, finalized: bool, reason: &str) -> Vec<Action> {
-        let mut out = Vec::new();
-        let Some(l) = self.locals.get_mut(&rank) else {
-            return out;
+        let Some(l) = self.locals.get_mut(&rank).filter(|l| l.end.is_none()) else {
+            return Vec::new();
         };
-        if l.end.is_some() {
-            return out;
-        }
-        let end = End {
+        l.end = Some(End {
             finalized,
             reason: reason.to_owned(),
-        };
-        l.end = Some(end.clone());
-        for w in self.waiting.remove(&rank).unwrap_or_default() {
-            out.push(Action::Reply {
-                conn: w.conn,
-                req: w.req,
-                answer: gone_answer(rank, &w.key, &end),
-            });
-        }
-        let waiting: Vec<u64> = self
-            .serving
-            .iter()
-            .filter(|(_, s)| s.rank == rank)
-            .map(|(&q, _)| q)
-            .collect();
-        for qid in waiting {
-            let s = self.serving.remove(&qid).expect("listed");
-            let result = if finalized {
-                Ok(self.data_of(rank))
-            } else {
-                Err(gone_error(rank, &s.key, reason))
-            };
-            out.push(resp(s.from, qid, rank, result));
-        }
-        out
+        });
+        self.release(rank)
     }
 
     /// The server of `node` is lost: requests to it fail, its requests are dropped.

@@ -975,3 +975,5 @@ impl State {
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod tests;

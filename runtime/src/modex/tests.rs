@@ -453,3 +453,171 @@ fn server_only_keys_stay_out_of_the_datastore_but_are_held_and_learned() {
     );
     assert_eq!(a.value(2, "pmix/fence"), Some(&Value::U64(9)));
 }
+
+/// The replies of `acts` to connection `conn`.
+fn replies_to_conn(acts: &[Action], conn: ConnId) -> Vec<(u64, Answer)> {
+    replies(acts)
+        .into_iter()
+        .filter(|r| r.0 == conn)
+        .map(|(_, req, a)| (req, a))
+        .collect()
+}
+
+fn peer_msgs(acts: &[Action]) -> Vec<&PeerMsg> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Peer { msg, .. } => Some(msg),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_local_get_waits_for_the_key_and_is_answered_once_at_commit() {
+    let (_, mut n1) = pair();
+    let wait = n1.get(5, 1, 2, "card".into(), GetFlags::default(), Some(1000));
+    assert!(replies(&wait).is_empty(), "no answer before the commit");
+    // Another key's commit does not answer it.
+    assert!(replies(&n1.commit(2, put("other", 1))).is_empty());
+    let got = n1.commit(2, put("card", 42));
+    assert_eq!(replies(&got), vec![(5, 1, Answer::Value(Value::U64(42)))]);
+    // Its timer firing later answers nothing: the get was answered once.
+    assert!(n1.get_timeout(2, 5, 1).is_empty());
+    assert!(n1.waiting.is_empty());
+}
+
+#[test]
+fn a_committed_card_never_reads_as_missing() {
+    let (mut n0, mut n1) = pair();
+    n1.commit(2, put("card", 7));
+    let card = Answer::Value(Value::U64(7));
+    let immediate = GetFlags {
+        immediate: true,
+        ..GetFlags::default()
+    };
+    let refresh = GetFlags {
+        refresh: true,
+        ..GetFlags::default()
+    };
+    // On its node, waiting or not.
+    for (req, flags) in [(1, GetFlags::default()), (2, immediate)] {
+        let got = n1.get(1, req, 2, "card".into(), flags, Some(10));
+        assert_eq!(replies(&got), vec![(1, req, card.clone())], "{flags:?}");
+    }
+    // From the other node, waiting or not, fresh or not.
+    for (req, flags) in [(1, GetFlags::default()), (2, immediate), (3, refresh)] {
+        let ask = n0.get(1, req, 2, "card".into(), flags, Some(10));
+        let got = deliver(&deliver(&ask, &mut n1), &mut n0);
+        assert_eq!(
+            replies_to_conn(&ask, 1)
+                .into_iter()
+                .chain(replies_to_conn(&got, 1))
+                .collect::<Vec<_>>(),
+            vec![(req, card.clone())],
+            "{flags:?}"
+        );
+    }
+    // Once its owner has ended, finalized or not, the card still reads as committed.
+    n1.commit(3, put("card", 8));
+    n1.ended(2, true, "has finalized");
+    n1.ended(3, false, "exited with code 1");
+    for (rank, v) in [(2, 7), (3, 8)] {
+        let got = n1.get(1, 9, rank, "card".into(), GetFlags::default(), None);
+        assert_eq!(replies(&got), vec![(1, 9, Answer::Value(Value::U64(v)))]);
+        let ask = n0.get(2, 9, rank, "card".into(), refresh, None);
+        let got = deliver(&deliver(&ask, &mut n1), &mut n0);
+        assert_eq!(replies(&got), vec![(2, 9, Answer::Value(Value::U64(v)))]);
+    }
+}
+
+#[test]
+fn a_get_of_a_key_never_committed_fails_only_at_its_timeout_or_the_owners_end() {
+    let (mut n0, mut n1) = pair();
+    let local = n1.get(1, 1, 2, "card".into(), GetFlags::default(), Some(50));
+    assert!(matches!(
+        local[..],
+        [Action::GetTimer {
+            rank: 2,
+            conn: 1,
+            req: 1,
+            ms: 50
+        }]
+    ));
+    let remote = n0.get(1, 1, 2, "card".into(), GetFlags::default(), Some(50));
+    assert!(deliver(&remote, &mut n1).is_empty());
+    // Commits of other keys, and a fence, answer neither.
+    let other = n1.commit(2, put("other", 1));
+    assert!(replies(&other).is_empty());
+    assert!(replies(&deliver(&other, &mut n0)).is_empty());
+    assert!(replies(&n0.learn(2, n1.gen(2), None)).is_empty());
+    // The timeout answers each once, with the rank that did not commit.
+    for n in [&mut n1, &mut n0] {
+        let t = n.get_timeout(2, 1, 1);
+        assert!(
+            matches!(
+                &replies(&t)[..],
+                [(1, 1, Answer::Failed(WireError::Timeout { missing, .. }))] if missing == &vec![2]
+            ),
+            "{t:?}"
+        );
+    }
+    // Rank 3 is still running: a get of its key waits (never Missing); when it dies
+    // without committing, the get fails with the reason, and is not Missing either.
+    assert!(replies(&n1.get(1, 2, 3, "card".into(), GetFlags::default(), None)).is_empty());
+    let died = n1.ended(3, false, "exited with code 3");
+    assert!(matches!(
+        &replies(&died)[..],
+        [(1, 2, Answer::Failed(WireError::ProcGone { rank: 3, .. }))]
+    ));
+}
+
+#[test]
+fn a_cancelled_wait_is_not_answered() {
+    let (mut n0, mut n1) = pair();
+    // Locally: a get whose timeout fired.
+    n1.get(1, 1, 2, "card".into(), GetFlags::default(), Some(10));
+    n1.get_timeout(2, 1, 1);
+    // Remotely: the asker's timeout cancels the request at the owner.
+    let ask = n0.get(1, 2, 2, "card".into(), GetFlags::default(), Some(10));
+    deliver(&ask, &mut n1);
+    let t = n0.get_timeout(2, 1, 2);
+    assert!(matches!(peer_msgs(&t)[..], [PeerMsg::ModexCancel { .. }]));
+    deliver(&t, &mut n1);
+    let commit = n1.commit(2, put("card", 1));
+    assert!(replies(&commit).is_empty(), "{commit:?}");
+    assert!(
+        peer_msgs(&commit).is_empty(),
+        "a cancelled request is answered: {commit:?}"
+    );
+}
+
+#[test]
+fn a_closed_connections_waits_are_dropped_and_the_others_answered() {
+    let (mut n0, mut n1) = pair();
+    // Local: conns 1 and 2 wait for the same key; conn 1 closes.
+    n1.get(1, 1, 2, "card".into(), GetFlags::default(), None);
+    n1.get(2, 1, 2, "card".into(), GetFlags::default(), None);
+    assert!(n1.conn_closed(1).is_empty());
+    // Remote: conns 1 and 2 share one request; conn 1 closing does not cancel it.
+    let ask = n0.get(1, 2, 2, "card".into(), GetFlags::default(), None);
+    n0.get(2, 2, 2, "card".into(), GetFlags::default(), None);
+    deliver(&ask, &mut n1);
+    let closed = n0.conn_closed(1);
+    assert!(closed.is_empty(), "conn 2 still waits: {closed:?}");
+    let commit = n1.commit(2, put("card", 5));
+    assert_eq!(replies(&commit), vec![(2, 1, Answer::Value(Value::U64(5)))]);
+    let got = deliver(&commit, &mut n0);
+    assert_eq!(replies(&got), vec![(2, 2, Answer::Value(Value::U64(5)))]);
+    // When the last waiter of a request closes, the owner forgets the request.
+    let ask = n0.get(3, 3, 3, "card".into(), GetFlags::default(), None);
+    deliver(&ask, &mut n1);
+    assert_eq!(n1.serving.len(), 1);
+    let closed = n0.conn_closed(3);
+    assert!(matches!(
+        peer_msgs(&closed)[..],
+        [PeerMsg::ModexCancel { .. }]
+    ));
+    deliver(&closed, &mut n1);
+    assert!(n1.serving.is_empty());
+    assert!(peer_msgs(&n1.commit(3, put("card", 6))).is_empty());
+}

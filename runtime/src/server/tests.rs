@@ -1,0 +1,378 @@
+//! Tests of the server's concerns (fences, group constructs, process sets) driven
+//! through its state without sockets: the clients and the other node's server are
+//! channels, the datastore a small segment, and what the server sends is decoded and
+//! asserted on. No task runs: these paths set no timer and open no connection.
+
+use super::*;
+use weft_wireup::proto::GroupDirectives;
+
+/// The server of node 0 of a 4-process job on 2 nodes: ranks 0 and 1 here (connected),
+/// 2 and 3 on node 1, whose server is a channel.
+struct Node0 {
+    st: State,
+    _ev: UnboundedReceiver<Event>,
+    to_node1: UnboundedReceiver<Vec<u8>>,
+    clients: BTreeMap<Rank, (ConnId, UnboundedReceiver<Out>)>,
+}
+
+impl Node0 {
+    fn new(test: &str) -> Node0 {
+        let args: Vec<String> = ["--nodes", "2", "-n", "4", "/bin/true"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let spec = crate::launcher::parse_run_args(&args).expect("spec");
+        let plan = Arc::new(crate::launcher::build_plan(&spec, test).expect("plan"));
+        assert_eq!(plan.job.ranks_on(0), vec![0, 1]);
+        let name = format!("/weft-srvtest{}-{test}-n0", std::process::id());
+        let _ = weft_shm::unlink(&name);
+        let store = StoreWriter::create(&name, 1 << 20, 1 << 10).expect("datastore");
+        let (ev, ev_rx) = unbounded_channel();
+        let (ctl_tx, _) = unbounded_channel();
+        let nowhere: SocketAddr = "127.0.0.1:1".parse().expect("address");
+        let mut st = State::new(0, plan, [1, 2], ev, store, vec![nowhere; 2], ctl_tx);
+        let (peer_tx, to_node1) = unbounded_channel();
+        st.peer_tx.insert(1, peer_tx);
+        let mut clients = BTreeMap::new();
+        for (conn, rank) in [(10, 0), (11, 1)] {
+            let (tx, rx) = unbounded_channel();
+            let token = st.procs[&rank].token;
+            st.handle(Event::ClientHello {
+                conn,
+                rank,
+                token,
+                tx,
+            });
+            clients.insert(rank, (conn, rx));
+        }
+        let mut n = Node0 {
+            st,
+            _ev: ev_rx,
+            to_node1,
+            clients,
+        };
+        for r in [0, 1] {
+            assert!(matches!(n.replies(r)[..], [ServerMsg::Welcome { .. }]));
+        }
+        n
+    }
+
+    /// Local rank `rank` sends `msg`.
+    fn client(&mut self, rank: Rank, msg: ClientMsg) {
+        let conn = self.clients[&rank].0;
+        self.st.handle(Event::Client { conn, msg });
+    }
+
+    /// The server of node 1 sends `msg`.
+    fn peer(&mut self, msg: PeerMsg) {
+        self.st.handle(Event::Peer { msg });
+    }
+
+    /// What local rank `rank` was sent since the last call.
+    fn replies(&mut self, rank: Rank) -> Vec<ServerMsg> {
+        let rx = &mut self.clients.get_mut(&rank).expect("a local rank").1;
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|o| match o {
+                Out::Frame(f) => frame::read_sync(&mut &f[..], MAX_CLIENT_FRAME).expect("a frame"),
+                Out::Close => panic!("rank {rank}'s connection was closed"),
+            })
+            .collect()
+    }
+
+    /// What the server of node 1 was sent since the last call.
+    fn sent(&mut self) -> Vec<PeerMsg> {
+        std::iter::from_fn(|| self.to_node1.try_recv().ok())
+            .map(|f| frame::read_sync(&mut &f[..], MAX_PEER_FRAME).expect("a frame"))
+            .collect()
+    }
+}
+
+fn fence_id(seq: u64) -> CollId {
+    CollId {
+        kind: CollKind::Fence,
+        procs: Procs::All,
+        seq,
+        name: String::new(),
+    }
+}
+
+fn fence(req: u64, id: &CollId, mode: FenceMode) -> ClientMsg {
+    ClientMsg::Fence {
+        req,
+        id: id.clone(),
+        mode,
+        timeout_ms: None,
+    }
+}
+
+/// Node 1's part of fence `id` (step 0 of the 2-node all-gather): ranks 2 and 3 at
+/// generation 1, rank 2 with its card.
+fn node1_gather(id: &CollId, mode: FenceMode) -> PeerMsg {
+    let card = vec![("card".to_owned(), Value::U64(22))];
+    let data: ProcData = vec![(2, 1, Some(card)), (3, 1, Some(Vec::new()))];
+    PeerMsg::Gather {
+        id: id.clone(),
+        mode,
+        step: 0,
+        blocks: vec![(1, postcard::to_stdvec(&data).expect("encode"))],
+        group: None,
+    }
+}
+
+fn done(msgs: &[ServerMsg]) -> Vec<u64> {
+    msgs.iter()
+        .map(|m| match m {
+            ServerMsg::Done { req } => *req,
+            other => panic!("expected Done, got {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_fence_releases_each_member_once_when_every_node_contributed() {
+    let mut n = Node0::new("fence-all");
+    let id = fence_id(1);
+    n.client(0, fence(1, &id, FenceMode::Full));
+    assert!(n.replies(0).is_empty());
+    assert!(
+        n.sent().is_empty(),
+        "node 0's part must wait for its other member"
+    );
+    n.client(1, fence(7, &id, FenceMode::Full));
+    match &n.sent()[..] {
+        [PeerMsg::Gather {
+            id: sent,
+            step: 0,
+            blocks,
+            ..
+        }] => {
+            assert_eq!(sent, &id);
+            assert_eq!(blocks.iter().map(|b| b.0).collect::<Vec<_>>(), vec![0]);
+        }
+        other => panic!("expected one gather to node 1, got {other:?}"),
+    }
+    assert!(n.replies(0).is_empty() && n.replies(1).is_empty());
+    n.peer(node1_gather(&id, FenceMode::Full));
+    assert_eq!(done(&n.replies(0)), vec![1]);
+    assert_eq!(done(&n.replies(1)), vec![7]);
+    assert!(n.sent().is_empty());
+    // A Full fence carried rank 2's card: a get of it is answered here.
+    n.client(
+        0,
+        ClientMsg::Get {
+            req: 2,
+            rank: 2,
+            key: "card".into(),
+            refresh: false,
+            local_only: false,
+            immediate: false,
+            timeout_ms: None,
+        },
+    );
+    assert!(matches!(
+        n.replies(0)[..],
+        [ServerMsg::Value {
+            req: 2,
+            value: Value::U64(22)
+        }]
+    ));
+    assert!(n.sent().is_empty(), "no direct modex after a Full fence");
+}
+
+#[test]
+fn a_member_gone_before_joining_fails_the_fence_for_the_others() {
+    let mut n = Node0::new("fence-gone");
+    let id = fence_id(1);
+    n.client(0, fence(1, &id, FenceMode::SyncOnly));
+    let reason = "exited with code 3 before finalize";
+    n.peer(PeerMsg::ProcGone {
+        rank: 2,
+        reason: reason.into(),
+        joined: Vec::new(),
+    });
+    let failed = |msgs: &[ServerMsg], want: u64| match msgs {
+        [ServerMsg::Failed {
+            req,
+            error:
+                WireError::ProcGone {
+                    op,
+                    rank: 2,
+                    reason: why,
+                },
+        }] => *req == want && op == "fence" && why == reason,
+        _ => false,
+    };
+    let got = n.replies(0);
+    assert!(failed(&got, 1), "{got:?}");
+    // A member arriving later learns the same failure; nothing went to node 1.
+    n.client(1, fence(5, &id, FenceMode::SyncOnly));
+    let got = n.replies(1);
+    assert!(failed(&got, 5), "{got:?}");
+    assert!(n.replies(0).is_empty());
+    assert!(n.sent().is_empty(), "{:?}", n.sent());
+}
+
+#[test]
+fn a_member_that_joined_before_it_ended_does_not_fail_the_fence() {
+    let mut n = Node0::new("fence-joined");
+    let id = fence_id(2);
+    n.client(0, fence(1, &id, FenceMode::SyncOnly));
+    // Rank 2 joined the fence at node 1, then finalized.
+    n.peer(PeerMsg::ProcGone {
+        rank: 2,
+        reason: weft_wireup::FINALIZED.into(),
+        joined: vec![id.digest()],
+    });
+    assert!(n.replies(0).is_empty());
+    n.client(1, fence(2, &id, FenceMode::SyncOnly));
+    assert_eq!(n.sent().len(), 1);
+    n.peer(node1_gather(&id, FenceMode::SyncOnly));
+    assert_eq!(done(&n.replies(0)), vec![1]);
+    assert_eq!(done(&n.replies(1)), vec![2]);
+}
+
+fn construct(req: u64, name: &str, directives: &GroupDirectives) -> ClientMsg {
+    ClientMsg::Group {
+        req,
+        id: CollId {
+            kind: CollKind::GroupConstruct,
+            procs: Procs::List(vec![0, 1]),
+            seq: 0,
+            name: name.into(),
+        },
+        directives: directives.clone(),
+        timeout_ms: None,
+    }
+}
+
+fn group_of(msgs: &[ServerMsg], want: u64) -> GroupInfo {
+    match msgs {
+        [ServerMsg::Group { req, group }] if *req == want => group.clone(),
+        other => panic!("expected the group for request {want}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_node_local_group_construct_gives_every_member_one_group_and_a_fresh_pgcid() {
+    let mut n = Node0::new("group");
+    let world = n.st.plan.job.world_pgcid;
+    let directives = GroupDirectives {
+        local_only: true,
+        assign_context_id: true,
+        notify_termination: true,
+        ..GroupDirectives::default()
+    };
+    n.client(0, construct(1, "g1", &directives));
+    assert!(n.replies(0).is_empty(), "answered before rank 1 joined");
+    n.client(1, construct(4, "g1", &directives));
+    let g0 = group_of(&n.replies(0), 1);
+    let g1 = group_of(&n.replies(1), 4);
+    assert_eq!(g0, g1);
+    assert_eq!(g0.members, vec![0, 1]);
+    assert!(g0.left_out.is_empty());
+    let pgcid = g0.pgcid.expect("a PGCID");
+    assert!(pgcid > world, "PGCID {pgcid} reuses the world's {world}");
+    // The root server never hands out a PGCID twice.
+    n.client(0, construct(2, "g2", &directives));
+    n.client(1, construct(5, "g2", &directives));
+    let other = group_of(&n.replies(0), 2).pgcid.expect("a PGCID");
+    group_of(&n.replies(1), 5);
+    assert_ne!(other, pgcid);
+    assert!(n.sent().is_empty(), "a local-only group on the root server");
+    // A member that dies leaves the notify-termination groups: the other hears of it.
+    n.st.proc_gone_local(1, "exited with code 1 before finalize".into(), false);
+    let events: Vec<WireEvent> = n
+        .replies(0)
+        .into_iter()
+        .map(|m| match m {
+            ServerMsg::Event(e) => e,
+            other => panic!("expected events, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for (e, g) in events.iter().zip(["g1", "g2"]) {
+        assert_eq!(e.code, EventCode::MemberFailed);
+        assert_eq!((e.group.as_deref(), e.rank), (Some(g), Some(1)));
+        assert_eq!(e.members, vec![0]);
+    }
+    assert_eq!(n.st.groups["g1"].members, vec![0]);
+}
+
+fn pset_events(msgs: &[ServerMsg]) -> Vec<(EventCode, String, Vec<Rank>)> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            ServerMsg::Event(e) => Some((e.code, e.pset.clone()?, e.members.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice() {
+    let mut n = Node0::new("pset");
+    n.client(
+        0,
+        ClientMsg::PsetDefine {
+            req: 1,
+            name: "ice".into(),
+            members: vec![3, 1, 1],
+        },
+    );
+    let defined = (EventCode::PsetDefined, "ice".to_owned(), vec![1, 3]);
+    let got = n.replies(0);
+    assert!(matches!(got[0], ServerMsg::Done { req: 1 }), "{got:?}");
+    assert_eq!(pset_events(&got), vec![defined.clone()]);
+    assert_eq!(pset_events(&n.replies(1)), vec![defined]);
+    match &n.sent()[..] {
+        [PeerMsg::PsetChanged {
+            name,
+            members: Some(m),
+            error: None,
+            ..
+        }] => assert_eq!((name.as_str(), &m[..]), ("ice", &[1, 3][..])),
+        other => panic!("expected the change sent to node 1, got {other:?}"),
+    }
+    // Defined twice: only the asker hears, with why.
+    n.client(
+        1,
+        ClientMsg::PsetDefine {
+            req: 2,
+            name: "ice".into(),
+            members: vec![0],
+        },
+    );
+    let got = n.replies(1);
+    assert!(
+        matches!(&got[..], [ServerMsg::Failed { req: 2, error: WireError::Invalid { reason, .. } }] if reason.contains("already exists")),
+        "{got:?}"
+    );
+    assert!(n.replies(0).is_empty() && n.sent().is_empty());
+    assert_eq!(n.st.runtime_psets["ice"], vec![1, 3]);
+    // Deleted, then deleted again.
+    n.client(
+        0,
+        ClientMsg::PsetDelete {
+            req: 3,
+            name: "ice".into(),
+        },
+    );
+    let got = n.replies(0);
+    assert!(matches!(got[0], ServerMsg::Done { req: 3 }), "{got:?}");
+    assert_eq!(
+        pset_events(&got),
+        vec![(EventCode::PsetDeleted, "ice".to_owned(), Vec::new())]
+    );
+    assert_eq!(n.sent().len(), 1);
+    n.client(
+        0,
+        ClientMsg::PsetDelete {
+            req: 4,
+            name: "ice".into(),
+        },
+    );
+    assert!(matches!(
+        n.replies(0)[..],
+        [ServerMsg::Failed { req: 4, .. }]
+    ));
+    assert!(n.st.runtime_psets.is_empty());
+}
