@@ -16,6 +16,8 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   mpich libmpich-dev libpmi2-0-dev
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix
   slurmd slurmctld slurm-client munge
+  # ci/memcheck.sh: the codecs' and shared-memory layout's unsafe code under memcheck
+  valgrind
   # ci/softroce.sh: the soft-RoCE VM
   qemu-system-x86 busybox-static cpio kmod)
 missing=()

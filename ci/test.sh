@@ -42,6 +42,9 @@ ci/fuzz.sh "${WEFT_FUZZ_SECS:-30}"
 ci/chaos.sh "${WEFT_CHAOS_RUNS:-24}"
 # The fastbox publish/consume protocol under loom's model checker.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
+# The unsafe code of the frame codecs and the shared-memory layout under valgrind's memcheck
+# (miri's stand-in here: no miri component on this toolchain).
+ci/memcheck.sh
 # Verbs for real: weft-verbs tests, the fabric conformance suite over verbs, jobs on 2 logical
 # nodes with verbs between them, and a benchmark smoke next to perftest, on soft-RoCE in a
 # qemu VM (~2-3 min; outside the VM the verbs tests above skip with a printed reason).
