@@ -35,6 +35,9 @@ use crate::{algo, at as at_of, ids, state, CollError, Collectives, Element, Op};
 const OK: u32 = 0;
 /// Status of a failure other than a member gone (its rank is then unknown).
 const OTHER: u32 = u32::MAX;
+/// How long a member told of a failure below it waits for the fabric to name the failed
+/// member before it reports the failure without a name.
+const FAILED_MEMBER_WAIT: Duration = Duration::from_millis(500);
 
 /// What one member saw of an operation's phases: the highest status, and its own first
 /// error.
@@ -158,7 +161,7 @@ impl Hier {
     ) -> CollError {
         if s != OTHER {
             let rank = s - 1;
-            let deadline = Instant::now() + Duration::from_millis(500);
+            let deadline = Instant::now() + FAILED_MEMBER_WAIT;
             loop {
                 if let Some((r, reason)) = comm.failed_member() {
                     if r == rank || Instant::now() >= deadline {

@@ -32,6 +32,8 @@ pub const EXIT_TIMEOUT: i32 = 124;
 pub use weft_wireup::job::WORLD_PGCID;
 /// How long terminated processes get between SIGTERM and SIGKILL.
 const KILL_AFTER: Duration = Duration::from_millis(500);
+/// How long the launcher waits for every node's server to start and report ready.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Exit status when the launcher itself failed (bad setup, lost server).
 pub const EXIT_LAUNCH_FAILED: i32 = 1;
 
@@ -728,7 +730,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
     {
         let ev = ev_tx.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(60)).await;
+            tokio::time::sleep(SERVER_START_TIMEOUT).await;
             let _ = ev.send(Ev::StartupTimeout);
         });
     }
@@ -892,8 +894,10 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
             Ev::StartupTimeout => {
                 if !started {
                     eprintln!(
-                        "weft run: only {} of {num_nodes} servers started within 60 s; giving up",
-                        ready.len()
+                        "weft run: only {} of {num_nodes} servers started within {} s \
+                         (SERVER_START_TIMEOUT); giving up",
+                        ready.len(),
+                        SERVER_START_TIMEOUT.as_secs()
                     );
                     status_override.get_or_insert(EXIT_LAUNCH_FAILED);
                     for pid in server_pids.iter().flatten() {

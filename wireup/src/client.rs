@@ -421,10 +421,14 @@ impl Client {
             },
         )
         .map_err(|e| hs(format!("cannot send hello: {e}")))?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))
+        s.set_read_timeout(Some(crate::proto::HELLO_TIMEOUT))
             .map_err(|e| hs(e.to_string()))?;
-        let welcome: ServerMsg =
-            frame::read_sync(&mut s, MAX_PEER_FRAME).map_err(|e| hs(e.to_string()))?;
+        let welcome: ServerMsg = frame::read_sync(&mut s, MAX_PEER_FRAME).map_err(|e| {
+            hs(format!(
+                "no welcome from the server ({e}; it is waited for {} s, HELLO_TIMEOUT)",
+                crate::proto::HELLO_TIMEOUT.as_secs()
+            ))
+        })?;
         let datastore = match welcome {
             ServerMsg::Welcome {
                 version, datastore, ..

@@ -16,6 +16,9 @@ use crate::Rank;
 pub const PROTOCOL_VERSION: u32 = 3;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
+/// How long either end of a new client connection waits for the other's first frame
+/// (the client's hello, the server's welcome) before giving up on it.
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Which processes take part in a fence (or another collective).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -24,13 +24,16 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
     }
     let (mut r, mut w) = s.into_split();
     let hello = tokio::time::timeout(
-        Duration::from_secs(30),
+        weft_wireup::proto::HELLO_TIMEOUT,
         frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME),
     )
     .await;
 
     let (rank, token) = match hello {
-        Err(_) => return refuse(&mut w, "no hello within 30 s".into()).await,
+        Err(_) => {
+            let t = weft_wireup::proto::HELLO_TIMEOUT.as_secs();
+            return refuse(&mut w, format!("no hello within {t} s (HELLO_TIMEOUT)")).await;
+        }
         Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,
         Ok(Ok(ClientMsg::Hello {
             magic,

@@ -32,6 +32,9 @@ pub(super) const UD_SENDS: u32 = 64;
 /// A peer that leaves us without credits this long gets a probe: an 8-byte RDMA read of its
 /// probe word, answered by its NIC without consuming a receive, so a dead peer is noticed.
 const STARVED_PROBE_AFTER: Duration = Duration::from_millis(100);
+/// A connection request unanswered this long is sent again; the wait doubles with each
+/// retry up to 8 times this.
+const HANDSHAKE_RETRY: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 pub(super) enum State {
@@ -525,7 +528,7 @@ impl Endpoint {
                         Act::Wait
                     } else if now - *since > self.cfg.handshake_timeout {
                         Act::Timeout(c.peer, (now - *since).as_millis() as u64)
-                    } else if now - *last_req > Duration::from_millis(100 << (*tries).min(3)) {
+                    } else if now - *last_req > HANDSHAKE_RETRY * (1 << (*tries).min(3)) {
                         *last_req = now;
                         *tries += 1;
                         Act::Resend

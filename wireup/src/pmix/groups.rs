@@ -59,6 +59,8 @@ fn host_group_id(id: &str) -> String {
 
 /// How much longer than the construct's timeout a member waits for its leader's decision.
 const DECISION_GRACE: Duration = Duration::from_secs(5);
+/// How long `weft info`'s probe construct (and destruct) of this process alone may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A group whose members' ends this process must be told of (see [`Link::take_events`]).
 #[derive(Debug)]
@@ -230,7 +232,7 @@ impl Link {
         if self.host_has_groups().is_none() {
             let id = format!("weft.probe/{}", self.px.rank());
             let me = [self.px.rank()];
-            let t = Some(Duration::from_secs(10));
+            let t = Some(PROBE_TIMEOUT);
             let d = GroupDirectives::default();
             if let Ok(AtHost::Yes(_)) = self.host_construct(&id, &me, &d, t, &mut || {}) {
                 if let Err(e) = self.host_destruct(&id, &me, false, t, &mut || {}) {
