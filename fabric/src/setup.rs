@@ -325,9 +325,8 @@ impl Fabric {
         let resolve = Box::new(move |rank: u32| -> Resolved {
             let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
             let on_node = node == w2.node();
-            // Once prefetched (the wait is over) the card is on the node, or never comes:
-            // under the engine lock, only look.
-            // Once prefetched, the prefetch waited (up to WEFT_CARD_TIMEOUT): only look.
+            // Once prefetched (it waited up to WEFT_CARD_TIMEOUT) the card is on the node,
+            // or never comes: under the engine lock, only look.
             let timeout = if done
                 .get(rank as usize)
                 .is_some_and(|d| d.load(Ordering::Relaxed))

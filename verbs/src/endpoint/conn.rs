@@ -51,6 +51,19 @@ pub(super) enum State {
     Failed(Error),
 }
 
+impl State {
+    /// Whether a connection in this state can send now: `Ok(false)` while it connects
+    /// (or waits for the requester's RTU), its error once it failed.
+    #[inline]
+    pub(super) fn can_send(&self) -> Result<bool, Error> {
+        match self {
+            State::Ready => Ok(true),
+            State::Failed(e) => Err(e.duplicate()),
+            _ => Ok(false),
+        }
+    }
+}
+
 pub(super) struct Conn {
     pub(super) peer: u32,
     pub(super) card: Card,

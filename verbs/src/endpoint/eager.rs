@@ -104,10 +104,8 @@ impl Endpoint {
             .conns
             .get_mut(idx as usize)
             .ok_or(Error::UnknownConn(idx))?;
-        match &c.state {
-            State::Ready => {}
-            State::Failed(e) => return Err(e.duplicate()),
-            _ => return Ok(false),
+        if !c.state.can_send()? {
+            return Ok(false);
         }
         let len = header.len() + payload.len();
         if len > c.max_frame {

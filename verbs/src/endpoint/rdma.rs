@@ -8,7 +8,6 @@ use crate::rcache::{page_range, Key, RegCache};
 use crate::sys::{Mr, Pd};
 use crate::Error;
 
-use super::conn::State;
 use super::{ConnId, Endpoint, RawBuf, RdmaToken, RemoteRegion, U32Map};
 
 /// An RDMA read or write to post.
@@ -313,10 +312,8 @@ impl Endpoint {
             .conns
             .get(idx as usize)
             .ok_or(Error::UnknownConn(idx))?;
-        match &c.state {
-            State::Ready => {}
-            State::Failed(e) => return Err(e.duplicate()),
-            _ => return Ok(None),
+        if !c.state.can_send()? {
+            return Ok(None);
         }
         let Transfer {
             local,
