@@ -457,6 +457,31 @@ fn keep_going_lets_the_others_finish() {
     assert_eq!(done.lines_with("finished its sleep"), 2, "{}", done.dump());
 }
 
+/// A launcher tunable set to what it cannot be is named, with the default used instead,
+/// not silently ignored.
+#[test]
+fn a_bad_launcher_tunable_is_named_and_its_default_used() {
+    let tmp = std::env::temp_dir()
+        .join("weft-tests")
+        .join(format!("bad-tunable-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("test tmp dir");
+    let out = std::process::Command::new(common::weft())
+        .args(["run", "-n", "1", "true"])
+        .env("WEFT_RUN_GRACE_MS", "soon")
+        .env("TMPDIR", &tmp)
+        .output()
+        .expect("weft run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("WEFT_RUN_GRACE_MS")
+            && err.contains("\"soon\"")
+            && err.contains("using the default"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn timeout_kills_the_job_with_a_message() {
     let probe = example("wireup_probe");
