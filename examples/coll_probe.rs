@@ -1,10 +1,13 @@
 //! Collective scenarios the tests run under `weft run` (each prints what it saw; the test
 //! judges):
 //!
-//! - `die BYTES STAMP [barrier]`: allreduces of BYTES (or barriers) in a loop on the
-//!   world; the last rank kills
-//!   itself with SIGKILL at its 20th, having written the time to the file STAMP.
-//!   Survivors print `rank R: <error> after N ms` (from that time to the error), or
+//! - `die BYTES STAMP [OP] [HOW]`: collectives OP (`allreduce` of BYTES, the default;
+//!   `barrier`; `bcast` of BYTES from rank 0; `allgather` of BYTES each) in a loop on the
+//!   world; at its 20th the last rank ends, having written the time to the file STAMP:
+//!   HOW is `kill` (SIGKILL itself, the default), `exit3` (exit status 3), `exit0`
+//!   (exit status 0 without finalizing) or `finalize` (finalize the fabric, then linger
+//!   5 s and exit 0). Survivors print `rank R: <error> [<variant> <rank>] after N ms`
+//!   (from that time to the error; the variant of `CollError` and the rank it names), or
 //!   `rank R: no error` and exit 3.
 //! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
 //!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
@@ -143,23 +146,46 @@ fn run(args: &[String]) -> Res<()> {
             let n = bytes / 8;
             let mine = vec![u64::from(me); n.max(1)];
             let mut out = vec![0u64; n.max(1)];
+            let mut all = vec![0u64; n.max(1) * world.size() as usize];
             for i in 0.. {
                 if me == victim && i == 20 {
                     std::fs::write(stamp, now_ms().to_string())?;
-                    rustix::process::kill_process(
-                        rustix::process::getpid(),
-                        rustix::process::Signal::KILL,
-                    )?;
+                    match arg(4).unwrap_or("kill") {
+                        "kill" => rustix::process::kill_process(
+                            rustix::process::getpid(),
+                            rustix::process::Signal::KILL,
+                        )?,
+                        "exit3" => std::process::exit(3),
+                        "exit0" => std::process::exit(0),
+                        "finalize" => {
+                            drop(world);
+                            fabric.finalize()?;
+                            std::thread::sleep(Duration::from_secs(5));
+                            std::process::exit(0);
+                        }
+                        how => return Err(format!("die: unknown HOW {how}").into()),
+                    }
                 }
-                let r = if arg(3) == Some("barrier") {
-                    world.barrier()
-                } else {
-                    world.allreduce(&mine, &mut out, Op::Sum)
+                let r = match arg(3).unwrap_or("allreduce") {
+                    "barrier" => world.barrier(),
+                    "bcast" => {
+                        out.copy_from_slice(&mine);
+                        world.bcast(&mut out, 0)
+                    }
+                    "allgather" => world.allgather(&mine, &mut all),
+                    "allreduce" => world.allreduce(&mine, &mut out, Op::Sum),
+                    op => return Err(format!("die: unknown OP {op}").into()),
                 };
                 if let Err(e) = r {
                     let died: u128 = std::fs::read_to_string(stamp)?.trim().parse()?;
                     let after = now_ms().saturating_sub(died);
-                    println!("rank {me}: {e} after {after} ms");
+                    let (variant, rank) = match &e {
+                        CollError::MemberGone { rank, .. } => ("member-gone", *rank),
+                        CollError::Aborted { rank, .. } => ("aborted", *rank),
+                        CollError::Mismatch { .. } => ("mismatch", me),
+                        _ => ("other", me),
+                    };
+                    println!("rank {me}: {e} [{variant} {rank}] after {after} ms");
                     std::process::exit(0);
                 }
                 if i > 100_000 {

@@ -163,16 +163,19 @@ impl Hier {
             let rank = s - 1;
             let deadline = Instant::now() + FAILED_MEMBER_WAIT;
             loop {
-                if let Some((r, reason)) = comm.failed_member() {
-                    if r == rank || Instant::now() >= deadline {
+                // How it ended (died, or finalized without its part), once this node
+                // knows.
+                if let Some(reason) = comm.member_gone(rank) {
+                    return CollError::MemberGone { op, rank, reason };
+                }
+                if Instant::now() >= deadline {
+                    if let Some((r, reason)) = comm.failed_member() {
                         return CollError::MemberGone {
                             op,
                             rank: r,
                             reason,
                         };
                     }
-                }
-                if Instant::now() >= deadline {
                     return CollError::MemberGone {
                         op,
                         rank,

@@ -283,9 +283,10 @@ impl Run<'_> {
 
     /// The error for member `r`, which marked its words aborted.
     fn gave_up(&self, r: usize) -> CollError {
-        // Usually because a member died: the node's store already says which (the
-        // member that gave up read it there), and that is the error to give.
-        if let Some((rank, reason)) = self.comm.failed_member() {
+        // Usually because a member died or finalized without its part: the node's store
+        // already says which (the member that gave up read it there), and that is the
+        // error to give.
+        if let Some((rank, reason)) = self.gone_member() {
             return CollError::MemberGone {
                 op: self.op,
                 rank,
@@ -299,16 +300,61 @@ impl Run<'_> {
         }
     }
 
-    /// Waits until `ready` holds, keeping the fabric progressing and failing if a member
-    /// failed.
-    fn wait(&self, mut ready: impl FnMut() -> Result<bool, CollError>) -> Result<(), CollError> {
+    /// A member that died, or else the member that ended (finalized, or exited with
+    /// status 0) without entering this operation's last stage and stopped earliest
+    /// (the lowest stage entered: a member that stopped later most likely did so after
+    /// failing because of it), as (rank, how it ended).
+    fn gone_member(&self) -> Option<(u32, String)> {
+        if let Some(failed) = self.comm.failed_member() {
+            return Some(failed);
+        }
+        let fin = self.fin();
+        let me = self.comm.rank() as usize;
+        let seg = &self.nc.seg;
+        let stage = |m: usize| {
+            let clean = |p: u64| seg.seq(m, p) & !CollSegment::ABORTED;
+            clean(0).max(clean(1))
+        };
+        (0..seg.members())
+            .filter(|&m| m != me)
+            .filter_map(|m| {
+                let at = stage(m);
+                (at < fin).then_some(())?;
+                Some((at, m as u32, self.comm.member_gone(m as u32)?))
+            })
+            .min_by_key(|&(at, m, _)| (at, m))
+            .map(|(_, m, why)| (m, why))
+    }
+
+    /// The error when member `r`, which this member waits for, is gone (died, or ended
+    /// cleanly without its part, which it then never does): naming the member that
+    /// stopped first (see [`gone_member`](Self::gone_member)).
+    #[cold]
+    #[inline(never)]
+    fn ended(&self, r: usize) -> Option<CollError> {
+        let reason = self.comm.member_gone(r as u32)?;
+        let (rank, reason) = self.gone_member().unwrap_or((r as u32, reason));
+        Some(CollError::MemberGone {
+            op: self.op,
+            rank,
+            reason,
+        })
+    }
+
+    /// Waits until `ready` says it is done (`Ok(None)`; `Ok(Some(r))`: still waiting for
+    /// member `r`), keeping the fabric progressing and failing if a member failed, or if
+    /// the member waited for ended without doing its part.
+    fn wait(
+        &self,
+        mut ready: impl FnMut() -> Result<Option<usize>, CollError>,
+    ) -> Result<(), CollError> {
         let mut spins = 0u32;
         // Taken once spinning stops (reading the clock costs more than a short wait).
         let mut checked: Option<Instant> = None;
         loop {
-            if ready()? {
+            let Some(waited) = ready()? else {
                 return Ok(());
-            }
+            };
             spins = spins.wrapping_add(1);
             if spins % 256 == 0 {
                 self.comm.progress();
@@ -333,12 +379,27 @@ impl Run<'_> {
                         reason,
                     });
                 }
+                if let Some(e) = self.ended(waited) {
+                    // It may have done its part just before it ended: its stage was
+                    // written before its end was announced (SYNC: the member's Release
+                    // store of its stage, then its finalize over the server's socket,
+                    // before the store says it ended; read again here after that).
+                    if ready()?.is_none() {
+                        return Ok(());
+                    }
+                    return Err(e);
+                }
             }
         }
     }
 
+    /// `Ok(None)` when member `r` passed stage `s`, else `Ok(Some(r))`.
+    fn pending(&self, r: usize, s: u64) -> Result<Option<usize>, CollError> {
+        Ok((!self.passed(r, s)?).then_some(r))
+    }
+
     fn wait_member(&self, r: usize, s: u64) -> Result<(), CollError> {
-        self.wait(|| self.passed(r, s))
+        self.wait(|| self.pending(r, s))
     }
 
     /// Waits until every member entered stage `s` (at once when this member saw them
@@ -352,11 +413,11 @@ impl Run<'_> {
         self.wait(|| {
             while next < n {
                 if !self.passed(next, s)? {
-                    return Ok(false);
+                    return Ok(Some(next));
                 }
                 next += 1;
             }
-            Ok(true)
+            Ok(None)
         })?;
         self.st.seen_all = s;
         Ok(())
@@ -374,7 +435,7 @@ impl Run<'_> {
         self.wait(|| {
             while next < n {
                 if !self.passed(next, s)? {
-                    return Ok(false);
+                    return Ok(Some(next));
                 }
                 let got = self.nc.seg.word(next, slot);
                 if got != mine {
@@ -385,7 +446,7 @@ impl Run<'_> {
                     .get(next, slot, &mut into[next * each..(next + 1) * each]);
                 next += 1;
             }
-            Ok(true)
+            Ok(None)
         })?;
         self.st.seen_all = s;
         Ok(())
@@ -416,16 +477,16 @@ impl Run<'_> {
         self.wait(|| {
             while next < kids.end {
                 if !self.tree_passed(next, seg.up(next), s)? {
-                    return Ok(false);
+                    return Ok(Some(next));
                 }
                 next += 1;
             }
-            Ok(true)
+            Ok(None)
         })?;
         seg.set_up(s);
         if me != 0 {
             let parent = (me - 1) / radix;
-            self.wait(|| self.tree_passed(parent, seg.down(parent), s))?;
+            self.wait(|| Ok((!self.tree_passed(parent, seg.down(parent), s)?).then_some(parent)))?;
         }
         seg.set_down(s);
         self.st.seen_all = s;
@@ -517,6 +578,9 @@ impl Run<'_> {
                     rank,
                     reason,
                 };
+            }
+            if let Some(gone) = self.ended(r) {
+                return gone;
             }
             CollError::Transport {
                 op: self.op,

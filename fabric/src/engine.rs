@@ -249,7 +249,7 @@ struct State {
     /// Schedules in `scheds` (running or done but not taken).
     sched_active: usize,
     /// Collective operations (context id, tag) another member aborted: by whom, why.
-    aborted: HashMap<(u64, u32), (u32, String)>,
+    aborted: HashMap<(u64, u32), sched::Abort>,
     /// Scratch buffers of finished schedules, for the next ones, and their bytes.
     scratch_pool: Vec<Vec<u128>>,
     scratch_pooled: usize,
@@ -854,8 +854,8 @@ impl State {
             CMA_WRITE if payload.len() >= split::CMA_WRITE_LEN => self.on_cma_write(h, payload),
             CMA_DONE => self.on_cma_done(h, payload),
             COLL_ABORT => {
-                let why = String::from_utf8_lossy(payload).into_owned();
-                self.aborted.entry((h.ctx, h.tag)).or_insert((h.src, why));
+                let abort = sched::Abort::decode(h, payload);
+                self.aborted.entry((h.ctx, h.tag)).or_insert(abort);
             }
             k => tracing::error!(
                 "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",

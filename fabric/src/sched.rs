@@ -532,6 +532,22 @@ impl Communicator {
         })
     }
 
+    /// How member `r` (communicator rank) ended, if it did: died, or finalized (unlike
+    /// [`failed_member`](Self::failed_member), a clean finalize or exit counts). For a
+    /// library waiting on that member's part of an operation: a member that ended
+    /// without doing it never will. `None` for this process and outside the wire-up.
+    pub fn member_gone(&self, r: u32) -> Option<String> {
+        let w = self.inner.wire.as_ref()?;
+        if r >= self.size {
+            return None;
+        }
+        let job = self.job_rank(r);
+        if job == self.inner.me {
+            return None;
+        }
+        w.gone_reason(job)
+    }
+
     /// When every member is on this node and reached through shared memory: the name
     /// prefix of this node's segments for the job (its server removes them when the job
     /// ends), under which a collective library may make a segment for the communicator.

@@ -26,7 +26,9 @@ use crate::{P2pError, RankMap, Status};
 const SCRATCH_POOL_BYTES: usize = 64 << 20;
 
 /// How long a schedule that failed because a member finalized mid-operation waits for the
-/// cause (a member's death or abort, on its way) before reporting the finalize.
+/// cause (a member's death or abort, on its way) before reporting the finalize, and one
+/// that a transport saw a member leave (a reset connection) waits for the wire-up to say
+/// how it ended (exit code, signal).
 const ECHO_GRACE: Duration = Duration::from_millis(250);
 
 /// Bytes of the reason an abort carries, at most.
@@ -34,6 +36,42 @@ const MAX_ABORT_REASON: usize = 512;
 
 /// Marks a request id as a schedule's.
 pub(crate) const SCHED_BIT: u32 = 1 << 31;
+
+/// Another member's abort of a collective operation (a COLL_ABORT frame): who sent it,
+/// why, and, when its failure was a member gone, which one (job rank), so that every
+/// survivor names the member that is gone rather than the member that told it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Abort {
+    /// The member that failed its part (job rank).
+    pub(crate) from: u32,
+    /// Its error; when `gone` is set, only how that member ended.
+    pub(crate) why: String,
+    /// The member whose end failed the operation (job rank).
+    pub(crate) gone: Option<u32>,
+}
+
+impl Abort {
+    /// The abort of a schedule that failed with `e`: its header fields (aux: the gone
+    /// member's job rank plus one, or 0) and payload.
+    pub(crate) fn encode(e: &P2pError) -> (u32, Vec<u8>) {
+        let (aux, why) = match e {
+            P2pError::PeerGone { rank, reason } => (rank.saturating_add(1), reason.clone()),
+            e => (0, e.to_string()),
+        };
+        let mut why = why.into_bytes();
+        why.truncate(MAX_ABORT_REASON);
+        (aux, why)
+    }
+
+    /// The abort a COLL_ABORT frame carries.
+    pub(crate) fn decode(h: Hdr, payload: &[u8]) -> Abort {
+        Abort {
+            from: h.src,
+            why: String::from_utf8_lossy(payload).into_owned(),
+            gone: h.aux.checked_sub(1),
+        }
+    }
+}
 
 /// A started schedule.
 pub(crate) struct SchedRun {
@@ -57,8 +95,11 @@ pub(crate) struct SchedRun {
     abort_sent: bool,
     /// The operation's tag (its first message's), which names it in an abort.
     tag: Option<u32>,
-    /// Until when a failure that only says a member finalized waits for its cause.
+    /// Until when a failure that only says a member finalized, or that a transport
+    /// saw a member go, waits for a better account (`better_cause`).
     echo_until: Option<Instant>,
+    /// Whether `echo_until` was considered (once per run).
+    echo_armed: bool,
     result: Option<Result<Status, P2pError>>,
     serial: u64,
 }
@@ -102,6 +143,7 @@ impl SchedRun {
             abort_sent: false,
             tag,
             echo_until: None,
+            echo_armed: false,
             result: None,
             serial: 0,
         }
@@ -285,13 +327,55 @@ impl Engine {
         })
     }
 
-    /// Another member's abort of this schedule's operation, if one came.
+    /// Another member's abort of this schedule's operation, if one came: the member it
+    /// names gone (how it ended as this process's wire-up knows it, else as the aborting
+    /// member saw it), or the aborting member and its error.
     fn abort_of(&self, run: &SchedRun) -> Option<P2pError> {
-        let (rank, reason) = self.st.aborted.get(&(run.ctx, run.tag?))?;
-        Some(P2pError::Aborted {
-            rank: *rank,
-            reason: reason.clone(),
+        let a = self.st.aborted.get(&(run.ctx, run.tag?))?;
+        Some(match a.gone {
+            Some(rank) => P2pError::PeerGone {
+                rank,
+                reason: (self.st.gone)(rank).unwrap_or_else(|| a.why.clone()),
+            },
+            None => P2pError::Aborted {
+                rank: a.from,
+                reason: a.why.clone(),
+            },
         })
+    }
+
+    /// A better account of `failing` than it gives, if one is known now: a member that
+    /// died (by the wire-up), or another member's abort, rather than a member that only
+    /// finalized; how a member the transport saw go ended, once the wire-up knows.
+    fn better_cause(&self, run: &SchedRun, failing: &P2pError) -> Option<P2pError> {
+        if let Some(cause) = self.failed_member(run) {
+            return Some(cause);
+        }
+        let P2pError::PeerGone { rank, reason } = failing else {
+            return None;
+        };
+        if reason == weft_wireup::FINALIZED {
+            return self.abort_of(run).filter(|a| a != failing);
+        }
+        (self.st.gone)(*rank)
+            .filter(|why| why != reason)
+            .map(|why| P2pError::PeerGone {
+                rank: *rank,
+                reason: why,
+            })
+    }
+
+    /// Whether `e` may still be replaced by a better account (see `better_cause`): a
+    /// member reported gone by a transport before the wire-up said how it ended, or one
+    /// that only finalized (most likely after failing the operation itself: its cause
+    /// may still be on its way).
+    fn may_improve(&self, e: &P2pError) -> bool {
+        match e {
+            P2pError::PeerGone { rank, reason } => {
+                reason == weft_wireup::FINALIZED || (self.st.gone)(*rank).is_none()
+            }
+            _ => false,
+        }
     }
 
     /// Advances one schedule as far as its messages allow.
@@ -338,14 +422,6 @@ impl Engine {
                                 // died or aborted first, says more (a member that ended
                                 // after its own failure is the usual echo).
                                 let cause = self.failed_member(run).or_else(|| self.abort_of(run));
-                                if cause.is_none()
-                                    && matches!(&e, P2pError::PeerGone { reason, .. } if reason == weft_wireup::FINALIZED)
-                                {
-                                    // A member that finalized in the middle of an
-                                    // operation most likely did so after failing it: its
-                                    // cause (a death, an abort) may still be on its way.
-                                    run.echo_until = Some(Instant::now() + ECHO_GRACE);
-                                }
                                 run.failing = Some(cause.unwrap_or(e));
                             }
                             (Err(e), _) => {
@@ -363,11 +439,19 @@ impl Engine {
                     run.abort_sent = true;
                 }
             }
-            if run.failing.is_some() {
+            if let Some(failing) = &run.failing {
+                if !run.echo_armed {
+                    // Once, whatever failed it first (a receive, a send, an abort).
+                    run.echo_armed = true;
+                    if self.may_improve(failing) {
+                        run.echo_until = Some(Instant::now() + ECHO_GRACE);
+                    }
+                }
                 if let Some(until) = run.echo_until {
-                    if let Some(cause) = self.failed_member(run).or_else(|| self.abort_of(run)) {
+                    if let Some(cause) = self.better_cause(run, failing) {
+                        run.echo_until =
+                            (self.may_improve(&cause) && Instant::now() < until).then_some(until);
                         run.failing = Some(cause);
-                        run.echo_until = None;
                     } else if Instant::now() >= until {
                         run.echo_until = None;
                     }
@@ -436,19 +520,16 @@ impl Engine {
         let Some(tag) = run.tag else {
             return;
         };
-        let why = run
-            .failing
-            .as_ref()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        let mut why = why.into_bytes();
-        why.truncate(MAX_ABORT_REASON);
+        let Some(failing) = &run.failing else {
+            return;
+        };
+        let (aux, why) = Abort::encode(failing);
         let hdr = Hdr {
             kind: COLL_ABORT,
             src: self.st.me,
             ctx: run.ctx,
             tag,
-            aux: 0,
+            aux,
             len: why.len() as u64,
         }
         .encode();

@@ -264,6 +264,12 @@ impl State {
             self.on_eager(hdr, data);
             return Ok(None);
         }
+        // A peer that finalized or died receives nothing more: say so rather than
+        // queue or drop the message (a fast path's write to a closing connection, or to
+        // a finalized process's ring, fell through to here or fills up to here).
+        if let Some(reason) = (self.gone)(dest) {
+            return Err(P2pError::PeerGone { rank: dest, reason });
+        }
         let tcp = matches!(self.peers[dest as usize].path, Path::Tcp(_));
         self.wait_connected(dest)?;
         let limit = if tcp {
