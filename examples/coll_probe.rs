@@ -6,9 +6,10 @@
 //!   world; at its 20th the last rank ends, having written the time to the file STAMP:
 //!   HOW is `kill` (SIGKILL itself, the default), `exit3` (exit status 3), `exit0`
 //!   (exit status 0 without finalizing) or `finalize` (finalize the fabric, then linger
-//!   5 s and exit 0). Survivors print `rank R: <error> [<variant> <rank>] after N ms`
-//!   (from that time to the error; the variant of `CollError` and the rank it names), or
-//!   `rank R: no error` and exit 3.
+//!   3 s and exit 0). Survivors print `rank R: <error> [<variant> <rank>] after N ms`
+//!   (from that time to the error; the variant of `CollError` and the rank it names),
+//!   then `rank R: then on a dup: <error> [<variant> <rank>]` for an allreduce on a dup
+//!   of the world made before, or `rank R: no error` and exit 3.
 //! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
 //!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
 //!   `rank R: barrier after the mismatch ok`.
@@ -147,6 +148,7 @@ fn run(args: &[String]) -> Res<()> {
             let mine = vec![u64::from(me); n.max(1)];
             let mut out = vec![0u64; n.max(1)];
             let mut all = vec![0u64; n.max(1) * world.size() as usize];
+            let dup = world.dup()?;
             for i in 0.. {
                 if me == victim && i == 20 {
                     std::fs::write(stamp, now_ms().to_string())?;
@@ -158,9 +160,9 @@ fn run(args: &[String]) -> Res<()> {
                         "exit3" => std::process::exit(3),
                         "exit0" => std::process::exit(0),
                         "finalize" => {
-                            drop(world);
+                            drop((world, dup));
                             fabric.finalize()?;
-                            std::thread::sleep(Duration::from_secs(5));
+                            std::thread::sleep(Duration::from_secs(3));
                             std::process::exit(0);
                         }
                         how => return Err(format!("die: unknown HOW {how}").into()),
@@ -186,6 +188,15 @@ fn run(args: &[String]) -> Res<()> {
                         _ => ("other", me),
                     };
                     println!("rank {me}: {e} [{variant} {rank}] after {after} ms");
+                    // A communicator made before the end fails the same way.
+                    if let Err(e) = dup.allreduce(&mine, &mut out, Op::Sum) {
+                        let (variant, rank) = match &e {
+                            CollError::MemberGone { rank, .. } => ("member-gone", *rank),
+                            CollError::Aborted { rank, .. } => ("aborted", *rank),
+                            _ => ("other", me),
+                        };
+                        println!("rank {me}: then on a dup: {e} [{variant} {rank}]");
+                    }
                     std::process::exit(0);
                 }
                 if i > 100_000 {

@@ -358,6 +358,25 @@ fn ended_member_is_named(name: &str, launcher: &[&str], n: usize, op: &str, how:
         );
         assert!(*ms <= 2000, "{name}: {who} took {ms} ms\n{}", done.dump());
     }
+    if how != "exit3" {
+        assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+        return;
+    }
+    // An operation on a communicator made before the end fails alike (after a clean end
+    // a survivor may name another survivor that ended cleanly after its error).
+    let dup = done
+        .stdout
+        .lines()
+        .filter(|l| l.contains(": then on a dup: "))
+        .collect::<Vec<_>>();
+    assert_eq!(dup.len(), n - 1, "{name}\n{}", done.dump());
+    for l in dup {
+        assert!(
+            l.ends_with(&victim) && l.contains(how_said),
+            "{name}: {l}\n{}",
+            done.dump()
+        );
+    }
     assert!(segments_of(name).is_empty(), "{name}: segments left behind");
 }
 

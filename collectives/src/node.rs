@@ -346,6 +346,22 @@ impl Run<'_> {
     /// the member waited for ended without doing its part.
     fn wait(
         &self,
+        ready: impl FnMut() -> Result<Option<usize>, CollError>,
+    ) -> Result<(), CollError> {
+        self.wait_for(ready).inspect_err(|e| {
+            if matches!(e, CollError::MemberGone { .. } | CollError::Aborted { .. }) {
+                // A member is gone (or gave up because one is): the segment can no
+                // longer complete an operation. Whoever waits for this member learns it
+                // at once (rather than waiting for a member still alive but done here),
+                // and so does this member's next operation (`NodeColl::begin`).
+                self.nc.seg.abort();
+            }
+        })
+    }
+
+    /// [`wait`](Self::wait) without giving up on the segment.
+    fn wait_for(
+        &self,
         mut ready: impl FnMut() -> Result<Option<usize>, CollError>,
     ) -> Result<(), CollError> {
         let mut spins = 0u32;
@@ -641,13 +657,19 @@ impl NodeColl {
         }
         let base = st.started * STAGES;
         st.started += 1;
-        Ok(Run {
+        let run = Run {
             nc: self,
             comm,
             op,
             st,
             base,
-        })
+        };
+        if self.seg.seq(comm.rank() as usize, 0) & CollSegment::ABORTED != 0 {
+            // This member gave up on the segment in an earlier operation, when a member
+            // was gone: name it again.
+            return Err(run.gave_up(comm.rank() as usize));
+        }
+        Ok(run)
     }
 
     pub(crate) fn barrier(&self, comm: &Communicator) -> Result<(), CollError> {
