@@ -240,8 +240,9 @@ fn an_interrupted_or_terminated_launcher_leaves_nothing_behind() {
 }
 
 /// With `--hosts`, the processes the launcher starts are its launch agent's (here a fake
-/// ssh that execs the server locally). The agent for one host fails at once, as ssh does
-/// for an unreachable host: the job fails and nothing is left of it.
+/// ssh that execs the server locally). The agent for one host fails after half a second
+/// (the other servers are up by then), as ssh does for an unreachable host: the job
+/// fails and nothing is left of it.
 #[test]
 fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind() {
     let dir = std::env::temp_dir().join(format!("weft-reap-agent-{}", std::process::id()));
@@ -249,7 +250,7 @@ fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind()
     let agent = dir.join("fake-ssh");
     std::fs::write(
         &agent,
-        "#!/bin/sh\nhost=\"$1\"\nshift\n[ \"$host\" = beta ] && { echo \"ssh: beta: unreachable\" >&2; exit 255; }\nexec \"$@\"\n",
+        "#!/bin/sh\nhost=\"$1\"\nshift\n[ \"$host\" = beta ] && { sleep 0.5; echo \"ssh: beta: unreachable\" >&2; exit 255; }\nexec \"$@\"\n",
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -284,4 +285,57 @@ fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind()
         assert_none_left(&format!("--hosts {hosts}"), &done, &seen, servers);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A launcher killed hard (SIGKILL) cannot reap its servers (they are orphans, here the
+/// test's), but its servers, which notice the lost launcher and kill their ranks, still
+/// reap those ranks before they exit.
+#[test]
+fn servers_of_a_killed_launcher_reap_their_ranks() {
+    let probe = example("wireup_probe");
+    adopt_orphans();
+    let job = Job::start(
+        "reap-sigkill",
+        &["--nodes", "2", "-n", "3", &probe, "sleep", "60000"],
+    );
+    wait_for_ranks(&job, 3);
+    let mut seen = HashMap::new();
+    descendants(job.pid(), &mut seen);
+    let launcher = rustix::process::Pid::from_raw(job.pid() as i32).unwrap();
+    rustix::process::kill_process(launcher, rustix::process::Signal::KILL).unwrap();
+    // The servers end (zombies of this test, or reaped by it below).
+    let servers: Vec<u32> = seen
+        .iter()
+        .filter(|(_, s)| s.cmdline.contains(" server "))
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(servers.len(), 2, "{seen:?}");
+    let t0 = Instant::now();
+    while servers
+        .iter()
+        .any(|&p| stat_of(p).is_some_and(|(_, state, _)| state != 'Z'))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "servers still run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ranks: HashMap<u32, Seen> = seen
+        .into_iter()
+        .filter(|(_, s)| s.cmdline.contains("wireup_probe"))
+        .collect();
+    assert_eq!(ranks.len(), 3, "{ranks:?}");
+    let left: Vec<String> = ranks
+        .iter()
+        .filter_map(|(&pid, s)| {
+            let (_, state, start) = stat_of(pid)?;
+            (start == s.starttime).then(|| format!("{pid} [{state}] {}", s.cmdline))
+        })
+        .collect();
+    for pid in ranks.keys().chain(&servers) {
+        if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+        }
+    }
+    drop(job);
+    assert!(left.is_empty(), "ranks left by their servers: {left:#?}");
 }
