@@ -262,6 +262,41 @@ loc_element!(
     (u32, i32)
 );
 
+/// An array of elements is an element: a built-in operation applies to each component
+/// (a `[u64; 2]` sums as two `u64`s, so `Op::Sum` over `[[u64; 2]]` is `Op::Sum` over the
+/// flattened `[u64]`), and is defined where it is for the component type; a user
+/// operation sees whole arrays, as always (e.g. an associative operation on pairs).
+impl<T: Element, const N: usize> Element for [T; N] {
+    const NAME: &'static str = "an array of elements";
+    fn supports(op: &Op<Self>) -> bool {
+        component_op(op).is_none_or(|o| T::supports(&o))
+    }
+    fn combine(op: &Op<Self>, input: &[Self], inout: &mut [Self]) {
+        if let Some(o) = component_op(op) {
+            T::combine(&o, input.as_flattened(), inout.as_flattened_mut());
+        }
+    }
+}
+
+/// The built-in `op` over arrays as the same operation over their components (`None`
+/// for a user operation, which applies to whole arrays).
+fn component_op<T, const N: usize>(op: &Op<[T; N]>) -> Option<Op<T>> {
+    Some(match op {
+        Op::Sum => Op::Sum,
+        Op::Prod => Op::Prod,
+        Op::Min => Op::Min,
+        Op::Max => Op::Max,
+        Op::BitAnd => Op::BitAnd,
+        Op::BitOr => Op::BitOr,
+        Op::BitXor => Op::BitXor,
+        Op::LogicalAnd => Op::LogicalAnd,
+        Op::LogicalOr => Op::LogicalOr,
+        Op::MinLoc => Op::MinLoc,
+        Op::MaxLoc => Op::MaxLoc,
+        Op::User(_) => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,22 +330,81 @@ mod tests {
         assert_eq!(o, [l(1.0, 2), l(9.0, 9), l(3.0, 0)]);
     }
 
+    /// Decimal concatenation on (value, 10^digits) pairs: associative, not commutative
+    /// (the README's scan example).
+    fn concat() -> Op<[u64; 2]> {
+        Op::user(
+            |a: &[[u64; 2]], b: &mut [[u64; 2]]| {
+                for (a, b) in a.iter().zip(b) {
+                    *b = [a[0] * b[1] + b[0], a[1] * b[1]];
+                }
+            },
+            false,
+        )
+    }
+
     #[test]
     fn user_operations_see_input_then_inout() {
-        // Non-commutative: string-like concatenation of digits, a*10 + b.
-        let op = Op::user(|i: &[u64], o: &mut [u64]| o[0] += i[0] * 10, false);
+        let op = concat();
         assert!(!op.commutative());
-        let mut o = [2u64];
-        apply(&op, &[1], &mut o);
-        assert_eq!(o, [12]);
+        let mut o = [[2u64, 10]];
+        apply(&op, &[[1, 10]], &mut o);
+        assert_eq!(o, [[12, 100]]);
         let bo = byte_op(&op);
-        let a = [3u64];
-        let mut b = [4u64];
+        let a = [[3u64, 10], [56, 100]];
+        let mut b = [[4u64, 10], [7, 10]];
         bo(
             weft_fabric::sched::as_bytes(&a),
             weft_fabric::sched::as_bytes_mut(&mut b),
         );
-        assert_eq!(b, [34]);
+        assert_eq!(b, [[34, 100], [567, 1000]]);
+    }
+
+    #[test]
+    fn the_concatenation_is_associative_so_any_grouping_of_a_scan_agrees() {
+        let op = concat();
+        let f = |a: [u64; 2], b: [u64; 2]| {
+            let mut o = [b];
+            apply(&op, &[a], &mut o);
+            o[0]
+        };
+        let (x, y, z) = ([12, 100], [3, 10], [456, 1000]);
+        assert_eq!(f(f(x, y), z), f(x, f(y, z)));
+        assert_eq!(f(f(x, y), z), [123456, 1_000_000]);
+        // Four ones scanned in any grouping: 1111.
+        let one = [1, 10];
+        assert_eq!(f(f(one, one), f(one, one)), f(one, f(one, f(one, one))));
+        assert_eq!(f(f(one, one), f(one, one))[0], 1111);
+    }
+
+    #[test]
+    fn arrays_combine_per_component_with_the_components_builtins() {
+        let mut o = [[1u64, 2], [3, 4]];
+        <[u64; 2]>::combine(&Op::Sum, &[[10, 20], [30, 40]], &mut o);
+        assert_eq!(o, [[11, 22], [33, 44]]);
+        <[u64; 2]>::combine(&Op::Max, &[[0, 100], [50, 0]], &mut o);
+        assert_eq!(o, [[11, 100], [50, 44]]);
+        let mut f = [[1.5f64, -1.0, 0.0]];
+        <[f64; 3]>::combine(&Op::Min, &[[2.0, -2.0, 0.5]], &mut f);
+        assert_eq!(f, [[1.5, -2.0, 0.0]]);
+        assert!(<[u32; 4]>::supports(&Op::BitXor));
+        assert!(!<[f64; 2]>::supports(&Op::BitAnd));
+        assert!(!<[i32; 2]>::supports(&Op::MinLoc));
+        assert!(<[f64; 2]>::supports(&Op::user(
+            |_: &[[f64; 2]], _: &mut [[f64; 2]]| {},
+            true
+        )));
+        // Nested arrays too; a user operation sees whole arrays.
+        let mut n = [[[1u8, 2], [3, 4]]];
+        <[[u8; 2]; 2]>::combine(&Op::BitOr, &[[[4, 4], [0, 8]]], &mut n);
+        assert_eq!(n, [[[5, 6], [3, 12]]]);
+        let swap = Op::user(
+            |a: &[[u8; 2]], b: &mut [[u8; 2]]| b[0] = [a[0][1], a[0][0]],
+            false,
+        );
+        let mut s = [[0u8, 0]];
+        apply(&swap, &[[1, 2]], &mut s);
+        assert_eq!(s, [[2, 1]]);
     }
 }
 

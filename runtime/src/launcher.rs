@@ -27,6 +27,9 @@ use weft_wireup::proto::{
 use weft_wireup::topology::{self, CpuList};
 use weft_wireup::Rank;
 
+mod servers;
+use servers::Servers;
+
 /// Exit status of `weft run` when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
 pub use weft_wireup::job::WORLD_PGCID;
@@ -36,6 +39,9 @@ const KILL_AFTER: Duration = Duration::from_millis(500);
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Exit status when the launcher itself failed (bad setup, lost server).
 pub const EXIT_LAUNCH_FAILED: i32 = 1;
+/// How long the launcher waits, once the job is over, for its servers to exit before it
+/// kills them (they exit right after the job's end; every one is reaped either way).
+const SERVER_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// One app context: `-n N [--pset NAME] PROGRAM ARGS...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -640,7 +646,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
         .server_command
         .clone()
         .unwrap_or_else(|| vec![exe.display().to_string(), "server".into()]);
-    let mut server_pids = Vec::new();
+    let mut servers = Servers::new();
     for node in 0..num_nodes {
         let sargs = [
             "--launcher".to_owned(),
@@ -678,30 +684,17 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
             Stdio::inherit()
         } else {
             Stdio::null()
-        })
-        .kill_on_drop(true);
-        match cmd.spawn() {
-            Ok(mut child) => {
-                server_pids.push(child.id());
-                let ev = ev_tx.clone();
-                tokio::spawn(async move {
-                    let status = match child.wait().await {
-                        Ok(s) => s.to_string(),
-                        Err(e) => e.to_string(),
-                    };
-                    let _ = ev.send(Ev::ServerExit { node, status });
-                });
-            }
-            Err(e) => {
-                for pid in server_pids.iter().flatten() {
-                    kill(*pid, rustix::process::Signal::KILL);
-                }
-                cleanup(&plan);
-                return Err(setup(
-                    &format!("start the server of node {node} ({})", server_cmd[0]),
-                    e,
-                ));
-            }
+        });
+        if let Err(e) = servers.start(node, cmd, ev_tx.clone()) {
+            // The servers already started are killed and reaped before the launcher
+            // reports the failure.
+            servers.kill_all();
+            servers.reap(Duration::ZERO).await;
+            cleanup(&plan);
+            return Err(setup(
+                &format!("start the server of node {node} ({})", server_cmd[0]),
+                e,
+            ));
         }
     }
 
@@ -900,9 +893,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
                         SERVER_START_TIMEOUT.as_secs()
                     );
                     status_override.get_or_insert(EXIT_LAUNCH_FAILED);
-                    for pid in server_pids.iter().flatten() {
-                        kill(*pid, rustix::process::Signal::KILL);
-                    }
+                    servers.kill_all();
                 }
             }
             Ev::Signal(sig) => {
@@ -923,13 +914,12 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
                     terminate(&txs, &ev_tx);
                 }
             }
-            Ev::ForceKill => {
-                for pid in server_pids.iter().flatten() {
-                    kill(*pid, rustix::process::Signal::KILL);
-                }
-            }
+            Ev::ForceKill => servers.kill_all(),
         }
     }
+    // Every server's connection is closed (or its process gone): wait for the processes
+    // themselves, so that none outlives the launcher as a zombie.
+    servers.reap(SERVER_EXIT_WAIT).await;
     cleanup(&plan);
     let code = match (status_override, first_failure) {
         (Some(c), _) => c,

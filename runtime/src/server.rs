@@ -68,6 +68,9 @@ use spawn::spawn_child;
 const ARRIVAL_QUERY_WAIT: Duration = Duration::from_millis(300);
 /// How long a process that called abort has to exit before it is killed.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
+/// How long a server at its end waits for its killed processes to be reaped (and their
+/// output forwarded) before it exits anyway.
+const CHILD_REAP_WAIT: Duration = Duration::from_secs(2);
 /// How many joined-collective digests a server remembers per local process.
 const JOINED_HISTORY: usize = 4096;
 
@@ -269,6 +272,8 @@ enum Event {
     },
     Ctl(ToServer),
     CtlLost(String),
+    /// This server received signal N (SIGINT, SIGTERM or SIGHUP).
+    Signal(i32),
     Spawned {
         rank: Rank,
         pid: Option<u32>,
@@ -527,6 +532,22 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     };
 
     let (ev_tx, mut ev_rx) = unbounded_channel::<Event>();
+    // Signals, caught before any process starts: a server that died of one would leave
+    // its processes unreaped (zombies once it is gone). Its processes do not inherit the
+    // handlers (exec resets them).
+    for (kind, num) in [
+        (tokio::signal::unix::SignalKind::interrupt(), 2),
+        (tokio::signal::unix::SignalKind::terminate(), 15),
+        (tokio::signal::unix::SignalKind::hangup(), 1),
+    ] {
+        let mut s = tokio::signal::unix::signal(kind).map_err(|e| setup("signal handlers", e))?;
+        let ev = ev_tx.clone();
+        tokio::spawn(async move {
+            while s.recv().await.is_some() {
+                let _ = ev.send(Event::Signal(num));
+            }
+        });
+    }
     // Control reader.
     {
         let ev = ev_tx.clone();
@@ -602,8 +623,10 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         let Some(ev) = ev_rx.recv().await else { break };
         st.handle(ev);
     }
-    // Cleanup: kill what is left, remove the socket; the store unlinks on drop.
+    // Cleanup: kill what is left and wait for it (a child not waited for stays a zombie
+    // once this server exits), remove the socket; the store unlinks on drop.
     st.kill_all(rustix::process::Signal::KILL);
+    reap_children(&mut st, &mut ev_rx).await;
     let job_id = st.plan.job_id.clone();
     // The children's output is written before the launcher connection closes (the
     // launcher may end this process then).
@@ -616,6 +639,43 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     let _ = std::fs::remove_file(&sock_path);
     let _ = std::fs::remove_dir(&args.job_dir);
     Ok(())
+}
+
+/// Waits (up to `CHILD_REAP_WAIT`) until every local process has ended, killing any
+/// whose start is reported only now. Every process started reports one `ChildExit`, sent
+/// once it is reaped and its output forwarded (or once it failed to start).
+async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
+    let deadline = tokio::time::Instant::now() + CHILD_REAP_WAIT;
+    while st.procs.values().any(|p| !p.exited) {
+        match tokio::time::timeout_at(deadline, ev_rx.recv()).await {
+            Ok(Some(Event::Spawned { rank, pid })) => {
+                if let (Some(p), Some(pid)) = (st.procs.get_mut(&rank), pid) {
+                    p.pid = Some(pid);
+                    crate::launcher::kill(pid, rustix::process::Signal::KILL);
+                }
+            }
+            Ok(Some(Event::ChildExit { rank, .. })) => {
+                if let Some(p) = st.procs.get_mut(&rank) {
+                    p.exited = true;
+                    p.pid = None;
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                let left: Vec<Rank> = st
+                    .procs
+                    .iter()
+                    .filter(|(_, p)| !p.exited)
+                    .map(|(r, _)| *r)
+                    .collect();
+                tracing::warn!(
+                    "ranks {left:?} did not end within {} s of SIGKILL (CHILD_REAP_WAIT)",
+                    CHILD_REAP_WAIT.as_secs()
+                );
+                break;
+            }
+        }
+    }
 }
 
 impl State {
@@ -864,6 +924,16 @@ impl State {
                 if self.live_children > 0 {
                     tracing::error!("lost the launcher ({why}); killing this node's processes");
                 }
+                self.done = true;
+            }
+            // Ctrl-C reaches the launcher too (the same process group), which terminates
+            // the job in order; the ranks it reached end and are reported as usual.
+            Event::Signal(2) => tracing::debug!("SIGINT: left to the launcher"),
+            Event::Signal(sig) => {
+                tracing::warn!(
+                    "received {}; killing this node's processes",
+                    weft_wireup::proto::signal_name(sig)
+                );
                 self.done = true;
             }
             Event::Spawned { rank, pid } => {
