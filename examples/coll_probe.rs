@@ -13,6 +13,11 @@
 //! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
 //!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
 //!   `rank R: barrier after the mismatch ok`.
+//! - `mismatch-bcast`, `mismatch-gather`: a bcast of 100 bytes from rank 0 where the last
+//!   rank expects 101, or a gather to rank 0 of 4 bytes each where rank 1 sends 5; every
+//!   rank prints `rank R: ok` (its data checked), `rank R: mismatch: <error>`,
+//!   `rank R: aborted: <error>` or `rank R: other: <error>`, then
+//!   `rank R: barrier after the mismatch ok`.
 //! - `order`: rank 0 calls an allreduce where the others call a bcast, then a reduce
 //!   where ranks 0 and 1 each name themselves the root: `rank R: <error>` (or
 //!   `rank R: no error`) for each, then `rank R: barrier after the disorder ok`.
@@ -238,6 +243,36 @@ fn run(args: &[String]) -> Res<()> {
                 }
             }
             println!("rank {me} barrier ok");
+        }
+        Some("mismatch-bcast") | Some("mismatch-gather") => {
+            // bcast: the last rank expects one byte more than the root's 100; gather: rank
+            // 1 sends 5 bytes where the others (and the root) count 4 each.
+            let n = world.size() as usize;
+            let r = if arg(0) == Some("mismatch-bcast") {
+                let len = 100 + usize::from(me as usize == n - 1);
+                let mut buf = vec![if me == 0 { 7u8 } else { 0 }; len];
+                let r = world.bcast(&mut buf, 0);
+                if r.is_ok() && buf.iter().any(|&b| b != 7) {
+                    return Err(format!("rank {me}: bcast gave wrong data").into());
+                }
+                r
+            } else {
+                let mine = vec![me as u8; 4 + usize::from(me == 1)];
+                let mut all = vec![0u8; if me == 0 { 4 * n } else { 0 }];
+                let r = world.gather(&mine, &mut all, 0);
+                if r.is_ok() && me == 0 && (0..4 * n).any(|i| all[i] != (i / 4) as u8) {
+                    return Err(format!("rank {me}: gather gave wrong data").into());
+                }
+                r
+            };
+            match r {
+                Ok(()) => println!("rank {me}: ok"),
+                Err(e @ CollError::Mismatch { .. }) => println!("rank {me}: mismatch: {e}"),
+                Err(e @ CollError::Aborted { .. }) => println!("rank {me}: aborted: {e}"),
+                Err(e) => println!("rank {me}: other: {e}"),
+            }
+            world.barrier()?;
+            println!("rank {me}: barrier after the mismatch ok");
         }
         Some("mismatch") => {
             let count: usize = arg(1).map_or(Ok(8), str::parse)?;

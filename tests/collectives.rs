@@ -487,6 +487,50 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
     );
 }
 
+/// Issue 31, 3: which members learn of a disagreement, as README.md and `CollError`'s
+/// docs say. The member that sees it gets `Mismatch`; a member whose part was complete
+/// returns `Ok` with right data (checked by the probe); none gets anything else, none
+/// hangs, and the communicator stays usable. On the node-local segment, point-to-point
+/// within a node, and across 2 and 4 logical nodes.
+#[test]
+fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data() {
+    let probe = example("coll_probe");
+    for (scenario, seer) in [("mismatch-bcast", 3), ("mismatch-gather", 0)] {
+        for (cfg, opts) in [
+            ("seg", &[][..]),
+            ("p2p", &["-x", "WEFT_COLL_SHM=off"][..]),
+            ("2n", &["--nodes", "2"][..]),
+            ("4n", &["--nodes", "4"][..]),
+        ] {
+            let name = format!("coll-{scenario}-{cfg}");
+            let mut args = vec!["-n", "4", "-x", "WEFT_TRANSPORTS=shm,tcp"];
+            args.extend(opts);
+            args.extend([probe.as_str(), scenario]);
+            let done = run(&name, &args, T);
+            assert_eq!(done.code(), Some(0), "{name}: {}", done.dump());
+            for r in 0..4 {
+                let line = done
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("rank {r}: ")) && !l.contains("barrier"))
+                    .unwrap_or_else(|| panic!("{name}: rank {r} said nothing\n{}", done.dump()));
+                let want = if r == seer { "mismatch: " } else { "ok" };
+                assert!(
+                    line.starts_with(&format!("rank {r}: {want}")),
+                    "{name}: {line}\n{}",
+                    done.dump()
+                );
+            }
+            assert_eq!(
+                done.lines_with("barrier after the mismatch ok"),
+                4,
+                "{name}: {}",
+                done.dump()
+            );
+        }
+    }
+}
+
 #[test]
 fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs() {
     let probe = example("coll_probe");

@@ -37,8 +37,13 @@
 //! and operations in flight at once (non-blocking ones, or collectives on other
 //! communicators from other threads) never match each other's. A member whose
 //! arguments disagree in a way a message shows (a count, a root) makes the operation
-//! fail with [`CollError::Mismatch`] rather than corrupt data; a member that dies makes
-//! it fail at every survivor with [`CollError::MemberGone`] naming it.
+//! fail with [`CollError::Mismatch`] rather than corrupt data, at the member that sees the
+//! disagreement; it tells the others, and a member still waiting in that operation then
+//! fails with [`CollError::Aborted`], while a member whose part was complete returns `Ok`
+//! with its own results right (a bcast's root when a leaf expects another count, a
+//! gather's senders when the root does; see [`CollError::Mismatch`]). A member that dies,
+//! or finalizes or exits while others wait on it, makes the operation fail at every
+//! survivor with [`CollError::MemberGone`] naming it.
 //!
 //! # Algorithms
 //! Selected by size and shape, tunable with `WEFT_COLL_*` ([`TUNABLES`]): dissemination
@@ -119,7 +124,11 @@ pub enum CollError {
         ty: &'static str,
     },
     /// The members disagree on the operation's arguments (a message of another size
-    /// than this member expected).
+    /// than this member expected). Given at the member that saw the disagreement; the
+    /// members still waiting in the operation get [`CollError::Aborted`] naming it, and
+    /// those whose part was complete by then return `Ok` (their results are right): a
+    /// bcast where a leaf expects another count fails at that leaf only, a gather where
+    /// a member sends another count at the root only, an allreduce at every member.
     #[error("{op}: the members disagree on the arguments: {source}")]
     Mismatch {
         /// The operation.
@@ -127,7 +136,10 @@ pub enum CollError {
         /// What the transport saw.
         source: P2pError,
     },
-    /// A member of the communicator is gone (died or finalized) during the operation.
+    /// A member of the communicator is gone (died, or finalized or exited while others
+    /// waited on it) during the operation. Every survivor names the member that ended,
+    /// also when another survivor saw it go first (it relays the cause, not its own
+    /// failure).
     #[error("{op}: rank {rank} is gone: {reason}")]
     MemberGone {
         /// The operation.
