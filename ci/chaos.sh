@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Chaos runs (issue 14): repeated jobs on 1 to 4 logical nodes running
 # examples/chaos_probe (fences in every mode, gets, communicators from groups, rings of
-# eager and rendezvous messages), each with one random action at a random moment:
-# nothing, SIGKILL of a rank, SIGKILL of a server, or a pause (SIGSTOP, then SIGCONT
-# 0.3-2 s later). Every run must end within its bound; runs without a kill must give
-# every rank's "ok" (the program checks all data itself); after a kill every survivor's
-# error must name the lost process (or a rank that failed because of it); no segment,
+# eager and rendezvous messages, collectives on the world), each with one random action
+# at a random moment: nothing, SIGKILL of a rank, SIGKILL of a server, a pause (SIGSTOP,
+# then SIGCONT 0.3-2 s later), or a rank that ends cleanly (exit status 0, or finalize)
+# at a random round just before its collectives (CHAOS_END, with --keep-going). Every
+# run must end within its bound (by itself: the job's --timeout is a hang); runs without
+# a kill or an end must give every rank's "ok" (the program checks all data itself);
+# after a kill or an end every survivor's error must name the lost process (or a rank
+# that failed because of it), and after an end every survivor must fail; no segment,
 # socket directory or process may be left behind.
 #
 #   ci/chaos.sh [RUNS] [SEED]      (default 20 runs, a random seed; the long run: 300)
@@ -20,7 +23,7 @@ tmp=$(mktemp -d /var/tmp/weft-chaos.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export TMPDIR=$tmp
 uid=$(id -u)
-ran=0 kills=0 server_kills=0 pauses=0 hangs=0 leaks=0 wrong=0 misnamed=0 late=0
+ran=0 kills=0 server_kills=0 pauses=0 clean_ends=0 hangs=0 leaks=0 wrong=0 misnamed=0 late=0
 start=$(date +%s)
 
 # A random number of milliseconds in [lo, hi), slept.
@@ -44,12 +47,19 @@ for i in $(seq 1 "$runs"); do
   iters=$((150 + RANDOM % 150))
   map=slot; ((RANDOM % 2)) && map=node
   job=chaos$seed-$i
-  action=$((RANDOM % 10))   # 0-3 nothing, 4-6 kill a rank, 7 kill a server, 8-9 pause a rank
+  # 0-3 nothing, 4-6 kill a rank, 7 kill a server, 8-9 pause a rank, 10-11 a rank ends
+  # cleanly (exit status 0, or finalize) at a random round, just before its collectives
+  action=$((RANDOM % 12))
+  victim="" what="none" extra=()
+  if ((action >= 10)); then
+    victim=$((RANDOM % n))
+    what=exit0; ((RANDOM % 2)) && what=finalize
+    extra=(--keep-going -x "CHAOS_END=$victim:$((RANDOM % iters)):$what")
+  fi
   timeout -s KILL 90 "$bin/weft" run --job-id "$job" --timeout 60 --nodes "$nodes" -n "$n" \
-    --map-by "$map" "$bin/examples/chaos_probe" "$iters" >"$tmp/out" 2>"$tmp/err" &
+    --map-by "$map" "${extra[@]}" "$bin/examples/chaos_probe" "$iters" >"$tmp/out" 2>"$tmp/err" &
   launcher=$! t0=$(date +%s)
-  victim="" what="none"
-  if ((action >= 4)); then
+  if ((action >= 4 && action <= 9)); then
     nap 50 600
     case $action in
       7)
@@ -72,7 +82,7 @@ for i in $(seq 1 "$runs"); do
           fi
         fi ;;
     esac
-    [[ $what == none && $action -ge 4 ]] && late=$((late + 1))
+    [[ $what == none ]] && late=$((late + 1))
   fi
   wait "$launcher"; rc=$?
   ran=$((ran + 1))
@@ -81,15 +91,32 @@ for i in $(seq 1 "$runs"); do
     kill-rank) kills=$((kills + 1)) ;;
     kill-server) server_kills=$((server_kills + 1)) ;;
     pause) pauses=$((pauses + 1)) ;;
+    exit0|finalize) clean_ends=$((clean_ends + 1)) ;;
   esac
   # The job's own limit is 60 s (weft run --timeout); past 85 s it hung.
-  if (( $(date +%s) - t0 >= 85 )); then
-    fail hangs "the launcher did not end within 85 s"
+  if (( $(date +%s) - t0 >= 85 )) || ((rc == 124)); then
+    fail hangs "the job did not end by itself (exit $rc after $(( $(date +%s) - t0 )) s)"
   fi
   oks=$(grep -c ' ok$' "$tmp/out")
   case $what in
     none|pause)
       ((rc == 0 && oks == n)) || fail wrong "expected $n ok lines and exit 0, got $oks" ;;
+    exit0|finalize)
+      # The victim ended at its round; every other rank must fail (its next collective
+      # needs the victim), naming it (or a rank that failed because of it).
+      grep -q "^rank $victim ended: $what\$" "$tmp/out" || fail wrong "rank $victim did not end as told"
+      errs=$(grep -c ' error: ' "$tmp/out")
+      ((errs == n - 1 && oks == 0)) || fail wrong "expected $((n - 1)) errors and no ok, got $errs errors and $oks ok"
+      failed=$(sed -n 's/^rank \([0-9]*\) error: .*/\1/p' "$tmp/out" | tr '\n' ' ')
+      while read -r line; do
+        [[ -z $line ]] && continue
+        named=0
+        grep -qE "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" <<<"$line" && named=1
+        for f in $failed; do
+          grep -qE "rank $f[^0-9]" <<<"$line" && named=1
+        done
+        ((named)) || fail misnamed "an error does not name the rank that ended: $line"
+      done < <(grep ' error: ' "$tmp/out") ;;
     kill-rank|kill-server)
       # Ranks whose own error came first may be named instead (they failed because of it).
       failed=$(sed -n 's/^rank \([0-9]*\) error: .*/\1/p' "$tmp/out" | tr '\n' ' ')
@@ -120,5 +147,5 @@ for i in $(seq 1 "$runs"); do
     for s in $segs; do rm -f "/dev/shm/$s"; done
   fi
 done
-echo "chaos: seed $seed, $(($(date +%s) - start)) s: runs $ran, rank kills $kills, server kills $server_kills, pauses $pauses (actions too late to land: $late), hangs $hangs, leaks $leaks, wrong answers $wrong, misnamed errors $misnamed"
+echo "chaos: seed $seed, $(($(date +%s) - start)) s: runs $ran, rank kills $kills, server kills $server_kills, pauses $pauses, clean ends $clean_ends (actions too late to land: $late), hangs $hangs, leaks $leaks, wrong answers $wrong, misnamed errors $misnamed"
 ((hangs + leaks + wrong + misnamed == 0))

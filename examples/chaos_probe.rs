@@ -3,6 +3,13 @@
 //! groups (a PGCID each), and point-to-point rings among the processes of each node and
 //! around the whole job, across nodes (eager and rendezvous sizes, checked byte for byte). Prints `rank R ok` at the end;
 //! on any error prints `rank R error: ...` (the error names whom it lost) and exits 1.
+//! Every round also runs collectives on the world (allreduce, bcast, barrier, allgather),
+//! their results checked.
+//!
+//! `CHAOS_END=R:I:HOW` makes rank R end cleanly at round I, just before its collectives:
+//! HOW is `exit0` (exit status 0 without finalizing) or `finalize` (finalize the session,
+//! then linger 1 s and exit 0); it prints `rank R ended: HOW` first. The others must then
+//! fail, naming it, never hang.
 //!
 //!   weft run --nodes 2 -n 6 target/debug/examples/chaos_probe [ITER]
 
@@ -46,6 +53,15 @@ fn run(iters: u64) -> Res {
     let local: Vec<u32> = wire.local_peers().to_vec();
     let node_group = world.incl(&local)?;
     let world_comm = fabric.world();
+    let end = std::env::var("CHAOS_END").ok();
+    let end: Option<(u32, u64, String)> = end.as_deref().and_then(|e| {
+        let mut f = e.split(':');
+        Some((
+            f.next()?.parse().ok()?,
+            f.next()?.parse().ok()?,
+            f.next()?.to_string(),
+        ))
+    });
     for i in 0..iters {
         // A key per round: a peer may publish its next round before this one reads.
         let key = format!("card.{i}");
@@ -72,6 +88,18 @@ fn run(iters: u64) -> Res {
             ring(&comm, i, 8)?;
             comm.disconnect()?;
         }
+        if let Some((r, at, how)) = &end {
+            if *r == me && *at == i {
+                println!("rank {me} ended: {how}");
+                if how == "finalize" {
+                    drop((world_comm, node_group, world));
+                    session.finalize()?;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                std::process::exit(0);
+            }
+        }
+        collectives(&world_comm, i)?;
         // Eager and rendezvous sizes among this node's processes.
         let bytes = [8usize, 4096, 100_000][(i % 3) as usize];
         let pos = local
@@ -96,6 +124,29 @@ fn run(iters: u64) -> Res {
     }
     wire.fence(Procs::All, FenceMode::SyncOnly, Some(WAIT))?;
     session.finalize()?;
+    Ok(())
+}
+
+/// Round `i`'s collectives on `comm`, their results checked.
+fn collectives(comm: &Communicator, i: u64) -> Res {
+    let (me, n) = (u64::from(comm.rank()), u64::from(comm.size()));
+    let mut sum = [0u64; 2];
+    comm.allreduce(&[me, i], &mut sum, Op::Sum)?;
+    if sum != [n * (n - 1) / 2, i * n] {
+        return Err(format!("round {i}: allreduce gave {sum:?}").into());
+    }
+    let root = (i % n) as u32;
+    let mut b = [if u64::from(root) == me { i * 3 + 1 } else { 0 }; 4];
+    comm.bcast(&mut b, root)?;
+    if b != [i * 3 + 1; 4] {
+        return Err(format!("round {i}: bcast from rank {root} gave {b:?}").into());
+    }
+    comm.barrier()?;
+    let mut all = vec![0u64; n as usize];
+    comm.allgather(&[me * 1000 + i], &mut all)?;
+    if (0..n).any(|r| all[r as usize] != r * 1000 + i) {
+        return Err(format!("round {i}: allgather gave {all:?}").into());
+    }
     Ok(())
 }
 
