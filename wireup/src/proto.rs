@@ -518,6 +518,18 @@ pub enum PeerMsg {
         qid: u64,
         result: Result<Vec<u8>, DmodexFailure>,
     },
+    /// A PMIx client's event (`PMIx_Notify_event`) for processes on the receiving node:
+    /// its status `code`, `source` rank, PMIx `range`, and infos as the notifying node's
+    /// PMIx library packed them. `group` and `members` for a
+    /// `PMIX_GROUP_CONSTRUCT_COMPLETE` (the group an invite formed).
+    PmixEvent {
+        code: i32,
+        source: Rank,
+        range: u8,
+        group: Option<String>,
+        members: Vec<Rank>,
+        info: Vec<u8>,
+    },
 }
 
 /// Why a PMIx direct modex could not be answered (what the asking client is told).

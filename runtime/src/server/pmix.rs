@@ -19,8 +19,8 @@
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
 use weft_pmix::server::{
-    DirectModex, Failure, Fence, Group, GroupReply, Host, ModexReply, Nspace, ProcName, Query,
-    QueryAnswer,
+    DirectModex, Failure, Fence, Group, GroupReply, Host, Log, ModexReply, Notification, Nspace,
+    ProcName, Query, QueryAnswer,
 };
 use weft_wireup::proto::DmodexFailure;
 
@@ -45,6 +45,8 @@ pub(super) enum PmixEv {
     Dmodex(DirectModex),
     Group(Group),
     Query(Query),
+    Log(Log),
+    Notify(Notification),
     /// The library answered another node's direct modex `qid`.
     Served {
         qid: u64,
@@ -100,6 +102,12 @@ impl Host for Bridge {
     fn query(&self, q: Query) {
         self.send(PmixEv::Query(q));
     }
+    fn log(&self, l: Log) {
+        self.send(PmixEv::Log(l));
+    }
+    fn notify_event(&self, n: Notification) {
+        self.send(PmixEv::Notify(n));
+    }
 }
 
 /// A fence under way: its id and where the result goes.
@@ -124,8 +132,10 @@ fn group_key(id: &str) -> String {
 
 /// The PMIx front end's state.
 pub(super) struct PmixFront {
-    server: weft_pmix::server::Server,
-    nspace: String,
+    pub(super) server: weft_pmix::server::Server,
+    pub(super) nspace: String,
+    /// Where the node's output goes (`PMIx_Log` to stdout and stderr joins it).
+    pub(super) output: std::sync::mpsc::Sender<Chunk>,
     /// The library's directory (removed at the end).
     dir: PathBuf,
     /// Open MPI's shared-memory directory on this node (removed at the end).
@@ -156,6 +166,7 @@ impl PmixFront {
         node: u32,
         dir: PathBuf,
         ev: UnboundedSender<Event>,
+        output: std::sync::mpsc::Sender<Chunk>,
     ) -> Result<PmixFront, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
@@ -193,6 +204,7 @@ impl PmixFront {
         Ok(PmixFront {
             server,
             nspace: job.nspace.clone(),
+            output,
             dir,
             vader_dir,
             env,
@@ -318,6 +330,8 @@ impl State {
             PmixEv::Fence(f) => self.pmix_fence(f),
             PmixEv::Group(g) => self.pmix_group(g),
             PmixEv::Query(q) => self.pmix_query(q),
+            PmixEv::Log(l) => self.pmix_log(l),
+            PmixEv::Notify(n) => self.pmix_notify(n),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Served { qid, to, result } => {
                 if self
@@ -349,7 +363,7 @@ impl State {
     /// The participants a PMIx collective names (`op`), as the core's: every rank for
     /// the wildcard (or none named), else the ranks; another namespace is not served,
     /// a rank outside the job not found.
-    fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
+    pub(super) fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
         let size = self.plan.job.size();
         let Some(px) = self.pmix.as_ref() else {
             return Err(Failure::Other);
