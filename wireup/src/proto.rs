@@ -520,8 +520,8 @@ pub enum PeerMsg {
     },
     /// A PMIx client's event (`PMIx_Notify_event`) for processes on the receiving node:
     /// its status `code`, `source` rank, PMIx `range`, and infos as the notifying node's
-    /// PMIx library packed them. `group` and `members` for a
-    /// `PMIX_GROUP_CONSTRUCT_COMPLETE` (the group an invite formed).
+    /// PMIx library packed them; `members`: the ranks of its custom range (for a
+    /// `PMIX_GROUP_CONSTRUCT_COMPLETE`, the members of group `group`).
     PmixEvent {
         code: i32,
         source: Rank,

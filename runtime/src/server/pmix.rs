@@ -156,6 +156,15 @@ pub(super) struct PmixFront {
     /// Other nodes' direct modex requests the library has not answered: (asker, rank).
     serving: HashMap<u64, (u32, Rank)>,
     next_qid: u64,
+    /// Group invites of this node's clients that are waiting for their invitees
+    /// (`pmix_events`), by group id.
+    pub(super) invites: HashMap<String, PendingInvite>,
+}
+
+/// A PMIx group invite of a local leader: the invitees that have not accepted yet.
+pub(super) struct PendingInvite {
+    pub(super) leader: Rank,
+    pub(super) waiting: BTreeSet<Rank>,
 }
 
 impl PmixFront {
@@ -216,6 +225,7 @@ impl PmixFront {
             asked: HashMap::new(),
             serving: HashMap::new(),
             next_qid: u64::from(node) << 48,
+            invites: HashMap::new(),
         })
     }
 

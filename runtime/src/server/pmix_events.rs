@@ -10,12 +10,18 @@
 //! Weft's too: every member's server records it (members, the leader; no PGCID, the
 //! invite asks for none), so that `PMIx_Group_destruct` (and a fence naming the group,
 //! which each member's library resolves to the members) is Weft's group operation as for
-//! a collective construct. An invite naming a process that is not a live process of the
-//! job fails at once (its `PMIx_Group_invite` returns the error): it could never
-//! complete, and the leader's library would wait for it forever.
+//! a collective construct.
+//!
+//! The leader's library (4.2) waits for every invitee's acceptance, with no timeout of
+//! its own and no way for its host to fail the wait. So an invite that cannot complete
+//! ends here: one naming a process that is not a live process of the job fails at once
+//! (its `PMIx_Group_invite` returns the error); one whose invitee ends or declines before
+//! accepting ends the leader as an abort would (status 1, the job told why), rather than
+//! leaving it waiting forever.
 
 use weft_pmix::server::{codes, Failure, Notification, ProcName, Range};
 
+use super::pmix::PendingInvite;
 use super::*;
 
 impl State {
@@ -62,13 +68,27 @@ impl State {
             (Range::Custom, Some(t)) => self.nodes_of(t),
             _ => all,
         };
-        let (group, members) = match (&n.group, &targets) {
-            (Some(id), Some(t)) if n.code == codes::GROUP_CONSTRUCT_COMPLETE => {
-                self.pmix_group_formed(id, source, t.clone());
-                (Some(id.clone()), t.clone())
+        let members = targets.clone().unwrap_or_default();
+        match (&n.group, n.code) {
+            (Some(id), codes::GROUP_INVITED) => {
+                let waiting = members.iter().copied().filter(|&r| r != source).collect();
+                if let Some(px) = self.pmix.as_mut() {
+                    let inv = PendingInvite {
+                        leader: source,
+                        waiting,
+                    };
+                    px.invites.insert(id.clone(), inv);
+                }
             }
-            _ => (None, Vec::new()),
-        };
+            (Some(id), codes::GROUP_CONSTRUCT_COMPLETE) => {
+                if let Some(px) = self.pmix.as_mut() {
+                    px.invites.remove(id);
+                }
+                self.pmix_group_formed(id, source, members.clone());
+            }
+            _ => self.pmix_invite_answered(n.code, source, &members),
+        }
+        let group = n.group.clone();
         let me = self.node;
         for node in nodes.into_iter().filter(|&x| x != me) {
             let m = PeerMsg::PmixEvent {
@@ -94,10 +114,11 @@ impl State {
         members: Vec<Rank>,
         info: Vec<u8>,
     ) {
-        if code == codes::GROUP_CONSTRUCT_COMPLETE {
-            if let Some(id) = &group {
-                self.pmix_group_formed(id, source, members);
+        match &group {
+            Some(id) if code == codes::GROUP_CONSTRUCT_COMPLETE => {
+                self.pmix_group_formed(id, source, members)
             }
+            _ => self.pmix_invite_answered(code, source, &members),
         }
         let Some(px) = self.pmix.as_ref() else {
             return;
@@ -112,6 +133,59 @@ impl State {
         {
             tracing::warn!("PMIx event {code} of rank {source} from another node: {e}");
         }
+    }
+
+    /// An invitee's answer (`code`) to the invites of the leaders among `to`: an
+    /// acceptance is waited for no more; a decline means the invite cannot complete.
+    fn pmix_invite_answered(&mut self, code: i32, invitee: Rank, to: &[Rank]) {
+        let accepted = match code {
+            codes::GROUP_INVITE_ACCEPTED => true,
+            codes::GROUP_INVITE_DECLINED => false,
+            _ => return,
+        };
+        let Some(px) = self.pmix.as_mut() else {
+            return;
+        };
+        let mut doomed = Vec::new();
+        for (id, inv) in px.invites.iter_mut() {
+            if to.contains(&inv.leader) && inv.waiting.remove(&invitee) && !accepted {
+                doomed.push(id.clone());
+            }
+        }
+        for id in doomed {
+            self.pmix_invite_failed(&id, invitee, "declined");
+        }
+    }
+
+    /// Rank `rank` ended: the invites it led are forgotten, those still waiting for it
+    /// cannot complete.
+    pub(super) fn pmix_invites_lose(&mut self, rank: Rank, reason: &str) {
+        let Some(px) = self.pmix.as_mut() else {
+            return;
+        };
+        px.invites.retain(|_, inv| inv.leader != rank);
+        let doomed: Vec<String> = px
+            .invites
+            .iter()
+            .filter(|(_, inv)| inv.waiting.contains(&rank))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in doomed {
+            self.pmix_invite_failed(&id, rank, reason);
+        }
+    }
+
+    /// Invite `id` cannot complete: invitee `rank` `why`. Its leader's library would wait
+    /// forever; it is ended as an abort with status 1 would end it.
+    fn pmix_invite_failed(&mut self, id: &str, rank: Rank, why: &str) {
+        let Some(inv) = self.pmix.as_mut().and_then(|px| px.invites.remove(id)) else {
+            return;
+        };
+        let what = format!(
+            "is ended: its PMIx_Group_invite of {id:?} cannot complete (rank {rank} {why} \
+             before accepting; OpenPMIx's invite waits for every invitee, with no timeout)"
+        );
+        self.proc_aborted(inv.leader, 1, &what);
     }
 
     /// Group `id` that rank `leader` formed by invitation, with `members`: recorded
