@@ -11,6 +11,11 @@
 //! - a direct modex (a client's get of another node's process's data) asks that node's
 //!   server (`PmixDmodexReq`), whose library answers once the process committed; it
 //!   fails when the process dies, its node is lost or the request's `PMIX_TIMEOUT` passes;
+//! - a log (`PMIx_Log`) to stdout or stderr joins the process's forwarded output
+//!   (`pmix_log`);
+//! - an event a client notifies beyond its node goes to the other nodes' servers, whose
+//!   libraries deliver it; OpenPMIx's group invites are such events, and the group an
+//!   invite formed becomes a Weft group on its members' nodes (`pmix_events`);
 //! - connected, finalized and abort: a finalized process's exit status decides how it
 //!   ended, as for the other front ends; an abort ends the process with its status
 //!   (`proc_aborted`).

@@ -81,7 +81,8 @@ impl State {
                 break;
             }
         }
-        if !refused.is_empty() && !(log.once && served > 0) {
+        let taken = refused.is_empty() || (log.once && served > 0);
+        if !taken {
             tracing::debug!(
                 "PMIx_Log of {:?}: channel(s) {} not served (PMIX_ERR_NOT_SUPPORTED)",
                 log.source,
