@@ -3,7 +3,10 @@
 //! the job keys, process sets by query, a late key, fences collecting data or not, direct
 //! modex, a second fence after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
 //! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
-//! `--timeout`, `--no-pmix`; skipped without Open MPI or libpmix unless
+//! `--timeout`, `--no-pmix`; OpenPMIx's own examples `log.c` (`PMIx_Log` to stderr with a
+//! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
+//! joined from its event, a fence across the group, its destruct; an invite that cannot
+//! complete) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
 //! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
 //! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
@@ -291,6 +294,11 @@ fn pmix_client() -> Option<String> {
     ) {
         return None;
     }
+    Some(build_c("cc", "pmix_client.c", "pmix_client", &pmix_flags()))
+}
+
+/// `-Wall` and what `pkg-config --cflags --libs pmix` says.
+fn pmix_flags() -> Vec<String> {
     let flags = Command::new("pkg-config")
         .args(["--cflags", "--libs", "pmix"])
         .output()
@@ -302,7 +310,213 @@ fn pmix_client() -> Option<String> {
             .split_whitespace()
             .map(str::to_owned),
     );
-    Some(build_c("cc", "pmix_client.c", "pmix_client", &all))
+    all
+}
+
+/// Where Debian's libpmix-dev puts OpenPMIx's example programs.
+const PMIX_EXAMPLES: &str = "/usr/share/doc/libpmix-dev/examples";
+
+/// OpenPMIx's unmodified example `NAME.c` (from Debian's libpmix-dev, which ships them
+/// without the `examples.h` they include: OpenPMIx v4.2.2's is in
+/// `benches/mpi/pmix_examples`) built with cc against libpmix, or `None` (skipped, the
+/// reason printed) when libpmix or the example is missing and `WEFT_REQUIRE_OPENMPI`
+/// is not set.
+fn pmix_example(name: &str) -> Option<String> {
+    let src = PathBuf::from(PMIX_EXAMPLES).join(format!("{name}.c"));
+    let hint = format!(
+        "weft was built without libpmix, or {} is missing (apt-get install libpmix-dev)",
+        src.display()
+    );
+    let have = weft_pmix::built_with().is_some() && src.exists();
+    if !available(have, "WEFT_REQUIRE_OPENMPI", &hint) {
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pmix-example-{name}"));
+    let built = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg("-I")
+        .arg(root.join("benches/mpi/pmix_examples"))
+        .arg(&src)
+        .args(pmix_flags())
+        .arg("-lpthread")
+        .output()
+        .unwrap_or_else(|e| panic!("cc: {e}"));
+    assert!(
+        built.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out.display().to_string())
+}
+
+/// The stderr lines of `d` that hold `pat`.
+fn err_lines<'a>(d: &'a Done, pat: &str) -> Vec<&'a str> {
+    d.stderr.lines().filter(|l| l.contains(pat)).collect()
+}
+
+/// Whether `ts` is a time stamp as `ctime` writes it: "Fri Nov 27 16:14:45 2026".
+fn is_ctime(ts: &str) -> bool {
+    let w: Vec<&str> = ts.split_whitespace().collect();
+    w.len() == 5
+        && w[3].len() == 8
+        && w[3].split(':').count() == 3
+        && w[4].len() == 4
+        && w[4].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// OpenPMIx's `log.c` (issue 31 §4): rank 0's `PMIx_Log` to `PMIX_LOG_STDERR` with
+/// `PMIX_LOG_GENERATE_TIMESTAMP` appears once on the job's stderr, prefixed with its time
+/// stamp as OpenPMIx/PRRTE write it (`[ctime]<stderr>: `; `[ctime][job,0]<stderr>: ` with
+/// `--tag-output`), on 1 and 2 logical nodes, and the program runs to completion
+/// (`mpirun.openmpi` prints the message too, without a time stamp). `--syslog` (the local
+/// syslog, written by the PMIx library's own syslog component) succeeds; `--global-syslog`
+/// is not served and says so (`PMIX_ERR_NOT_SUPPORTED`) instead of dropping the message
+/// with a success; the program goes on to its fence either way.
+#[test]
+fn pmix_log_example_prints_its_message_on_one_and_two_nodes() {
+    let Some(log) = pmix_example("log") else {
+        return;
+    };
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-log-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &log],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let msg = err_lines(&d, "stderr log message");
+        assert_eq!(msg.len(), 1, "{}", d.dump());
+        let (ts, rest) = msg[0]
+            .strip_prefix('[')
+            .and_then(|l| l.split_once(']'))
+            .unwrap_or_else(|| panic!("no time stamp in {:?}\n{}", msg[0], d.dump()));
+        assert!(is_ctime(ts), "{ts:?}\n{}", d.dump());
+        assert_eq!(rest, "<stderr>: stderr log message", "{}", d.dump());
+        assert_eq!(err_lines(&d, "failed").len(), 0, "{}", d.dump());
+        assert_eq!(
+            err_lines(&d, "PMIx_Finalize successfully completed").len(),
+            2,
+            "{}",
+            d.dump()
+        );
+        clean(&name, &d);
+    }
+    let name = "pmix-log-tag";
+    let d = run(
+        name,
+        &["--tag-output", "-n", "1", &log],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    let msg = err_lines(&d, "stderr log message");
+    assert_eq!(msg.len(), 1, "{}", d.dump());
+    let job = format!("{name}-{}", std::process::id());
+    let want = format!("][{job},0]<stderr>: stderr log message");
+    assert!(
+        msg[0].starts_with('[') && msg[0].ends_with(&want),
+        "{}",
+        d.dump()
+    );
+    assert!(
+        is_ctime(&msg[0][1..msg[0].len() - want.len()]),
+        "{}",
+        d.dump()
+    );
+    clean(name, &d);
+    let name = "pmix-log-syslog";
+    let d = run(
+        name,
+        &["-n", "1", &log, "--syslog"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(
+        err_lines(&d, "LOG TO LOCAL SYSLOG").len(),
+        1,
+        "{}",
+        d.dump()
+    );
+    assert_eq!(err_lines(&d, "failed").len(), 0, "{}", d.dump());
+    assert_eq!(
+        err_lines(&d, "successfully completed").len(),
+        1,
+        "{}",
+        d.dump()
+    );
+    clean(name, &d);
+    let name = "pmix-log-gsys";
+    let d = run(
+        name,
+        &["-n", "1", &log, "--global-syslog"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(
+        err_lines(&d, "PMIx_Log GLOBAL syslog failed: NOT-SUPPORTED").len(),
+        1,
+        "{}",
+        d.dump()
+    );
+    assert_eq!(
+        err_lines(&d, "successfully completed").len(),
+        1,
+        "{}",
+        d.dump()
+    );
+    clean(name, &d);
+}
+
+/// OpenPMIx's `asyncgroup.c` (issue 31 §5) on 4 processes: rank 0 invites ranks 2 and 3
+/// (`PMIx_Group_invite`), they join from the `PMIX_GROUP_INVITED` event, the three fence
+/// across the group and destruct it, everyone completes: on one node and on 2 logical
+/// nodes (ranks 2 and 3 on the other node: the events go through the servers). Then an
+/// invite that cannot complete (ranks 2 and 3 are `log.c`, which never accept and end)
+/// ends the job with an error naming the invite, within seconds, instead of hanging.
+/// (`mpirun.openmpi` of Open MPI 4.1 cannot run it: its runtime fails to pack the
+/// invite's custom range and the job hangs.)
+#[test]
+fn pmix_group_invite_example_joins_fences_and_destructs_on_one_and_two_nodes() {
+    let (Some(group), Some(log)) = (pmix_example("asyncgroup"), pmix_example("log")) else {
+        return;
+    };
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-asyncgroup-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "4", &group],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        for (want, n) in [
+            ("Group invite complete with status SUCCESS!", 1),
+            ("Group complete - executing fence across group", 2),
+            ("Executing Group_destruct", 3),
+            ("failed", 0),
+            (" COMPLETE", 4),
+        ] {
+            assert_eq!(err_lines(&d, want).len(), n, "{want}\n{}", d.dump());
+        }
+        assert!(!d.stderr.contains("no such group"), "{}", d.dump());
+        clean(&name, &d);
+        let name = format!("pmix-asyncgroup-stuck-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &group, ":", "-n", "2", &log],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(1), "{}", d.dump());
+        let named = d
+            .stderr
+            .contains("PMIx_Group_invite of \"ourgroup\" cannot complete")
+            || err_lines(&d, "Group invite complete with status PROC-ABORTED").len() == 1;
+        assert!(named, "{}", d.dump());
+        assert!(d.elapsed < Duration::from_secs(30), "{}", d.dump());
+        clean(&name, &d);
+    }
 }
 
 /// Open MPI between logical nodes: its TCP transport on loopback only.

@@ -331,3 +331,14 @@ impl Drop for OwnedValue {
         }
     }
 }
+
+impl Infos {
+    /// `n` empty infos (as `PMIX_INFO_CREATE` makes them), to unpack into.
+    pub(crate) fn empty(n: usize) -> Infos {
+        Infos {
+            // SAFETY: all zeroes is an empty info (PMIX_INFO_CONSTRUCT).
+            list: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            borrowed: Vec::new(),
+        }
+    }
+}

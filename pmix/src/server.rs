@@ -122,6 +122,115 @@ pub struct Query {
     pub reply: GroupReply,
 }
 
+/// A `PMIx_Log` channel (the key of one entry of the data logged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogChannel {
+    /// `PMIX_LOG_STDERR`: the process's standard error, as its launcher forwards it.
+    Stderr,
+    /// `PMIX_LOG_STDOUT`: its standard output.
+    Stdout,
+    /// `PMIX_LOG_SYSLOG`: the system log (the local one unless the host says otherwise).
+    Syslog,
+    /// `PMIX_LOG_LOCAL_SYSLOG`: the node's system log.
+    LocalSyslog,
+    /// `PMIX_LOG_GLOBAL_SYSLOG`: the system log of the cluster's gateway.
+    GlobalSyslog,
+    /// Any other channel (`PMIX_LOG_EMAIL`, `PMIX_LOG_GLOBAL_DATASTORE`, ...): its key.
+    Other(String),
+}
+
+/// A `PMIx_Log` of a local client, handed to [`Host::log`]: what the library's own
+/// channels did not take (OpenPMIx 4.2 writes `PMIX_LOG_SYSLOG` and
+/// `PMIX_LOG_LOCAL_SYSLOG` to the node's syslog itself, then hands every entry to the
+/// host as well).
+#[derive(Debug)]
+pub struct Log {
+    /// Who logs (`PMIX_LOG_SOURCE`, else the client).
+    pub source: ProcName,
+    /// The entries, in order: channel and text (empty for a value that is not a string).
+    pub entries: Vec<(LogChannel, String)>,
+    /// `PMIX_LOG_TIMESTAMP` (seconds since the epoch): the client asked for one
+    /// (`PMIX_LOG_GENERATE_TIMESTAMP`) or gave it.
+    pub timestamp: Option<i64>,
+    /// `PMIX_LOG_TIMESTAMP_OUTPUT`: prefix the output with the time it is written.
+    pub timestamp_output: bool,
+    /// `PMIX_LOG_SYSLOG_PRI`, if given.
+    pub syslog_priority: Option<i32>,
+    /// `PMIX_LOG_ONCE`: one channel that takes the message is enough.
+    pub once: bool,
+    /// Where the status goes.
+    pub reply: OpReply,
+}
+
+/// The range of an event (`pmix_data_range_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    /// `PMIX_RANGE_LOCAL`: this node's clients only.
+    Local,
+    /// `PMIX_RANGE_PROC_LOCAL`: the source only.
+    ProcLocal,
+    /// `PMIX_RANGE_CUSTOM`: the processes named by `PMIX_EVENT_CUSTOM_RANGE`.
+    Custom,
+    /// Any other (namespace, session, global, resource manager): every node.
+    Other(u8),
+}
+
+impl Range {
+    /// The range of `pmix_data_range_t` `r`.
+    pub fn from_raw(r: u8) -> Range {
+        match r {
+            2 => Range::Local,
+            6 => Range::Custom,
+            7 => Range::ProcLocal,
+            other => Range::Other(other),
+        }
+    }
+
+    /// Its `pmix_data_range_t`.
+    pub fn raw(self) -> u8 {
+        match self {
+            Range::Local => 2,
+            Range::Custom => 6,
+            Range::ProcLocal => 7,
+            Range::Other(r) => r,
+        }
+    }
+}
+
+/// An event a local client notified (`PMIx_Notify_event`) with a range beyond its node,
+/// handed to [`Host::notify_event`] after the library delivered it to the node's
+/// clients: the host carries it to the other nodes' servers, whose
+/// [`Server::notify_packed`] delivers it there.
+#[derive(Debug)]
+pub struct Notification {
+    /// The event's status code.
+    pub code: i32,
+    /// Who notified it.
+    pub source: ProcName,
+    /// Its range.
+    pub range: Range,
+    /// `PMIX_EVENT_CUSTOM_RANGE`: the processes it is for, if named.
+    pub targets: Option<Vec<ProcName>>,
+    /// `PMIX_GROUP_ID`, if given (group events).
+    pub group: Option<String>,
+    /// Every info of the event, packed by the library (for `Server::notify_packed`).
+    pub info: Vec<u8>,
+    /// Where the status goes (the notifying client's `PMIx_Notify_event` returns it).
+    pub reply: OpReply,
+}
+
+/// OpenPMIx's event codes the host looks at.
+pub mod codes {
+    /// `PMIX_GROUP_INVITED`.
+    pub const GROUP_INVITED: i32 = -159;
+    /// `PMIX_GROUP_INVITE_ACCEPTED`.
+    pub const GROUP_INVITE_ACCEPTED: i32 = -161;
+    /// `PMIX_GROUP_INVITE_DECLINED`.
+    pub const GROUP_INVITE_DECLINED: i32 = -162;
+    /// `PMIX_GROUP_CONSTRUCT_COMPLETE`.
+    pub const GROUP_CONSTRUCT_COMPLETE: i32 = -166;
+}
+
 /// What the host does for the library (called on the library's progress thread: return
 /// quickly; answer through the replies later, from any thread).
 pub trait Host: Send + Sync + 'static {
@@ -140,6 +249,10 @@ pub trait Host: Send + Sync + 'static {
     fn group(&self, req: Group);
     /// A query of a local client (answer with [`GroupReply::answers`]).
     fn query(&self, req: Query);
+    /// A `PMIx_Log` of a local client.
+    fn log(&self, req: Log);
+    /// An event a local client notified beyond its node.
+    fn notify_event(&self, ev: Notification);
 }
 
 /// One job as the library must know it before its clients start.
@@ -188,14 +301,22 @@ impl Nspace {
 
 #[cfg(weft_pmix)]
 pub use imp::{preload, GroupReply, ModexReply, Server};
+#[cfg(weft_pmix)]
+pub use log::{log_time, OpReply};
 /// Where a query's answers go (the same callback as a group operation's).
 pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
-pub use stub::{preload, GroupReply, ModexReply, Server};
+pub use stub::{log_time, preload, GroupReply, ModexReply, OpReply, Server};
 
 #[cfg(not(weft_pmix))]
 mod stub;
 
 #[cfg(weft_pmix)]
 mod imp;
+
+#[cfg(weft_pmix)]
+mod log;
+
+#[cfg(weft_pmix)]
+mod events;

@@ -55,13 +55,15 @@ mod output;
 mod pmi;
 mod pmi2;
 mod pmix;
+mod pmix_events;
+mod pmix_log;
 mod procs;
 mod psets;
 mod spawn;
 
 use conns::{peer_reader, peer_writer};
 use native::client_conn;
-use output::{forward, OutputSink};
+use output::{forward, Chunk, OutputSink};
 use spawn::spawn_child;
 
 /// How long a timed-out fence waits for other servers to say who is missing.
@@ -603,7 +605,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // A build without libpmix has none to offer (`weft info` says so).
     if plan.pmix && weft_pmix::built_with().is_some() {
         let dir = pmix_dir(&args.job_dir, node);
-        match pmix::PmixFront::start(&plan, node, dir.clone(), ev_tx.clone()) {
+        match pmix::PmixFront::start(&plan, node, dir.clone(), ev_tx.clone(), output.tx.clone()) {
             Ok(px) => st.pmix = Some(px),
             Err(why) => {
                 let _ = std::fs::remove_dir_all(&dir);

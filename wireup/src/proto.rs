@@ -518,6 +518,18 @@ pub enum PeerMsg {
         qid: u64,
         result: Result<Vec<u8>, DmodexFailure>,
     },
+    /// A PMIx client's event (`PMIx_Notify_event`) for processes on the receiving node:
+    /// its status `code`, `source` rank, PMIx `range`, and infos as the notifying node's
+    /// PMIx library packed them; `members`: the ranks of its custom range (for a
+    /// `PMIX_GROUP_CONSTRUCT_COMPLETE`, the members of group `group`).
+    PmixEvent {
+        code: i32,
+        source: Rank,
+        range: u8,
+        group: Option<String>,
+        members: Vec<Rank>,
+        info: Vec<u8>,
+    },
 }
 
 /// Why a PMIx direct modex could not be answered (what the asking client is told).

@@ -14,13 +14,13 @@ static HOST: OnceLock<Arc<dyn Host>> = OnceLock::new();
 /// Whether a server was started in this process (the library allows one).
 static STARTED: Mutex<bool> = Mutex::new(false);
 
-fn host() -> Option<&'static Arc<dyn Host>> {
+pub(super) fn host() -> Option<&'static Arc<dyn Host>> {
     HOST.get()
 }
 
 impl Failure {
     /// The status the client sees.
-    fn status(self) -> sys::pmix_status_t {
+    pub(super) fn status(self) -> sys::pmix_status_t {
         match self {
             Failure::ProcGone => sys::PMIX_ERR_PROC_ABORTED,
             Failure::Timeout => sys::PMIX_ERR_TIMEOUT,
@@ -214,7 +214,7 @@ impl Drop for GroupReply {
 ///
 /// # Safety
 /// `p` points to a valid process name.
-unsafe fn name_of(p: *const sys::pmix_proc_t) -> ProcName {
+pub(super) unsafe fn name_of(p: *const sys::pmix_proc_t) -> ProcName {
     // SAFETY: the caller's contract.
     let (nspace, rank) = unsafe { proc_name(&*p) };
     ProcName {
@@ -227,7 +227,7 @@ unsafe fn name_of(p: *const sys::pmix_proc_t) -> ProcName {
 ///
 /// # Safety
 /// `p` is null or points to `n` valid process names.
-unsafe fn names_of(p: *const sys::pmix_proc_t, n: usize) -> Vec<ProcName> {
+pub(super) unsafe fn names_of(p: *const sys::pmix_proc_t, n: usize) -> Vec<ProcName> {
     if p.is_null() {
         return Vec::new();
     }
@@ -557,7 +557,7 @@ impl std::fmt::Debug for Server {
     }
 }
 
-fn nspace_c(op: &'static str, nspace: &str) -> Result<sys::pmix_proc_t, PmixError> {
+pub(super) fn nspace_c(op: &'static str, nspace: &str) -> Result<sys::pmix_proc_t, PmixError> {
     if nspace.len() > sys::PMIX_MAX_NSLEN as usize || nspace.contains('\0') {
         return Err(PmixError::InvalidArgs {
             op,
@@ -606,6 +606,8 @@ impl Server {
         module.direct_modex = Some(direct_modex);
         module.group = Some(group);
         module.query = Some(query);
+        module.log = Some(super::log::log);
+        module.notify_event = Some(super::events::notify_event);
         let mut info = Infos::new();
         for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
             info.push_string(k, dir_s)

@@ -34,6 +34,24 @@ impl GroupReply {
     pub fn fail(self, _why: Failure) {}
 }
 
+/// Where a log's or event's status goes (none exists in this build).
+#[derive(Debug)]
+pub struct OpReply {
+    _none: (),
+}
+
+impl OpReply {
+    /// Never called (no reply exists in this build).
+    pub fn ok(self) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
+/// `secs` since the epoch, as a number (this build has no `ctime`).
+pub fn log_time(secs: i64) -> String {
+    format!("{secs}")
+}
+
 /// The PMIx server (this build has no library: [`Server::init`] says so).
 #[derive(Debug)]
 pub struct Server {
@@ -75,6 +93,16 @@ impl Server {
     }
     /// Never called (no server exists in this build).
     pub fn deregister_nspace(&self, _nspace: &str) {}
+    /// Never called (no server exists in this build).
+    pub fn notify_packed(
+        &self,
+        _code: i32,
+        _source: &ProcName,
+        _range: Range,
+        _info: &[u8],
+    ) -> Result<(), PmixError> {
+        Err(crate::unavailable())
+    }
     /// Never called (no server exists in this build).
     pub fn notify_ended(&self, _nspace: &str, _rank: u32, _exit_code: Option<i32>) {}
 }

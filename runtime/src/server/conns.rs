@@ -192,6 +192,14 @@ impl State {
             PeerMsg::ModexCancel { qid } => self.modex.cancel(qid),
             PeerMsg::PmixDmodexReq { qid, rank } => self.pmix_serve(qid, rank),
             PeerMsg::PmixDmodexResp { qid, result } => self.pmix_served(qid, result),
+            PeerMsg::PmixEvent {
+                code,
+                source,
+                range,
+                group,
+                members,
+                info,
+            } => self.pmix_event_arrived(code, source, range, group, members, info),
             PeerMsg::ModexResp { qid, rank, result } => {
                 let acts = self.modex.answer(qid, rank, result);
                 self.apply(acts);

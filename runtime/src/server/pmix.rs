@@ -11,6 +11,11 @@
 //! - a direct modex (a client's get of another node's process's data) asks that node's
 //!   server (`PmixDmodexReq`), whose library answers once the process committed; it
 //!   fails when the process dies, its node is lost or the request's `PMIX_TIMEOUT` passes;
+//! - a log (`PMIx_Log`) to stdout or stderr joins the process's forwarded output
+//!   (`pmix_log`);
+//! - an event a client notifies beyond its node goes to the other nodes' servers, whose
+//!   libraries deliver it; OpenPMIx's group invites are such events, and the group an
+//!   invite formed becomes a Weft group on its members' nodes (`pmix_events`);
 //! - connected, finalized and abort: a finalized process's exit status decides how it
 //!   ended, as for the other front ends; an abort ends the process with its status
 //!   (`proc_aborted`).
@@ -19,8 +24,8 @@
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
 use weft_pmix::server::{
-    DirectModex, Failure, Fence, Group, GroupReply, Host, ModexReply, Nspace, ProcName, Query,
-    QueryAnswer,
+    DirectModex, Failure, Fence, Group, GroupReply, Host, Log, ModexReply, Notification, Nspace,
+    ProcName, Query, QueryAnswer,
 };
 use weft_wireup::proto::DmodexFailure;
 
@@ -45,6 +50,8 @@ pub(super) enum PmixEv {
     Dmodex(DirectModex),
     Group(Group),
     Query(Query),
+    Log(Log),
+    Notify(Notification),
     /// The library answered another node's direct modex `qid`.
     Served {
         qid: u64,
@@ -100,6 +107,12 @@ impl Host for Bridge {
     fn query(&self, q: Query) {
         self.send(PmixEv::Query(q));
     }
+    fn log(&self, l: Log) {
+        self.send(PmixEv::Log(l));
+    }
+    fn notify_event(&self, n: Notification) {
+        self.send(PmixEv::Notify(n));
+    }
 }
 
 /// A fence under way: its id and where the result goes.
@@ -124,8 +137,10 @@ fn group_key(id: &str) -> String {
 
 /// The PMIx front end's state.
 pub(super) struct PmixFront {
-    server: weft_pmix::server::Server,
-    nspace: String,
+    pub(super) server: weft_pmix::server::Server,
+    pub(super) nspace: String,
+    /// Where the node's output goes (`PMIx_Log` to stdout and stderr joins it).
+    pub(super) output: std::sync::mpsc::Sender<Chunk>,
     /// The library's directory (removed at the end).
     dir: PathBuf,
     /// Open MPI's shared-memory directory on this node (removed at the end).
@@ -146,6 +161,15 @@ pub(super) struct PmixFront {
     /// Other nodes' direct modex requests the library has not answered: (asker, rank).
     serving: HashMap<u64, (u32, Rank)>,
     next_qid: u64,
+    /// Group invites of this node's clients that are waiting for their invitees
+    /// (`pmix_events`), by group id.
+    pub(super) invites: HashMap<String, PendingInvite>,
+}
+
+/// A PMIx group invite of a local leader: the invitees that have not accepted yet.
+pub(super) struct PendingInvite {
+    pub(super) leader: Rank,
+    pub(super) waiting: BTreeSet<Rank>,
 }
 
 impl PmixFront {
@@ -156,6 +180,7 @@ impl PmixFront {
         node: u32,
         dir: PathBuf,
         ev: UnboundedSender<Event>,
+        output: std::sync::mpsc::Sender<Chunk>,
     ) -> Result<PmixFront, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
@@ -193,6 +218,7 @@ impl PmixFront {
         Ok(PmixFront {
             server,
             nspace: job.nspace.clone(),
+            output,
             dir,
             vader_dir,
             env,
@@ -204,6 +230,7 @@ impl PmixFront {
             asked: HashMap::new(),
             serving: HashMap::new(),
             next_qid: u64::from(node) << 48,
+            invites: HashMap::new(),
         })
     }
 
@@ -318,6 +345,8 @@ impl State {
             PmixEv::Fence(f) => self.pmix_fence(f),
             PmixEv::Group(g) => self.pmix_group(g),
             PmixEv::Query(q) => self.pmix_query(q),
+            PmixEv::Log(l) => self.pmix_log(l),
+            PmixEv::Notify(n) => self.pmix_notify(n),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Served { qid, to, result } => {
                 if self
@@ -349,7 +378,7 @@ impl State {
     /// The participants a PMIx collective names (`op`), as the core's: every rank for
     /// the wildcard (or none named), else the ranks; another namespace is not served,
     /// a rank outside the job not found.
-    fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
+    pub(super) fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
         let size = self.plan.job.size();
         let Some(px) = self.pmix.as_ref() else {
             return Err(Failure::Other);

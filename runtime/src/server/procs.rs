@@ -162,5 +162,6 @@ impl State {
         }
         self.groups_lose(rank, &reason);
         self.invitations_lose(rank, &reason);
+        self.pmix_invites_lose(rank, &reason);
     }
 }

@@ -1,0 +1,247 @@
+//! Events between nodes: the library's `notify_event` upcall (a local client notified an
+//! event whose range reaches beyond this node) and [`Server::notify_packed`], which
+//! delivers such an event, carried by the host, to another node's clients.
+//!
+//! The event's infos travel packed by the library itself (`PMIx_Data_pack`), so every
+//! attribute a client attached (`PMIX_EVENT_CUSTOM_RANGE`, `PMIX_GROUP_ID`,
+//! `PMIX_EVENT_NON_DEFAULT`, ...) arrives as it was given. OpenPMIx 4.2's group invites
+//! are made of such events only (`PMIX_GROUP_INVITED` from the leader to the invitees,
+//! `PMIX_GROUP_INVITE_ACCEPTED` back, `PMIX_GROUP_CONSTRUCT_COMPLETE` to the members,
+//! which every member's server library records as the group that a fence or destruct
+//! may then name).
+
+use std::ffi::{c_void, CStr};
+
+use super::imp::{host, name_of, Server};
+use super::{Failure, Notification, OpReply, ProcName, Range};
+use crate::client::SUCCESS;
+use crate::owned::Infos;
+use crate::sys;
+use crate::PmixError;
+
+/// `n` infos at `info` packed by the library: their count, then the infos.
+///
+/// # Safety
+/// `info` is null or points to `n` valid infos.
+unsafe fn pack(info: *mut sys::pmix_info_t, n: usize) -> Result<Vec<u8>, sys::pmix_status_t> {
+    // SAFETY: all zeroes is an empty buffer (PMIX_DATA_BUFFER_CONSTRUCT).
+    let mut buf: sys::pmix_data_buffer_t = unsafe { std::mem::zeroed() };
+    let mut count = if info.is_null() { 0 } else { n };
+    // SAFETY: `buf` is a valid buffer; `count` is one PMIX_SIZE; the infos are the
+    // caller's `n` valid ones (not packed when there are none).
+    let mut rc = unsafe {
+        sys::PMIx_Data_pack(
+            std::ptr::null(),
+            &mut buf,
+            (&mut count as *mut usize).cast(),
+            1,
+            sys::PMIX_SIZE as u16,
+        )
+    };
+    if rc == SUCCESS && count > 0 {
+        // SAFETY: as above.
+        rc = unsafe {
+            sys::PMIx_Data_pack(
+                std::ptr::null(),
+                &mut buf,
+                info.cast(),
+                count as i32,
+                sys::PMIX_INFO as u16,
+            )
+        };
+    }
+    // SAFETY: all zeroes is an empty byte object.
+    let mut bo: sys::pmix_byte_object_t = unsafe { std::mem::zeroed() };
+    if rc == SUCCESS {
+        // SAFETY: `buf` is valid; its payload moves into `bo` (malloc'd).
+        rc = unsafe { sys::PMIx_Data_unload(&mut buf, &mut bo) };
+    }
+    let out = if bo.bytes.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: `bo.size` bytes at `bo.bytes`, malloc'd by the library.
+        let v = unsafe { std::slice::from_raw_parts(bo.bytes.cast::<u8>(), bo.size) }.to_vec();
+        // SAFETY: freed once, as PMIX_BYTE_OBJECT_DESTRUCT does.
+        unsafe { libc::free(bo.bytes.cast()) };
+        v
+    };
+    if !buf.base_ptr.is_null() {
+        // SAFETY: what is left of the buffer (after an error), freed once as
+        // PMIX_DATA_BUFFER_DESTRUCT does.
+        unsafe { libc::free(buf.base_ptr.cast()) };
+    }
+    if rc == SUCCESS {
+        Ok(out)
+    } else {
+        Err(rc)
+    }
+}
+
+/// The infos [`pack`] packed.
+fn unpack(bytes: &[u8]) -> Result<Infos, sys::pmix_status_t> {
+    if bytes.is_empty() {
+        return Ok(Infos::new());
+    }
+    // SAFETY: the buffer takes over a malloc'd copy of the bytes (it frees it).
+    let copy = unsafe { libc::malloc(bytes.len()) }.cast::<u8>();
+    if copy.is_null() {
+        return Err(sys::PMIX_ERR_NOMEM);
+    }
+    // SAFETY: `copy` has room for `bytes.len()` bytes; they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), copy, bytes.len()) };
+    // SAFETY: all zeroes is an empty buffer and an empty byte object.
+    let (mut buf, mut bo): (sys::pmix_data_buffer_t, sys::pmix_byte_object_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    bo.bytes = copy.cast();
+    bo.size = bytes.len();
+    // SAFETY: `buf` is empty; it takes `bo`'s payload over.
+    let mut rc = unsafe { sys::PMIx_Data_load(&mut buf, &mut bo) };
+    let mut infos = Infos::new();
+    if rc == SUCCESS {
+        let mut count: usize = 0;
+        let mut one: i32 = 1;
+        // SAFETY: unpacks one PMIX_SIZE into `count`.
+        rc = unsafe {
+            sys::PMIx_Data_unpack(
+                std::ptr::null(),
+                &mut buf,
+                (&mut count as *mut usize).cast(),
+                &mut one,
+                sys::PMIX_SIZE as u16,
+            )
+        };
+        // A count that cannot be in the bytes is refused before anything is allocated.
+        if rc == SUCCESS && count > bytes.len() {
+            rc = sys::PMIX_ERR_BAD_PARAM;
+        }
+        if rc == SUCCESS && count > 0 {
+            infos = Infos::empty(count);
+            let mut n = count as i32;
+            // SAFETY: `infos` holds `count` empty infos to unpack into.
+            rc = unsafe {
+                sys::PMIx_Data_unpack(
+                    std::ptr::null(),
+                    &mut buf,
+                    infos.as_mut_ptr().cast(),
+                    &mut n,
+                    sys::PMIX_INFO as u16,
+                )
+            };
+        }
+    } else {
+        // SAFETY: the load failed: the copy is still ours.
+        unsafe { libc::free(copy.cast()) };
+    }
+    if !buf.base_ptr.is_null() {
+        // SAFETY: the buffer's payload (our copy), freed once.
+        unsafe { libc::free(buf.base_ptr.cast()) };
+    }
+    if rc == SUCCESS {
+        Ok(infos)
+    } else {
+        Err(rc)
+    }
+}
+
+/// The library's `notify_event` upcall. Answers `PMIX_OPERATION_IN_PROGRESS` (the
+/// library waits for the callback only then), the status going through the reply.
+pub(super) unsafe extern "C" fn notify_event(
+    code: sys::pmix_status_t,
+    source: *const sys::pmix_proc_t,
+    range: sys::pmix_data_range_t,
+    info: *mut sys::pmix_info_t,
+    ninfo: usize,
+    cb: sys::pmix_op_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    let reply = OpReply { cb, cbdata };
+    let Some(h) = host() else {
+        reply.fail(Failure::NotSupported);
+        return sys::PMIX_OPERATION_IN_PROGRESS;
+    };
+    // SAFETY: the library passes `ninfo` valid infos.
+    let packed = match unsafe { pack(info, ninfo) } {
+        Ok(p) => p,
+        Err(rc) => {
+            tracing::warn!("PMIx event {code}: its infos could not be packed (status {rc})");
+            reply.fail(Failure::Other);
+            return sys::PMIX_OPERATION_IN_PROGRESS;
+        }
+    };
+    let (mut targets, mut group) = (None, None);
+    for i in 0..if info.is_null() { 0 } else { ninfo } {
+        // SAFETY: `ninfo` valid infos.
+        let inf = unsafe { &*info.add(i) };
+        // SAFETY: a valid info's key is NUL-terminated within its array.
+        let k = unsafe { CStr::from_ptr(inf.key.as_ptr()) }.to_bytes_with_nul();
+        // SAFETY: the union member read is the one the type tag names.
+        let v = unsafe { crate::owned::value_of(&inf.value) };
+        if k == sys::PMIX_EVENT_CUSTOM_RANGE {
+            if let crate::PmixValue::Procs(p) = v {
+                targets = Some(
+                    p.into_iter()
+                        .map(|(nspace, rank)| ProcName {
+                            nspace,
+                            rank: (rank != sys::PMIX_RANK_WILDCARD).then_some(rank),
+                        })
+                        .collect(),
+                );
+            }
+        } else if k == sys::PMIX_GROUP_ID {
+            if let crate::PmixValue::Str(g) = v {
+                group = Some(g);
+            }
+        }
+    }
+    h.notify_event(Notification {
+        code,
+        // SAFETY: the library passes a valid source.
+        source: unsafe { name_of(source) },
+        range: Range::from_raw(range),
+        targets,
+        group,
+        info: packed,
+        reply,
+    });
+    sys::PMIX_OPERATION_IN_PROGRESS
+}
+
+impl Server {
+    /// Delivers event `code` of `source`, its infos as [`Notification::info`] packed
+    /// them on another node, to this node's clients within `range` (the library
+    /// checks a custom range, and records a group a `PMIX_GROUP_CONSTRUCT_COMPLETE`
+    /// names). Does not wait.
+    pub fn notify_packed(
+        &self,
+        code: i32,
+        source: &ProcName,
+        range: Range,
+        info: &[u8],
+    ) -> Result<(), PmixError> {
+        const OP: &str = "PMIx_Notify_event";
+        let mut p = super::imp::nspace_c(OP, &source.nspace)?;
+        p.rank = source.rank.unwrap_or(sys::PMIX_RANK_WILDCARD);
+        let mut infos = Box::new(
+            unpack(info).map_err(|rc| crate::client::status(OP, rc, "unpacking its infos"))?,
+        );
+        unsafe extern "C" fn notified(_st: sys::pmix_status_t, cbdata: *mut c_void) {
+            // SAFETY: `cbdata` is the `Box<Infos>` leaked below; called once.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+        }
+        let (ptr, n) = (infos.as_mut_ptr(), infos.len());
+        let cbdata = Box::into_raw(infos) as *mut c_void;
+        // SAFETY: the infos stay valid until `notified` frees them; `p` for the call.
+        let rc = unsafe {
+            sys::PMIx_Notify_event(code, &p, range.raw(), ptr, n, Some(notified), cbdata)
+        };
+        if rc != SUCCESS {
+            // SAFETY: the callback will not run (done at once, or refused): the box is
+            // ours again.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+        }
+        if rc != SUCCESS && rc != sys::PMIX_OPERATION_SUCCEEDED {
+            return Err(crate::client::status(OP, rc, ""));
+        }
+        Ok(())
+    }
+}
