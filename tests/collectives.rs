@@ -25,7 +25,8 @@ fn coll_check(name: &str, launcher: &[&str], max: &str) {
         .and_then(|i| launcher[i + 1].parse().ok())
         .expect("-n N");
     assert_eq!(done.lines_with("coll ok"), n, "{}", done.dump());
-    assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+    let left = segments_of(name);
+    assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
 }
 
 #[test]
@@ -266,7 +267,8 @@ fn the_node_segments_barrier_over_its_release_gather_tree() {
             done.dump()
         );
     }
-    assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+    let left = segments_of(name);
+    assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
 }
 
 #[test]
@@ -320,7 +322,8 @@ fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds(
             );
             assert!(*ms <= 2000, "{name}: {who} took {ms} ms\n{}", done.dump());
         }
-        assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+        let left = segments_of(name);
+        assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
     }
 }
 
@@ -359,7 +362,8 @@ fn ended_member_is_named(name: &str, launcher: &[&str], n: usize, op: &str, how:
         assert!(*ms <= 2000, "{name}: {who} took {ms} ms\n{}", done.dump());
     }
     if how != "exit3" {
-        assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+        let left = segments_of(name);
+        assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
         return;
     }
     // An operation on a communicator made before the end fails alike (after a clean end
@@ -377,7 +381,8 @@ fn ended_member_is_named(name: &str, launcher: &[&str], n: usize, op: &str, how:
             done.dump()
         );
     }
-    assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+    let left = segments_of(name);
+    assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
 }
 
 /// Issue 31, 1: a member that finalizes, or exits with status 0, while the others are in

@@ -32,7 +32,8 @@ fn a_ring_on_two_and_four_nodes_over_tcp() {
         );
         assert_eq!(done.code(), Some(0), "{}", done.dump());
         assert!(done.stdout.contains("ring ok"), "{}", done.dump());
-        assert!(segments_of(name).is_empty(), "{name}: segments left behind");
+        let left = segments_of(name);
+        assert!(left.is_empty(), "{name}: segments left behind: {left:?}");
     }
 }
 
