@@ -35,6 +35,21 @@ ranks() {
     [[ -n $r ]] && echo "$p $r"
   done
 }
+# Every error line must match LOST (it names the lost process), or name a rank whose own
+# error came first (it failed because of it).
+check_named() { # LOST
+  local failed line f named
+  failed=$(sed -n 's/^rank \([0-9]*\) error: .*/\1/p' "$tmp/out" | tr '\n' ' ')
+  while read -r line; do
+    [[ -z $line ]] && continue
+    named=0
+    grep -qE "$1" <<<"$line" && named=1
+    for f in $failed; do
+      grep -qE "rank $f[^0-9]" <<<"$line" && named=1
+    done
+    ((named)) || fail misnamed "an error does not name the lost process: $line"
+  done < <(grep ' error: ' "$tmp/out")
+}
 fail() { # KIND NAME: counts and shows a failed run
   eval "$1=\$(( $1 + 1 ))"
   echo "chaos: run $i ($desc): $2"
@@ -107,32 +122,9 @@ for i in $(seq 1 "$runs"); do
       grep -q "^rank $victim ended: $what\$" "$tmp/out" || fail wrong "rank $victim did not end as told"
       errs=$(grep -c ' error: ' "$tmp/out")
       ((errs == n - 1 && oks == 0)) || fail wrong "expected $((n - 1)) errors and no ok, got $errs errors and $oks ok"
-      failed=$(sed -n 's/^rank \([0-9]*\) error: .*/\1/p' "$tmp/out" | tr '\n' ' ')
-      while read -r line; do
-        [[ -z $line ]] && continue
-        named=0
-        grep -qE "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" <<<"$line" && named=1
-        for f in $failed; do
-          grep -qE "rank $f[^0-9]" <<<"$line" && named=1
-        done
-        ((named)) || fail misnamed "an error does not name the rank that ended: $line"
-      done < <(grep ' error: ' "$tmp/out") ;;
-    kill-rank|kill-server)
-      # Ranks whose own error came first may be named instead (they failed because of it).
-      failed=$(sed -n 's/^rank \([0-9]*\) error: .*/\1/p' "$tmp/out" | tr '\n' ' ')
-      while read -r line; do
-        [[ -z $line ]] && continue
-        named=0
-        if [[ $what == kill-rank ]]; then
-          grep -qE "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" <<<"$line" && named=1
-        else
-          grep -qE "node $victim[^0-9]|node $victim\$" <<<"$line" && named=1
-        fi
-        for f in $failed; do
-          grep -qE "rank $f[^0-9]" <<<"$line" && named=1
-        done
-        ((named)) || fail misnamed "an error does not name the lost process: $line"
-      done < <(grep ' error: ' "$tmp/out") ;;
+      check_named "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" ;;
+    kill-rank) check_named "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" ;;
+    kill-server) check_named "node $victim[^0-9]|node $victim\$" ;;
   esac
   # Leftovers: segments, the job's socket directory, processes.
   for _ in 1 2 3 4 5 6 7 8 9 10; do

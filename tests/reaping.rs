@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{example, Done, Job};
+use common::{example, script, Done, Job};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -245,18 +245,16 @@ fn an_interrupted_or_terminated_launcher_leaves_nothing_behind() {
 /// fails and nothing is left of it.
 #[test]
 fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind() {
-    let dir = std::env::temp_dir().join(format!("weft-reap-agent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let agent = dir.join("fake-ssh");
-    std::fs::write(
-        &agent,
+    let agent_s = script(
+        "weft-reap-agent",
+        "fake-ssh",
         "#!/bin/sh\nhost=\"$1\"\nshift\n[ \"$host\" = beta ] && { sleep 0.5; echo \"ssh: beta: unreachable\" >&2; exit 255; }\nexec \"$@\"\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
+    let dir = std::path::Path::new(&agent_s)
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let probe = example("wireup_probe");
-    let agent_s = agent.display().to_string();
     adopt_orphans();
     for hosts in ["alpha,beta", "beta,alpha,gamma"] {
         let job = Job::start(

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{alive, example, pids_whose, run, segments_of, Job};
+use common::{alive, example, pids_whose, run, script, segments_of, Job};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -43,18 +43,16 @@ fn sync_only_fence_two_nodes() {
 #[test]
 fn hosts_mode_starts_servers_through_the_launch_agent() {
     // A launch agent that behaves like ssh (first argument is the host) but runs locally.
-    let dir = std::env::temp_dir().join(format!("weft-agent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let agent = dir.join("fake-ssh");
-    std::fs::write(
-        &agent,
+    let agent_s = script(
+        "weft-agent",
+        "fake-ssh",
         "#!/bin/sh\necho \"$1\" >> \"$(dirname \"$0\")/hosts.log\"\nshift\nexec \"$@\"\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
+    let dir = std::path::Path::new(&agent_s)
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let probe = example("wireup_probe");
-    let agent_s = agent.display().to_string();
     let done = run(
         "hosts",
         &[

@@ -40,9 +40,10 @@ pub enum Op<T> {
     User(UserOp<T>),
 }
 
-impl<T> Clone for Op<T> {
-    fn clone(&self) -> Self {
-        match self {
+impl<T> Op<T> {
+    /// The same built-in operation over another element type (`None` for a user one).
+    fn builtin_as<U>(&self) -> Option<Op<U>> {
+        Some(match self {
             Op::Sum => Op::Sum,
             Op::Prod => Op::Prod,
             Op::Min => Op::Min,
@@ -54,7 +55,16 @@ impl<T> Clone for Op<T> {
             Op::LogicalOr => Op::LogicalOr,
             Op::MinLoc => Op::MinLoc,
             Op::MaxLoc => Op::MaxLoc,
+            Op::User(_) => return None,
+        })
+    }
+}
+
+impl<T> Clone for Op<T> {
+    fn clone(&self) -> Self {
+        match self {
             Op::User(u) => Op::User(u.clone()),
+            op => op.builtin_as().unwrap_or(Op::Sum),
         }
     }
 }
@@ -281,20 +291,7 @@ impl<T: Element, const N: usize> Element for [T; N] {
 /// The built-in `op` over arrays as the same operation over their components (`None`
 /// for a user operation, which applies to whole arrays).
 fn component_op<T, const N: usize>(op: &Op<[T; N]>) -> Option<Op<T>> {
-    Some(match op {
-        Op::Sum => Op::Sum,
-        Op::Prod => Op::Prod,
-        Op::Min => Op::Min,
-        Op::Max => Op::Max,
-        Op::BitAnd => Op::BitAnd,
-        Op::BitOr => Op::BitOr,
-        Op::BitXor => Op::BitXor,
-        Op::LogicalAnd => Op::LogicalAnd,
-        Op::LogicalOr => Op::LogicalOr,
-        Op::MinLoc => Op::MinLoc,
-        Op::MaxLoc => Op::MaxLoc,
-        Op::User(_) => return None,
-    })
+    op.builtin_as()
 }
 
 #[cfg(test)]

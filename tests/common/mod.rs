@@ -11,6 +11,18 @@ pub fn weft() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_weft"))
 }
 
+/// Writes an executable shell script `body` as `name` in a fresh folder `dir` (under the
+/// temporary directory), as a test's launch agent, and returns its path.
+pub fn script(dir: &str, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("{dir}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
 pub fn example(name: &str) -> String {
     let p = weft()
         .parent()
