@@ -12,7 +12,7 @@ static SPIN_LIMIT: AtomicU32 = AtomicU32::new(Backoff::SPIN);
 /// the host runs at most as many of the job's processes as it has CPUs (logical nodes
 /// on one machine count together), 16 when it is oversubscribed
 /// (then the process waited for may need this CPU: Open MPI yields when idle in that
-/// case too). Set by [`Fabric::init`]; libraries that wait on their own (shared-memory
+/// case too). Set by [`Fabric::init`](crate::Fabric::init); libraries that wait on their own (shared-memory
 /// flags) use it.
 pub fn spin_limit() -> u32 {
     Backoff::spin_limit()

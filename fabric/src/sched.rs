@@ -4,7 +4,7 @@
 //! closures such as a reduction) in order, then posts its sends and receives, and ends
 //! when all of them have completed. The next round starts then. The fabric runs a
 //! started schedule inside its progress, like any other request: a non-blocking
-//! collective is a schedule behind a [`Request`](crate::Request), and it advances
+//! collective is a schedule behind a [`Request`], and it advances
 //! whenever the program waits on or tests anything.
 //!
 //! Steps name byte ranges ([`Slice`]) of three kinds of buffers ([`Buf`]): the caller's
