@@ -11,14 +11,14 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use crate::server::{datastore_name, format_secret, random_u64, socket_path};
+pub use crate::jobdir::user_dir;
+use crate::jobdir::{format_secret, random_u64};
 use weft_wireup::frame::{self, MAX_PEER_FRAME};
 use weft_wireup::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
 use weft_wireup::proto::{
@@ -485,12 +485,6 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
     })
 }
 
-/// The directory that holds a user's job directories: `$TMPDIR/weft-<uid>` (mode 0700).
-pub fn user_dir() -> PathBuf {
-    let uid = rustix::process::getuid().as_raw();
-    std::env::temp_dir().join(format!("weft-{uid}"))
-}
-
 enum Ev {
     Hello {
         node: u32,
@@ -564,14 +558,7 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
         .map_err(|e| setup("chmod job directory", e))?;
 
     let cleanup = |plan: &JobPlan| {
-        for n in 0..plan.job.num_nodes() {
-            let _ = weft_shm::unlink(&datastore_name(&plan.job_id, n));
-            crate::server::unlink_segments(&crate::server::segment_prefix(&plan.job_id, n));
-            let _ = std::fs::remove_file(socket_path(&job_dir, n));
-            // A server that was killed leaves its PMIx library's directory behind.
-            let _ = std::fs::remove_dir_all(crate::server::pmix_dir(&job_dir, n));
-        }
-        let _ = std::fs::remove_dir(&job_dir);
+        crate::jobdir::remove_job(&plan.job_id, &job_dir, plan.job.num_nodes());
     };
 
     let listener = match TcpListener::bind(SocketAddr::new(spec.listen, 0)).await {
@@ -929,13 +916,6 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
         (None, Some((_, ExitKind::SpawnFailed(_)))) => 127,
     };
     Ok(code)
-}
-
-/// Sends `sig` to process `pid` (best effort: it may have exited already).
-pub(crate) fn kill(pid: u32, sig: rustix::process::Signal) {
-    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(p, sig);
-    }
 }
 
 #[cfg(test)]

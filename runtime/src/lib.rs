@@ -5,7 +5,9 @@
 //! (`weft_wireup::proto`) both sides share.
 #![forbid(unsafe_code)]
 
+pub mod jobdir;
 pub mod launcher;
+mod process;
 
 /// Tunables of the launcher and servers, listed by `weft info`.
 pub const TUNABLES: &[weft_tunables::Tunable] = &[

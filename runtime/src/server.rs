@@ -125,67 +125,11 @@ pub struct ServerArgs {
     pub job_dir: PathBuf,
 }
 
-/// The name of node `node`'s datastore segment for job `job_id`.
-pub fn datastore_name(job_id: &str, node: u32) -> String {
-    format!("/weft-{job_id}-n{node}")
-}
-
-/// The name prefix of every shared-memory segment of node `node` of job `job_id` other
-/// than the datastore (transports name their segments with it, so the server can remove
-/// them when the job ends, crash or not).
-pub fn segment_prefix(job_id: &str, node: u32) -> String {
-    format!("/weft-{job_id}-n{node}-")
-}
-
-/// Unlinks every segment in /dev/shm whose name starts with `prefix` (with its `/`).
-pub fn unlink_segments(prefix: &str) {
-    let bare = prefix.trim_start_matches('/');
-    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(bare) {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    // Open MPI's segment directory (`ompi_shm_dir`).
-                    let _ = std::fs::remove_dir_all(e.path());
-                } else {
-                    let _ = weft_shm::unlink(&format!("/{name}"));
-                }
-            }
-        }
-    }
-}
-
-/// The directory of node `node`'s PMIx server library in the job directory.
-pub fn pmix_dir(job_dir: &Path, node: u32) -> PathBuf {
-    job_dir.join(format!("pmix-{node}"))
-}
-
-/// The directory in /dev/shm where Open MPI programs of node `node` keep their
-/// shared-memory segments (under the node's segment prefix: removed with its segments).
-pub fn ompi_shm_dir(job_id: &str, node: u32) -> PathBuf {
-    PathBuf::from(format!("/dev/shm{}ompi", segment_prefix(job_id, node)))
-}
-
-/// The path of node `node`'s socket in the job directory.
-pub fn socket_path(job_dir: &Path, node: u32) -> PathBuf {
-    job_dir.join(format!("n{node}.sock"))
-}
-
-/// Parses a job secret as printed by [`format_secret`].
-pub fn parse_secret(s: &str) -> Option<[u64; 2]> {
-    let (a, b) = s.split_once('-')?;
-    Some([
-        u64::from_str_radix(a, 16).ok()?,
-        u64::from_str_radix(b, 16).ok()?,
-    ])
-}
-
-/// Formats a job secret for `WEFT_JOB_SECRET`.
-pub fn format_secret(s: [u64; 2]) -> String {
-    format!("{:016x}-{:016x}", s[0], s[1])
-}
-
-pub(crate) use weft_wireup::job::random_u64;
+pub(crate) use crate::jobdir::random_u64;
+pub use crate::jobdir::{
+    datastore_name, format_secret, ompi_shm_dir, parse_secret, pmix_dir, segment_prefix,
+    socket_path, unlink_segments,
+};
 
 /// Runs a server until the launcher says the job is over (or disappears).
 pub fn run(args: ServerArgs) -> Result<(), ServerError> {
@@ -653,7 +597,7 @@ async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
             Ok(Some(Event::Spawned { rank, pid })) => {
                 if let (Some(p), Some(pid)) = (st.procs.get_mut(&rank), pid) {
                     p.pid = Some(pid);
-                    crate::launcher::kill(pid, rustix::process::Signal::KILL);
+                    crate::process::kill(pid, rustix::process::Signal::KILL);
                 }
             }
             Ok(Some(Event::ChildExit { rank, .. })) => {
@@ -915,7 +859,7 @@ impl State {
             Event::AbortGraceOver { rank } => {
                 if let Some(p) = self.procs.get(&rank) {
                     if let (Some(pid), false) = (p.pid, p.exited) {
-                        crate::launcher::kill(pid, rustix::process::Signal::KILL);
+                        crate::process::kill(pid, rustix::process::Signal::KILL);
                     }
                 }
             }
@@ -999,7 +943,7 @@ impl State {
     fn kill_all(&mut self, sig: rustix::process::Signal) {
         for p in self.procs.values() {
             if let (Some(pid), false) = (p.pid, p.exited) {
-                crate::launcher::kill(pid, sig);
+                crate::process::kill(pid, sig);
             }
         }
     }

@@ -1,0 +1,88 @@
+//! A job's names on this machine, and their removal: the user's and the job's 0700
+//! directories (sockets, the PMIx libraries' directories), each node's datastore segment
+//! and the prefix of its other shared-memory segments, and the job's secret as passed in
+//! the environment. The launcher and the servers both use it; neither imports the other.
+
+use std::path::{Path, PathBuf};
+
+/// The directory that holds a user's job directories: `$TMPDIR/weft-<uid>` (mode 0700).
+pub fn user_dir() -> PathBuf {
+    let uid = rustix::process::getuid().as_raw();
+    std::env::temp_dir().join(format!("weft-{uid}"))
+}
+
+/// The name of node `node`'s datastore segment for job `job_id`.
+pub fn datastore_name(job_id: &str, node: u32) -> String {
+    format!("/weft-{job_id}-n{node}")
+}
+
+/// The name prefix of every shared-memory segment of node `node` of job `job_id` other
+/// than the datastore (transports name their segments with it, so the server can remove
+/// them when the job ends, crash or not).
+pub fn segment_prefix(job_id: &str, node: u32) -> String {
+    format!("/weft-{job_id}-n{node}-")
+}
+
+/// Unlinks every segment in /dev/shm whose name starts with `prefix` (with its `/`).
+pub fn unlink_segments(prefix: &str) {
+    let bare = prefix.trim_start_matches('/');
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(bare) {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    // Open MPI's segment directory (`ompi_shm_dir`).
+                    let _ = std::fs::remove_dir_all(e.path());
+                } else {
+                    let _ = weft_shm::unlink(&format!("/{name}"));
+                }
+            }
+        }
+    }
+}
+
+/// The directory of node `node`'s PMIx server library in the job directory.
+pub fn pmix_dir(job_dir: &Path, node: u32) -> PathBuf {
+    job_dir.join(format!("pmix-{node}"))
+}
+
+/// The directory in /dev/shm where Open MPI programs of node `node` keep their
+/// shared-memory segments (under the node's segment prefix: removed with its segments).
+pub fn ompi_shm_dir(job_id: &str, node: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/shm{}ompi", segment_prefix(job_id, node)))
+}
+
+/// The path of node `node`'s socket in the job directory.
+pub fn socket_path(job_dir: &Path, node: u32) -> PathBuf {
+    job_dir.join(format!("n{node}.sock"))
+}
+
+/// Parses a job secret as printed by [`format_secret`].
+pub fn parse_secret(s: &str) -> Option<[u64; 2]> {
+    let (a, b) = s.split_once('-')?;
+    Some([
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ])
+}
+
+/// Formats a job secret for `WEFT_JOB_SECRET`.
+pub fn format_secret(s: [u64; 2]) -> String {
+    format!("{:016x}-{:016x}", s[0], s[1])
+}
+
+pub(crate) use weft_wireup::job::random_u64;
+
+/// Removes what job `job_id` may have left on this machine for its `nodes` nodes (each
+/// node's datastore and segments, its socket and PMIx directory in `job_dir`), then the
+/// job directory itself if empty: the launcher's last step, whatever its servers did.
+pub(crate) fn remove_job(job_id: &str, job_dir: &Path, nodes: u32) {
+    for n in 0..nodes {
+        let _ = weft_shm::unlink(&datastore_name(job_id, n));
+        unlink_segments(&segment_prefix(job_id, n));
+        let _ = std::fs::remove_file(socket_path(job_dir, n));
+        // A server that was killed leaves its PMIx library's directory behind.
+        let _ = std::fs::remove_dir_all(pmix_dir(job_dir, n));
+    }
+    let _ = std::fs::remove_dir(job_dir);
+}
