@@ -26,6 +26,44 @@ pub use weft_fabric as fabric;
 pub use weft_runtime as runtime;
 pub use weft_wireup as wireup;
 
+/// Every component's tunables, by component: what `weft info` prints, and what
+/// [`tunables_markdown`] writes into `docs/tunables.md` (a test keeps the two equal).
+pub const TUNABLE_TABLES: &[(&str, &[weft_tunables::Tunable])] = &[
+    (
+        "the launcher and servers (weft-runtime)",
+        weft_runtime::TUNABLES,
+    ),
+    ("the wire-up client (weft-wireup)", weft_wireup::TUNABLES),
+    ("shared memory (weft-shm)", weft_shm::TUNABLES),
+    ("the fabric (weft-fabric)", weft_fabric::TUNABLES),
+    ("verbs (weft-verbs)", weft_verbs::TUNABLES),
+    ("TCP (weft-tcp)", weft_tcp::TUNABLES),
+    ("collectives (weft-collectives)", weft_collectives::TUNABLES),
+];
+
+/// The tunables reference (`docs/tunables.md`), made from [`TUNABLE_TABLES`].
+pub fn tunables_markdown() -> String {
+    let mut md = String::from(
+        "# Tunables\n\n\
+         Generated from the tables `weft info` prints (`weft::TUNABLE_TABLES`); a test fails \
+         when this file and the tables disagree (`WEFT_BLESS=1 cargo test --test docs` \
+         writes it anew). Syntax, for all of them: unset, empty or `auto` is the default; \
+         sizes take binary suffixes (`64k`, `4m`, `1g`, also `KiB`); durations take `ms` or \
+         `s` (a bare number is milliseconds); switches are `on`/`off` (or `1`/`0`, \
+         `true`/`false`, `yes`/`no`).\n",
+    );
+    for (component, table) in TUNABLE_TABLES {
+        md.push_str(&format!(
+            "\n## {component}\n\n| Variable | Default | Meaning |\n|---|---|---|\n"
+        ));
+        for t in table.iter() {
+            let meaning = t.meaning.replace('|', "\\|");
+            md.push_str(&format!("| `{}` | `{}` | {meaning} |\n", t.name, t.default));
+        }
+    }
+    md
+}
+
 /// The names most programs need.
 pub mod prelude {
     pub use weft_collectives::{

@@ -176,16 +176,7 @@ fn main() -> ExitCode {
                 Err(e) => println!("tcp: misconfigured ({e})"),
             }
             println!("tunables:");
-            let tables = [
-                weft_runtime::TUNABLES,
-                weft_wireup::TUNABLES,
-                weft_shm::TUNABLES,
-                weft_fabric::TUNABLES,
-                weft_verbs::TUNABLES,
-                weft_tcp::TUNABLES,
-                weft_collectives::TUNABLES,
-            ];
-            for t in tables.iter().flat_map(|t| t.iter()) {
+            for t in weft::TUNABLE_TABLES.iter().flat_map(|(_, t)| t.iter()) {
                 println!("{}", weft_tunables::info_line(t));
             }
             ExitCode::SUCCESS
