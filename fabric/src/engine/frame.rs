@@ -28,8 +28,10 @@ pub(crate) const CMA_DONE: u8 = 8;
 pub(crate) const RTS_TCP: u8 = 10;
 
 /// A collective operation failed at the sender (sender -> every other member of its
-/// communicator): ctx and tag name the operation (its schedule's), the payload is why
-/// (UTF-8). A receiver fails its schedule of that operation, now or when it starts.
+/// communicator): ctx and tag name the operation (its schedule's), aux is the job rank plus
+/// one of the member whose end failed it (0: another failure), the payload is why (UTF-8:
+/// how that member ended, or the sender's error). A receiver fails its schedule of that
+/// operation, now or when it starts (`sched::Abort`).
 pub(crate) const COLL_ABORT: u8 = 11;
 
 /// A short eager message: `[SHORT, tag u32, ctx u64, payload]`, no source (the transport
@@ -83,7 +85,8 @@ pub(crate) struct Hdr {
     /// The communicator's context id (a PGCID).
     pub(crate) ctx: u64,
     pub(crate) tag: u32,
-    /// A request id: the sender's (RTS, FIN, CTS) or the receiver's (DATA).
+    /// A request id: the sender's (RTS, RTS_TCP, RTS_RDMA, FIN, CTS, CMA_WRITE) or the
+    /// receiver's (DATA, CMA_DONE); for COLL_ABORT the gone member (see there).
     pub(crate) aux: u32,
     /// Message length (EAGER, RTS) or chunk offset (DATA).
     pub(crate) len: u64,
