@@ -58,6 +58,13 @@ impl OutputSink {
     }
 }
 
+/// The `--tag-output` prefix of a line of rank `rank`'s `stream` ("stdout" or "stderr"),
+/// if the job asked for tags: `[job,rank]<stream>: `.
+pub(super) fn output_tag(plan: &JobPlan, rank: Rank, stream: &str) -> Option<String> {
+    plan.tag_output
+        .then(|| format!("[{},{rank}]<{stream}>: ", plan.job_id))
+}
+
 pub(super) async fn forward(
     mut r: impl tokio::io::AsyncRead + Unpin,
     is_err: bool,

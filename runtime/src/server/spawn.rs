@@ -81,10 +81,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             if let Some(ours) = pmi {
                 pmi::serve(ours, rank, ev.clone());
             }
-            let tag = |s: &str| {
-                plan.tag_output
-                    .then(|| format!("[{},{rank}]<{s}>: ", plan.job_id))
-            };
+            let tag = |s: &str| output::output_tag(plan, rank, s);
             let out = child
                 .stdout
                 .take()
