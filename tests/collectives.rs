@@ -494,8 +494,9 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
 
 /// Issue 31, 3: which members learn of a disagreement, as README.md and `CollError`'s
 /// docs say. The member that sees it gets `Mismatch`; a member whose part was complete
-/// returns `Ok` with right data (checked by the probe); none gets anything else, none
-/// hangs, and the communicator stays usable. On the node-local segment, point-to-point
+/// returns `Ok` with right data (checked by the probe), one still in the operation
+/// `Aborted` naming the seer; none gets anything else, none hangs, and the communicator
+/// stays usable. On the node-local segment, point-to-point
 /// within a node, and across 2 and 4 logical nodes.
 #[test]
 fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data() {
@@ -519,12 +520,18 @@ fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data()
                     .lines()
                     .find(|l| l.starts_with(&format!("rank {r}: ")) && !l.contains("barrier"))
                     .unwrap_or_else(|| panic!("{name}: rank {r} said nothing\n{}", done.dump()));
-                let want = if r == seer { "mismatch: " } else { "ok" };
-                assert!(
-                    line.starts_with(&format!("rank {r}: {want}")),
-                    "{name}: {line}\n{}",
-                    done.dump()
-                );
+                // The member that sees it: Mismatch. Another: Ok (its data checked by the
+                // probe) when its part was complete, or Aborted naming the seer when the
+                // abort came first (it had not started or finished: under load a leaf of
+                // the p2p bcast may start after the seer failed).
+                let ok = if r == seer {
+                    line.starts_with(&format!("rank {r}: mismatch: "))
+                } else {
+                    line == format!("rank {r}: ok")
+                        || (line.starts_with(&format!("rank {r}: aborted: "))
+                            && line.contains(&format!("rank {seer} failed its part")))
+                };
+                assert!(ok, "{name}: {line}\n{}", done.dump());
             }
             assert_eq!(
                 done.lines_with("barrier after the mismatch ok"),

@@ -127,8 +127,9 @@ pub enum CollError {
     /// than this member expected). Given at the member that saw the disagreement; the
     /// members still waiting in the operation get [`CollError::Aborted`] naming it, and
     /// those whose part was complete by then return `Ok` (their results are right): a
-    /// bcast where a leaf expects another count fails at that leaf only, a gather where
-    /// a member sends another count at the root only, an allreduce at every member.
+    /// bcast where a leaf expects another count fails at that leaf (and with `Aborted` at
+    /// a member not done yet when told), a gather where a member sends another count at
+    /// the root, an allreduce at every member.
     #[error("{op}: the members disagree on the arguments: {source}")]
     Mismatch {
         /// The operation.

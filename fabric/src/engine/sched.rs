@@ -73,6 +73,18 @@ impl Abort {
     }
 }
 
+/// Where a failing schedule is in waiting for a better account of its failure (a member
+/// that only finalized, or that only a transport saw go: see `Engine::may_improve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Echo {
+    /// Not considered yet (the schedule has not failed).
+    Unarmed,
+    /// Waiting until then.
+    Until(Instant),
+    /// The failure is reported as it stands.
+    Settled,
+}
+
 /// A started schedule.
 pub(crate) struct SchedRun {
     pub(crate) sched: Schedule,
@@ -95,11 +107,8 @@ pub(crate) struct SchedRun {
     abort_sent: bool,
     /// The operation's tag (its first message's), which names it in an abort.
     tag: Option<u32>,
-    /// Until when a failure that only says a member finalized, or that a transport
-    /// saw a member go, waits for a better account (`better_cause`).
-    echo_until: Option<Instant>,
-    /// Whether `echo_until` was considered (once per run).
-    echo_armed: bool,
+    /// Whether a failure waits for a better account of itself (`better_cause`).
+    echo: Echo,
     result: Option<Result<Status, P2pError>>,
     serial: u64,
 }
@@ -142,8 +151,7 @@ impl SchedRun {
             failing: None,
             abort_sent: false,
             tag,
-            echo_until: None,
-            echo_armed: false,
+            echo: Echo::Unarmed,
             result: None,
             serial: 0,
         }
@@ -440,20 +448,21 @@ impl Engine {
                 }
             }
             if let Some(failing) = &run.failing {
-                if !run.echo_armed {
+                if run.echo == Echo::Unarmed {
                     // Once, whatever failed it first (a receive, a send, an abort).
-                    run.echo_armed = true;
-                    if self.may_improve(failing) {
-                        run.echo_until = Some(Instant::now() + ECHO_GRACE);
-                    }
+                    run.echo = match self.may_improve(failing) {
+                        true => Echo::Until(Instant::now() + ECHO_GRACE),
+                        false => Echo::Settled,
+                    };
                 }
-                if let Some(until) = run.echo_until {
+                if let Echo::Until(until) = run.echo {
                     if let Some(cause) = self.better_cause(run, failing) {
-                        run.echo_until =
-                            (self.may_improve(&cause) && Instant::now() < until).then_some(until);
+                        if !self.may_improve(&cause) || Instant::now() >= until {
+                            run.echo = Echo::Settled;
+                        }
                         run.failing = Some(cause);
                     } else if Instant::now() >= until {
-                        run.echo_until = None;
+                        run.echo = Echo::Settled;
                     }
                 }
                 if !run.abort_sent {
@@ -461,7 +470,7 @@ impl Engine {
                     self.tell_abort(run);
                 }
                 self.let_go(run);
-                if run.pending.is_empty() && run.echo_until.is_none() {
+                if run.pending.is_empty() && !matches!(run.echo, Echo::Until(_)) {
                     run.result = run.failing.take().map(Err);
                 }
                 return;
