@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chaos runs (issue 14): repeated jobs on 1 to 4 logical nodes running
-# examples/chaos_probe (fences in every mode, gets, communicators from groups, rings of
+# testkit/src/bin/chaos_probe.rs (fences in every mode, gets, communicators from groups, rings of
 # eager and rendezvous messages, collectives on the world), each with one random action
 # at a random moment: nothing, SIGKILL of a rank, SIGKILL of a server, a pause (SIGSTOP,
 # then SIGCONT 0.3-2 s later), or a rank that ends cleanly (exit status 0, or finalize)
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-20}
 seed=${2:-$(( $(date +%s) % 32768 ))}
 RANDOM=$seed
-cargo build --bins --examples -q || exit 1
+cargo build --workspace --bins --examples -q || exit 1
 bin=${CARGO_TARGET_DIR:-$PWD/target}/debug
 tmp=$(mktemp -d /var/tmp/weft-chaos.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -30,7 +30,7 @@ start=$(date +%s)
 nap() { sleep "$(printf '0.%03d' $(( $1 + RANDOM % ($2 - $1) )))"; }
 # Ranks of the running job: "pid rank" lines.
 ranks() {
-  for p in $(pgrep -f "$bin/examples/chaos_probe" || true); do
+  for p in $(pgrep -f "$bin/chaos_probe" || true); do
     r=$(tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | sed -n 's/^WEFT_RANK=//p')
     [[ -n $r ]] && echo "$p $r"
   done
@@ -72,7 +72,7 @@ for i in $(seq 1 "$runs"); do
     extra=(--keep-going -x "CHAOS_END=$victim:$((RANDOM % iters)):$what")
   fi
   timeout -s KILL 90 "$bin/weft" run --job-id "$job" --timeout 60 --nodes "$nodes" -n "$n" \
-    --map-by "$map" "${extra[@]}" "$bin/examples/chaos_probe" "$iters" >"$tmp/out" 2>"$tmp/err" &
+    --map-by "$map" "${extra[@]}" "$bin/chaos_probe" "$iters" >"$tmp/out" 2>"$tmp/err" &
   launcher=$! t0=$(date +%s)
   if ((action >= 4 && action <= 9)); then
     nap 50 600
@@ -128,7 +128,7 @@ for i in $(seq 1 "$runs"); do
   esac
   # Leftovers: segments, the job's socket directory, processes.
   for _ in 1 2 3 4 5 6 7 8 9 10; do
-    left=$(pgrep -f "$bin/examples/chaos_probe|--job-dir [^ ]*/$job" || true)
+    left=$(pgrep -f "$bin/chaos_probe|--job-dir [^ ]*/$job" || true)
     [[ -z $left ]] && break
     sleep 0.5
   done

@@ -21,7 +21,8 @@ run -p weft-shm --lib fuzz_
 run -p weft-verbs --lib fuzz_
 run -p weft-fabric --lib fuzz_
 run -p weft-tcp --test fuzz fuzz_
-run -p weft --test wireup a_server_under_hostile_requests
+cargo build -q -p weft-testkit --bins
+run -p weft-cli --test wireup a_server_under_hostile_requests
 echo
 echo "ci/fuzz.sh: $WEFT_FUZZ_SECS s per target, $(($(date +%s) - start)) s in all:"
 grep -E '^fuzz ' "$log" | sed 's/^/  /'

@@ -25,7 +25,7 @@ if [[ ${1:-} != --inside ]]; then
   tests -p weft-verbs >"$list"
   tests -p weft-fabric --test conformance >"$list.conformance"
   # Jobs and benchmarks use the release build (what a user runs and measures).
-  cargo build --release --bins --examples
+  cargo build --release --workspace --bins --examples
   cargo build --release -p weft-verbs --example verbs_pingpong --example verbs_readbw
   echo "${CARGO_TARGET_DIR:-$PWD/target}/release" >"$list.release"
   [[ -s $list && -s $list.conformance ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
@@ -83,28 +83,28 @@ job sessions 0 -n 4 "$examples/sessions_demo"
 [[ $(echo "$out" | grep -c " size 4 pgcid ") == 8 ]] || bad "sessions_demo: expected 8 comm lines"
 # Four threads per process make sessions and communicators at once and talk over them
 # (verbs between the nodes, shared memory within), also all on one communicator.
-job threads 0 -n 4 "$examples/session_probe" thread
+job threads 0 -n 4 "$R/session_probe" thread
 [[ $(echo "$out" | grep -c "threads ok provided single,funneled,serialized,multiple") == 4 ]] || bad "threads: expected 4 ok lines"
 # Rank 1 (node 1) dies while rank 0 (node 0) waits on it: in a receive, and in a 4 MiB
 # rendezvous send over verbs. The survivor's error names rank 1 within 2 s.
 for scenario in dead-peer dead-peer-rendezvous; do
-  job "$scenario" 137 -n 2 "$examples/fabric_probe" "$scenario"
+  job "$scenario" 137 -n 2 "$R/fabric_probe" "$scenario"
   ms=$(echo "$out" | sed -n 's/.* gone after \([0-9]*\) ms.*/\1/p' | head -1)
   [[ -n $ms && $ms -lt 2000 ]] || bad "$scenario: the survivor did not report rank 1 gone within 2 s (${ms:-never})"
 done
 # A first send to a peer that is blocked in a fence, or busy outside any call for longer
 # than the handshake timeout, completes: a live peer is never reported gone.
 for scenario in first-send-to-a-fencing-peer first-send-to-a-busy-peer; do
-  job "$scenario" 0 -n 2 -x WEFT_VERBS_HANDSHAKE_TIMEOUT_MS=1000 "$examples/fabric_probe" "$scenario"
+  job "$scenario" 0 -n 2 -x WEFT_VERBS_HANDSHAKE_TIMEOUT_MS=1000 "$R/fabric_probe" "$scenario"
   [[ $(echo "$out" | grep -c " ok$") == 2 ]] || bad "$scenario: expected 2 ok lines"
 done
 # A first send waiting for a busy peer's handshake lets the process's other thread go on.
-job busy-peer 0 -n 3 -x WEFT_TRANSPORTS=verbs "$examples/fabric_probe" busy-peer
+job busy-peer 0 -n 3 -x WEFT_TRANSPORTS=verbs "$R/fabric_probe" busy-peer
 m=$(echo "$out" | sed -n 's/.* ms, \([0-9]*\) round trips.*/\1/p' | head -1)
 [[ -n $m && $m -ge 100 ]] || bad "busy-peer: rank 0's other thread was stalled while its first send waited (${m:-no} round trips)"
 # Every collective (0 B to 4 MiB) checked against point-to-point references on 2 + 1 processes (uneven),
 # verbs between the nodes and shared memory within.
-job coll 0 -n 3 "$examples/coll_check" --max 524288
+job coll 0 -n 3 "$R/coll_check" --max 524288
 [[ $(echo "$out" | grep -c "coll ok") == 3 ]] || bad "coll_check: expected 3 ok lines"
 sleep 1
 after=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')

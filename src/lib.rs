@@ -1,11 +1,16 @@
 //! Weft: a communication fabric for HPC.
 //!
-//! This facade re-exports the layers: [`wireup`] (the PMIx-style wire-up client, over
-//! `weft run`'s servers or a host engine's PMIx server), [`runtime`] (the launcher and
-//! the per-node servers, which also host MPICH programs over PMI-1), [`fabric`]
-//! (sessions, groups, communicators and tagged point-to-point over shared memory, verbs
-//! and TCP) and [`collectives`] (barrier, bcast, allreduce, ... and their non-blocking
-//! forms; dup and split). Depend on this crate and reach the layers through it.
+//! This facade re-exports the layers: `wireup` (the PMIx-style wire-up client, over
+//! `weft run`'s servers or a host engine's PMIx server), `fabric` (sessions, groups,
+//! communicators and tagged point-to-point over shared memory, verbs and TCP),
+//! `collectives` (barrier, bcast, allreduce, ... and their non-blocking forms; dup and
+//! split) and `runtime` (the launcher and the per-node servers, which also host MPICH
+//! programs over PMI-1). Depend on this crate and reach the layers through it.
+//!
+//! Cargo features: `shm`, `tcp`, `verbs` (the transports) and `collectives` are on by
+//! default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
+//! links libpmix) and `runtime` (the launcher and servers as a library; pulls tokio) are
+//! off. The `weft` command is the `weft-cli` package.
 //!
 //! ```no_run
 //! use weft::prelude::*;
@@ -21,14 +26,17 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "collectives")]
 pub use weft_collectives as collectives;
 pub use weft_fabric as fabric;
+#[cfg(feature = "runtime")]
 pub use weft_runtime as runtime;
 pub use weft_wireup as wireup;
 
 /// Every component's tunables, by component: what `weft info` prints, and what
 /// [`tunables_markdown`] writes into `docs/tunables.md` (a test keeps the two equal).
 pub const TUNABLE_TABLES: &[(&str, &[weft_tunables::Tunable])] = &[
+    #[cfg(feature = "runtime")]
     (
         "the launcher and servers (weft-runtime)",
         weft_runtime::TUNABLES,
@@ -38,6 +46,7 @@ pub const TUNABLE_TABLES: &[(&str, &[weft_tunables::Tunable])] = &[
     ("the fabric (weft-fabric)", weft_fabric::TUNABLES),
     ("verbs (weft-verbs)", weft_verbs::TUNABLES),
     ("TCP (weft-tcp)", weft_tcp::TUNABLES),
+    #[cfg(feature = "collectives")]
     ("collectives (weft-collectives)", weft_collectives::TUNABLES),
 ];
 
@@ -66,6 +75,7 @@ pub fn tunables_markdown() -> String {
 
 /// The names most programs need.
 pub mod prelude {
+    #[cfg(feature = "collectives")]
     pub use weft_collectives::{
         CollError, Collectives, Element, FabricGroup, Loc, NonBlocking, Op, SplitType,
     };

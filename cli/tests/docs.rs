@@ -4,7 +4,7 @@
 
 #[test]
 fn docs_tunables_md_is_the_tables_weft_info_prints() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tunables.md");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tunables.md");
     let want = weft::tunables_markdown();
     if std::env::var_os("WEFT_BLESS").is_some() {
         std::fs::write(&path, &want).expect("write docs/tunables.md");

@@ -11,7 +11,7 @@ use common::{example, run, Done};
 const T: Duration = Duration::from_secs(60);
 
 fn probe(name: &str, n: &str, scenario: &str) -> Done {
-    let p = example("session_probe");
+    let p = common::probe("session_probe");
     run(name, &["-n", n, &p, scenario], T)
 }
 
@@ -145,7 +145,7 @@ fn communicators_from_groups_agreed_over_the_fabric() {
     let done = probe("sess-fabric-comm", "4", "fabric-comm");
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(done.lines_with("fabric-comm ok 5"), 4, "{}", done.dump());
-    let p = example("session_probe");
+    let p = common::probe("session_probe");
     let done = run(
         "sess-fabric-comm-tcp",
         &[
@@ -212,7 +212,7 @@ fn bench_group_prints_one_json_row_per_operation_and_job() {
 /// killed by a signal (a Rust panic exits with 101).
 #[test]
 fn the_end_of_a_rank_is_named_by_how_it_ended() {
-    let p = example("session_probe");
+    let p = common::probe("session_probe");
     for (how, want, code) in [
         ("finalize", "rank 1 has finalized", 0),
         ("exit3", "rank 1 exited with code 3", 3),

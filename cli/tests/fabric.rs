@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive, example, pids_whose, run, segments_of, Job};
+use common::{alive, example, pids_whose, probe, run, segments_of, Job};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -58,7 +58,7 @@ fn pingpong_every_size() {
 
 #[test]
 fn all_to_all_nonblocking() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run("a2a", &["-n", "6", &probe, "all-to-all"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(done.lines_with(" ok"), 6, "{}", done.dump());
@@ -66,7 +66,7 @@ fn all_to_all_nonblocking() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run("fabricerr", &["-n", "3", &probe, "errors"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     for want in [
@@ -80,7 +80,7 @@ fn bad_arguments_are_clear_errors() {
 
 #[test]
 fn a_dead_peer_fails_the_wait_within_two_seconds() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     for scenario in ["dead-peer", "dead-peer-rendezvous"] {
         let done = run(scenario, &["-n", "2", &probe, scenario], T);
         assert!(
@@ -105,7 +105,7 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
 
 #[test]
 fn a_process_on_another_node_without_verbs_or_tcp_is_a_clear_no_path_error() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     // With shared memory alone another node is unreachable, and the error says why for
     // each transport.
     let done = run(
@@ -152,7 +152,7 @@ fn a_process_on_another_node_without_verbs_or_tcp_is_a_clear_no_path_error() {
 
 #[test]
 fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run(
         "cmaok",
         &["-x", "WEFT_SHM_SINGLE_COPY=cma", "-n", "2", &probe, "cma"],
@@ -225,7 +225,7 @@ fn cma_single_copy_and_its_fallback_when_the_kernel_refuses_it() {
 /// for it without the engine lock: another thread of the process keeps messaging.
 #[test]
 fn waiting_for_a_late_peers_card_does_not_stall_other_threads() {
-    let p = example("fabric_probe");
+    let p = probe("fabric_probe");
     let done = run(
         "slowpeer",
         &["-n", "3", &p, "slow-peer"],
@@ -246,7 +246,7 @@ fn waiting_for_a_late_peers_card_does_not_stall_other_threads() {
 /// variable.
 #[test]
 fn a_card_that_does_not_come_within_weft_card_timeout_names_it() {
-    let p = example("fabric_probe");
+    let p = probe("fabric_probe");
     let t0 = Instant::now();
     let done = run(
         "cardwait",
@@ -264,7 +264,7 @@ fn a_card_that_does_not_come_within_weft_card_timeout_names_it() {
 /// is lost and end within seconds instead of waiting for ever; the job leaves nothing.
 #[test]
 fn the_processes_of_a_killed_server_end() {
-    let p = example("fabric_probe");
+    let p = probe("fabric_probe");
     let job = Job::start("orphans", &["--nodes", "2", "-n", "4", &p, "wait-forever"]);
     let name = job.name.clone();
     let ranks_of_node1 = || {
@@ -313,7 +313,7 @@ fn the_processes_of_a_killed_server_end() {
 /// claim word in its inbox) and completes at once; the data is exact.
 #[test]
 fn a_split_receive_completes_while_its_sender_computes() {
-    let p = example("fabric_probe");
+    let p = probe("fabric_probe");
     let done = run("splitbusy", &["-n", "2", &p, "split-busy-sender"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());

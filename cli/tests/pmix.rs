@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{example, weft};
+use common::{example, probe, weft};
 
 /// A host engine that starts jobs and serves PMIx to their processes.
 enum Host {
@@ -298,7 +298,7 @@ fn programs_under(mpirun: &Host) {
             ("WEFT_TRANSPORTS", "tcp"),
             ("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", "1000"),
         ],
-        &[&example("fabric_probe"), "first-send-to-a-fencing-peer"],
+        &[&probe("fabric_probe"), "first-send-to-a-fencing-peer"],
     );
     assert!(
         o.status.success(),
@@ -314,7 +314,7 @@ fn programs_under(mpirun: &Host) {
             ("WEFT_TRANSPORTS", "tcp"),
             ("WEFT_TCP_HANDSHAKE_TIMEOUT_MS", "1000"),
         ],
-        &[&example("fabric_probe"), "first-send-to-a-getting-peer"],
+        &[&probe("fabric_probe"), "first-send-to-a-getting-peer"],
     );
     assert!(
         o.status.success(),
@@ -334,11 +334,11 @@ fn programs_under(mpirun: &Host) {
     assert_eq!(lines_with(&o, " size 4 pgcid 2"), 4, "{}", dump(&o));
     assert_eq!(lines_with(&o, " size 4 pgcid 3"), 4, "{}", dump(&o));
     // Every collective, on the world and on split, dup and node communicators.
-    let o = under_mpirun(mpirun, 4, &[&example("coll_check"), "--max", "65536"]);
+    let o = under_mpirun(mpirun, 4, &[&probe("coll_check"), "--max", "65536"]);
     assert!(o.status.success(), "coll_check\n{}", dump(&o));
     assert_eq!(lines_with(&o, "coll ok"), 4, "{}", dump(&o));
     // A fence run by the fabric (cards through the node's segment), not the host.
-    let o = under_mpirun(mpirun, 3, &[&example("coll_probe"), "fence"]);
+    let o = under_mpirun(mpirun, 3, &[&probe("coll_probe"), "fence"]);
     assert!(o.status.success(), "coll_probe fence\n{}", dump(&o));
     assert_eq!(lines_with(&o, "fence ok"), 3, "{}", dump(&o));
     let after: Vec<String> = host_segments(mpirun)
@@ -385,10 +385,10 @@ fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
     assert!(o.status.success(), "sessions_demo\n{}", dump(&o));
     assert_eq!(lines_with(&o, " size 4 pgcid 2"), 4, "{}", dump(&o));
     assert_eq!(lines_with(&o, " size 4 pgcid 3"), 4, "{}", dump(&o));
-    let o = under(&host, 4, &tcp, &[&example("coll_check"), "--max", "65536"]);
+    let o = under(&host, 4, &tcp, &[&probe("coll_check"), "--max", "65536"]);
     assert!(o.status.success(), "coll_check\n{}", dump(&o));
     assert_eq!(lines_with(&o, "coll ok"), 4, "{}", dump(&o));
-    let o = under(&host, 4, &tcp, &[&example("coll_probe"), "fence"]);
+    let o = under(&host, 4, &tcp, &[&probe("coll_probe"), "fence"]);
     assert!(o.status.success(), "coll_probe fence\n{}", dump(&o));
     assert_eq!(lines_with(&o, "fence ok"), 4, "{}", dump(&o));
     let o = under(&host, 2, &tcp, &[&example("pingpong"), "--iters", "20"]);
@@ -415,7 +415,7 @@ fn weft_programs_on_the_pmix_backend_across_two_nodes_of_weft_run() {
 fn groups_are_the_hosts_under_weft_runs_own_pmix_server() {
     for nodes in [1, 2] {
         let Some(host) = weft_run(nodes) else { return };
-        let probe = example("group_probe");
+        let probe = probe("group_probe");
         let o = under(&host, 4, &[], &[&probe, "pgcids"]);
         assert!(o.status.success(), "pgcids\n{}", dump(&o));
         assert_eq!(
@@ -581,7 +581,7 @@ fn weft_info_names_the_pmix_backend_and_what_the_host_offers() {
 #[test]
 fn group_constructs_that_disagree_and_what_is_not_mapped_yet_give_errors_that_say_so() {
     let Some(mpirun) = mpirun() else { return };
-    let probe = example("group_probe");
+    let probe = probe("group_probe");
     // Members that construct one group with different members: every one is told.
     let o = under_mpirun(&mpirun, 4, &[&probe, "mismatch"]);
     assert_eq!(
@@ -615,7 +615,7 @@ fn group_constructs_that_disagree_and_what_is_not_mapped_yet_give_errors_that_sa
 /// An `optional` construct whose last member sits out: the others complete it without
 /// it, with one PGCID, after the timeout (as under `weft run`, `tests/groups.rs`).
 fn optional_leaves_out_a_latecomer(host: &Host) {
-    let o = under(host, 4, &[], &[&example("group_probe"), "optional-timeout"]);
+    let o = under(host, 4, &[], &[&probe("group_probe"), "optional-timeout"]);
     assert!(o.status.success(), "optional-timeout\n{}", dump(&o));
     assert_eq!(
         lines_with(&o, "members [0, 1, 2] left_out [3]"),
@@ -656,7 +656,7 @@ fn no_survivor_failed(o: &Output) {
 #[test]
 fn group_constructs_with_a_dead_member_under_slurm() {
     let Some(slurm) = slurm() else { return };
-    let probe = example("group_probe");
+    let probe = probe("group_probe");
     for (scenario, want) in [
         ("killed-member", "construct failed: rank 3 gone"),
         ("killed-member-tolerant", "members [0, 1, 2] left_out [3]"),
@@ -710,7 +710,7 @@ fn a_bad_or_unusable_wireup_choice_is_named_at_once() {
 /// also under Slurm, whose servers answer "not found" until the owner commits), never
 /// `NotFound`; a key nobody commits ends a bounded get with a timeout.
 fn late_commits_under(host: &Host) {
-    let o = under(host, 4, &[], &[&example("wireup_probe"), "late-commits"]);
+    let o = under(host, 4, &[], &[&probe("wireup_probe"), "late-commits"]);
     assert!(o.status.success(), "late-commits\n{}", dump(&o));
     assert_eq!(lines_with(&o, " ok"), 4, "{}", dump(&o));
     let waited: Vec<u64> = String::from_utf8_lossy(&o.stdout)
@@ -732,12 +732,7 @@ fn late_commits_under(host: &Host) {
 /// on the node.
 fn killed_rank_under(host: &Host) {
     let start = Instant::now();
-    let o = under(
-        host,
-        4,
-        &[],
-        &[&example("wireup_probe"), "kill-during-fence"],
-    );
+    let o = under(host, 4, &[], &[&probe("wireup_probe"), "kill-during-fence"]);
     let took = start.elapsed();
     assert!(!o.status.success(), "{}", dump(&o));
     assert!(
@@ -845,7 +840,7 @@ fn fabric_programs_under(host: &Host) {
     assert!(o.status.success(), "pingpong\n{}", dump(&o));
     assert_eq!(lines_with(&o, "pingpong ok"), 1, "{}", dump(&o));
     assert_eq!(lines_with(&o, "4194304 bytes"), 1, "{}", dump(&o));
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let o = under(host, 6, &[], &[&probe, "all-to-all"]);
     assert!(o.status.success(), "all-to-all\n{}", dump(&o));
     assert_eq!(lines_with(&o, " ok"), 6, "{}", dump(&o));
@@ -909,7 +904,7 @@ fn member_failed_events_under_slurm() {
         &slurm,
         4,
         &[],
-        &[&example("group_probe"), "member-failed"],
+        &[&probe("group_probe"), "member-failed"],
         false,
     );
     assert!(!o.status.success(), "{}", dump(&o));

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{example, script, Done, Job};
+use common::{probe, script, Done, Job};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -133,7 +133,7 @@ fn assert_none_left(what: &str, done: &Done, seen: &HashMap<u32, Seen>, servers:
 
 #[test]
 fn a_normal_job_leaves_no_server_or_rank_behind() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     let job = Job::start(
         "reap-normal",
@@ -146,7 +146,7 @@ fn a_normal_job_leaves_no_server_or_rank_behind() {
 
 #[test]
 fn a_failing_job_leaves_no_server_or_rank_behind() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     let job = Job::start(
         "reap-failing",
@@ -159,7 +159,7 @@ fn a_failing_job_leaves_no_server_or_rank_behind() {
 
 #[test]
 fn a_timed_out_job_leaves_no_server_or_rank_behind() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     let job = Job::start(
         "reap-timeout",
@@ -206,7 +206,7 @@ fn wait_for_ranks(job: &Job, n: usize) {
 /// its servers and the ranks), and terminated by SIGTERM to the launcher alone.
 #[test]
 fn an_interrupted_or_terminated_launcher_leaves_nothing_behind() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     for (sig, group) in [
         (rustix::process::Signal::INT, true),
@@ -254,7 +254,7 @@ fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind()
         .parent()
         .unwrap()
         .to_path_buf();
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     for hosts in ["alpha,beta", "beta,alpha,gamma"] {
         let job = Job::start(
@@ -290,7 +290,7 @@ fn a_server_that_fails_to_start_through_the_launch_agent_leaves_nothing_behind()
 /// reap those ranks before they exit.
 #[test]
 fn servers_of_a_killed_launcher_reap_their_ranks() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     adopt_orphans();
     let job = Job::start(
         "reap-sigkill",

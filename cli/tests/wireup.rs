@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{alive, example, pids_whose, run, script, segments_of, Job};
+use common::{alive, example, pids_whose, probe, run, script, segments_of, Job};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -52,7 +52,7 @@ fn hosts_mode_starts_servers_through_the_launch_agent() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "hosts",
         &[
@@ -91,7 +91,7 @@ fn facts(stdout: &str) -> HashMap<String, String> {
 
 #[test]
 fn job_info_and_psets_are_there_right_after_init() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "info",
         &[
@@ -143,7 +143,7 @@ fn job_info_and_psets_are_there_right_after_init() {
 
 #[test]
 fn bind_to_core_binds_and_reports_the_cpuset() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "bind",
         &[
@@ -179,7 +179,7 @@ fn bind_to_core_binds_and_reports_the_cpuset() {
 
 #[test]
 fn fence_timeout_names_the_missing_process_on_one_and_two_nodes() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     for (name, nodes) in [("ftimeout1", "1"), ("ftimeout2", "2")] {
         let done = run(
             name,
@@ -200,7 +200,7 @@ fn fence_timeout_names_the_missing_process_on_one_and_two_nodes() {
 
 #[test]
 fn get_timeout_names_the_owner_then_waits_for_its_commit() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     for (name, nodes) in [("gtimeout1", "1"), ("gtimeout2", "2")] {
         let done = run(
             name,
@@ -227,7 +227,7 @@ fn get_timeout_names_the_owner_then_waits_for_its_commit() {
 /// of the owner's data from an earlier get.
 #[test]
 fn gets_after_each_fence_see_what_was_committed_before_it() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     for (name, n) in [("rounds4", "4"), ("rounds8", "8")] {
         let done = run(name, &["--nodes", "2", "-n", n, &probe, "sparse-rounds"], T);
         assert_eq!(done.code(), Some(0), "{}", done.dump());
@@ -244,7 +244,7 @@ fn gets_after_each_fence_see_what_was_committed_before_it() {
 /// fence before it), instead of answering NotFound.
 #[test]
 fn gets_wait_for_keys_committed_late() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "getwaits",
         &["--nodes", "2", "-n", "4", &probe, "get-waits"],
@@ -266,7 +266,7 @@ fn gets_wait_for_keys_committed_late() {
 
 #[test]
 fn a_process_killed_during_a_fence_is_reported_within_two_seconds() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     for (name, nodes) in [("kill1", "1"), ("kill3", "3")] {
         let done = run(
             name,
@@ -293,7 +293,7 @@ fn a_process_killed_during_a_fence_is_reported_within_two_seconds() {
 
 #[test]
 fn a_finalized_process_fails_later_fences_but_keeps_its_data() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "finalized",
         &[
@@ -320,7 +320,7 @@ fn a_finalized_process_fails_later_fences_but_keeps_its_data() {
 
 #[test]
 fn bad_connections_are_dropped_and_the_job_carries_on() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "garbage",
         &["--nodes", "2", "-n", "4", &probe, "garbage"],
@@ -373,7 +373,7 @@ fn bad_connections_are_dropped_and_the_job_carries_on() {
 
 #[test]
 fn concurrent_fences_over_different_subsets_and_repeated_fences() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "subsets",
         &[
@@ -387,7 +387,7 @@ fn concurrent_fences_over_different_subsets_and_repeated_fences() {
 
 #[test]
 fn get_local_only_and_refresh() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "getopts",
         &["--nodes", "2", "-n", "4", &probe, "get-opts"],
@@ -399,7 +399,7 @@ fn get_local_only_and_refresh() {
 
 #[test]
 fn invalid_requests_get_clear_errors() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run("badreq", &["-n", "2", &probe, "bad-requests"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     for want in [
@@ -420,7 +420,7 @@ fn invalid_requests_get_clear_errors() {
 
 #[test]
 fn exit_status_is_the_first_failure_and_the_rest_are_terminated() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "exit3",
         &["--nodes", "2", "-n", "3", &probe, "exit", "1", "3"],
@@ -445,7 +445,7 @@ fn exit_status_is_the_first_failure_and_the_rest_are_terminated() {
 
 #[test]
 fn keep_going_lets_the_others_finish() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "keepgoing",
         &["--keep-going", "-n", "3", &probe, "exit", "2", "7", "500"],
@@ -482,7 +482,7 @@ fn a_bad_launcher_tunable_is_named_and_its_default_used() {
 
 #[test]
 fn timeout_kills_the_job_with_a_message() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "timeout",
         &[
@@ -531,7 +531,7 @@ fn bad_command_lines_are_refused_before_anything_starts() {
 
 #[test]
 fn stdin_goes_to_rank_zero_and_output_can_be_tagged() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let mut job = Job::start_with_stdin(
         "stdin",
         &["--tag-output", "-n", "2", &probe, "stdin"],
@@ -556,7 +556,7 @@ fn stdin_goes_to_rank_zero_and_output_can_be_tagged() {
 
 #[test]
 fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let job = Job::start(
         "killlauncher",
         &["--nodes", "2", "-n", "3", &probe, "sleep", "60000"],
@@ -609,7 +609,7 @@ fn a_killed_launcher_leaves_no_process_segment_or_socket_behind() {
 /// answers, and the job ends cleanly.
 #[test]
 fn a_server_under_hostile_requests_keeps_serving_the_others() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run(
         "fuzzserver",
         &["--nodes", "2", "-n", "4", &probe, "fuzz-server"],
@@ -636,7 +636,7 @@ fn a_server_under_hostile_requests_keeps_serving_the_others() {
 /// the job's output whole: servers pass on complete lines.
 #[test]
 fn lines_written_in_pieces_are_not_interleaved() {
-    let probe = example("wireup_probe");
+    let probe = probe("wireup_probe");
     let done = run("pieces", &["--nodes", "4", "-n", "4", &probe, "pieces"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     // A clean job's servers closing one after another is no lost server.

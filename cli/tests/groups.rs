@@ -6,12 +6,12 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{example, run, Done};
+use common::{run, Done};
 
 const T: Duration = Duration::from_secs(60);
 
 fn probe(name: &str, nodes: &str, n: &str, scenario: &str) -> Done {
-    let p = example("group_probe");
+    let p = common::probe("group_probe");
     run(
         name,
         &["--nodes", nodes, "--map-by", "node", "-n", n, &p, scenario],

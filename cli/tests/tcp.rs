@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{example, run, segments_of};
+use common::{example, probe, run, segments_of};
 
 const T: Duration = Duration::from_secs(120);
 /// Shared memory within a node, TCP between nodes.
@@ -64,7 +64,7 @@ fn the_default_transports_reach_another_node_without_rdma() {
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     assert!(done.stdout.contains("pingpong ok"), "{}", done.dump());
     assert!(done.stdout.contains("4194304 bytes"), "{}", done.dump());
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run(
         "tcpdefault-a2a",
         &[
@@ -99,7 +99,7 @@ fn sessions_demo_on_two_nodes_over_tcp() {
 
 #[test]
 fn threads_make_sessions_and_talk_across_nodes_over_tcp() {
-    let probe = example("session_probe");
+    let probe = probe("session_probe");
     let done = run(
         "tcpthreads",
         &[
@@ -119,7 +119,7 @@ fn threads_make_sessions_and_talk_across_nodes_over_tcp() {
 #[test]
 fn every_peer_over_tcp_on_one_node() {
     // WEFT_TRANSPORTS=tcp: even processes of one node talk over TCP (no shared memory).
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run(
         "tcponly",
         &["-x", "WEFT_TRANSPORTS=tcp", "-n", "5", &probe, "all-to-all"],
@@ -140,7 +140,7 @@ fn every_peer_over_tcp_on_one_node() {
 
 #[test]
 fn a_first_send_to_a_fencing_or_busy_peer_over_tcp_completes() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     for scenario in ["first-send-to-a-fencing-peer", "first-send-to-a-busy-peer"] {
         let done = run(
             scenario,
@@ -156,7 +156,7 @@ fn a_first_send_to_a_fencing_or_busy_peer_over_tcp_completes() {
 
 #[test]
 fn a_peer_killed_over_tcp_fails_the_wait_within_two_seconds() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     for (scenario, victim) in [
         ("dead-peer", 1),
         ("dead-peer-rendezvous", 1),
@@ -194,7 +194,7 @@ fn a_peer_killed_over_tcp_fails_the_wait_within_two_seconds() {
 
 #[test]
 fn a_receiver_that_does_not_keep_up_stalls_the_sender_and_loses_nothing() {
-    let probe = example("fabric_probe");
+    let probe = probe("fabric_probe");
     let done = run(
         "tcpflow",
         &[
@@ -237,7 +237,7 @@ fn a_receiver_that_does_not_keep_up_stalls_the_sender_and_loses_nothing() {
 /// messaging meanwhile.
 #[test]
 fn waiting_for_a_busy_peers_handshake_does_not_stall_other_threads() {
-    let p = example("fabric_probe");
+    let p = probe("fabric_probe");
     let done = run(
         "tcpbusypeer",
         &["-x", "WEFT_TRANSPORTS=tcp", "-n", "3", &p, "busy-peer"],

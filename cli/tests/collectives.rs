@@ -9,12 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{example, run, segments_of};
+use common::{probe, run, segments_of};
 
 const T: Duration = Duration::from_secs(240);
 
 fn coll_check(name: &str, launcher: &[&str], max: &str) {
-    let prog = example("coll_check");
+    let prog = probe("coll_check");
     let mut args: Vec<&str> = launcher.to_vec();
     args.extend([prog.as_str(), "--max", max]);
     let done = run(name, &args, T);
@@ -186,7 +186,7 @@ fn survivors(stdout: &str) -> Vec<(String, String, u64)> {
 /// barriers is named at every survivor within 2 s. The flat barrier passes the same check.
 #[test]
 fn the_node_segments_barrier_over_its_release_gather_tree() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     for (n, tree, radix) in [
         ("3", "off", "4"),
         ("2", "2", "2"),
@@ -273,7 +273,7 @@ fn the_node_segments_barrier_over_its_release_gather_tree() {
 
 #[test]
 fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     // Over TCP, 2 + 2 processes (the last one a node's second member) and 2 + 1 (the
     // last one its node's leader): small allreduces run hierarchically there; 1 + 1: one
     // exchange without a schedule.
@@ -331,7 +331,7 @@ fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds(
 /// 20th `op`; every survivor must report `CollError::MemberGone` naming it, with how it
 /// ended, within 2 s (nothing hangs), and nothing is left behind.
 fn ended_member_is_named(name: &str, launcher: &[&str], n: usize, op: &str, how: &str) {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     let procs = n.to_string();
     let stamp = std::env::temp_dir().join(format!("{name}-{}.died", std::process::id()));
     let stamp_arg = stamp.display().to_string();
@@ -426,7 +426,7 @@ fn a_member_gone_across_nodes_is_named_by_every_survivor_not_relayed_as_an_abort
 
 #[test]
 fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     let done = run("coll-mismatch", &["-n", "4", &probe, "mismatch"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     // Every member fails the allreduce (none waits for ever, none gets wrong data)...
@@ -500,7 +500,7 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
 /// within a node, and across 2 and 4 logical nodes.
 #[test]
 fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     for (scenario, seer) in [("mismatch-bcast", 3), ("mismatch-gather", 0)] {
         for (cfg, opts) in [
             ("seg", &[][..]),
@@ -545,7 +545,7 @@ fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data()
 
 #[test]
 fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     let done = run("coll-order", &["-n", "3", &probe, "order"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     // Rank 0's allreduce against the others' bcast fails everywhere; a reduce where
@@ -599,7 +599,7 @@ fn large_node_local_collectives_with_and_without_single_copy() {
 fn a_fabric_fence_delivers_every_members_committed_cards_by_scope() {
     // One node, then two logical nodes over TCP (Local cards stay on their node, Remote
     // ones leave it); the probe reads with local_only, so only the fence's copies count.
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     for (name, launcher) in [
         ("coll-fence-n4", vec!["-n", "4"]),
         (
@@ -618,7 +618,7 @@ fn a_fabric_fence_delivers_every_members_committed_cards_by_scope() {
 
 #[test]
 fn derived_context_ids_stay_unique_over_ten_thousand_cycles_and_past_their_limits() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     let done = run("coll-ids", &["-n", "3", &probe, "ids", "10000"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     // 10,000 dups, 625 splits, a chain of 7, a grandchild and 301 children of it, and
@@ -628,7 +628,7 @@ fn derived_context_ids_stay_unique_over_ten_thousand_cycles_and_past_their_limit
 
 #[test]
 fn concurrent_splits_of_overlapping_parents_and_four_threads_of_collectives() {
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     for (name, n) in [("coll-overlap", "4"), ("coll-overlap3", "3")] {
         let done = run(name, &["-n", n, &probe, "overlap"], T);
         assert_eq!(done.code(), Some(0), "{}", done.dump());
@@ -648,7 +648,7 @@ fn concurrent_splits_of_overlapping_parents_and_four_threads_of_collectives() {
 fn a_send_to_oneself_does_not_wait_for_a_card_when_alone_on_a_node() {
     // Rank 2 is alone on node 1: it publishes no shared-memory card, and a send to
     // itself once waited 60 s for one (CARD_WAIT) before going through loopback.
-    let probe = example("coll_probe");
+    let probe = probe("coll_probe");
     let done = run("coll-self", &["--nodes", "2", "-n", "3", &probe, "self"], T);
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     let ms: Vec<u64> = done

@@ -107,7 +107,7 @@ fn available(have: bool, require: &str, hint: &str) -> bool {
 /// `benches/mpi/SOURCE` compiled by `cc` with `flags` into the test's target directory as
 /// `out` (the build must succeed).
 fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
     let built = Command::new(cc)
         .args(["-O2", "-o"])
@@ -331,7 +331,7 @@ fn pmix_example(name: &str) -> Option<String> {
     if !available(have, "WEFT_REQUIRE_OPENMPI", &hint) {
         return None;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pmix-example-{name}"));
     let built = Command::new("cc")
         .args(["-O2", "-o"])

@@ -26,7 +26,8 @@ fn normalize(lines: &[&str]) -> Vec<String> {
 
 /// The ```rust blocks of README.md (line number, lines).
 fn readme_blocks() -> Vec<(usize, Vec<String>)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -46,7 +47,7 @@ fn readme_blocks() -> Vec<(usize, Vec<String>)> {
 
 /// The marked regions of examples/*.rs: (file:name, lines).
 fn example_regions() -> Vec<(String, Vec<String>)> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let path = e.path();

@@ -23,6 +23,19 @@ pub fn script(dir: &str, name: &str, body: &str) -> String {
     path.display().to_string()
 }
 
+/// The path of a probe program of `weft-testkit` (testkit/src/bin/NAME.rs), built beside
+/// `weft` by `cargo test --workspace` (or `cargo build -p weft-testkit`).
+pub fn probe(name: &str) -> String {
+    let p = weft().parent().expect("target dir").join(name);
+    assert!(
+        p.exists(),
+        "{} is not built (cargo build -p weft-testkit builds the probes)",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+/// The path of an example program of the `weft` package (examples/NAME.rs).
 pub fn example(name: &str) -> String {
     let p = weft()
         .parent()
@@ -31,7 +44,7 @@ pub fn example(name: &str) -> String {
         .join(name);
     assert!(
         p.exists(),
-        "{} is not built (cargo test builds examples)",
+        "{} is not built (cargo build --examples builds it)",
         p.display()
     );
     p.display().to_string()
