@@ -264,7 +264,7 @@ fn document_links_lead_to_files_and_headings() {
 
 /// The scripts, sources, examples and documents the documents name exist: words that start
 /// with `ci/`, `benches/`, `examples/`, `docs/` or `target/{release,debug}/examples/` (the
-/// last by their source in examples/).
+/// last by their source in the examples/ folder of the root or of a member).
 #[test]
 fn files_the_documents_name_exist() {
     let root = root();
@@ -279,7 +279,18 @@ fn files_the_documents_name_exist() {
                 .strip_prefix("target/release/examples/")
                 .or_else(|| word.strip_prefix("target/debug/examples/"))
             {
-                root.join("examples").join(format!("{ex}.rs"))
+                // An example of the root package or of a member folder (weft-pmix's).
+                let file = format!("{ex}.rs");
+                std::iter::once(root.clone())
+                    .chain(
+                        std::fs::read_dir(&root)
+                            .unwrap()
+                            .flatten()
+                            .map(|e| e.path()),
+                    )
+                    .map(|d| d.join("examples").join(&file))
+                    .find(|p| p.exists())
+                    .unwrap_or_else(|| root.join("examples").join(&file))
             } else if ["ci/", "benches/", "examples/", "docs/"]
                 .iter()
                 .any(|p| word.starts_with(p))
