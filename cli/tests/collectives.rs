@@ -492,7 +492,7 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
     );
 }
 
-/// Issue 31, 3: which members learn of a disagreement, as README.md and `CollError`'s
+/// Issue 31, 3: which members learn of a disagreement, as docs/guide.md and `CollError`'s
 /// docs say. The member that sees it gets `Mismatch`; a member whose part was complete
 /// returns `Ok` with right data (checked by the probe), one still in the operation
 /// `Aborted` naming the seer; none gets anything else, none hangs, and the communicator
