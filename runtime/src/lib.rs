@@ -8,6 +8,7 @@
 pub mod jobdir;
 pub mod launcher;
 mod process;
+pub mod topology;
 
 /// Tunables of the launcher and servers, listed by `weft info`.
 pub const TUNABLES: &[weft_tunables::Tunable] = &[

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use weft_shm::StoreWriter;
 
 use crate::modex::{self, Answer, GetFlags, Modex};
+use crate::topology;
 use weft_wireup::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
@@ -43,7 +44,6 @@ use weft_wireup::proto::{
     GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
     ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
-use weft_wireup::topology;
 use weft_wireup::{env, Rank};
 use weft_wireup::{Scope, Value};
 

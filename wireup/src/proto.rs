@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cpulist::CpuList;
 use crate::job::JobInfo;
-use crate::topology::CpuList;
 use crate::value::{Scope, Value};
 use crate::Rank;
 
