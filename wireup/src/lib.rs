@@ -36,6 +36,7 @@ mod handoff;
 pub mod job;
 #[doc(hidden)]
 pub mod marker;
+#[cfg(feature = "pmix")]
 mod pmix;
 #[doc(hidden)]
 pub mod proto;
