@@ -31,7 +31,8 @@ use memmap2::{MmapMut, MmapOptions};
 use rustix::fs::Mode;
 use rustix::shm;
 use weft_runtime::launcher::{self, AppContext, BindTo, LaunchSpec};
-use weft_wireup::{topology, Client, FenceMode, GetOpts, Procs, Rank, Scope};
+use weft_runtime::topology;
+use weft_wireup::{Client, FenceMode, GetOpts, Procs, Rank, Scope};
 
 use crate::osu::{default_sizes, progress_env, Metric, Report, Sweep, SweepArgs, MAX_DEFAULT_SIZE};
 use crate::stats::{us, Summary};

@@ -117,7 +117,7 @@ fn main() -> ExitCode {
                 env!("CARGO_PKG_VERSION"),
                 weft_wireup::PROTOCOL_VERSION
             );
-            match weft_wireup::topology::summary() {
+            match weft_runtime::topology::summary() {
                 Ok(s) => println!("{s}"),
                 Err(e) => println!("topology: unavailable ({e})"),
             }

@@ -19,12 +19,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 pub use crate::jobdir::user_dir;
 use crate::jobdir::{format_secret, random_u64};
-use weft_wireup::frame::{self, MAX_PEER_FRAME};
-use weft_wireup::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
-use weft_wireup::proto::{
+use crate::topology;
+use crate::wire::frame::{self, MAX_PEER_FRAME};
+use crate::wire::proto::{
     signal_name, AppSpec, ExitKind, JobPlan, ToLauncher, ToServer, MAGIC, PROTOCOL_VERSION,
 };
-use weft_wireup::topology::{self, CpuList};
+use weft_wireup::job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_WORLD};
+use weft_wireup::CpuList;
 use weft_wireup::Rank;
 
 mod servers;

@@ -2,12 +2,17 @@
 //! server (`weft server`, [`server::run`]) that starts a node's processes, keeps its
 //! datastore and runs fences, gets, groups and process sets with the other nodes'
 //! servers. Processes talk to it through `weft-wireup`'s client, whose protocol
-//! (`weft_wireup::proto`) both sides share.
+//! (`weft_wireup::proto`) both sides share; the messages only servers and the launcher
+//! exchange, and the async frame codec, are this crate's ([`wire`]), and so is the
+//! machine's topology ([`topology`], hwloc), so that an application links neither.
 #![forbid(unsafe_code)]
 
 pub mod jobdir;
 pub mod launcher;
 mod process;
+pub mod topology;
+#[doc(hidden)]
+pub mod wire;
 
 /// Tunables of the launcher and servers, listed by `weft info`.
 pub const TUNABLES: &[weft_tunables::Tunable] = &[

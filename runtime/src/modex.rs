@@ -15,9 +15,9 @@
 
 use std::collections::HashMap;
 
+use crate::wire::proto::{ModexData, PeerMsg, WireError};
 use weft_wireup::keys;
 use weft_wireup::marker::{encode_marker, local_only_reason};
-use weft_wireup::proto::{ModexData, PeerMsg, WireError};
 use weft_wireup::{Rank, Scope, Value};
 
 /// Keys only the server reads (the PMIx front end's packed fence and group data, under

@@ -35,15 +35,15 @@ use tokio::time::Instant;
 use weft_shm::StoreWriter;
 
 use crate::modex::{self, Answer, GetFlags, Modex};
-use weft_wireup::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
-use weft_wireup::job::{transport_secret, NodeNet};
-use weft_wireup::keys;
-use weft_wireup::proto::{
+use crate::topology;
+use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::wire::proto::{
     AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
     GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
     ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
-use weft_wireup::topology;
+use weft_wireup::job::{transport_secret, NodeNet};
+use weft_wireup::keys;
 use weft_wireup::{env, Rank};
 use weft_wireup::{Scope, Value};
 
@@ -878,7 +878,7 @@ impl State {
             Event::Signal(sig) => {
                 tracing::warn!(
                     "received {}; killing this node's processes",
-                    weft_wireup::proto::signal_name(sig)
+                    crate::wire::proto::signal_name(sig)
                 );
                 self.done = true;
             }

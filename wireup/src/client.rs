@@ -11,7 +11,7 @@ use weft_shm::StoreReader;
 
 pub(crate) use crate::conn::lock;
 pub(crate) use crate::conn::ConnError;
-use crate::conn::{self, Conn};
+use crate::conn::{self, Conn, Progress};
 use crate::frame::{self, MAX_PEER_FRAME};
 use crate::job::{JobInfo, NodeNet};
 use crate::proto::{
@@ -79,7 +79,13 @@ pub mod keys {
     }
 }
 
+mod backend;
 mod errors;
+pub(crate) use backend::Backend;
+#[cfg(feature = "pmix")]
+use backend::NOT_UNDER_PMIX;
+use backend::{backend, Choice};
+pub use backend::{backend_choice, in_a_job};
 pub use errors::{CommitError, FenceError, FinalizeError, GetError, InitError};
 
 /// Where the process stands with its server: never connected, connected, finalized.
@@ -147,14 +153,11 @@ pub struct Client {
     rank: Rank,
     node: u32,
     job: JobInfo,
-    /// The node's address and the transports' secret, from the datastore.
-    net: Option<NodeNet>,
     local_peers: Vec<Rank>,
-    /// The node's datastore (Weft's servers; `None` under a PMIx host).
-    store: Option<StoreReader>,
-    conn: Conn,
-    /// The host's PMIx server, when the process runs under one instead of `weft run`.
-    pmix: Option<crate::pmix::Link>,
+    /// The wire-up service: Weft's servers or the host's PMIx server.
+    backend: Backend,
+    /// What a call runs while it waits for the service (see [`Client::set_progress_hook`]).
+    progress: Arc<Progress>,
     pending: Mutex<Vec<(Scope, String, Value)>>,
     /// Commits since the last fence, and copies delivered by fences outside the servers.
     pub(crate) handoff: crate::handoff::Handoff,
@@ -163,10 +166,9 @@ pub struct Client {
     pub(crate) my_groups: Mutex<HashMap<String, crate::GroupInfo>>,
     /// Event handlers and events cached for handlers not registered yet.
     pub(crate) events: Mutex<crate::event::Registry>,
+    /// Events read but not dispatched yet (their handlers' registry was busy).
+    pub(crate) deferred_events: Mutex<Vec<crate::Event>>,
     finalized: AtomicBool,
-    /// The server's pid when it is this process's parent (as under `weft run`): a
-    /// parent that changes means the server died.
-    server_pid: Option<rustix::process::Pid>,
 }
 
 fn env_var(var: &'static str) -> Result<String, InitError> {
@@ -185,84 +187,11 @@ where
     })
 }
 
-/// Which wire-up service a process uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Choice {
-    /// Weft's own servers (`weft run`).
-    Weft,
-    /// A host engine's PMIx server.
-    Pmix,
-}
-
-/// What a backend brings to a [`Client`].
-enum Backend {
-    /// Weft's servers: the node's address and secret, and its datastore.
-    Weft {
-        net: Option<NodeNet>,
-        store: StoreReader,
-    },
-    /// The host's PMIx server.
-    Pmix(Box<crate::pmix::Link>),
-}
-
 /// The prefix of the shared-memory segments of job `nspace`'s processes on `node` (see
 /// [`Client::segment_prefix`]); a process's inbox is this followed by `r{rank}`.
 pub(crate) fn segment_prefix_of(nspace: &str, node: u32) -> String {
     let job_id = nspace.strip_prefix("weft-").unwrap_or(nspace);
     format!("/weft-{job_id}-n{node}-")
-}
-
-/// `WEFT_WIREUP` (`weft`, `pmix` or `auto`, the default: Weft's servers when `weft run`
-/// started the process, else a PMIx server whose contact is in the environment).
-fn backend() -> Result<Choice, InitError> {
-    let t = weft_tunables::find(crate::TUNABLES, "WEFT_WIREUP");
-    let choice = t
-        .choice(&["weft", "pmix", "auto"])
-        .map_err(|e| InitError::BadEnv {
-            var: e.name,
-            value: e.value,
-            reason: format!("expected {}", e.expected),
-        })?;
-    Ok(match choice {
-        "weft" => Choice::Weft,
-        "pmix" => Choice::Pmix,
-        _ if std::env::var_os(env::RANK).is_none() && weft_pmix::server_contact().is_some() => {
-            Choice::Pmix
-        }
-        _ => Choice::Weft,
-    })
-}
-
-/// Whether this process was started as a rank of a job: by `weft run`, or by a host
-/// engine whose PMIx server `Client::init` would use. Programs that launch themselves
-/// when started alone (the benchmarks) ask this.
-pub fn in_a_job() -> bool {
-    std::env::var_os(env::RANK).is_some()
-        || (matches!(backend(), Ok(Choice::Pmix)) && weft_pmix::server_contact().is_some())
-}
-
-/// The wire-up backend `Client::init` would choose in this environment, and why (for
-/// `weft info`).
-pub fn backend_choice() -> String {
-    match backend() {
-        Ok(Choice::Weft) if std::env::var_os(env::RANK).is_some() => {
-            "weft (started by `weft run`)".into()
-        }
-        Ok(Choice::Weft) => {
-            "weft (no PMIx server in the environment; start programs with `weft run`)".into()
-        }
-        Ok(Choice::Pmix) => match weft_pmix::server_contact() {
-            Some(c) => format!(
-                "pmix (the host's PMIx server: namespace {}, {})",
-                c.nspace,
-                c.uri_var
-                    .as_deref()
-                    .unwrap_or("no PMIX_SERVER_URI* variable")
-            ),
-            None => "pmix (WEFT_WIREUP=pmix, but no PMIx server in the environment)".into(),
-        },
-        Err(e) => format!("none: {e}"),
-    }
 }
 
 impl Client {
@@ -328,7 +257,15 @@ impl Client {
     /// block; it runs on the waiting thread, which may be inside the transport already
     /// (take its locks with a try-lock).
     pub fn set_progress_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
-        self.conn.set_progress(Box::new(hook))
+        if !self.progress.set(Box::new(hook)) {
+            return false;
+        }
+        match &self.backend {
+            Backend::Native { conn, .. } => conn.shorten_reads(),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => {}
+        }
+        true
     }
 
     /// Whether this client was finalized (explicitly, at exit or by a drop).
@@ -344,57 +281,56 @@ impl Client {
     }
 
     /// Under a host engine's PMIx server (see `crate::pmix`).
+    #[cfg(feature = "pmix")]
     fn connect_pmix() -> Result<Client, InitError> {
         let (rank, job, link) = crate::pmix::connect()?;
         let node = job.node_of(rank).ok_or_else(|| InitError::Pmix {
             reason: format!("rank {rank} is not in the job (size {})", job.size()),
         })?;
-        let conn = Conn::absent(
-            "this process runs under a PMIx host (mpirun, prterun or srun), not `weft run`: \
-             group queries, invitations, joins and leader claims, and runtime process sets \
-             are not mapped onto PMIx yet",
-        )
-        .map_err(|e| InitError::Pmix {
-            reason: format!("a placeholder socket: {e}"),
-        })?;
         Ok(Client::assemble(
             rank,
             node,
             job,
-            conn,
-            Backend::Pmix(Box::new(link)),
+            Backend::Pmix(link),
+            Arc::default(),
         ))
     }
 
-    /// A client of `rank` on `node` over its backend's pieces; the rest starts empty.
-    fn assemble(rank: Rank, node: u32, job: JobInfo, conn: Conn, backend: Backend) -> Client {
-        let (net, store, pmix, server_pid) = match backend {
-            Backend::Weft { net, store } => {
-                let server_pid = std::env::var(env::SERVER_PID)
-                    .ok()
-                    .and_then(|p| p.parse::<i32>().ok())
-                    .and_then(rustix::process::Pid::from_raw)
-                    .filter(|&p| rustix::process::getppid() == Some(p));
-                (net, Some(store), None, server_pid)
-            }
-            Backend::Pmix(link) => (None, None, Some(*link), None),
-        };
+    /// Under a host engine's PMIx server, in a build without the PMIx backend: the
+    /// error a build without libpmix gives.
+    #[cfg(not(feature = "pmix"))]
+    fn connect_pmix() -> Result<Client, InitError> {
+        Err(InitError::Pmix {
+            reason: "connecting to the host's PMIx server: the PMIx client is unavailable: \
+                     built without libpmix (the `pmix` feature of weft-wireup is off): enable \
+                     it, install libpmix-dev and rebuild"
+                .into(),
+        })
+    }
+
+    /// A client of `rank` on `node` over `backend`, whose waits run `progress`; the rest
+    /// starts empty.
+    fn assemble(
+        rank: Rank,
+        node: u32,
+        job: JobInfo,
+        backend: Backend,
+        progress: Arc<Progress>,
+    ) -> Client {
         Client {
             rank,
             node,
             local_peers: job.ranks_on(node),
             job,
-            net,
-            store,
-            conn,
-            pmix,
+            backend,
+            progress,
             pending: Mutex::new(Vec::new()),
             handoff: crate::handoff::Handoff::default(),
             seqs: Mutex::new(HashMap::new()),
             my_groups: Mutex::new(HashMap::new()),
             events: Mutex::new(crate::event::Registry::default()),
+            deferred_events: Mutex::new(Vec::new()),
             finalized: AtomicBool::new(false),
-            server_pid,
         }
     }
 
@@ -463,12 +399,24 @@ impl Client {
         reader
             .set_read_timeout(Some(conn::READ_SLICE))
             .map_err(|e| hs(e.to_string()))?;
+        let server_pid = std::env::var(env::SERVER_PID)
+            .ok()
+            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .filter(|&p| rustix::process::getppid() == Some(p));
+        let progress = Arc::<Progress>::default();
+        let conn = Conn::new(s, reader, Arc::clone(&progress));
         Ok(Client::assemble(
             rank,
             node,
             job,
-            Conn::new(s, reader),
-            Backend::Weft { net, store },
+            Backend::Native {
+                conn,
+                store,
+                net,
+                server_pid,
+            },
+            progress,
         ))
     }
 
@@ -492,19 +440,21 @@ impl Client {
     /// interface toward the launcher): where a transport that listens for peers on other
     /// nodes listens by default.
     pub fn node_addr(&self) -> Option<std::net::IpAddr> {
-        if let Some(px) = &self.pmix {
-            return px.node_addr();
+        match &self.backend {
+            Backend::Native { net, .. } => net.as_ref().map(|n| n.addr),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => px.node_addr(),
         }
-        self.net.as_ref().map(|n| n.addr)
     }
     /// A secret shared by the job's processes and no one else (derived by each node's
     /// server from the launcher's job secret), for transports to authenticate the
     /// connections between them.
     pub fn transport_secret(&self) -> Option<[u64; 2]> {
-        if let Some(px) = &self.pmix {
-            return px.transport_secret();
+        match &self.backend {
+            Backend::Native { net, .. } => net.as_ref().map(|n| n.transport_secret),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => px.transport_secret(),
         }
-        self.net.as_ref().map(|n| n.transport_secret)
     }
     /// This process's node id.
     pub fn node(&self) -> u32 {
@@ -534,7 +484,7 @@ impl Client {
     /// defined while the job runs.
     pub fn pset_names(&self) -> Vec<String> {
         let mut names = self.job.pset_names();
-        if let Some(b) = self.store.as_ref().and_then(|s| s.get(keys::RUNTIME_PSETS)) {
+        if let Some(b) = self.store().and_then(|s| s.get(keys::RUNTIME_PSETS)) {
             names.extend(postcard::from_bytes::<Vec<String>>(b).unwrap_or_default());
         }
         names
@@ -542,7 +492,7 @@ impl Client {
     /// Members of process set `name` (a launch set, or one defined while the job runs).
     pub fn pset_members(&self, name: &str) -> Option<Vec<Rank>> {
         self.job.pset_members(name, self.rank).or_else(|| {
-            let b = self.store.as_ref()?.get(&keys::pset(name))?;
+            let b = self.store()?.get(&keys::pset(name))?;
             postcard::from_bytes::<Option<Vec<Rank>>>(b).ok().flatten()
         })
     }
@@ -554,38 +504,43 @@ impl Client {
     /// Why `rank` is gone (died or finalized), if its death has reached this node. A lookup
     /// in the node's shared memory: cheap enough for a transport's wait loop.
     pub fn gone_reason(&self, rank: Rank) -> Option<String> {
-        if let Some(px) = &self.pmix {
+        match &self.backend {
+            Backend::Native { store, .. } => store
+                .get(&keys::gone(rank))
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
             // Under a PMIx host: what its termination events said.
-            return px.gone(rank);
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => px.gone(rank),
         }
-        self.store
-            .as_ref()?
-            .get(&keys::gone(rank))
-            .map(|b| String::from_utf8_lossy(b).into_owned())
     }
 
     /// Why this node's server is lost, if it is: it died (this process's parent changed)
     /// or the connection to it broke. Then every peer is unreachable: the fabric fails
     /// what waits on them with this reason. One system call (getppid).
     pub fn server_lost(&self) -> Option<String> {
-        if let Some(pid) = self.server_pid {
-            if rustix::process::getppid() != Some(pid) {
-                return Some(format!(
-                    "is unreachable: the weft server of node {} (pid {}) is gone",
-                    self.node,
-                    pid.as_raw_nonzero()
-                ));
+        match &self.backend {
+            Backend::Native {
+                conn, server_pid, ..
+            } => {
+                if let Some(pid) = *server_pid {
+                    if rustix::process::getppid() != Some(pid) {
+                        return Some(format!(
+                            "is unreachable: the weft server of node {} (pid {}) is gone",
+                            self.node,
+                            pid.as_raw_nonzero()
+                        ));
+                    }
+                }
+                conn.broken().map(|why| {
+                    format!(
+                        "is unreachable: the connection to the weft server of node {} broke ({why})",
+                        self.node
+                    )
+                })
             }
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => px.lost(),
         }
-        if let Some(px) = &self.pmix {
-            return px.lost();
-        }
-        self.conn.broken().map(|why| {
-            format!(
-                "is unreachable: the connection to the weft server of node {} broke ({why})",
-                self.node
-            )
-        })
     }
 
     /// The name prefix this process's shared-memory segments must use, so that its server
@@ -630,14 +585,17 @@ impl Client {
     pub fn commit(&self) -> Result<(), CommitError> {
         let entries = std::mem::take(&mut *lock(&self.pending));
         self.handoff.record(&entries);
-        if let Some(px) = &self.pmix {
-            return px.commit(&entries);
+        match &self.backend {
+            // No reply is awaited: the server handles a connection's frames in order, so
+            // any fence or get sent after this sees the data, and a commit cannot fail on
+            // a healthy connection (keys and sizes were checked by `put`).
+            Backend::Native { conn, .. } => {
+                conn.send("commit", &ClientMsg::Commit { entries })?;
+                Ok(())
+            }
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => px.commit(&entries),
         }
-        // No reply is awaited: the server handles a connection's frames in order, so any
-        // fence or get sent after this sees the data, and a commit cannot fail on a
-        // healthy connection (keys and sizes were checked by `put`).
-        self.conn.send("commit", &ClientMsg::Commit { entries })?;
-        Ok(())
     }
 
     /// Waits until every process of `procs` has called `fence` with the same `procs`
@@ -665,14 +623,18 @@ impl Client {
                 });
             }
         }
-        if let Some(px) = &self.pmix {
-            px.fence(&procs, mode, timeout, || self.conn.run_progress())?;
-            self.handoff.server_fence(&procs);
-            return Ok(());
-        }
+        let conn = match &self.backend {
+            Backend::Native { conn, .. } => conn,
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => {
+                px.fence(&procs, mode, timeout, || self.progress.run())?;
+                self.handoff.server_fence(&procs);
+                return Ok(());
+            }
+        };
         let id = self.coll_id(CollKind::Fence, procs.clone(), "");
         let timeout_ms = ms(timeout);
-        let reply = self.conn.call(
+        let reply = conn.call(
             "fence",
             |req| ClientMsg::Fence {
                 req,
@@ -722,17 +684,45 @@ impl Client {
     /// Under a host engine's PMIx server: what it offers Weft and what it lacks, one
     /// line each (`weft info` prints them); `None` under `weft run`.
     pub fn host_report(&self) -> Option<Vec<String>> {
-        self.pmix.as_ref().map(|px| px.report())
+        match &self.backend {
+            Backend::Native { .. } => None,
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => Some(px.report()),
+        }
     }
 
-    /// The host's PMIx server, when the process runs under one.
-    pub(crate) fn pmix_link(&self) -> Option<&crate::pmix::Link> {
-        self.pmix.as_ref()
+    /// The wire-up service this client uses.
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
     }
 
-    /// The connection to the server.
-    pub(crate) fn conn(&self) -> &Conn {
-        &self.conn
+    /// Runs the progress hook, if one is installed (for waits outside the connection to
+    /// a Weft server: calls into the host's PMIx server).
+    #[cfg(feature = "pmix")]
+    pub(crate) fn run_progress(&self) {
+        self.progress.run();
+    }
+
+    /// The connection to the node's Weft server, for request `op`; under a PMIx host, the
+    /// error saying that `op` needs one.
+    pub(crate) fn server(
+        &self,
+        #[cfg_attr(not(feature = "pmix"), expect(unused_variables))] op: &'static str,
+    ) -> Result<&Conn, ConnError> {
+        match &self.backend {
+            Backend::Native { conn, .. } => Ok(conn),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => Err(ConnError::no_server(op, NOT_UNDER_PMIX)),
+        }
+    }
+
+    /// The node's datastore (Weft's servers only).
+    fn store(&self) -> Option<&StoreReader> {
+        match &self.backend {
+            Backend::Native { store, .. } => Some(store),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => None,
+        }
     }
 
     /// Reads `key` of `rank`: from this node's datastore when it is there (no message to
@@ -752,15 +742,10 @@ impl Client {
                 return Ok(v);
             }
         }
-        let Some(store) = &self.store else {
-            return match &self.pmix {
-                Some(px) => px.get(rank, key, opts, &mut || self.conn.run_progress()),
-                None => Err(GetError::Failed {
-                    rank,
-                    key: key.to_owned(),
-                    reason: "no datastore and no PMIx host".into(),
-                }),
-            };
+        let (conn, store) = match &self.backend {
+            Backend::Native { conn, store, .. } => (conn, store),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => return px.get(rank, key, opts, &mut || self.progress.run()),
         };
         let on_node = self.job.procs[rank as usize].node == self.node;
         if !opts.refresh && !store.overflowed() {
@@ -804,7 +789,7 @@ impl Client {
             immediate: opts.immediate,
             timeout_ms: ms(opts.timeout),
         };
-        match self.conn.call("get", msg, opts.timeout)? {
+        match conn.call("get", msg, opts.timeout)? {
             ServerMsg::Value { value, .. } => Ok(value),
             ServerMsg::Missing { reason, .. } => Err(GetError::NotFound {
                 rank,
@@ -865,24 +850,28 @@ impl Client {
             return Ok(());
         }
         PROCESS_STATE.store(FINALIZED, Ordering::Release);
-        if let Some(px) = &self.pmix {
-            // No server removes this process's shared-memory inbox (the fabric's, named
-            // by `segment_prefix`) when the job ends: its name goes now; peers that
-            // mapped it keep the memory. (A crash still leaves it behind.)
-            let inbox = format!("{}r{}", self.segment_prefix(), self.rank);
-            if let Err(e) = weft_shm::unlink(&inbox) {
-                tracing::debug!("finalize: removing {inbox}: {e}");
+        match &self.backend {
+            Backend::Native { conn, .. } => {
+                conn.call(
+                    "finalize",
+                    |req| ClientMsg::Finalize { req, at_exit },
+                    Some(FINALIZE_TIMEOUT),
+                )?;
+                Ok(())
             }
-            return px
-                .finalize()
-                .map_err(|reason| FinalizeError::Pmix { reason });
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(px) => {
+                // No server removes this process's shared-memory inbox (the fabric's,
+                // named by `segment_prefix`) when the job ends: its name goes now; peers
+                // that mapped it keep the memory. (A crash still leaves it behind.)
+                let inbox = format!("{}r{}", self.segment_prefix(), self.rank);
+                if let Err(e) = weft_shm::unlink(&inbox) {
+                    tracing::debug!("finalize: removing {inbox}: {e}");
+                }
+                px.finalize()
+                    .map_err(|reason| FinalizeError::Pmix { reason })
+            }
         }
-        self.conn.call(
-            "finalize",
-            |req| ClientMsg::Finalize { req, at_exit },
-            Some(FINALIZE_TIMEOUT),
-        )?;
-        Ok(())
     }
 }
 
@@ -912,6 +901,25 @@ mod tests {
             &"z".repeat(500),
         ] {
             keys::with_data(7, key, |k| assert_eq!(k, keys::data(7, key).as_slice()));
+        }
+    }
+}
+
+#[cfg(all(test, not(feature = "pmix")))]
+mod without_pmix {
+    use super::*;
+
+    #[test]
+    fn a_pmix_host_is_refused_naming_the_missing_feature() {
+        let err = Client::connect_pmix().unwrap_err();
+        assert!(matches!(err, InitError::Pmix { .. }), "{err:?}");
+        let text = err.to_string();
+        for part in [
+            "wire-up through the host's PMIx server",
+            "the PMIx client is unavailable: built without libpmix",
+            "the `pmix` feature of weft-wireup is off",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text:?}");
         }
     }
 }

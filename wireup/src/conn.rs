@@ -1,12 +1,12 @@
 //! The client's connection to its server: requests and replies over one Unix socket,
-//! usable from many threads (leader/follower reading), events filed for dispatch, and
-//! the progress hook that runs while a call waits.
+//! usable from many threads (leader/follower reading), events filed for dispatch; while
+//! a call waits, the client's progress hook ([`Progress`]) runs between reads.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::frame::{self, MAX_PEER_FRAME};
@@ -79,18 +79,43 @@ pub(crate) struct Conn {
     rx: Mutex<Rx>,
     cv: Condvar,
     next_req: AtomicU64,
-    /// Run while a call waits for the server (see [`Client::set_progress_hook`](crate::Client::set_progress_hook)).
-    progress: OnceLock<ProgressHook>,
-    /// Why there is no connection at all (see [`Conn::absent`]); set at construction.
-    absent: Option<String>,
+    /// The client's progress hook, run while a call waits for the server.
+    progress: Arc<Progress>,
 }
 
-/// Work a waiting call does between reads (the fabric's progress).
-struct ProgressHook(Box<dyn Fn() + Send + Sync>);
+/// Work a call does while it waits for the wire-up service (the fabric's progress; see
+/// [`Client::set_progress_hook`](crate::Client::set_progress_hook)): the client's, shared
+/// with its connection under Weft's servers and run by the PMIx backend's waits under a
+/// PMIx host.
+#[derive(Default)]
+pub(crate) struct Progress(OnceLock<Box<dyn Fn() + Send + Sync>>);
 
-impl std::fmt::Debug for ProgressHook {
+impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ProgressHook")
+        f.write_str(if self.0.get().is_some() {
+            "Progress(hook)"
+        } else {
+            "Progress(none)"
+        })
+    }
+}
+
+impl Progress {
+    /// Installs the hook; false when one was installed already (only the first is kept).
+    pub(crate) fn set(&self, hook: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.0.set(hook).is_ok()
+    }
+
+    /// Runs the hook, if one is installed.
+    pub(crate) fn run(&self) {
+        if let Some(hook) = self.0.get() {
+            hook();
+        }
+    }
+
+    /// Whether a hook is installed.
+    fn installed(&self) -> bool {
+        self.0.get().is_some()
     }
 }
 
@@ -101,55 +126,41 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl ConnError {
+    /// The error of a request `op` that needs a Weft server the process does not have
+    /// (it uses another wire-up backend): `reason` says which and what it lacks.
+    #[cfg(feature = "pmix")]
+    pub(crate) fn no_server(op: &'static str, reason: &str) -> ConnError {
+        ConnError {
+            op,
+            reason: reason.to_owned(),
+            source: None,
+            absent: true,
+        }
+    }
+}
+
 impl Conn {
     /// Why the connection broke, once it has.
     pub(crate) fn broken(&self) -> Option<String> {
         lock(&self.rx).broken.clone()
     }
 
-    /// A connection writing to `writer` and reading from `reader` (the same socket).
-    pub(crate) fn new(writer: UnixStream, reader: UnixStream) -> Conn {
+    /// A connection writing to `writer` and reading from `reader` (the same socket),
+    /// running `progress` while a call waits.
+    pub(crate) fn new(writer: UnixStream, reader: UnixStream, progress: Arc<Progress>) -> Conn {
         Conn {
             writer: Mutex::new(writer),
             reader: Mutex::new((reader, Vec::new())),
             rx: Mutex::new(Rx::default()),
             cv: Condvar::new(),
             next_req: AtomicU64::new(1),
-            progress: OnceLock::new(),
-            absent: None,
-        }
-    }
-
-    /// A connection that never was, for a process whose wire-up goes through another
-    /// backend: every request fails at once with `reason`.
-    pub(crate) fn absent(reason: &str) -> io::Result<Conn> {
-        // A socket whose peer is gone: nothing is ever written to it (requests fail
-        // first, below), and a reader would see the end of the stream.
-        let (a, _peer) = UnixStream::pair()?;
-        let b = a.try_clone()?;
-        let mut c = Conn::new(a, b);
-        lock(&c.rx).broken = Some(reason.to_owned());
-        c.absent = Some(reason.to_owned());
-        Ok(c)
-    }
-
-    /// The error of a request on a connection that never was (no lock: the field is
-    /// set once, at construction).
-    fn refuse(&self, op: &'static str) -> Result<(), ConnError> {
-        match &self.absent {
-            Some(why) => Err(ConnError {
-                op,
-                reason: why.clone(),
-                source: None,
-                absent: true,
-            }),
-            None => Ok(()),
+            progress,
         }
     }
 
     /// Sends a request that expects no reply.
     pub(crate) fn send(&self, op: &'static str, msg: &ClientMsg) -> Result<(), ConnError> {
-        self.refuse(op)?;
         let frame = frame::encode(msg);
         let mut w = lock(&self.writer);
         io::Write::write_all(&mut *w, &frame).map_err(|e| ConnError {
@@ -166,7 +177,6 @@ impl Conn {
         op: &'static str,
         build: impl FnOnce(u64) -> ClientMsg,
     ) -> Result<u64, ConnError> {
-        self.refuse(op)?;
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let frame = frame::encode(&build(req));
         let mut w = lock(&self.writer);
@@ -258,7 +268,7 @@ impl Conn {
                     op,
                     reason: why.clone(),
                     source: None,
-                    absent: self.absent.is_some(),
+                    absent: false,
                 });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -280,35 +290,21 @@ impl Conn {
             rx = lock(&self.rx);
             rx.reading = false;
             self.file(&mut rx, got);
-            if let Some(hook) = self.progress.get() {
-                if !rx.replies.contains_key(&req) && rx.broken.is_none() {
-                    drop(rx);
-                    (hook.0)();
-                    rx = lock(&self.rx);
-                }
+            if self.progress.installed() && !rx.replies.contains_key(&req) && rx.broken.is_none() {
+                drop(rx);
+                self.progress.run();
+                rx = lock(&self.rx);
             }
         }
     }
 
-    /// Runs the progress hook, if one is installed (for waits outside this connection:
-    /// a call into the host's PMIx server).
-    pub(crate) fn run_progress(&self) {
-        if let Some(hook) = self.progress.get() {
-            (hook.0)();
-        }
-    }
-
-    /// Installs the progress hook (once) and shortens the reads so that it runs about
-    /// every [`PROGRESS_SLICE`].
-    pub(crate) fn set_progress(&self, hook: Box<dyn Fn() + Send + Sync>) -> bool {
-        if self.progress.set(ProgressHook(hook)).is_err() {
-            return false;
-        }
+    /// Shortens the reads so that the progress hook (installed now) runs about every
+    /// [`PROGRESS_SLICE`].
+    pub(crate) fn shorten_reads(&self) {
         let guard = lock(&self.reader);
         if let Err(e) = guard.0.set_read_timeout(Some(PROGRESS_SLICE)) {
             tracing::warn!("cannot shorten the wire-up reads for the progress hook: {e}");
         }
-        true
     }
 
     /// Reads whatever the server has sent (never blocks) and returns the events read so
@@ -334,13 +330,6 @@ impl Conn {
         rx
     }
 
-    /// Puts back events that could not be dispatched yet.
-    pub(crate) fn requeue_events(&self, mut events: Vec<crate::Event>) {
-        let mut rx = lock(&self.rx);
-        events.append(&mut rx.events);
-        rx.events = events;
-    }
-
     /// The reply to request `req` if it has arrived; never blocks.
     pub(crate) fn poll(&self, op: &'static str, req: u64) -> Result<Option<ServerMsg>, ConnError> {
         let mut rx = self.read_available(Some(req));
@@ -352,7 +341,7 @@ impl Conn {
                 op,
                 reason: why.clone(),
                 source: None,
-                absent: self.absent.is_some(),
+                absent: false,
             }),
             None => Ok(None),
         }
@@ -417,7 +406,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let reader = a.try_clone().unwrap();
         reader.set_read_timeout(Some(READ_SLICE)).unwrap();
-        (Conn::new(a, reader), b)
+        (Conn::new(a, reader, Arc::default()), b)
     }
 
     fn read_req(server: &mut UnixStream) -> u64 {

@@ -27,7 +27,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::client::{lock, Client, ConnError};
+use crate::client::{lock, Backend, Client, ConnError};
 use crate::proto::{ClientMsg, Event, EventCode, ServerMsg, WireError};
 use crate::Rank;
 
@@ -195,11 +195,13 @@ impl Client {
     pub(crate) fn dispatch_events(&self) -> usize {
         let mut n = 0;
         loop {
-            let mut events = self.conn().take_events();
-            if let Some(px) = self.pmix_link() {
+            let mut events = std::mem::take(&mut *lock(&self.deferred_events));
+            events.extend(match self.backend() {
+                Backend::Native { conn, .. } => conn.take_events(),
                 // Under a PMIx host: group events found from the processes' ends.
-                events.extend(px.take_events());
-            }
+                #[cfg(feature = "pmix")]
+                Backend::Pmix(px) => px.take_events(),
+            });
             if events.is_empty() {
                 return n;
             }
@@ -208,7 +210,9 @@ impl Client {
             // dispatches).
             let Ok(mut reg) = self.events.try_lock() else {
                 // Put them back for whoever holds the registry.
-                self.conn().requeue_events(events);
+                let mut deferred = lock(&self.deferred_events);
+                events.append(&mut deferred);
+                *deferred = events;
                 return n;
             };
             for e in events {
@@ -239,7 +243,7 @@ impl Client {
         name: &str,
         build: impl FnOnce(u64) -> ClientMsg,
     ) -> Result<(), RequestError> {
-        let reply = self.conn().call_bounded(op, build);
+        let reply = self.server(op).and_then(|c| c.call_bounded(op, build));
         self.dispatch_events();
         match reply? {
             ServerMsg::Done { .. } => Ok(()),

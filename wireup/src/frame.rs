@@ -1,4 +1,6 @@
-//! Length-prefixed frames: a little-endian `u32` length, then a postcard payload.
+//! Length-prefixed frames: a little-endian `u32` length, then a postcard payload; read
+//! and written here on blocking streams (the runtime's async reader and writer are
+//! `weft_runtime::wire::frame`).
 //!
 //! Both ends refuse a frame longer than the limit before allocating for it, so a
 //! length of 4 GiB or a stream of garbage costs nothing but the connection.
@@ -7,7 +9,6 @@ use std::io::{self, Read, Write};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame a client may send to its server (cards are small; commits batch them).
 pub const MAX_CLIENT_FRAME: usize = 64 << 20;
@@ -44,14 +45,16 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
     buf
 }
 
-fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
+/// Decodes one frame's payload (the bytes after the length prefix).
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
     postcard::from_bytes(payload).map_err(|source| FrameError::Decode {
         len: payload.len(),
         source,
     })
 }
 
-fn check_len(len: usize, max: usize) -> Result<(), FrameError> {
+/// Refuses a frame length above `max`, before anything is allocated for it.
+pub fn check_len(len: usize, max: usize) -> Result<(), FrameError> {
     if len > max {
         Err(FrameError::TooLong { len, max })
     } else {
@@ -108,44 +111,11 @@ pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> Result<T
 }
 
 /// How much of a frame is allocated ahead of its bytes.
-const READ_CHUNK: usize = 64 << 10;
+pub const READ_CHUNK: usize = 64 << 10;
 
 /// Writes one frame to a blocking stream.
 pub fn write_sync<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
     w.write_all(&encode(msg))
-}
-
-/// Reads one frame from an async stream.
-pub async fn read_async<T: DeserializeOwned>(
-    r: &mut (impl AsyncRead + Unpin),
-    max: usize,
-) -> Result<T, FrameError> {
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match r.read(&mut len[got..]).await? {
-            0 if got == 0 => return Err(FrameError::Closed),
-            0 => return Err(FrameError::Truncated { got, want: 4 }),
-            n => got += n,
-        }
-    }
-    let len = u32::from_le_bytes(len) as usize;
-    check_len(len, max)?;
-    // Grown as the bytes arrive: a length prefix alone allocates at most one chunk.
-    let mut payload = Vec::with_capacity(len.min(READ_CHUNK));
-    r.take(len as u64).read_to_end(&mut payload).await?;
-    if payload.len() < len {
-        return Err(FrameError::Truncated {
-            got: payload.len(),
-            want: len,
-        });
-    }
-    decode(&payload)
-}
-
-/// Writes one pre-encoded frame to an async stream.
-pub async fn write_async(w: &mut (impl AsyncWrite + Unpin), frame: &[u8]) -> io::Result<()> {
-    w.write_all(frame).await
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+#[cfg(feature = "pmix")]
+use crate::client::Backend;
 use crate::client::{lock, ms, Client, ConnError};
 use crate::proto::{ClientMsg, CollKind, GroupDirectives, GroupInfo, Procs, ServerMsg, WireError};
 use crate::Rank;
@@ -166,7 +168,10 @@ impl PendingConstruct<'_> {
                 })
             }));
         }
-        let polled = self.client.conn().poll("group construct", self.req);
+        let polled = self
+            .client
+            .server("group construct")
+            .and_then(|c| c.poll("group construct", self.req));
         self.client.dispatch_events();
         match polled {
             Ok(None) => None,
@@ -184,8 +189,8 @@ impl PendingConstruct<'_> {
         }
         let m = self
             .client
-            .conn()
-            .wait("group construct", self.req, self.timeout);
+            .server("group construct")
+            .and_then(|c| c.wait("group construct", self.req, self.timeout));
         self.client.dispatch_events();
         self.client.construct_reply(&self.id, m?)
     }
@@ -210,7 +215,10 @@ impl PendingDestruct<'_> {
             lock(&self.client.my_groups).remove(id);
             return Ok(());
         };
-        let m = self.client.conn().wait(op, req, self.timeout);
+        let m = self
+            .client
+            .server(op)
+            .and_then(|c| c.wait(op, req, self.timeout));
         self.client.dispatch_events();
         match m? {
             ServerMsg::Done { .. } => {
@@ -275,11 +283,12 @@ impl Client {
     ) -> Result<PendingConstruct<'_>, GroupError> {
         let procs = check_members(self, id, procs)?;
         let cid = self.coll_id(CollKind::GroupConstruct, procs, id);
-        if let Some(px) = self.pmix_link() {
+        #[cfg(feature = "pmix")]
+        if let Backend::Pmix(px) = self.backend() {
             // Under a PMIx host: Weft's own construct over the host's fence.
             let r = px
                 .group_construct(self.size(), &cid, directives, timeout, || {
-                    self.conn().run_progress()
+                    self.run_progress()
                 })
                 .inspect(|g| {
                     lock(&self.my_groups).insert(id.to_owned(), g.clone());
@@ -295,7 +304,7 @@ impl Client {
         let directives = directives.clone();
         let timeout_ms = ms(timeout);
         let req = self
-            .conn()
+            .server("group construct")?
             .start("group construct", |req| ClientMsg::Group {
                 req,
                 id: cid,
@@ -346,14 +355,13 @@ impl Client {
                 reason: format!("rank {} is not a member of such a group", self.rank()),
             });
         };
-        if let Some(px) = self.pmix_link() {
+        #[cfg(feature = "pmix")]
+        if let Backend::Pmix(px) = self.backend() {
             // A group constructed at the host is destructed there (a collective of its
             // members); Weft's own construct under a host is destructed locally, as its
             // PGCID is never handed out again (see `crate::pmix`).
             let notify = g.directives.notify_termination;
-            px.host_destruct(id, &g.members, notify, timeout, &mut || {
-                self.conn().run_progress()
-            })?;
+            px.host_destruct(id, &g.members, notify, timeout, &mut || self.run_progress())?;
             px.forget_group(id);
             return Ok(PendingDestruct {
                 client: self,
@@ -365,7 +373,7 @@ impl Client {
         let procs = Procs::List(g.members.clone()).normalize(self.size());
         let cid = self.coll_id(CollKind::GroupDestruct, procs, id);
         let timeout_ms = ms(timeout);
-        let req = self.conn().start(op, |req| ClientMsg::Group {
+        let req = self.server(op)?.start(op, |req| ClientMsg::Group {
             req,
             id: cid,
             directives: g.directives.clone(),
@@ -395,17 +403,19 @@ impl Client {
         let (idc, procs, directives) = (id.to_owned(), procs.to_vec(), directives.clone());
         let timeout_ms = ms(timeout);
         // The server answers by the timeout at the latest (then the late ones failed).
-        let m = self.conn().call(
-            op,
-            |req| ClientMsg::GroupInvite {
-                req,
-                id: idc,
-                procs,
-                directives,
-                timeout_ms,
-            },
-            timeout,
-        );
+        let m = self.server(op).and_then(|c| {
+            c.call(
+                op,
+                |req| ClientMsg::GroupInvite {
+                    req,
+                    id: idc,
+                    procs,
+                    directives,
+                    timeout_ms,
+                },
+                timeout,
+            )
+        });
         self.dispatch_events();
         match m? {
             ServerMsg::Group { group, .. } => {
@@ -429,16 +439,18 @@ impl Client {
     ) -> Result<Option<GroupInfo>, GroupError> {
         let op = "group join";
         let idc = id.to_owned();
-        let m = self.conn().call(
-            op,
-            |req| ClientMsg::GroupJoin {
-                req,
-                id: idc,
-                leader,
-                accept,
-            },
-            timeout,
-        );
+        let m = self.server(op).and_then(|c| {
+            c.call(
+                op,
+                |req| ClientMsg::GroupJoin {
+                    req,
+                    id: idc,
+                    leader,
+                    accept,
+                },
+                timeout,
+            )
+        });
         self.dispatch_events();
         match m? {
             ServerMsg::Done { .. } => Ok(None),
@@ -455,7 +467,7 @@ impl Client {
     /// member's death, groups made with `notify_termination` no longer list it).
     pub fn groups(&self) -> Result<Vec<GroupInfo>, GroupError> {
         let m = self
-            .conn()
+            .server("group query")?
             .call_bounded("group query", |req| ClientMsg::GroupQuery { req })?;
         match m {
             ServerMsg::Groups { groups, .. } => Ok(groups),

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::topology::CpuList;
+use crate::cpulist::CpuList;
 use crate::Rank;
 
 /// The built-in process set holding every process of the job.

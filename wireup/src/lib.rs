@@ -24,6 +24,7 @@
 
 mod client;
 mod conn;
+mod cpulist;
 mod event;
 #[doc(hidden)]
 pub mod frame;
@@ -35,10 +36,10 @@ mod handoff;
 pub mod job;
 #[doc(hidden)]
 pub mod marker;
+#[cfg(feature = "pmix")]
 mod pmix;
 #[doc(hidden)]
 pub mod proto;
-pub mod topology;
 mod value;
 
 /// Tunables of the wire-up client, listed by `weft info`.
@@ -66,11 +67,11 @@ pub use client::{
     InitError,
 };
 pub use conn::ConnError;
+pub use cpulist::{CpuList, CpuListError};
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use proto::{Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
-pub use topology::{CpuList, CpuListError};
 pub use value::{Scope, Value};
 
 /// A process's rank within its job (its namespace).

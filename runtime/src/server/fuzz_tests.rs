@@ -2,9 +2,10 @@
 //! handlers (a server state driven without sockets).
 
 use super::*;
-use weft_wireup::fuzz::inputs::{peer_msgs, run};
+use crate::wire::fuzz::peer_msgs;
+use crate::wire::proto::ClientMsg;
+use weft_wireup::fuzz::inputs::run;
 use weft_wireup::fuzz::{client_corpus, Mutator};
-use weft_wireup::proto::ClientMsg;
 
 /// A server state of node 0 of a 4-process job on 2 nodes, in a runtime (its timers
 /// and peer connections are real tasks; peers are unreachable loopback ports).
@@ -97,7 +98,7 @@ fn a_second_hello_drops_the_client() {
     rig.st.handle(Event::Client {
         conn,
         msg: ClientMsg::Hello {
-            magic: weft_wireup::proto::MAGIC,
+            magic: crate::wire::proto::MAGIC,
             version: PROTOCOL_VERSION,
             rank,
             token,

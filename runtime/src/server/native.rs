@@ -24,14 +24,14 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
     }
     let (mut r, mut w) = s.into_split();
     let hello = tokio::time::timeout(
-        weft_wireup::proto::HELLO_TIMEOUT,
+        crate::wire::proto::HELLO_TIMEOUT,
         frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME),
     )
     .await;
 
     let (rank, token) = match hello {
         Err(_) => {
-            let t = weft_wireup::proto::HELLO_TIMEOUT.as_secs();
+            let t = crate::wire::proto::HELLO_TIMEOUT.as_secs();
             return refuse(&mut w, format!("no hello within {t} s (HELLO_TIMEOUT)")).await;
         }
         Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,

@@ -23,11 +23,11 @@
 //! A job is registered with the information Open MPI's runtime reads at init (sizes,
 //! node and process maps, local peers, each rank's local and node rank, node and app).
 
+use crate::wire::proto::DmodexFailure;
 use weft_pmix::server::{
     DirectModex, Failure, Fence, Group, GroupReply, Host, Log, ModexReply, Notification, Nspace,
     ProcName, Query, QueryAnswer,
 };
-use weft_wireup::proto::DmodexFailure;
 
 use super::*;
 

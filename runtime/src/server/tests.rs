@@ -4,7 +4,7 @@
 //! asserted on. No task runs: these paths set no timer and open no connection.
 
 use super::*;
-use weft_wireup::proto::GroupDirectives;
+use crate::wire::proto::GroupDirectives;
 
 /// The server of node 0 of a 4-process job on 2 nodes: ranks 0 and 1 here (connected),
 /// 2 and 3 on node 1, whose server is a channel.

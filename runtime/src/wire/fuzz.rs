@@ -1,0 +1,238 @@
+//! Hostile input for the runtime's messages: one of every peer message (the seeds of the
+//! server's fuzz tests, `server::fuzz_tests`), and the decoders of the peer and launcher
+//! messages under mutated frames (`ci/fuzz.sh` runs the `fuzz_` tests of this crate).
+
+use weft_wireup::fuzz::inputs::id;
+use weft_wireup::Value;
+
+use super::proto::{
+    CollId, CollKind, FenceMode, GroupDirectives, GroupInfo, GroupSpec, ModexData, PeerMsg, Procs,
+    WireError, MAGIC, PROTOCOL_VERSION,
+};
+
+/// One of every peer message, for mutation.
+pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
+    let err = WireError::ProcGone {
+        op: "get".into(),
+        rank: 1,
+        reason: "x".into(),
+    };
+    let gid = CollId {
+        kind: CollKind::GroupConstruct,
+        procs: Procs::All,
+        seq: 1,
+        name: "g".into(),
+    };
+    let block = postcard::to_stdvec(&vec![(
+        1u32,
+        2u64,
+        Some(vec![("k".to_owned(), Value::U64(1))]),
+    )])
+    .unwrap();
+    vec![
+        PeerMsg::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: [1, 2],
+            node: 1,
+        },
+        PeerMsg::Gather {
+            id: id(),
+            mode: FenceMode::Full,
+            step: 0,
+            blocks: vec![(1, block.clone())],
+            group: None,
+        },
+        PeerMsg::Gather {
+            id: gid.clone(),
+            mode: FenceMode::Full,
+            step: 0,
+            blocks: vec![(1, block)],
+            group: Some(GroupSpec {
+                directives: GroupDirectives::default(),
+                timeout_ms: Some(20),
+            }),
+        },
+        PeerMsg::Abort {
+            id: id(),
+            error: err.clone(),
+        },
+        PeerMsg::ArrivalQuery {
+            id: id(),
+            qid: 1 << 48,
+        },
+        PeerMsg::ArrivalReply {
+            qid: 5,
+            node: 1,
+            missing: vec![1],
+        },
+        PeerMsg::ModexReq {
+            qid: 1 << 48,
+            rank: 0,
+            key: "k".into(),
+            wait: true,
+        },
+        PeerMsg::ModexResp {
+            qid: (1 << 47) | 1,
+            rank: 2,
+            result: Ok(ModexData {
+                gen: 1,
+                entries: vec![("k".into(), Value::U64(1))],
+                finalized: false,
+            }),
+        },
+        PeerMsg::ModexResp {
+            qid: 3,
+            rank: 2,
+            result: Err(err),
+        },
+        PeerMsg::ModexCancel { qid: 1 << 48 },
+        PeerMsg::ProcGone {
+            rank: 3,
+            reason: "r".into(),
+            joined: vec![1, 2],
+        },
+        PeerMsg::GroupLeft {
+            id: "g".into(),
+            rank: 2,
+        },
+        PeerMsg::LeaderClaim {
+            id: "g".into(),
+            rank: 2,
+            from: 1,
+            nodes: vec![0, 1],
+        },
+        PeerMsg::LeaderDecision {
+            id: "g".into(),
+            claimant: 0,
+            winner: 2,
+        },
+        PeerMsg::LeaderSelected {
+            id: "g".into(),
+            rank: 2,
+        },
+        PeerMsg::PsetChange {
+            name: "p".into(),
+            members: Some(vec![0, 3]),
+            from: 1,
+            qid: 9,
+        },
+        PeerMsg::Invite {
+            id: "i".into(),
+            leader: 2,
+            rank: 0,
+            procs: vec![0, 1],
+        },
+        PeerMsg::InviteReply {
+            id: "i".into(),
+            rank: 2,
+            accept: true,
+        },
+        PeerMsg::PgcidReq { qid: 4, from: 1 },
+        PeerMsg::PgcidResp { qid: 4, pgcid: 77 },
+        PeerMsg::GroupFormed {
+            group: GroupInfo {
+                id: "i".into(),
+                members: vec![0, 2],
+                pgcid: Some(5),
+                leader: Some(2),
+                left_out: vec![],
+                directives: GroupDirectives::default(),
+            },
+        },
+        PeerMsg::PsetChanged {
+            name: "p".into(),
+            members: None,
+            qid: 9,
+            error: None,
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::frame::{self, MAX_PEER_FRAME};
+    use crate::wire::proto::{ExitKind, ToLauncher, ToServer};
+    use weft_wireup::fuzz::inputs::{run, saved};
+    use weft_wireup::fuzz::Mutator;
+
+    fn launcher_msgs() -> (Vec<ToLauncher>, Vec<ToServer>) {
+        (
+            vec![
+                ToLauncher::Ready {
+                    peer_addr: "127.0.0.1:4000".parse().unwrap(),
+                },
+                ToLauncher::ProcExit {
+                    rank: 1,
+                    how: ExitKind::Signal(9),
+                },
+                ToLauncher::Failed { reason: "f".into() },
+            ],
+            vec![
+                ToServer::Start {
+                    peers: vec!["127.0.0.1:4000".parse().unwrap()],
+                },
+                ToServer::Terminate { grace_ms: 10 },
+                ToServer::Shutdown,
+            ],
+        )
+    }
+
+    /// Reads every frame of `bytes` as `T` with the real reader and limit: decode errors
+    /// are fine, a panic is the finding.
+    fn read_all<T: serde::de::DeserializeOwned>(bytes: &[u8], max: usize) -> usize {
+        let mut r = bytes;
+        let mut n = 0;
+        while frame::read_sync::<T>(&mut r, max).is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    /// One generated input from `corpus`: a mutated seed, a splice of two, or noise.
+    fn input(m: &mut Mutator, corpus: &[Vec<u8>]) -> Vec<u8> {
+        match m.below(10) {
+            0 => (0..m.below(64)).map(|_| m.next_u64() as u8).collect(),
+            1 => {
+                let (a, b) = (m.below(corpus.len()), m.below(corpus.len()));
+                let mut v = m.mutate(&corpus[a]);
+                v.extend(m.mutate(&corpus[b]));
+                v
+            }
+            _ => {
+                let i = m.below(corpus.len());
+                m.mutate(&corpus[i])
+            }
+        }
+    }
+
+    #[test]
+    fn fuzz_peer_and_launcher_decoders() {
+        let peer: Vec<Vec<u8>> = peer_msgs()
+            .iter()
+            .map(frame::encode)
+            .chain(saved("peer"))
+            .collect();
+        let (tl, ts) = launcher_msgs();
+        let launcher: Vec<Vec<u8>> = tl.iter().map(frame::encode).collect();
+        let to_server: Vec<Vec<u8>> = ts.iter().map(frame::encode).collect();
+        let mut decoded = 0u64;
+        let n = run("peer-launcher-decoders", 1, |m| {
+            let which = m.below(3);
+            let corpus = match which {
+                0 => &peer,
+                1 => &launcher,
+                _ => &to_server,
+            };
+            let bytes = input(m, corpus);
+            decoded += match which {
+                0 => read_all::<PeerMsg>(&bytes, MAX_PEER_FRAME),
+                1 => read_all::<ToLauncher>(&bytes, MAX_PEER_FRAME),
+                _ => read_all::<ToServer>(&bytes, MAX_PEER_FRAME),
+            } as u64;
+        });
+        println!("fuzz peer-launcher-decoders: {decoded} of the frames decoded");
+        assert!(n >= 16);
+    }
+}

@@ -1,0 +1,299 @@
+//! The runtime's messages: server <-> server and launcher <-> server, beside the
+//! client <-> server protocol it shares with the client (`weft_wireup::proto`, re-exported
+//! here so that the runtime names every message through one path).
+//!
+//! Every connection starts with a hello that carries a magic and a version; a peer
+//! speaking another version is refused with a message that says both versions.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use weft_wireup::job::JobInfo;
+use weft_wireup::{CpuList, Rank, Value};
+
+pub use weft_wireup::proto::*;
+
+/// One node's contribution to a group construct's all-gather.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GroupBlock {
+    /// The node's members that joined.
+    pub joined: Vec<Rank>,
+    /// Their committed Remote/Global data (empty with `no_data`).
+    pub data: ProcData,
+    /// The PGCID, in the root server's block when one was asked for.
+    pub pgcid: Option<u64>,
+}
+
+/// What a server learns of a group collective from the first message about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    pub directives: GroupDirectives,
+    /// Time left until the construct's deadline when the message was sent.
+    pub timeout_ms: Option<u64>,
+}
+
+/// What a collective carries of each participant from its node: its rank, its commit
+/// generation when it joined, and its Remote/Global data when the collective gathers data.
+pub type ProcData = Vec<(Rank, u64, Option<Vec<(String, Value)>>)>;
+
+/// A rank's Remote/Global data as its server answers a direct modex request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModexData {
+    /// How many commits of the rank the data includes.
+    pub gen: u64,
+    /// The keys other nodes may see.
+    pub entries: Vec<(String, Value)>,
+    /// The rank has finalized: it commits nothing more.
+    pub finalized: bool,
+}
+
+/// Server to server (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum PeerMsg {
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        secret: [u64; 2],
+        node: u32,
+    },
+    /// One step of the Bruck all-gather of collective `id`: blocks keyed by node id.
+    Gather {
+        id: CollId,
+        mode: FenceMode,
+        step: u32,
+        blocks: Vec<(u32, Vec<u8>)>,
+        /// For group collectives: their directives and deadline.
+        group: Option<GroupSpec>,
+    },
+    Abort {
+        id: CollId,
+        error: WireError,
+    },
+    ArrivalQuery {
+        id: CollId,
+        qid: u64,
+    },
+    ArrivalReply {
+        qid: u64,
+        node: u32,
+        missing: Vec<Rank>,
+    },
+    /// A get of `key` of `rank` from another node: answered at once when `wait` is false
+    /// or the key is there, else when the rank commits it or ends.
+    ModexReq {
+        qid: u64,
+        rank: Rank,
+        key: String,
+        wait: bool,
+    },
+    ModexResp {
+        qid: u64,
+        rank: Rank,
+        result: Result<ModexData, WireError>,
+    },
+    /// The asker gave up on request `qid`.
+    ModexCancel {
+        qid: u64,
+    },
+    /// `rank` died or finalized; `joined` are digests of the collectives it had joined.
+    ProcGone {
+        rank: Rank,
+        reason: String,
+        joined: Vec<u64>,
+    },
+    /// `rank` left group `id`.
+    GroupLeft {
+        id: String,
+        rank: Rank,
+    },
+    /// To the root server: `rank` (on `from`) claims the leadership of group `id`, whose
+    /// members live on `nodes`.
+    LeaderClaim {
+        id: String,
+        rank: Rank,
+        from: u32,
+        nodes: Vec<u32>,
+    },
+    /// From the root server: the decision on a claim (`winner` leads group `id`).
+    LeaderDecision {
+        id: String,
+        claimant: Rank,
+        winner: Rank,
+    },
+    /// From the root server: `rank` now leads group `id`.
+    LeaderSelected {
+        id: String,
+        rank: Rank,
+    },
+    /// To the root server: define (`members: Some`) or delete a runtime process set.
+    PsetChange {
+        name: String,
+        members: Option<Vec<Rank>>,
+        from: u32,
+        qid: u64,
+    },
+    /// To an invitee's server: `leader` (on `from`) invites `rank` into group `id`.
+    Invite {
+        id: String,
+        leader: Rank,
+        rank: Rank,
+        procs: Vec<Rank>,
+    },
+    /// To the leader's server: `rank` answered the invitation into group `id`.
+    InviteReply {
+        id: String,
+        rank: Rank,
+        accept: bool,
+    },
+    /// To the root server: a PGCID, please (answered with `PgcidResp` to `from`).
+    PgcidReq {
+        qid: u64,
+        from: u32,
+    },
+    /// From the root server.
+    PgcidResp {
+        qid: u64,
+        pgcid: u64,
+    },
+    /// An invite-formed group is complete (to every member's node).
+    GroupFormed {
+        group: GroupInfo,
+    },
+    /// From the root server: the outcome of a process-set change, applied everywhere.
+    PsetChanged {
+        name: String,
+        members: Option<Vec<Rank>>,
+        qid: u64,
+        error: Option<String>,
+    },
+    /// A PMIx client's direct modex: the PMIx server library's data of `rank` (which
+    /// runs on the receiving node), once it committed it.
+    PmixDmodexReq {
+        qid: u64,
+        rank: Rank,
+    },
+    /// The answer to `PmixDmodexReq` `qid`.
+    PmixDmodexResp {
+        qid: u64,
+        result: Result<Vec<u8>, DmodexFailure>,
+    },
+    /// A PMIx client's event (`PMIx_Notify_event`) for processes on the receiving node:
+    /// its status `code`, `source` rank, PMIx `range`, and infos as the notifying node's
+    /// PMIx library packed them; `members`: the ranks of its custom range (for a
+    /// `PMIX_GROUP_CONSTRUCT_COMPLETE`, the members of group `group`).
+    PmixEvent {
+        code: i32,
+        source: Rank,
+        range: u8,
+        group: Option<String>,
+        members: Vec<Rank>,
+        info: Vec<u8>,
+    },
+}
+
+/// Why a PMIx direct modex could not be answered (what the asking client is told).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DmodexFailure {
+    /// The owner's library has no data of the process (not committed yet).
+    NotFound,
+    /// The process ended.
+    ProcGone(String),
+    /// The library timed out.
+    Timeout,
+    /// Anything else: why.
+    Other(String),
+}
+
+/// How one process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitKind {
+    Code(i32),
+    Signal(i32),
+    SpawnFailed(String),
+}
+
+impl ExitKind {
+    /// "exited with code 3", "was killed by signal 9 (SIGKILL)", "could not be started: ...".
+    pub fn describe(&self) -> String {
+        match self {
+            ExitKind::Code(c) => format!("exited with code {c}"),
+            ExitKind::Signal(s) => format!("was killed by signal {s} ({})", signal_name(*s)),
+            ExitKind::SpawnFailed(e) => format!("could not be started: {e}"),
+        }
+    }
+}
+
+/// The usual name of signal `s`.
+pub fn signal_name(s: i32) -> &'static str {
+    match s {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// What a server runs for one app context.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    pub cwd: Option<String>,
+}
+
+/// What the launcher tells every server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobPlan {
+    pub job: JobInfo,
+    pub apps: Vec<AppSpec>,
+    pub tag_output: bool,
+    /// Per rank, the CPUs to bind it to.
+    pub bind: Vec<Option<CpuList>>,
+    /// Bytes of each node's datastore segment.
+    pub datastore_bytes: u64,
+    /// Name prefix for shm segments and sockets of this job.
+    pub job_id: String,
+    /// Extra environment for every process.
+    pub env: Vec<(String, String)>,
+    /// Serve PMIx to the processes (an embedded PMIx server per node).
+    pub pmix: bool,
+}
+
+/// Server to launcher (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToLauncher {
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        secret: [u64; 2],
+        node: u32,
+    },
+    Ready {
+        peer_addr: SocketAddr,
+    },
+    ProcExit {
+        rank: Rank,
+        how: ExitKind,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+/// Launcher to server (TCP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToServer {
+    Plan(Box<JobPlan>),
+    Start { peers: Vec<SocketAddr> },
+    Terminate { grace_ms: u64 },
+    Shutdown,
+}
