@@ -14,12 +14,14 @@
 //! end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
 //! embedded PMIx server), `procs` (commits, the datastore, gets, processes that end),
-//! `colls` (fences between servers), `groups` (constructs, invitations, leaders),
+//! `fence` (collectives between servers, IO-free: the state machine returns actions
+//! this actor carries out), `pgcids` (the root server's PGCID allocator), `groups`
+//! (constructs, invitations, leaders),
 //! `psets` (process sets and queries), `conns` (the other servers' connections and the
 //! dispatch of their messages), `spawn` (starting the processes) and `output`
 //! (forwarding their output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -47,11 +49,12 @@ use weft_wireup::topology;
 use weft_wireup::{env, Rank};
 use weft_wireup::{Scope, Value};
 
-mod colls;
 mod conns;
+mod fence;
 mod groups;
 mod native;
 mod output;
+mod pgcids;
 mod pmi;
 mod pmi2;
 mod pmix;
@@ -62,19 +65,17 @@ mod psets;
 mod spawn;
 
 use conns::{peer_reader, peer_writer};
+use fence::{Arrival, Contrib, Fences};
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
+use pgcids::Pgcids;
 use spawn::spawn_child;
 
-/// How long a timed-out fence waits for other servers to say who is missing.
-const ARRIVAL_QUERY_WAIT: Duration = Duration::from_millis(300);
 /// How long a process that called abort has to exit before it is killed.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// How long a server at its end waits for its killed processes to be reaped (and their
 /// output forwarded) before it exits anyway.
 const CHILD_REAP_WAIT: Duration = Duration::from_secs(2);
-/// How many joined-collective digests a server remembers per local process.
-const JOINED_HISTORY: usize = 4096;
 
 /// Errors that stop a server.
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +263,6 @@ struct LocalProc {
     conn: Option<ConnId>,
     /// It finalized as it exits: its end is reported by its exit status.
     finalizing_at_exit: bool,
-    joined: VecDeque<u64>,
     pid: Option<u32>,
     exited: bool,
     /// Events for the process that arrived before it connected (delivered at hello).
@@ -271,31 +271,9 @@ struct LocalProc {
     aborted: Option<i32>,
 }
 
+/// A rank that is gone: why.
 struct Gone {
     reason: String,
-    joined: HashSet<u64>,
-    /// The order in which this server learned of the deaths (0 first).
-    order: usize,
-}
-
-struct Coll {
-    digest: u64,
-    mode: Option<FenceMode>,
-    local_expected: BTreeSet<Rank>,
-    arrived: BTreeSet<Rank>,
-    waiters: Vec<(ConnId, u64)>,
-    nodes: Vec<u32>,
-    me: usize,
-    started: bool,
-    step: u32,
-    sent_step: Option<u32>,
-    blocks: BTreeMap<u32, Vec<u8>>,
-    inbox: HashMap<u32, Vec<(u32, Vec<u8>)>>,
-    deadline: Option<Instant>,
-    timing_out: bool,
-    /// For group collectives: directives and timeout (sent along with every Gather so
-    /// that a server that learns of the collective from a peer knows them too).
-    group: Option<GroupSpec>,
 }
 
 /// A local invitee: its leader, and its accepting join request once made.
@@ -314,12 +292,6 @@ struct Invitation {
     asked_pgcid: bool,
 }
 
-struct Query {
-    id: CollId,
-    waiting: HashSet<u32>,
-    missing: BTreeSet<Rank>,
-}
-
 struct State {
     node: u32,
     plan: Arc<JobPlan>,
@@ -333,10 +305,9 @@ struct State {
     peer_tx: HashMap<u32, UnboundedSender<Vec<u8>>>,
     ctl_tx: UnboundedSender<Vec<u8>>,
     gone: HashMap<Rank, Gone>,
-    colls: HashMap<CollId, Coll>,
-    finished: HashMap<CollId, Option<WireError>>,
-    finished_order: VecDeque<CollId>,
-    queries: HashMap<u64, Query>,
+    /// Collectives between servers (`fence`).
+    fences: Fences,
+    /// Query ids of process-set changes and PGCID requests.
     next_qid: u64,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
@@ -345,8 +316,8 @@ struct State {
     done: bool,
     /// Groups with members on this node, by id.
     groups: BTreeMap<String, GroupInfo>,
-    /// The next PGCID to hand out (the root server, node 0, is the only allocator).
-    next_pgcid: u64,
+    /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
+    pgcids: Pgcids,
     /// Root server: the leader it selected last for each group.
     selected_leaders: HashMap<String, Rank>,
     /// Leadership claims of local processes waiting for the root's decision.
@@ -664,17 +635,14 @@ impl State {
             peer_tx: HashMap::new(),
             ctl_tx,
             gone: HashMap::new(),
-            colls: HashMap::new(),
-            finished: HashMap::new(),
-            finished_order: VecDeque::new(),
-            queries: HashMap::new(),
+            fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             // Query ids carry the asking node in their top 16 bits, so answers find their way back.
             next_qid: (u64::from(node) << 48) | 1,
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             terminating: false,
             done: false,
             groups: BTreeMap::new(),
-            next_pgcid: plan.job.world_pgcid + 1,
+            pgcids: Pgcids::new(plan.job.world_pgcid),
             selected_leaders: HashMap::new(),
             claims: HashMap::new(),
             runtime_psets: BTreeMap::new(),
@@ -917,8 +885,22 @@ impl State {
                 }
                 self.to_launcher(&ToLauncher::ProcExit { rank, how });
             }
-            Event::CollTimeout { id } => self.coll_timeout(id),
-            Event::QueryTimeout { qid } => self.finish_query(qid),
+            Event::CollTimeout { id } => {
+                let now = std::time::Instant::now();
+                let acts = self.fences.on_deadline(
+                    id,
+                    now,
+                    Contrib {
+                        modex: &self.modex,
+                        pgcids: &mut self.pgcids,
+                    },
+                );
+                self.apply_fences(acts);
+            }
+            Event::QueryTimeout { qid } => {
+                let acts = self.fences.on_query_timeout(qid);
+                self.apply_fences(acts);
+            }
             Event::InviteTimeout { id } => {
                 let late: Vec<Rank> = match self.invitations.get(&id) {
                     Some(inv) => inv
@@ -985,6 +967,89 @@ impl State {
             self.on_peer(msg);
         } else {
             self.send_peer(node, &msg);
+        }
+    }
+}
+
+impl State {
+    /// A local process joins collective `id` (a fence or a group operation).
+    #[allow(clippy::too_many_arguments)]
+    fn coll_arrive(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: CollId,
+        mode: FenceMode,
+        timeout_ms: Option<u64>,
+        group: Option<GroupSpec>,
+    ) {
+        let a = Arrival {
+            rank,
+            conn,
+            req,
+            id,
+            mode,
+            timeout_ms,
+            group,
+        };
+        let now = std::time::Instant::now();
+        let acts = self.fences.on_arrive(
+            a,
+            now,
+            Contrib {
+                modex: &self.modex,
+                pgcids: &mut self.pgcids,
+            },
+        );
+        self.apply_fences(acts);
+    }
+
+    /// A message of another server about a collective.
+    fn fence_peer(&mut self, msg: PeerMsg) {
+        let now = std::time::Instant::now();
+        let acts = self.fences.on_peer(
+            msg,
+            now,
+            Contrib {
+                modex: &self.modex,
+                pgcids: &mut self.pgcids,
+            },
+        );
+        self.apply_fences(acts);
+    }
+
+    /// Carries out what the fence concern decided.
+    fn apply_fences(&mut self, acts: Vec<fence::Action>) {
+        for a in acts {
+            match a {
+                fence::Action::Reply { conn, msg } => self.send_client(conn, &msg),
+                fence::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                fence::Action::Deadline { id, at } => {
+                    let ev = self.ev.clone();
+                    let at = Instant::from_std(at);
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        let _ = ev.send(Event::CollTimeout { id });
+                    });
+                }
+                fence::Action::QueryTimer { qid, after: d } => {
+                    after(&self.ev, d, Event::QueryTimeout { qid });
+                }
+                fence::Action::Learn(data) => self.learn_remote(data),
+                fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
+            }
+        }
+    }
+
+    /// What a collective carried of other nodes' participants.
+    fn learn_remote(&mut self, data: ProcData) {
+        self.pmi_learn(&data);
+        for (rank, gen, entries) in data {
+            if rank < self.plan.job.size() {
+                let acts = self.modex.learn(rank, gen, entries);
+                self.apply(acts);
+            }
         }
     }
 }

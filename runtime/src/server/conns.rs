@@ -104,80 +104,10 @@ impl State {
         }
         match msg {
             PeerMsg::Hello { .. } => {}
-            PeerMsg::Gather {
-                id,
-                mode,
-                step,
-                blocks,
-                group,
-            } => {
-                if self.finished.contains_key(&id) {
-                    return;
-                }
-                let fresh = !self.colls.contains_key(&id);
-                if fresh {
-                    let timeout = group.as_ref().and_then(|g| g.timeout_ms);
-                    let c = self.new_coll(&id, group.clone());
-                    self.colls.insert(id.clone(), c);
-                    if let Some(ms) = timeout {
-                        self.arm_deadline(&id, ms);
-                    }
-                }
-                let Some(c) = self.colls.get_mut(&id) else {
-                    return;
-                };
-                match c.mode {
-                    Some(m) if m != mode => {
-                        let reason = format!("participants asked for different modes ({m:?} here, {mode:?} on another node)");
-                        return self.fail_disagreement(&id, reason);
-                    }
-                    _ => c.mode = Some(mode),
-                }
-                let theirs = group.as_ref().map(|g| &g.directives);
-                if !fresh && c.group.as_ref().map(|g| &g.directives) != theirs {
-                    let reason = format!(
-                        "participants gave different directives ({:?} here, {theirs:?} on another node)",
-                        c.group.as_ref().map(|g| &g.directives)
-                    );
-                    return self.fail_disagreement(&id, reason);
-                }
-                c.inbox.insert(step, blocks);
-                if fresh {
-                    // A node with no process left to wait for (the root server handing
-                    // out a PGCID, or one whose members are gone) starts right away.
-                    self.maybe_start(&id);
-                }
-                self.advance(&id);
-            }
-            PeerMsg::Abort { id, error } => {
-                if self.colls.contains_key(&id) {
-                    self.fail_coll(&id, error, false);
-                } else if !self.finished.contains_key(&id) {
-                    self.remember_finished(id, Some(error));
-                }
-            }
-            PeerMsg::ArrivalQuery { id, qid } => {
-                let missing = match (self.colls.get(&id), self.finished.contains_key(&id)) {
-                    (Some(c), _) => c.local_expected.difference(&c.arrived).copied().collect(),
-                    (None, true) => Vec::new(),
-                    (None, false) => self
-                        .procs
-                        .keys()
-                        .copied()
-                        .filter(|&r| id.procs.contains(r))
-                        .collect(),
-                };
-                let asker = (qid >> 48) as u32;
-                let node = self.node;
-                self.send_peer(asker, &PeerMsg::ArrivalReply { qid, node, missing });
-            }
-            PeerMsg::ArrivalReply { qid, node, missing } => {
-                if let Some(q) = self.queries.get_mut(&qid) {
-                    q.missing.extend(missing);
-                    q.waiting.remove(&node);
-                }
-                self.maybe_finish_query(qid);
-            }
+            msg @ (PeerMsg::Gather { .. }
+            | PeerMsg::Abort { .. }
+            | PeerMsg::ArrivalQuery { .. }
+            | PeerMsg::ArrivalReply { .. }) => self.fence_peer(msg),
             // The owner answers when the rank commits (or dies); each waiter's own
             // timeout is enforced here, so a late answer still serves the waiters left.
             PeerMsg::ModexReq {
@@ -255,8 +185,7 @@ impl State {
             } => self.invite_arrived(id, leader, rank, procs),
             PeerMsg::InviteReply { id, rank, accept } => self.invite_reply(&id, rank, accept),
             PeerMsg::PgcidReq { qid, from } => {
-                let pgcid = self.next_pgcid;
-                self.next_pgcid += 1;
+                let pgcid = self.pgcids.take();
                 self.send_peer(from, &PeerMsg::PgcidResp { qid, pgcid });
             }
             PeerMsg::PgcidResp { qid, pgcid } => {

@@ -46,9 +46,7 @@ impl State {
                         ),
                     );
                 }
-                let busy = self.colls.keys().any(|other| {
-                    other.kind == CollKind::GroupConstruct && other.name == id.name && *other != id
-                });
+                let busy = self.fences.construct_in_progress(&id);
                 if busy {
                     return fail(
                         self,
@@ -114,9 +112,43 @@ impl State {
         self.coll_arrive(rank, conn, req, id, mode, timeout_ms, Some(spec));
     }
 
+    /// A group construct or destruct gathered every node's block (`fence`): its result
+    /// answers the local waiters, and the fences remember how it ended.
+    pub(super) fn group_gathered(&mut self, id: CollId, c: fence::Gathered) {
+        let mut err = None;
+        let mut record = None;
+        if id.kind == CollKind::GroupConstruct {
+            match self.group_result(&id, &c) {
+                Ok(r) => record = Some(r),
+                Err(e) => err = Some(e),
+            }
+        } else {
+            self.groups.remove(&id.name);
+        }
+        for &(conn, req) in &c.waiters {
+            let msg = match (&err, &record) {
+                (Some(e), _) => ServerMsg::Failed {
+                    req,
+                    error: e.clone(),
+                },
+                (None, Some(g)) => ServerMsg::Group {
+                    req,
+                    group: g.clone(),
+                },
+                (None, None) => ServerMsg::Done { req },
+            };
+            self.send_client(conn, &msg);
+        }
+        self.fences.finish(id, err);
+    }
+
     /// The group a completed construct made, from every node's block; records it here
     /// when it has members on this node.
-    pub(super) fn group_result(&mut self, id: &CollId, c: &Coll) -> Result<GroupInfo, WireError> {
+    pub(super) fn group_result(
+        &mut self,
+        id: &CollId,
+        c: &fence::Gathered,
+    ) -> Result<GroupInfo, WireError> {
         let op = || format!("group construct of {:?}", id.name);
         let mut members = Vec::new();
         let mut pgcid = None;
@@ -544,8 +576,7 @@ impl State {
             return self.form_invited(id, None);
         }
         if self.node == 0 {
-            let p = self.next_pgcid;
-            self.next_pgcid += 1;
+            let p = self.pgcids.take();
             return self.form_invited(id, Some(p));
         }
         inv.asked_pgcid = true;

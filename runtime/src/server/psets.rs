@@ -1,42 +1,8 @@
-//! Process sets and queries across servers.
+//! Process sets across servers.
 
 use super::*;
 
 impl State {
-    pub(super) fn maybe_finish_query(&mut self, qid: u64) {
-        if self.queries.get(&qid).is_some_and(|q| q.waiting.is_empty()) {
-            self.finish_query(qid);
-        }
-    }
-
-    pub(super) fn finish_query(&mut self, qid: u64) {
-        let Some(mut q) = self.queries.remove(&qid) else {
-            return;
-        };
-        // Nodes that did not answer: all their participants count as missing.
-        for n in &q.waiting {
-            for r in self.plan.job.ranks_on(*n) {
-                if q.id.procs.contains(r) {
-                    q.missing.insert(r);
-                }
-            }
-        }
-        if q.missing.is_empty() {
-            // Everyone has arrived: the all-gather is only finishing. Aborting now could
-            // fail a fence that succeeds elsewhere, so let it complete.
-            if let Some(c) = self.colls.get_mut(&q.id) {
-                c.timing_out = false;
-            }
-            return;
-        }
-        let error = WireError::Timeout {
-            op: q.id.op().into(),
-            missing: q.missing.into_iter().collect(),
-        };
-        tracing::debug!("{}", wire_to_text(&error));
-        self.fail_coll(&q.id, error, true);
-    }
-
     pub(super) fn pset_request(
         &mut self,
         conn: ConnId,
