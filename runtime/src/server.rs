@@ -17,7 +17,7 @@
 //! `fence` (collectives between servers, IO-free: the state machine returns actions
 //! this actor carries out), `pgcids` (the root server's PGCID allocator), `groups`
 //! (constructs, invitations, leaders),
-//! `psets` (process sets and queries), `conns` (the other servers' connections and the
+//! `psets` (process sets, IO-free as `fence` is), `conns` (the other servers' connections and the
 //! dispatch of their messages), `spawn` (starting the processes) and `output`
 //! (forwarding their output).
 
@@ -69,6 +69,7 @@ use fence::{Arrival, Contrib, Fences};
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
 use pgcids::Pgcids;
+use psets::Psets;
 use spawn::spawn_child;
 
 /// How long a process that called abort has to exit before it is killed.
@@ -307,7 +308,7 @@ struct State {
     gone: HashMap<Rank, Gone>,
     /// Collectives between servers (`fence`).
     fences: Fences,
-    /// Query ids of process-set changes and PGCID requests.
+    /// Query ids of PGCID requests.
     next_qid: u64,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
@@ -322,10 +323,8 @@ struct State {
     selected_leaders: HashMap<String, Rank>,
     /// Leadership claims of local processes waiting for the root's decision.
     claims: HashMap<(String, Rank), Vec<(ConnId, u64)>>,
-    /// Process sets defined while the job runs (every server holds the same).
-    runtime_psets: BTreeMap<String, Vec<Rank>>,
-    /// Local requests of process-set changes waiting for the root's answer, by query id.
-    pset_waiters: HashMap<u64, (ConnId, u64)>,
+    /// Process sets defined while the job runs (`psets`).
+    psets: Psets,
     /// Groups being formed by invitation, led by a local process.
     invitations: HashMap<String, Invitation>,
     /// Local invitees of groups being formed, by (id, invitee): the leader, and the join
@@ -645,8 +644,12 @@ impl State {
             pgcids: Pgcids::new(plan.job.world_pgcid),
             selected_leaders: HashMap::new(),
             claims: HashMap::new(),
-            runtime_psets: BTreeMap::new(),
-            pset_waiters: HashMap::new(),
+            psets: Psets::new(
+                node,
+                plan.job.num_nodes(),
+                plan.job.size(),
+                plan.job.psets.iter().map(|p| p.name.clone()).collect(),
+            ),
             invitations: HashMap::new(),
             invited: HashMap::new(),
             pgcid_waiters: HashMap::new(),
@@ -1038,6 +1041,23 @@ impl State {
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
                 fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
+            }
+        }
+    }
+
+    /// Carries out what the process-set concern decided.
+    fn apply_psets(&mut self, acts: Vec<psets::Action>) {
+        for a in acts {
+            match a {
+                psets::Action::Reply { conn, msg } => self.send_client(conn, &msg),
+                psets::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                psets::Action::Store { key, value } => self.store_put(&key, &value),
+                psets::Action::Emit(e) => {
+                    let local: Vec<Rank> = self.procs.keys().copied().collect();
+                    for r in local {
+                        self.emit(r, &e);
+                    }
+                }
             }
         }
     }

@@ -176,7 +176,10 @@ impl State {
                 members,
                 from,
                 qid,
-            } => self.decide_pset(name, members, from, qid),
+            } => {
+                let acts = self.psets.on_change(name, members, from, qid);
+                self.apply_psets(acts);
+            }
             PeerMsg::Invite {
                 id,
                 leader,
@@ -199,7 +202,10 @@ impl State {
                 members,
                 qid,
                 error,
-            } => self.pset_changed(name, members, qid, error),
+            } => {
+                let acts = self.psets.on_changed(name, members, qid, error);
+                self.apply_psets(acts);
+            }
         }
     }
 }
