@@ -57,6 +57,7 @@ mod output;
 mod pgcids;
 mod pmi;
 mod pmi2;
+mod pmi_keys;
 mod pmix;
 mod pmix_events;
 mod pmix_log;
@@ -69,6 +70,7 @@ use fence::{Arrival, Contrib, Fences};
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
 use pgcids::Pgcids;
+use pmi_keys::{NodeAttr, PmiKeys};
 use psets::Psets;
 use spawn::spawn_child;
 
@@ -334,13 +336,10 @@ struct State {
     pgcid_waiters: HashMap<u64, String>,
     /// The PMI-1 connections of local processes (`pmi`).
     pmi: HashMap<Rank, pmi::PmiConn>,
-    /// Who put each PMI-1 key (local puts, and other nodes' from a barrier's data).
-    pmi_owner: HashMap<String, Rank>,
+    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
+    pmi_keys: PmiKeys,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
-    /// PMI-2's node attributes (`info-putnodeattr`), and the gets waiting for them.
-    pmi_node_attrs: HashMap<String, String>,
-    pmi_attr_waiters: HashMap<String, Vec<Rank>>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -626,10 +625,8 @@ impl State {
             procs,
             conns: HashMap::new(),
             pmi: HashMap::new(),
-            pmi_owner: HashMap::new(),
+            pmi_keys: PmiKeys::default(),
             pmix: None,
-            pmi_node_attrs: HashMap::new(),
-            pmi_attr_waiters: HashMap::new(),
             peers,
             peer_tx: HashMap::new(),
             ctl_tx,
