@@ -52,6 +52,7 @@ use weft_wireup::{Scope, Value};
 mod conns;
 mod fence;
 mod groups;
+mod leaders;
 mod native;
 mod output;
 mod pgcids;
@@ -67,6 +68,7 @@ mod spawn;
 
 use conns::{peer_reader, peer_writer};
 use fence::{Arrival, Contrib, Fences};
+use leaders::Leaders;
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
 use pgcids::Pgcids;
@@ -321,10 +323,8 @@ struct State {
     groups: BTreeMap<String, GroupInfo>,
     /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
     pgcids: Pgcids,
-    /// Root server: the leader it selected last for each group.
-    selected_leaders: HashMap<String, Rank>,
-    /// Leadership claims of local processes waiting for the root's decision.
-    claims: HashMap<(String, Rank), Vec<(ConnId, u64)>>,
+    /// Leader selection of groups whose leader failed (`leaders`).
+    leaders: Leaders,
     /// Process sets defined while the job runs (`psets`).
     psets: Psets,
     /// Groups being formed by invitation, led by a local process.
@@ -639,8 +639,7 @@ impl State {
             done: false,
             groups: BTreeMap::new(),
             pgcids: Pgcids::new(plan.job.world_pgcid),
-            selected_leaders: HashMap::new(),
-            claims: HashMap::new(),
+            leaders: Leaders::new(node),
             psets: Psets::new(
                 node,
                 plan.job.num_nodes(),
@@ -1055,6 +1054,17 @@ impl State {
                         self.emit(r, &e);
                     }
                 }
+            }
+        }
+    }
+
+    /// Carries out what the leader selection decided.
+    fn apply_leaders(&mut self, acts: Vec<leaders::Action>) {
+        for a in acts {
+            match a {
+                leaders::Action::Reply { conn, msg } => self.send_client(conn, &msg),
+                leaders::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                leaders::Action::Selected { id, rank } => self.leader_selected(&id, rank),
             }
         }
     }

@@ -145,30 +145,20 @@ impl State {
                 rank,
                 from,
                 nodes,
-            } => self.decide_leader(id, rank, from, nodes),
+            } => {
+                let gone = &self.gone;
+                let acts = self
+                    .leaders
+                    .on_decide(id, rank, from, nodes, |r| gone.contains_key(&r));
+                self.apply_leaders(acts);
+            }
             PeerMsg::LeaderDecision {
                 id,
                 claimant,
                 winner,
             } => {
-                for (conn, req) in self
-                    .claims
-                    .remove(&(id.clone(), claimant))
-                    .unwrap_or_default()
-                {
-                    let msg = if winner == claimant {
-                        ServerMsg::Done { req }
-                    } else {
-                        ServerMsg::Failed {
-                            req,
-                            error: WireError::Invalid {
-                                op: format!("leader claim of {id:?}"),
-                                reason: format!("rank {winner} leads the group (selected first)"),
-                            },
-                        }
-                    };
-                    self.send_client(conn, &msg);
-                }
+                let acts = self.leaders.on_decision(id, claimant, winner);
+                self.apply_leaders(acts);
             }
             PeerMsg::LeaderSelected { id, rank } => self.leader_selected(&id, rank),
             PeerMsg::PsetChange {

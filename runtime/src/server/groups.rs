@@ -330,54 +330,11 @@ impl State {
             );
         }
         let nodes = self.nodes_of(&g.members);
-        self.claims
-            .entry((id.clone(), rank))
-            .or_default()
-            .push((conn, req));
-        let msg = PeerMsg::LeaderClaim {
-            id: id.clone(),
-            rank,
-            from: self.node,
-            nodes: nodes.clone(),
-        };
-        if self.node == 0 {
-            self.decide_leader(id, rank, 0, nodes);
-        } else {
-            self.send_peer(0, &msg);
-        }
-    }
-
-    /// Root server: the first claim after the leader's failure wins.
-    pub(super) fn decide_leader(&mut self, id: String, rank: Rank, from: u32, nodes: Vec<u32>) {
-        let current = self.selected_leaders.get(&id).copied();
-        let winner = match current {
-            Some(l) if !self.gone.contains_key(&l) => l,
-            _ => rank,
-        };
-        if winner == rank && current != Some(rank) {
-            self.selected_leaders.insert(id.clone(), rank);
-            for n in nodes {
-                let m = PeerMsg::LeaderSelected {
-                    id: id.clone(),
-                    rank,
-                };
-                if n == self.node {
-                    self.leader_selected(&id, rank);
-                } else {
-                    self.send_peer(n, &m);
-                }
-            }
-        }
-        let d = PeerMsg::LeaderDecision {
-            id: id.clone(),
-            claimant: rank,
-            winner,
-        };
-        if from == self.node {
-            self.on_peer(d);
-        } else {
-            self.send_peer(from, &d);
-        }
+        let gone = &self.gone;
+        let acts = self
+            .leaders
+            .on_claim(id, rank, (conn, req), nodes, |r| gone.contains_key(&r));
+        self.apply_leaders(acts);
     }
 
     pub(super) fn leader_selected(&mut self, id: &str, rank: Rank) {
