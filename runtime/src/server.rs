@@ -9,17 +9,22 @@
 //! All state lives in one actor task; connection tasks only parse frames and forward
 //! events to it, so the logic has no locks.
 //!
-//! This file holds the actor: its `State` and the event loop. The rest is split by
-//! concern, each an `impl State` or free functions in a submodule: `native` (the front
-//! end of Weft's native protocol: a process's connection and the dispatch of its
+//! This file holds the actor: its `State`, the event loop, and the execution of the
+//! actions its concerns decide. The concerns that are structs without IO, whose `on_*`
+//! methods take an input and return actions (replies, peer messages, timers, datastore
+//! writes), each tested and fuzzed without sockets, tasks or time, beside the data
+//! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
+//! all-gather, deadlines and failures), `psets` (process sets), `leaders` (a failed
+//! group leader's replacement), `pmi_keys` (PMI key owners and PMI-2 node attributes)
+//! and `pgcids` (the root server's PGCID allocator).
+//!
+//! The rest is still an `impl State` or free functions in a submodule: `native` (the
+//! front end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
 //! embedded PMIx server), `procs` (commits, the datastore, gets, processes that end),
-//! `fence` (collectives between servers, IO-free: the state machine returns actions
-//! this actor carries out), `pgcids` (the root server's PGCID allocator), `groups`
-//! (constructs, invitations, leaders),
-//! `psets` (process sets, IO-free as `fence` is), `conns` (the other servers' connections and the
-//! dispatch of their messages), `spawn` (starting the processes) and `output`
-//! (forwarding their output).
+//! `groups` (constructs' results, invitations, membership), `conns` (the other
+//! servers' connections and the dispatch of their messages), `spawn` (starting the
+//! processes) and `output` (forwarding their output).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
