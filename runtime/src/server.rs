@@ -57,6 +57,7 @@ use weft_wireup::{Scope, Value};
 mod conns;
 mod fence;
 mod groups;
+mod invitations;
 mod leaders;
 mod native;
 mod output;
@@ -73,6 +74,7 @@ mod spawn;
 
 use conns::{peer_reader, peer_writer};
 use fence::{Arrival, Contrib, Fences};
+use invitations::Invitations;
 use leaders::Leaders;
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
@@ -286,22 +288,6 @@ struct Gone {
     reason: String,
 }
 
-/// A local invitee: its leader, and its accepting join request once made.
-type Invitee = (Rank, Option<(ConnId, u64)>);
-
-/// A group being formed by invitation, at its leader's server.
-struct Invitation {
-    leader: Rank,
-    conn: ConnId,
-    req: u64,
-    invitees: Vec<Rank>,
-    directives: GroupDirectives,
-    answered: BTreeSet<Rank>,
-    accepted: BTreeSet<Rank>,
-    /// The root server was asked for a PGCID.
-    asked_pgcid: bool,
-}
-
 struct State {
     node: u32,
     plan: Arc<JobPlan>,
@@ -317,8 +303,6 @@ struct State {
     gone: HashMap<Rank, Gone>,
     /// Collectives between servers (`fence`).
     fences: Fences,
-    /// Query ids of PGCID requests.
-    next_qid: u64,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
     live_children: usize,
@@ -332,13 +316,8 @@ struct State {
     leaders: Leaders,
     /// Process sets defined while the job runs (`psets`).
     psets: Psets,
-    /// Groups being formed by invitation, led by a local process.
-    invitations: HashMap<String, Invitation>,
-    /// Local invitees of groups being formed, by (id, invitee): the leader, and the join
-    /// request waiting for the group once accepted.
-    invited: HashMap<(String, Rank), Invitee>,
-    /// PGCID requests to the root server, by query id: the invitation they are for.
-    pgcid_waiters: HashMap<u64, String>,
+    /// Groups being formed by invitation (`invitations`).
+    invitations: Invitations,
     /// The PMI-1 connections of local processes (`pmi`).
     pmi: HashMap<Rank, pmi::PmiConn>,
     /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
@@ -637,8 +616,6 @@ impl State {
             ctl_tx,
             gone: HashMap::new(),
             fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
-            // Query ids carry the asking node in their top 16 bits, so answers find their way back.
-            next_qid: (u64::from(node) << 48) | 1,
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             terminating: false,
             done: false,
@@ -651,9 +628,7 @@ impl State {
                 plan.job.size(),
                 plan.job.psets.iter().map(|p| p.name.clone()).collect(),
             ),
-            invitations: HashMap::new(),
-            invited: HashMap::new(),
-            pgcid_waiters: HashMap::new(),
+            invitations: Invitations::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
         }
     }
 }
@@ -906,18 +881,8 @@ impl State {
                 self.apply_fences(acts);
             }
             Event::InviteTimeout { id } => {
-                let late: Vec<Rank> = match self.invitations.get(&id) {
-                    Some(inv) => inv
-                        .invitees
-                        .iter()
-                        .copied()
-                        .filter(|r| !inv.answered.contains(r))
-                        .collect(),
-                    None => Vec::new(),
-                };
-                for r in late {
-                    self.invite_failed(&id, r, "did not answer before the timeout".into());
-                }
+                let acts = self.invitations.on_timeout(&id, &mut self.pgcids);
+                self.apply_invitations(acts);
             }
             Event::GetTimeout { rank, conn, req } => {
                 let acts = self.modex.get_timeout(rank, conn, req);
@@ -945,32 +910,6 @@ impl State {
             Some(conn) => self.send_client(conn, &ServerMsg::Event(event.clone())),
             None if !gone && !p.exited => p.early_events.push(event.clone()),
             None => {}
-        }
-    }
-
-    fn event(
-        code: EventCode,
-        group: &str,
-        rank: Rank,
-        members: Vec<Rank>,
-        reason: String,
-    ) -> WireEvent {
-        WireEvent {
-            code,
-            group: Some(group.to_owned()),
-            rank: Some(rank),
-            pset: None,
-            members,
-            reason,
-        }
-    }
-
-    /// Sends a message to the server of `node`, or handles it here when that is us.
-    fn send_node(&mut self, node: u32, msg: PeerMsg) {
-        if node == self.node {
-            self.on_peer(msg);
-        } else {
-            self.send_peer(node, &msg);
         }
     }
 }
@@ -1061,6 +1000,29 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Carries out what the invitations decided.
+    fn apply_invitations(&mut self, acts: Vec<invitations::Action>) {
+        for a in acts {
+            match a {
+                invitations::Action::Reply { conn, msg } => self.send_client(conn, &msg),
+                invitations::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                invitations::Action::Emit { rank, event } => self.emit(rank, &event),
+                invitations::Action::Timer { id, after: d } => {
+                    after(&self.ev, d, Event::InviteTimeout { id });
+                }
+                invitations::Action::Record(group) => {
+                    self.groups.insert(group.id.clone(), group);
+                }
+            }
+        }
+    }
+
+    /// A message of another server (or of this one) about invitations.
+    fn invitations_peer(&mut self, msg: PeerMsg) {
+        let acts = self.invitations.on_peer(msg, &mut self.pgcids);
+        self.apply_invitations(acts);
     }
 
     /// Carries out what the leader selection decided.

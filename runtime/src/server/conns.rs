@@ -170,23 +170,14 @@ impl State {
                 let acts = self.psets.on_change(name, members, from, qid);
                 self.apply_psets(acts);
             }
-            PeerMsg::Invite {
-                id,
-                leader,
-                rank,
-                procs,
-            } => self.invite_arrived(id, leader, rank, procs),
-            PeerMsg::InviteReply { id, rank, accept } => self.invite_reply(&id, rank, accept),
+            msg @ (PeerMsg::Invite { .. }
+            | PeerMsg::InviteReply { .. }
+            | PeerMsg::PgcidResp { .. }
+            | PeerMsg::GroupFormed { .. }) => self.invitations_peer(msg),
             PeerMsg::PgcidReq { qid, from } => {
                 let pgcid = self.pgcids.take();
                 self.send_peer(from, &PeerMsg::PgcidResp { qid, pgcid });
             }
-            PeerMsg::PgcidResp { qid, pgcid } => {
-                if let Some(id) = self.pgcid_waiters.remove(&qid) {
-                    self.form_invited(&id, Some(pgcid));
-                }
-            }
-            PeerMsg::GroupFormed { group } => self.group_formed(group),
             PeerMsg::PsetChanged {
                 name,
                 members,

@@ -127,7 +127,10 @@ impl State {
         );
         self.apply_fences(acts);
         self.groups_lose(rank, &reason);
-        self.invitations_lose(rank, &reason);
+        let acts = self
+            .invitations
+            .on_proc_gone(rank, &reason, &mut self.pgcids);
+        self.apply_invitations(acts);
         self.pmix_invites_lose(rank, &reason);
     }
 }
