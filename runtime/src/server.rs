@@ -38,7 +38,6 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::time::Instant;
 use weft_shm::StoreWriter;
 
 use crate::modex::{self, Answer, GetFlags, Modex};
@@ -54,6 +53,7 @@ use weft_wireup::topology;
 use weft_wireup::{env, Rank};
 use weft_wireup::{Scope, Value};
 
+mod actions;
 mod conns;
 mod fence;
 mod groups;
@@ -73,7 +73,7 @@ mod psets;
 mod spawn;
 
 use conns::{peer_reader, peer_writer};
-use fence::{Arrival, Contrib, Fences};
+use fence::{Contrib, Fences};
 use invitations::Invitations;
 use leaders::Leaders;
 use native::client_conn;
@@ -910,140 +910,6 @@ impl State {
             Some(conn) => self.send_client(conn, &ServerMsg::Event(event.clone())),
             None if !gone && !p.exited => p.early_events.push(event.clone()),
             None => {}
-        }
-    }
-}
-
-impl State {
-    /// A local process joins collective `id` (a fence or a group operation).
-    #[allow(clippy::too_many_arguments)]
-    fn coll_arrive(
-        &mut self,
-        rank: Rank,
-        conn: ConnId,
-        req: u64,
-        id: CollId,
-        mode: FenceMode,
-        timeout_ms: Option<u64>,
-        group: Option<GroupSpec>,
-    ) {
-        let a = Arrival {
-            rank,
-            conn,
-            req,
-            id,
-            mode,
-            timeout_ms,
-            group,
-        };
-        let now = std::time::Instant::now();
-        let acts = self.fences.on_arrive(
-            a,
-            now,
-            Contrib {
-                modex: &self.modex,
-                pgcids: &mut self.pgcids,
-            },
-        );
-        self.apply_fences(acts);
-    }
-
-    /// A message of another server about a collective.
-    fn fence_peer(&mut self, msg: PeerMsg) {
-        let now = std::time::Instant::now();
-        let acts = self.fences.on_peer(
-            msg,
-            now,
-            Contrib {
-                modex: &self.modex,
-                pgcids: &mut self.pgcids,
-            },
-        );
-        self.apply_fences(acts);
-    }
-
-    /// Carries out what the fence concern decided.
-    fn apply_fences(&mut self, acts: Vec<fence::Action>) {
-        for a in acts {
-            match a {
-                fence::Action::Reply { conn, msg } => self.send_client(conn, &msg),
-                fence::Action::Peer { node, msg } => self.send_peer(node, &msg),
-                fence::Action::Deadline { id, at } => {
-                    let ev = self.ev.clone();
-                    let at = Instant::from_std(at);
-                    tokio::spawn(async move {
-                        tokio::time::sleep_until(at).await;
-                        let _ = ev.send(Event::CollTimeout { id });
-                    });
-                }
-                fence::Action::QueryTimer { qid, after: d } => {
-                    after(&self.ev, d, Event::QueryTimeout { qid });
-                }
-                fence::Action::Learn(data) => self.learn_remote(data),
-                fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
-            }
-        }
-    }
-
-    /// Carries out what the process-set concern decided.
-    fn apply_psets(&mut self, acts: Vec<psets::Action>) {
-        for a in acts {
-            match a {
-                psets::Action::Reply { conn, msg } => self.send_client(conn, &msg),
-                psets::Action::Peer { node, msg } => self.send_peer(node, &msg),
-                psets::Action::Store { key, value } => self.store_put(&key, &value),
-                psets::Action::Emit(e) => {
-                    let local: Vec<Rank> = self.procs.keys().copied().collect();
-                    for r in local {
-                        self.emit(r, &e);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Carries out what the invitations decided.
-    fn apply_invitations(&mut self, acts: Vec<invitations::Action>) {
-        for a in acts {
-            match a {
-                invitations::Action::Reply { conn, msg } => self.send_client(conn, &msg),
-                invitations::Action::Peer { node, msg } => self.send_peer(node, &msg),
-                invitations::Action::Emit { rank, event } => self.emit(rank, &event),
-                invitations::Action::Timer { id, after: d } => {
-                    after(&self.ev, d, Event::InviteTimeout { id });
-                }
-                invitations::Action::Record(group) => {
-                    self.groups.insert(group.id.clone(), group);
-                }
-            }
-        }
-    }
-
-    /// A message of another server (or of this one) about invitations.
-    fn invitations_peer(&mut self, msg: PeerMsg) {
-        let acts = self.invitations.on_peer(msg, &mut self.pgcids);
-        self.apply_invitations(acts);
-    }
-
-    /// Carries out what the leader selection decided.
-    fn apply_leaders(&mut self, acts: Vec<leaders::Action>) {
-        for a in acts {
-            match a {
-                leaders::Action::Reply { conn, msg } => self.send_client(conn, &msg),
-                leaders::Action::Peer { node, msg } => self.send_peer(node, &msg),
-                leaders::Action::Selected { id, rank } => self.leader_selected(&id, rank),
-            }
-        }
-    }
-
-    /// What a collective carried of other nodes' participants.
-    fn learn_remote(&mut self, data: ProcData) {
-        self.pmi_learn(&data);
-        for (rank, gen, entries) in data {
-            if rank < self.plan.job.size() {
-                let acts = self.modex.learn(rank, gen, entries);
-                self.apply(acts);
-            }
         }
     }
 }
