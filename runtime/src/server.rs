@@ -14,15 +14,16 @@
 //! methods take an input and return actions (replies, peer messages, timers, datastore
 //! writes), each tested and fuzzed without sockets, tasks or time, beside the data
 //! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
-//! all-gather, deadlines and failures), `psets` (process sets), `leaders` (a failed
-//! group leader's replacement), `pmi_keys` (PMI key owners and PMI-2 node attributes)
-//! and `pgcids` (the root server's PGCID allocator).
+//! all-gather, deadlines and failures), `psets` (process sets), `invitations` (groups
+//! formed by invitation), `leaders` (a failed group leader's replacement), `pmi_keys`
+//! (PMI key owners and PMI-2 node attributes) and `pgcids` (the root server's PGCID
+//! allocator). `actions` hands them their inputs and carries out their actions.
 //!
 //! The rest is still an `impl State` or free functions in a submodule: `native` (the
 //! front end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
 //! embedded PMIx server), `procs` (commits, the datastore, gets, processes that end),
-//! `groups` (constructs' results, invitations, membership), `conns` (the other
+//! `groups` (constructs' results, membership, events), `conns` (the other
 //! servers' connections and the dispatch of their messages), `spawn` (starting the
 //! processes) and `output` (forwarding their output).
 
