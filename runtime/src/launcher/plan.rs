@@ -115,7 +115,7 @@ impl Default for LaunchSpec {
     }
 }
 
-/// Errors of [`run`] before the job runs.
+/// Errors of [`run`](super::run) before the job runs.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LaunchError {
