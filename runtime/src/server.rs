@@ -9,17 +9,25 @@
 //! All state lives in one actor task; connection tasks only parse frames and forward
 //! events to it, so the logic has no locks.
 //!
-//! This file holds the actor: its `State` and the event loop. The rest is split by
-//! concern, each an `impl State` or free functions in a submodule: `native` (the front
-//! end of Weft's native protocol: a process's connection and the dispatch of its
+//! This file holds the actor: its `State`, the event loop, and the execution of the
+//! actions its concerns decide. The concerns that are structs without IO, whose `on_*`
+//! methods take an input and return actions (replies, peer messages, timers, datastore
+//! writes), each tested and fuzzed without sockets, tasks or time, beside the data
+//! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
+//! all-gather, deadlines and failures), `psets` (process sets), `invitations` (groups
+//! formed by invitation), `leaders` (a failed group leader's replacement), `pmi_keys`
+//! (PMI key owners and PMI-2 node attributes) and `pgcids` (the root server's PGCID
+//! allocator). `actions` hands them their inputs and carries out their actions.
+//!
+//! The rest is still an `impl State` or free functions in a submodule: `native` (the
+//! front end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
 //! embedded PMIx server), `procs` (commits, the datastore, gets, processes that end),
-//! `colls` (fences between servers), `groups` (constructs, invitations, leaders),
-//! `psets` (process sets and queries), `conns` (the other servers' connections and the
-//! dispatch of their messages), `spawn` (starting the processes) and `output`
-//! (forwarding their output).
+//! `groups` (constructs' results, membership, events), `conns` (the other
+//! servers' connections and the dispatch of their messages), `spawn` (starting the
+//! processes) and `output` (forwarding their output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -31,7 +39,6 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::time::Instant;
 use weft_shm::StoreWriter;
 
 use crate::modex::{self, Answer, GetFlags, Modex};
@@ -47,13 +54,18 @@ use weft_wireup::keys;
 use weft_wireup::{env, Rank};
 use weft_wireup::{Scope, Value};
 
-mod colls;
+mod actions;
 mod conns;
+mod fence;
 mod groups;
+mod invitations;
+mod leaders;
 mod native;
 mod output;
+mod pgcids;
 mod pmi;
 mod pmi2;
+mod pmi_keys;
 mod pmix;
 mod pmix_events;
 mod pmix_log;
@@ -62,19 +74,21 @@ mod psets;
 mod spawn;
 
 use conns::{peer_reader, peer_writer};
+use fence::{Contrib, Fences};
+use invitations::Invitations;
+use leaders::Leaders;
 use native::client_conn;
 use output::{forward, Chunk, OutputSink};
+use pgcids::Pgcids;
+use pmi_keys::{NodeAttr, PmiKeys};
+use psets::Psets;
 use spawn::spawn_child;
 
-/// How long a timed-out fence waits for other servers to say who is missing.
-const ARRIVAL_QUERY_WAIT: Duration = Duration::from_millis(300);
 /// How long a process that called abort has to exit before it is killed.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// How long a server at its end waits for its killed processes to be reaped (and their
 /// output forwarded) before it exits anyway.
 const CHILD_REAP_WAIT: Duration = Duration::from_secs(2);
-/// How many joined-collective digests a server remembers per local process.
-const JOINED_HISTORY: usize = 4096;
 
 /// Errors that stop a server.
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +276,6 @@ struct LocalProc {
     conn: Option<ConnId>,
     /// It finalized as it exits: its end is reported by its exit status.
     finalizing_at_exit: bool,
-    joined: VecDeque<u64>,
     pid: Option<u32>,
     exited: bool,
     /// Events for the process that arrived before it connected (delivered at hello).
@@ -271,53 +284,9 @@ struct LocalProc {
     aborted: Option<i32>,
 }
 
+/// A rank that is gone: why.
 struct Gone {
     reason: String,
-    joined: HashSet<u64>,
-    /// The order in which this server learned of the deaths (0 first).
-    order: usize,
-}
-
-struct Coll {
-    digest: u64,
-    mode: Option<FenceMode>,
-    local_expected: BTreeSet<Rank>,
-    arrived: BTreeSet<Rank>,
-    waiters: Vec<(ConnId, u64)>,
-    nodes: Vec<u32>,
-    me: usize,
-    started: bool,
-    step: u32,
-    sent_step: Option<u32>,
-    blocks: BTreeMap<u32, Vec<u8>>,
-    inbox: HashMap<u32, Vec<(u32, Vec<u8>)>>,
-    deadline: Option<Instant>,
-    timing_out: bool,
-    /// For group collectives: directives and timeout (sent along with every Gather so
-    /// that a server that learns of the collective from a peer knows them too).
-    group: Option<GroupSpec>,
-}
-
-/// A local invitee: its leader, and its accepting join request once made.
-type Invitee = (Rank, Option<(ConnId, u64)>);
-
-/// A group being formed by invitation, at its leader's server.
-struct Invitation {
-    leader: Rank,
-    conn: ConnId,
-    req: u64,
-    invitees: Vec<Rank>,
-    directives: GroupDirectives,
-    answered: BTreeSet<Rank>,
-    accepted: BTreeSet<Rank>,
-    /// The root server was asked for a PGCID.
-    asked_pgcid: bool,
-}
-
-struct Query {
-    id: CollId,
-    waiting: HashSet<u32>,
-    missing: BTreeSet<Rank>,
 }
 
 struct State {
@@ -333,11 +302,8 @@ struct State {
     peer_tx: HashMap<u32, UnboundedSender<Vec<u8>>>,
     ctl_tx: UnboundedSender<Vec<u8>>,
     gone: HashMap<Rank, Gone>,
-    colls: HashMap<CollId, Coll>,
-    finished: HashMap<CollId, Option<WireError>>,
-    finished_order: VecDeque<CollId>,
-    queries: HashMap<u64, Query>,
-    next_qid: u64,
+    /// Collectives between servers (`fence`).
+    fences: Fences,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
     live_children: usize,
@@ -345,32 +311,20 @@ struct State {
     done: bool,
     /// Groups with members on this node, by id.
     groups: BTreeMap<String, GroupInfo>,
-    /// The next PGCID to hand out (the root server, node 0, is the only allocator).
-    next_pgcid: u64,
-    /// Root server: the leader it selected last for each group.
-    selected_leaders: HashMap<String, Rank>,
-    /// Leadership claims of local processes waiting for the root's decision.
-    claims: HashMap<(String, Rank), Vec<(ConnId, u64)>>,
-    /// Process sets defined while the job runs (every server holds the same).
-    runtime_psets: BTreeMap<String, Vec<Rank>>,
-    /// Local requests of process-set changes waiting for the root's answer, by query id.
-    pset_waiters: HashMap<u64, (ConnId, u64)>,
-    /// Groups being formed by invitation, led by a local process.
-    invitations: HashMap<String, Invitation>,
-    /// Local invitees of groups being formed, by (id, invitee): the leader, and the join
-    /// request waiting for the group once accepted.
-    invited: HashMap<(String, Rank), Invitee>,
-    /// PGCID requests to the root server, by query id: the invitation they are for.
-    pgcid_waiters: HashMap<u64, String>,
+    /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
+    pgcids: Pgcids,
+    /// Leader selection of groups whose leader failed (`leaders`).
+    leaders: Leaders,
+    /// Process sets defined while the job runs (`psets`).
+    psets: Psets,
+    /// Groups being formed by invitation (`invitations`).
+    invitations: Invitations,
     /// The PMI-1 connections of local processes (`pmi`).
     pmi: HashMap<Rank, pmi::PmiConn>,
-    /// Who put each PMI-1 key (local puts, and other nodes' from a barrier's data).
-    pmi_owner: HashMap<String, Rank>,
+    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
+    pmi_keys: PmiKeys,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
-    /// PMI-2's node attributes (`info-putnodeattr`), and the gets waiting for them.
-    pmi_node_attrs: HashMap<String, String>,
-    pmi_attr_waiters: HashMap<String, Vec<Rank>>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -656,32 +610,26 @@ impl State {
             procs,
             conns: HashMap::new(),
             pmi: HashMap::new(),
-            pmi_owner: HashMap::new(),
+            pmi_keys: PmiKeys::default(),
             pmix: None,
-            pmi_node_attrs: HashMap::new(),
-            pmi_attr_waiters: HashMap::new(),
             peers,
             peer_tx: HashMap::new(),
             ctl_tx,
             gone: HashMap::new(),
-            colls: HashMap::new(),
-            finished: HashMap::new(),
-            finished_order: VecDeque::new(),
-            queries: HashMap::new(),
-            // Query ids carry the asking node in their top 16 bits, so answers find their way back.
-            next_qid: (u64::from(node) << 48) | 1,
+            fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             terminating: false,
             done: false,
             groups: BTreeMap::new(),
-            next_pgcid: plan.job.world_pgcid + 1,
-            selected_leaders: HashMap::new(),
-            claims: HashMap::new(),
-            runtime_psets: BTreeMap::new(),
-            pset_waiters: HashMap::new(),
-            invitations: HashMap::new(),
-            invited: HashMap::new(),
-            pgcid_waiters: HashMap::new(),
+            pgcids: Pgcids::new(plan.job.world_pgcid),
+            leaders: Leaders::new(node),
+            psets: Psets::new(
+                node,
+                plan.job.num_nodes(),
+                plan.job.size(),
+                plan.job.psets.iter().map(|p| p.name.clone()).collect(),
+            ),
+            invitations: Invitations::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
         }
     }
 }
@@ -917,21 +865,25 @@ impl State {
                 }
                 self.to_launcher(&ToLauncher::ProcExit { rank, how });
             }
-            Event::CollTimeout { id } => self.coll_timeout(id),
-            Event::QueryTimeout { qid } => self.finish_query(qid),
+            Event::CollTimeout { id } => {
+                let now = std::time::Instant::now();
+                let acts = self.fences.on_deadline(
+                    id,
+                    now,
+                    Contrib {
+                        modex: &self.modex,
+                        pgcids: &mut self.pgcids,
+                    },
+                );
+                self.apply_fences(acts);
+            }
+            Event::QueryTimeout { qid } => {
+                let acts = self.fences.on_query_timeout(qid);
+                self.apply_fences(acts);
+            }
             Event::InviteTimeout { id } => {
-                let late: Vec<Rank> = match self.invitations.get(&id) {
-                    Some(inv) => inv
-                        .invitees
-                        .iter()
-                        .copied()
-                        .filter(|r| !inv.answered.contains(r))
-                        .collect(),
-                    None => Vec::new(),
-                };
-                for r in late {
-                    self.invite_failed(&id, r, "did not answer before the timeout".into());
-                }
+                let acts = self.invitations.on_timeout(&id, &mut self.pgcids);
+                self.apply_invitations(acts);
             }
             Event::GetTimeout { rank, conn, req } => {
                 let acts = self.modex.get_timeout(rank, conn, req);
@@ -959,32 +911,6 @@ impl State {
             Some(conn) => self.send_client(conn, &ServerMsg::Event(event.clone())),
             None if !gone && !p.exited => p.early_events.push(event.clone()),
             None => {}
-        }
-    }
-
-    fn event(
-        code: EventCode,
-        group: &str,
-        rank: Rank,
-        members: Vec<Rank>,
-        reason: String,
-    ) -> WireEvent {
-        WireEvent {
-            code,
-            group: Some(group.to_owned()),
-            rank: Some(rank),
-            pset: None,
-            members,
-            reason,
-        }
-    }
-
-    /// Sends a message to the server of `node`, or handles it here when that is us.
-    fn send_node(&mut self, node: u32, msg: PeerMsg) {
-        if node == self.node {
-            self.on_peer(msg);
-        } else {
-            self.send_peer(node, &msg);
         }
     }
 }

@@ -104,80 +104,10 @@ impl State {
         }
         match msg {
             PeerMsg::Hello { .. } => {}
-            PeerMsg::Gather {
-                id,
-                mode,
-                step,
-                blocks,
-                group,
-            } => {
-                if self.finished.contains_key(&id) {
-                    return;
-                }
-                let fresh = !self.colls.contains_key(&id);
-                if fresh {
-                    let timeout = group.as_ref().and_then(|g| g.timeout_ms);
-                    let c = self.new_coll(&id, group.clone());
-                    self.colls.insert(id.clone(), c);
-                    if let Some(ms) = timeout {
-                        self.arm_deadline(&id, ms);
-                    }
-                }
-                let Some(c) = self.colls.get_mut(&id) else {
-                    return;
-                };
-                match c.mode {
-                    Some(m) if m != mode => {
-                        let reason = format!("participants asked for different modes ({m:?} here, {mode:?} on another node)");
-                        return self.fail_disagreement(&id, reason);
-                    }
-                    _ => c.mode = Some(mode),
-                }
-                let theirs = group.as_ref().map(|g| &g.directives);
-                if !fresh && c.group.as_ref().map(|g| &g.directives) != theirs {
-                    let reason = format!(
-                        "participants gave different directives ({:?} here, {theirs:?} on another node)",
-                        c.group.as_ref().map(|g| &g.directives)
-                    );
-                    return self.fail_disagreement(&id, reason);
-                }
-                c.inbox.insert(step, blocks);
-                if fresh {
-                    // A node with no process left to wait for (the root server handing
-                    // out a PGCID, or one whose members are gone) starts right away.
-                    self.maybe_start(&id);
-                }
-                self.advance(&id);
-            }
-            PeerMsg::Abort { id, error } => {
-                if self.colls.contains_key(&id) {
-                    self.fail_coll(&id, error, false);
-                } else if !self.finished.contains_key(&id) {
-                    self.remember_finished(id, Some(error));
-                }
-            }
-            PeerMsg::ArrivalQuery { id, qid } => {
-                let missing = match (self.colls.get(&id), self.finished.contains_key(&id)) {
-                    (Some(c), _) => c.local_expected.difference(&c.arrived).copied().collect(),
-                    (None, true) => Vec::new(),
-                    (None, false) => self
-                        .procs
-                        .keys()
-                        .copied()
-                        .filter(|&r| id.procs.contains(r))
-                        .collect(),
-                };
-                let asker = (qid >> 48) as u32;
-                let node = self.node;
-                self.send_peer(asker, &PeerMsg::ArrivalReply { qid, node, missing });
-            }
-            PeerMsg::ArrivalReply { qid, node, missing } => {
-                if let Some(q) = self.queries.get_mut(&qid) {
-                    q.missing.extend(missing);
-                    q.waiting.remove(&node);
-                }
-                self.maybe_finish_query(qid);
-            }
+            msg @ (PeerMsg::Gather { .. }
+            | PeerMsg::Abort { .. }
+            | PeerMsg::ArrivalQuery { .. }
+            | PeerMsg::ArrivalReply { .. }) => self.fence_peer(msg),
             // The owner answers when the rank commits (or dies); each waiter's own
             // timeout is enforced here, so a late answer still serves the waiters left.
             PeerMsg::ModexReq {
@@ -215,30 +145,20 @@ impl State {
                 rank,
                 from,
                 nodes,
-            } => self.decide_leader(id, rank, from, nodes),
+            } => {
+                let gone = &self.gone;
+                let acts = self
+                    .leaders
+                    .on_decide(id, rank, from, nodes, |r| gone.contains_key(&r));
+                self.apply_leaders(acts);
+            }
             PeerMsg::LeaderDecision {
                 id,
                 claimant,
                 winner,
             } => {
-                for (conn, req) in self
-                    .claims
-                    .remove(&(id.clone(), claimant))
-                    .unwrap_or_default()
-                {
-                    let msg = if winner == claimant {
-                        ServerMsg::Done { req }
-                    } else {
-                        ServerMsg::Failed {
-                            req,
-                            error: WireError::Invalid {
-                                op: format!("leader claim of {id:?}"),
-                                reason: format!("rank {winner} leads the group (selected first)"),
-                            },
-                        }
-                    };
-                    self.send_client(conn, &msg);
-                }
+                let acts = self.leaders.on_decision(id, claimant, winner);
+                self.apply_leaders(acts);
             }
             PeerMsg::LeaderSelected { id, rank } => self.leader_selected(&id, rank),
             PeerMsg::PsetChange {
@@ -246,31 +166,27 @@ impl State {
                 members,
                 from,
                 qid,
-            } => self.decide_pset(name, members, from, qid),
-            PeerMsg::Invite {
-                id,
-                leader,
-                rank,
-                procs,
-            } => self.invite_arrived(id, leader, rank, procs),
-            PeerMsg::InviteReply { id, rank, accept } => self.invite_reply(&id, rank, accept),
+            } => {
+                let acts = self.psets.on_change(name, members, from, qid);
+                self.apply_psets(acts);
+            }
+            msg @ (PeerMsg::Invite { .. }
+            | PeerMsg::InviteReply { .. }
+            | PeerMsg::PgcidResp { .. }
+            | PeerMsg::GroupFormed { .. }) => self.invitations_peer(msg),
             PeerMsg::PgcidReq { qid, from } => {
-                let pgcid = self.next_pgcid;
-                self.next_pgcid += 1;
+                let pgcid = self.pgcids.take();
                 self.send_peer(from, &PeerMsg::PgcidResp { qid, pgcid });
             }
-            PeerMsg::PgcidResp { qid, pgcid } => {
-                if let Some(id) = self.pgcid_waiters.remove(&qid) {
-                    self.form_invited(&id, Some(pgcid));
-                }
-            }
-            PeerMsg::GroupFormed { group } => self.group_formed(group),
             PeerMsg::PsetChanged {
                 name,
                 members,
                 qid,
                 error,
-            } => self.pset_changed(name, members, qid, error),
+            } => {
+                let acts = self.psets.on_changed(name, members, qid, error);
+                self.apply_psets(acts);
+            }
         }
     }
 }

@@ -46,9 +46,7 @@ impl State {
                         ),
                     );
                 }
-                let busy = self.colls.keys().any(|other| {
-                    other.kind == CollKind::GroupConstruct && other.name == id.name && *other != id
-                });
+                let busy = self.fences.construct_in_progress(&id);
                 if busy {
                     return fail(
                         self,
@@ -114,9 +112,43 @@ impl State {
         self.coll_arrive(rank, conn, req, id, mode, timeout_ms, Some(spec));
     }
 
+    /// A group construct or destruct gathered every node's block (`fence`): its result
+    /// answers the local waiters, and the fences remember how it ended.
+    pub(super) fn group_gathered(&mut self, id: CollId, c: fence::Gathered) {
+        let mut err = None;
+        let mut record = None;
+        if id.kind == CollKind::GroupConstruct {
+            match self.group_result(&id, &c) {
+                Ok(r) => record = Some(r),
+                Err(e) => err = Some(e),
+            }
+        } else {
+            self.groups.remove(&id.name);
+        }
+        for &(conn, req) in &c.waiters {
+            let msg = match (&err, &record) {
+                (Some(e), _) => ServerMsg::Failed {
+                    req,
+                    error: e.clone(),
+                },
+                (None, Some(g)) => ServerMsg::Group {
+                    req,
+                    group: g.clone(),
+                },
+                (None, None) => ServerMsg::Done { req },
+            };
+            self.send_client(conn, &msg);
+        }
+        self.fences.finish(id, err);
+    }
+
     /// The group a completed construct made, from every node's block; records it here
     /// when it has members on this node.
-    pub(super) fn group_result(&mut self, id: &CollId, c: &Coll) -> Result<GroupInfo, WireError> {
+    pub(super) fn group_result(
+        &mut self,
+        id: &CollId,
+        c: &fence::Gathered,
+    ) -> Result<GroupInfo, WireError> {
         let op = || format!("group construct of {:?}", id.name);
         let mut members = Vec::new();
         let mut pgcid = None;
@@ -298,54 +330,11 @@ impl State {
             );
         }
         let nodes = self.nodes_of(&g.members);
-        self.claims
-            .entry((id.clone(), rank))
-            .or_default()
-            .push((conn, req));
-        let msg = PeerMsg::LeaderClaim {
-            id: id.clone(),
-            rank,
-            from: self.node,
-            nodes: nodes.clone(),
-        };
-        if self.node == 0 {
-            self.decide_leader(id, rank, 0, nodes);
-        } else {
-            self.send_peer(0, &msg);
-        }
-    }
-
-    /// Root server: the first claim after the leader's failure wins.
-    pub(super) fn decide_leader(&mut self, id: String, rank: Rank, from: u32, nodes: Vec<u32>) {
-        let current = self.selected_leaders.get(&id).copied();
-        let winner = match current {
-            Some(l) if !self.gone.contains_key(&l) => l,
-            _ => rank,
-        };
-        if winner == rank && current != Some(rank) {
-            self.selected_leaders.insert(id.clone(), rank);
-            for n in nodes {
-                let m = PeerMsg::LeaderSelected {
-                    id: id.clone(),
-                    rank,
-                };
-                if n == self.node {
-                    self.leader_selected(&id, rank);
-                } else {
-                    self.send_peer(n, &m);
-                }
-            }
-        }
-        let d = PeerMsg::LeaderDecision {
-            id: id.clone(),
-            claimant: rank,
-            winner,
-        };
-        if from == self.node {
-            self.on_peer(d);
-        } else {
-            self.send_peer(from, &d);
-        }
+        let gone = &self.gone;
+        let acts = self
+            .leaders
+            .on_claim(id, rank, (conn, req), nodes, |r| gone.contains_key(&r));
+        self.apply_leaders(acts);
     }
 
     pub(super) fn leader_selected(&mut self, id: &str, rank: Rank) {
@@ -377,80 +366,25 @@ impl State {
         directives: GroupDirectives,
         timeout_ms: Option<u64>,
     ) {
-        let size = self.plan.job.size();
-        let mut invitees = procs;
-        invitees.sort_unstable();
-        invitees.dedup();
-        invitees.retain(|&r| r != leader);
-        let bad = if id.is_empty() || id == self.plan.job.nspace || id.starts_with("weft://") {
-            Some("the group id is empty, the namespace or reserved".to_owned())
-        } else if self.groups.contains_key(&id) || self.invitations.contains_key(&id) {
-            Some("the group id is already in use".to_owned())
-        } else if invitees.is_empty() {
-            Some("nobody to invite".to_owned())
-        } else {
-            invitees
-                .iter()
-                .find(|&&r| r >= size)
-                .map(|r| format!("rank {r} is not in the job (size {size})"))
+        let in_use = self.groups.contains_key(&id);
+        let inv = invitations::Invite {
+            leader,
+            conn,
+            req,
+            id,
+            procs,
+            directives,
+            timeout_ms,
         };
-        if let Some(reason) = bad {
-            return self.group_invalid(conn, req, "group invite", &id, reason);
-        }
-        self.invitations.insert(
-            id.clone(),
-            Invitation {
-                leader,
-                conn,
-                req,
-                invitees: invitees.clone(),
-                directives,
-                answered: BTreeSet::new(),
-                accepted: BTreeSet::new(),
-                asked_pgcid: false,
-            },
+        let gone = &self.gone;
+        let acts = self.invitations.on_invite(
+            inv,
+            in_use,
+            &self.plan.job.nspace,
+            |r| gone.get(&r).map(|g| g.reason.clone()),
+            &mut self.pgcids,
         );
-        if let Some(ms) = timeout_ms {
-            after(
-                &self.ev,
-                Duration::from_millis(ms),
-                Event::InviteTimeout { id: id.clone() },
-            );
-        }
-        for &r in &invitees {
-            if let Some(g) = self.gone.get(&r) {
-                let why = g.reason.clone();
-                self.invite_failed(&id, r, why);
-                continue;
-            }
-            let node = self.plan.job.node_of(r).unwrap_or(0);
-            let msg = PeerMsg::Invite {
-                id: id.clone(),
-                leader,
-                rank: r,
-                procs: invitees.clone(),
-            };
-            self.send_node(node, msg);
-        }
-    }
-
-    /// At an invitee's server: tell it, and remember the invitation for its answer.
-    pub(super) fn invite_arrived(
-        &mut self,
-        id: String,
-        leader: Rank,
-        rank: Rank,
-        procs: Vec<Rank>,
-    ) {
-        if !self.procs.contains_key(&rank) {
-            return;
-        }
-        self.invited.insert((id.clone(), rank), (leader, None));
-        let reason = format!("rank {leader} invites you into group {id:?}");
-        self.emit(
-            rank,
-            &Self::event(EventCode::Invited, &id, leader, procs, reason),
-        );
+        self.apply_invitations(acts);
     }
 
     pub(super) fn group_join(
@@ -462,208 +396,9 @@ impl State {
         leader: Rank,
         accept: bool,
     ) {
-        match self.invited.get_mut(&(id.clone(), rank)) {
-            Some((l, waiting)) if *l == leader && waiting.is_none() => {
-                if accept {
-                    *waiting = Some((conn, req));
-                } else {
-                    self.invited.remove(&(id.clone(), rank));
-                    self.send_client(conn, &ServerMsg::Done { req });
-                }
-            }
-            _ => {
-                return self.group_invalid(
-                    conn,
-                    req,
-                    "group join",
-                    &id,
-                    format!("rank {rank} has no pending invitation from rank {leader}"),
-                )
-            }
-        }
-        let node = self.plan.job.node_of(leader).unwrap_or(0);
-        self.send_node(node, PeerMsg::InviteReply { id, rank, accept });
-    }
-
-    /// At the leader's server: an invitee answered.
-    pub(super) fn invite_reply(&mut self, id: &str, rank: Rank, accept: bool) {
-        let Some(inv) = self.invitations.get_mut(id) else {
-            return;
-        };
-        if !inv.invitees.contains(&rank) || !inv.answered.insert(rank) {
-            return;
-        }
-        if accept {
-            inv.accepted.insert(rank);
-        }
-        let (code, what) = if accept {
-            (EventCode::InviteAccepted, "accepted")
-        } else {
-            (EventCode::InviteDeclined, "declined")
-        };
-        let leader = inv.leader;
-        let e = Self::event(
-            code,
-            id,
-            rank,
-            inv.invitees.clone(),
-            format!("rank {rank} {what}"),
-        );
-        self.emit(leader, &e);
-        self.maybe_form(id);
-    }
-
-    /// At the leader's server: an invitee died or timed out.
-    pub(super) fn invite_failed(&mut self, id: &str, rank: Rank, why: String) {
-        let Some(inv) = self.invitations.get_mut(id) else {
-            return;
-        };
-        if !inv.answered.insert(rank) {
-            return;
-        }
-        let leader = inv.leader;
-        let e = Self::event(
-            EventCode::InviteFailed,
-            id,
-            rank,
-            inv.invitees.clone(),
-            format!("rank {rank} {why}"),
-        );
-        self.emit(leader, &e);
-        self.maybe_form(id);
-    }
-
-    pub(super) fn maybe_form(&mut self, id: &str) {
-        let Some(inv) = self.invitations.get_mut(id) else {
-            return;
-        };
-        if inv.answered.len() < inv.invitees.len() || inv.asked_pgcid {
-            return;
-        }
-        if !inv.directives.assign_context_id {
-            return self.form_invited(id, None);
-        }
-        if self.node == 0 {
-            let p = self.next_pgcid;
-            self.next_pgcid += 1;
-            return self.form_invited(id, Some(p));
-        }
-        inv.asked_pgcid = true;
-        let qid = self.next_qid;
-        self.next_qid += 1;
-        self.pgcid_waiters.insert(qid, id.to_owned());
-        let from = self.node;
-        self.send_peer(0, &PeerMsg::PgcidReq { qid, from });
-    }
-
-    pub(super) fn form_invited(&mut self, id: &str, pgcid: Option<u64>) {
-        let Some(inv) = self.invitations.remove(id) else {
-            return;
-        };
-        let mut members: Vec<Rank> = inv.accepted.iter().copied().collect();
-        members.push(inv.leader);
-        members.sort_unstable();
-        let group = GroupInfo {
-            id: id.to_owned(),
-            left_out: inv
-                .invitees
-                .iter()
-                .copied()
-                .filter(|r| !inv.accepted.contains(r))
-                .collect(),
-            members: members.clone(),
-            pgcid,
-            leader: Some(inv.leader),
-            directives: inv.directives,
-        };
-        for n in self.nodes_of(&members) {
-            self.send_node(
-                n,
-                PeerMsg::GroupFormed {
-                    group: group.clone(),
-                },
-            );
-        }
-        self.send_client(
-            inv.conn,
-            &ServerMsg::Group {
-                req: inv.req,
-                group,
-            },
-        );
-    }
-
-    /// At every member's server: the invite-formed group exists.
-    pub(super) fn group_formed(&mut self, group: GroupInfo) {
-        let local: Vec<Rank> = group
-            .members
-            .iter()
-            .copied()
-            .filter(|r| self.procs.contains_key(r))
-            .collect();
-        if local.is_empty() {
-            return;
-        }
-        self.groups.insert(group.id.clone(), group.clone());
-        let e = WireEvent {
-            code: EventCode::ConstructComplete,
-            group: Some(group.id.clone()),
-            rank: group.leader,
-            pset: None,
-            members: group.members.clone(),
-            reason: match group.pgcid {
-                Some(p) => format!("group {:?} formed with PGCID {p}", group.id),
-                None => format!("group {:?} formed", group.id),
-            },
-        };
-        for r in local {
-            if let Some((_, Some((conn, req)))) = self.invited.remove(&(group.id.clone(), r)) {
-                self.send_client(
-                    conn,
-                    &ServerMsg::Group {
-                        req,
-                        group: group.clone(),
-                    },
-                );
-            }
-            self.emit(r, &e);
-        }
-    }
-
-    /// A death seen by this server: invitations it led are dropped (their local
-    /// invitees get construct-abort), and invitees of local leaders count as failed.
-    pub(super) fn invitations_lose(&mut self, rank: Rank, reason: &str) {
-        let ids: Vec<String> = self.invitations.keys().cloned().collect();
-        for id in ids {
-            if self.invitations[&id].leader == rank {
-                self.invitations.remove(&id);
-            } else if self.invitations[&id].invitees.contains(&rank) {
-                self.invite_failed(&id, rank, reason.to_owned());
-            }
-        }
-        let aborted: Vec<(String, Rank)> = self
-            .invited
-            .iter()
-            .filter(|(_, (leader, _))| *leader == rank)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for (id, r) in aborted {
-            let Some((_, waiting)) = self.invited.remove(&(id.clone(), r)) else {
-                continue;
-            };
-            let why = format!("the leader, rank {rank}, {reason}");
-            if let Some((conn, req)) = waiting {
-                let error = WireError::ProcGone {
-                    op: format!("group join of {id:?}"),
-                    rank,
-                    reason: reason.to_owned(),
-                };
-                self.send_client(conn, &ServerMsg::Failed { req, error });
-            }
-            self.emit(
-                r,
-                &Self::event(EventCode::ConstructAbort, &id, rank, Vec::new(), why),
-            );
-        }
+        let acts = self
+            .invitations
+            .on_join(rank, conn, req, id, leader, accept, &mut self.pgcids);
+        self.apply_invitations(acts);
     }
 }

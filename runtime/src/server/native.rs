@@ -212,9 +212,13 @@ impl State {
             ClientMsg::GroupLeave { req, id } => self.group_leave(rank, conn, req, id),
             ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
             ClientMsg::PsetDefine { req, name, members } => {
-                self.pset_request(conn, req, name, Some(members))
+                let acts = self.psets.on_request(conn, req, name, Some(members));
+                self.apply_psets(acts);
             }
-            ClientMsg::PsetDelete { req, name } => self.pset_request(conn, req, name, None),
+            ClientMsg::PsetDelete { req, name } => {
+                let acts = self.psets.on_request(conn, req, name, None);
+                self.apply_psets(acts);
+            }
             ClientMsg::GroupInvite {
                 req,
                 id,

@@ -25,8 +25,7 @@ pub(super) const PMI_CONN: ConnId = 1 << 62;
 const MAX_LINE: usize = 16 << 10;
 /// `vallen_max` told to clients.
 pub(super) const VALLEN_MAX: usize = 1024;
-/// Prefix of the keys PMI clients put, in the core's key space.
-const KEY_PREFIX: &str = "pmi1/";
+use super::pmi_keys::KEY_PREFIX;
 
 /// A PMI client's state.
 pub(super) struct PmiConn {
@@ -229,7 +228,7 @@ impl State {
     /// Commits `key` = `value` for rank `rank` (PMI-1's `put`, PMI-2's `kvs-put`: they
     /// share keys) and records its owner.
     pub(super) fn pmi_put(&mut self, rank: Rank, key: &str, value: &str) {
-        self.pmi_owner.insert(key.to_string(), rank);
+        self.pmi_keys.on_put(rank, key);
         let entry = (
             Scope::Global,
             format!("{KEY_PREFIX}{key}"),
@@ -351,7 +350,7 @@ impl State {
                     return self
                         .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
                 }
-                let Some(&owner) = self.pmi_owner.get(key) else {
+                let Some(owner) = self.pmi_keys.owner(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
                 self.pmi_get(rank, owner, key);
@@ -418,13 +417,7 @@ impl State {
 
     /// Records the owners of the PMI keys in data of other nodes' processes.
     pub(super) fn pmi_learn(&mut self, data: &ProcData) {
-        for (rank, _, entries) in data {
-            for (k, _) in entries.iter().flatten() {
-                if let Some(key) = k.strip_prefix(KEY_PREFIX) {
-                    self.pmi_owner.insert(key.to_string(), *rank);
-                }
-            }
-        }
+        self.pmi_keys.on_learn(data);
     }
 }
 

@@ -185,10 +185,9 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs key and value");
                 };
                 let (k, v) = (k.to_string(), v.to_string());
-                self.pmi_node_attrs.insert(k.clone(), v.clone());
+                let waiting = self.pmi_keys.on_put_node_attr(k, v.clone());
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
                 // Gets that waited for it.
-                let waiting = self.pmi_attr_waiters.remove(&k).unwrap_or_default();
                 for r in waiting {
                     self.pmi2_send(
                         r,
@@ -205,21 +204,18 @@ impl State {
                 let Some(k) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
-                match self.pmi_node_attrs.get(k) {
-                    Some(v) => {
-                        let v = v.clone();
+                let wait = get("wait") == Some("TRUE");
+                match self.pmi_keys.on_get_node_attr(rank, k, wait) {
+                    NodeAttr::Found(v) => {
                         self.pmi2_send(
                             rank,
                             &[resp(cmd), ("found", truth(true)), ("value", v), ok()],
                         );
                     }
-                    None if get("wait") == Some("TRUE") => {
-                        self.pmi_attr_waiters
-                            .entry(k.to_string())
-                            .or_default()
-                            .push(rank);
+                    NodeAttr::Waiting => {}
+                    NodeAttr::NotFound => {
+                        self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()])
                     }
-                    None => self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]),
                 }
             }
             "kvs-put" => {
@@ -238,7 +234,7 @@ impl State {
                 let Some(key) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
-                let Some(&owner) = self.pmi_owner.get(key) else {
+                let Some(owner) = self.pmi_keys.owner(key) else {
                     return self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]);
                 };
                 let (key, owner) = (key.to_string(), owner);

@@ -575,7 +575,7 @@ impl State {
             .iter()
             .map(|p| (p.name.clone(), p.members.clone()))
             .collect();
-        for (name, members) in &self.runtime_psets {
+        for (name, members) in self.psets.defined() {
             if !sets.iter().any(|(n, _)| n == name) {
                 sets.push((name.clone(), members.clone()));
             }

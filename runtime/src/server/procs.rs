@@ -36,20 +36,6 @@ impl State {
         }
     }
 
-    /// What a collective carries of local participant `rank`: its generation, and its
-    /// data when `with_data`.
-    pub(super) fn proc_block(
-        &self,
-        rank: Rank,
-        with_data: bool,
-    ) -> (Rank, u64, Option<Vec<(String, Value)>>) {
-        (
-            rank,
-            self.modex.gen(rank),
-            with_data.then(|| self.modex.view(rank)),
-        )
-    }
-
     pub(super) fn get(
         &mut self,
         conn: ConnId,
@@ -87,11 +73,7 @@ impl State {
     /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
     /// other servers and everything here that waits on it.
     pub(super) fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
-        let joined: Vec<u64> = self
-            .procs
-            .get(&rank)
-            .map(|p| p.joined.iter().copied().collect())
-            .unwrap_or_default();
+        let joined = self.fences.joined(rank);
         let (nodes, me) = (self.plan.job.num_nodes(), self.node);
         for n in (0..nodes).filter(|&n| n != me) {
             self.send_peer(
@@ -124,44 +106,31 @@ impl State {
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
         self.store_put(&gone_key, reason.as_bytes());
-        // Collectives the rank never joined can no longer complete, except tolerant
-        // groups, which go on without it.
-        let mut doomed = Vec::new();
-        let mut shrunk = Vec::new();
-        for (id, c) in &mut self.colls {
-            if !id.procs.contains(rank) || joined.contains(&c.digest) {
-                continue;
-            }
-            if c.group.as_ref().is_some_and(|g| g.directives.tolerant()) {
-                if c.local_expected.remove(&rank) {
-                    shrunk.push(id.clone());
-                }
-            } else {
-                doomed.push(id.clone());
-            }
-        }
-        let order = self.gone.len();
         self.gone.insert(
             rank,
             Gone {
                 reason: reason.clone(),
-                joined,
-                order,
             },
         );
-        for id in doomed {
-            let error = WireError::ProcGone {
-                op: id.op().into(),
-                rank,
-                reason: reason.clone(),
-            };
-            self.fail_coll(&id, error, false);
-        }
-        for id in shrunk {
-            self.maybe_start(&id);
-        }
+        // Collectives the rank never joined can no longer complete, except tolerant
+        // groups, which go on without it.
+        let now = std::time::Instant::now();
+        let acts = self.fences.on_proc_gone(
+            rank,
+            &reason,
+            joined,
+            now,
+            Contrib {
+                modex: &self.modex,
+                pgcids: &mut self.pgcids,
+            },
+        );
+        self.apply_fences(acts);
         self.groups_lose(rank, &reason);
-        self.invitations_lose(rank, &reason);
+        let acts = self
+            .invitations
+            .on_proc_gone(rank, &reason, &mut self.pgcids);
+        self.apply_invitations(acts);
         self.pmix_invites_lose(rank, &reason);
     }
 }

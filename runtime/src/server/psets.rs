@@ -1,91 +1,115 @@
-//! Process sets and queries across servers.
+//! The process-set concern of a server, without IO: process sets defined while the job
+//! runs (every server holds the same), changed only by the root server (node 0), which
+//! checks a change and announces it to every server. Every `on_*` method returns the
+//! [`Action`]s the server carries out (see `psets/tests.rs`).
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
 
-impl State {
-    pub(super) fn maybe_finish_query(&mut self, qid: u64) {
-        if self.queries.get(&qid).is_some_and(|q| q.waiting.is_empty()) {
-            self.finish_query(qid);
+use crate::wire::proto::{Event, EventCode, PeerMsg, ServerMsg, WireError};
+use weft_wireup::keys;
+use weft_wireup::Rank;
+
+use crate::modex::ConnId;
+
+/// What the server must do.
+#[derive(Debug, Clone)]
+pub(crate) enum Action {
+    /// Send `msg` to the client connection `conn`.
+    Reply { conn: ConnId, msg: ServerMsg },
+    /// Send to the server of `node`.
+    Peer { node: u32, msg: PeerMsg },
+    /// Write into the node's datastore segment.
+    Store { key: Vec<u8>, value: Vec<u8> },
+    /// Tell every local process.
+    Emit(Event),
+}
+
+/// The process sets of one server.
+#[derive(Debug)]
+pub(crate) struct Psets {
+    node: u32,
+    num_nodes: u32,
+    /// The job's size.
+    size: u32,
+    /// The names of the launch process sets (they cannot be changed).
+    launch: Vec<String>,
+    /// Process sets defined while the job runs, by name.
+    defined: BTreeMap<String, Vec<Rank>>,
+    /// Local requests waiting for the root's answer, by query id.
+    waiters: HashMap<u64, (ConnId, u64)>,
+    next_qid: u64,
+}
+
+impl Psets {
+    /// The process sets of the server of `node`, in a job of `size` ranks over
+    /// `num_nodes` nodes whose launch process sets are named `launch`.
+    pub(crate) fn new(node: u32, num_nodes: u32, size: u32, launch: Vec<String>) -> Psets {
+        Psets {
+            node,
+            num_nodes,
+            size,
+            launch,
+            defined: BTreeMap::new(),
+            waiters: HashMap::new(),
+            // Query ids carry the asking node in their top 16 bits.
+            next_qid: (u64::from(node) << 48) | 1,
         }
     }
 
-    pub(super) fn finish_query(&mut self, qid: u64) {
-        let Some(mut q) = self.queries.remove(&qid) else {
-            return;
-        };
-        // Nodes that did not answer: all their participants count as missing.
-        for n in &q.waiting {
-            for r in self.plan.job.ranks_on(*n) {
-                if q.id.procs.contains(r) {
-                    q.missing.insert(r);
-                }
-            }
-        }
-        if q.missing.is_empty() {
-            // Everyone has arrived: the all-gather is only finishing. Aborting now could
-            // fail a fence that succeeds elsewhere, so let it complete.
-            if let Some(c) = self.colls.get_mut(&q.id) {
-                c.timing_out = false;
-            }
-            return;
-        }
-        let error = WireError::Timeout {
-            op: q.id.op().into(),
-            missing: q.missing.into_iter().collect(),
-        };
-        tracing::debug!("{}", wire_to_text(&error));
-        self.fail_coll(&q.id, error, true);
+    /// The process sets defined while the job runs.
+    pub(crate) fn defined(&self) -> &BTreeMap<String, Vec<Rank>> {
+        &self.defined
     }
 
-    pub(super) fn pset_request(
+    /// A local process asks to define process set `name` with `members`, or to delete
+    /// it (`None`).
+    pub(crate) fn on_request(
         &mut self,
         conn: ConnId,
         req: u64,
         name: String,
         members: Option<Vec<Rank>>,
-    ) {
+    ) -> Vec<Action> {
         let qid = self.next_qid;
         self.next_qid += 1;
-        self.pset_waiters.insert(qid, (conn, req));
+        self.waiters.insert(qid, (conn, req));
         let from = self.node;
         if self.node == 0 {
-            self.decide_pset(name, members, from, qid);
-        } else {
-            self.send_peer(
-                0,
-                &PeerMsg::PsetChange {
-                    name,
-                    members,
-                    from,
-                    qid,
-                },
-            );
+            return self.on_change(name, members, from, qid);
         }
+        let msg = PeerMsg::PsetChange {
+            name,
+            members,
+            from,
+            qid,
+        };
+        vec![Action::Peer { node: 0, msg }]
     }
 
-    /// Root server: checks a process-set change and applies it on every server.
-    pub(super) fn decide_pset(
+    /// Root server: checks a process-set change asked by node `from` and applies it on
+    /// every server.
+    pub(crate) fn on_change(
         &mut self,
         name: String,
         members: Option<Vec<Rank>>,
         from: u32,
         qid: u64,
-    ) {
-        let size = self.plan.job.size();
-        let launch = self.plan.job.psets.iter().any(|p| p.name == name)
+    ) -> Vec<Action> {
+        let size = self.size;
+        let launch = self.launch.contains(&name)
             || name == weft_wireup::PSET_SELF
             || name.starts_with("mpi://");
         let error = match &members {
             _ if name.is_empty() => Some("the name is empty".to_owned()),
             _ if launch => Some(format!("{name:?} is a built-in or launch process set")),
-            Some(_) if self.runtime_psets.contains_key(&name) => {
+            Some(_) if self.defined.contains_key(&name) => {
                 Some(format!("process set {name:?} already exists"))
             }
             Some(m) if m.is_empty() => Some("no members".to_owned()),
             Some(m) if m.iter().any(|&r| r >= size) => Some(format!(
                 "members {m:?} name ranks outside the job (size {size})"
             )),
-            None if !self.runtime_psets.contains_key(&name) => Some(format!(
+            None if !self.defined.contains_key(&name) => Some(format!(
                 "no process set {name:?} was defined while the job runs"
             )),
             _ => None,
@@ -95,39 +119,39 @@ impl State {
             m.dedup();
             m
         });
-        let msg = PeerMsg::PsetChanged {
-            name,
-            members,
-            qid,
-            error: error.clone(),
+        // Only the asker needs to know of a refusal.
+        let to: Vec<u32> = if error.is_some() {
+            vec![from]
+        } else {
+            (0..self.num_nodes).collect()
         };
-        if error.is_some() {
-            // Only the asker needs to know.
-            if from == self.node {
-                self.on_peer(msg);
-            } else {
-                self.send_peer(from, &msg);
-            }
-            return;
-        }
-        for n in 0..self.plan.job.num_nodes() {
+        let mut acts = Vec::new();
+        for n in to {
             if n == self.node {
-                self.on_peer(msg.clone());
+                acts.extend(self.on_changed(name.clone(), members.clone(), qid, error.clone()));
             } else {
-                self.send_peer(n, &msg);
+                let msg = PeerMsg::PsetChanged {
+                    name: name.clone(),
+                    members: members.clone(),
+                    qid,
+                    error: error.clone(),
+                };
+                acts.push(Action::Peer { node: n, msg });
             }
         }
+        acts
     }
 
     /// Applies a process-set change decided by the root server (and answers the asker).
-    pub(super) fn pset_changed(
+    pub(crate) fn on_changed(
         &mut self,
         name: String,
         members: Option<Vec<Rank>>,
         qid: u64,
         error: Option<String>,
-    ) {
-        if let Some((conn, req)) = self.pset_waiters.remove(&qid) {
+    ) -> Vec<Action> {
+        let mut acts = Vec::new();
+        if let Some((conn, req)) = self.waiters.remove(&qid) {
             let msg = match &error {
                 None => ServerMsg::Done { req },
                 Some(reason) => ServerMsg::Failed {
@@ -138,37 +162,41 @@ impl State {
                     },
                 },
             };
-            self.send_client(conn, &msg);
+            acts.push(Action::Reply { conn, msg });
         }
         if error.is_some() {
-            return;
+            return acts;
         }
         let code = match &members {
             Some(m) => {
-                self.runtime_psets.insert(name.clone(), m.clone());
+                self.defined.insert(name.clone(), m.clone());
                 EventCode::PsetDefined
             }
             None => {
-                self.runtime_psets.remove(&name);
+                self.defined.remove(&name);
                 EventCode::PsetDeleted
             }
         };
-        let names: Vec<String> = self.runtime_psets.keys().cloned().collect();
-        let enc = postcard::to_stdvec(&members).expect("encode");
-        self.store_put(&keys::pset(&name), &enc);
-        let enc = postcard::to_stdvec(&names).expect("encode");
-        self.store_put(keys::RUNTIME_PSETS, &enc);
-        let e = WireEvent {
+        let names: Vec<String> = self.defined.keys().cloned().collect();
+        acts.push(Action::Store {
+            key: keys::pset(&name),
+            value: postcard::to_stdvec(&members).expect("encode"),
+        });
+        acts.push(Action::Store {
+            key: keys::RUNTIME_PSETS.to_vec(),
+            value: postcard::to_stdvec(&names).expect("encode"),
+        });
+        acts.push(Action::Emit(Event {
             code,
             group: None,
             rank: None,
             pset: Some(name),
             members: members.unwrap_or_default(),
             reason: String::new(),
-        };
-        let local: Vec<Rank> = self.procs.keys().copied().collect();
-        for r in local {
-            self.emit(r, &e);
-        }
+        }));
+        acts
     }
 }
+
+#[cfg(test)]
+mod tests;

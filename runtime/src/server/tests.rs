@@ -347,7 +347,7 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         "{got:?}"
     );
     assert!(n.replies(0).is_empty() && n.sent().is_empty());
-    assert_eq!(n.st.runtime_psets["ice"], vec![1, 3]);
+    assert_eq!(n.st.psets.defined()["ice"], vec![1, 3]);
     // Deleted, then deleted again.
     n.client(
         0,
@@ -374,5 +374,5 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         n.replies(0)[..],
         [ServerMsg::Failed { req: 4, .. }]
     ));
-    assert!(n.st.runtime_psets.is_empty());
+    assert!(n.st.psets.defined().is_empty());
 }

@@ -1,4 +1,4 @@
-//! Unit tests of `launcher`.
+//! Unit tests of the launcher's planning (`launcher::plan`).
 
 use super::*;
 
