@@ -15,7 +15,7 @@ log=$(mktemp /var/tmp/weft-fuzz.XXXXXX)
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 run() { cargo test "$@" -- --nocapture --test-threads=2 2>&1 | tee -a "$log" | grep -E '^fuzz |test result|panicked|FAILED' || true; }
-run -p weft-wireup --lib fuzz_
+run -p weft-wireup --test fuzz fuzz_
 run -p weft-runtime --lib fuzz_
 run -p weft-shm --lib fuzz_
 run -p weft-verbs --lib fuzz_

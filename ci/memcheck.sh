@@ -16,8 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "memcheck: valgrind not found (ci/deps.sh installs it)" >&2; exit 1; }
-bin() { # PACKAGE: the path of its library unit-test binary (built if needed)
-  cargo test -p "$1" --lib --no-run --message-format=json 2>/dev/null |
+bin() { # PACKAGE[:TEST]: the path of its library unit-test binary, or of its integration
+  # test TEST (built if needed)
+  local target=--lib
+  [[ $1 == *:* ]] && target="--test ${1#*:}"
+  # shellcheck disable=SC2086
+  cargo test -p "${1%%:*}" $target --no-run --message-format=json 2>/dev/null |
     grep '"test":true' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | head -1
 }
 fail=0
@@ -36,6 +40,7 @@ run() { # PACKAGE FILTERS...
 run weft-shm fastbox:: store:: segment:: pair::tests::copy_short coll::tests::tree_words claim:: \
   --skip concurrent_reader
 run weft-fabric headers_round_trip short_headers fuzz_hostile sched::tests::casts sched::tests::pair
-run weft-wireup frame:: fuzz:: proto::
+run weft-wireup frame:: proto::
+run weft-wireup:fuzz fuzz_
 [[ $fail -eq 0 ]] && echo "memcheck: clean"
 exit "$fail"

@@ -90,7 +90,6 @@ mod coll;
 mod config;
 mod error;
 mod fastbox;
-pub mod fuzz;
 mod inbox;
 pub mod layout;
 mod liveness;

@@ -109,7 +109,7 @@ fn fuzz_live_endpoint_under_hostile_connections() {
         rec_frame(&pattern(3, 4000)),
     ]
     .concat();
-    weft_shm::fuzz::run("tcp-live-endpoint", 0x7c9_0001, |m| {
+    weft_fuzz::run("tcp-live-endpoint", 0x7c9_0001, |m| {
         let bytes = if m.below(3) == 0 {
             m.mutate(&valid)
         } else {

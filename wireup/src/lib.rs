@@ -28,8 +28,6 @@ mod cpulist;
 mod event;
 #[doc(hidden)]
 pub mod frame;
-#[doc(hidden)]
-pub mod fuzz;
 mod group;
 mod handoff;
 #[doc(hidden)]

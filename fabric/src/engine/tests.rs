@@ -125,7 +125,7 @@ fn a_short_cma_write_is_dropped() {
 /// completed receive reports more bytes than its buffer holds.
 #[test]
 fn fuzz_hostile_frames_from_a_peer() {
-    use weft_shm::fuzz::{run, Mutator};
+    use weft_fuzz::{run, Mutator};
     use weft_shm::{Inbox, InboxConfig, Outbox};
     const CTX: u64 = 7;
     let name = format!("/weft-test-{}-engine-fuzz", std::process::id());

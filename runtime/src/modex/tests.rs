@@ -258,7 +258,7 @@ type Gets = std::collections::BTreeMap<(usize, ConnId, u64), (Rank, String, u32,
 #[test]
 fn fuzz_random_operations_answer_every_get_once() {
     let mut gets_total = 0u64;
-    weft_wireup::fuzz::inputs::run("modex", 3, |m| {
+    weft_fuzz::run("modex", 3, |m| {
         let (a, b) = pair();
         let mut nodes = [a, b];
         let node_of = |r: Rank| (r / 2) as usize;

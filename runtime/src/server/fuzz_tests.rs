@@ -4,8 +4,9 @@
 use super::*;
 use crate::wire::fuzz::peer_msgs;
 use crate::wire::proto::ClientMsg;
-use weft_wireup::fuzz::inputs::run;
-use weft_wireup::fuzz::{client_corpus, Mutator};
+use weft_fuzz::run;
+use weft_fuzz::Mutator;
+use weft_testkit::corpus::client_corpus;
 
 /// A server state of node 0 of a 4-process job on 2 nodes, in a runtime (its timers
 /// and peer connections are real tasks; peers are unreachable loopback ports).
@@ -120,12 +121,12 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
     let local = plan.job.ranks_on(0);
     let client: Vec<Vec<u8>> = client_corpus(local[0], 4)
         .into_iter()
-        .chain(weft_wireup::fuzz::inputs::saved("client"))
+        .chain(weft_testkit::corpus::inputs::saved("client"))
         .collect();
     let peer: Vec<Vec<u8>> = peer_msgs()
         .iter()
         .map(frame::encode)
-        .chain(weft_wireup::fuzz::inputs::saved("peer"))
+        .chain(weft_testkit::corpus::inputs::saved("peer"))
         .collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -154,7 +155,7 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
                 let want_bad = m.below(50) == 0;
                 for _ in 0..8 {
                     let b = m.mutate(&client[i]);
-                    if weft_wireup::fuzz::is_client_frame(&b) != want_bad {
+                    if weft_testkit::corpus::is_client_frame(&b) != want_bad {
                         bytes = b;
                         break;
                     }

@@ -2,7 +2,7 @@
 //! server's fuzz tests, `server::fuzz_tests`), and the decoders of the peer and launcher
 //! messages under mutated frames (`ci/fuzz.sh` runs the `fuzz_` tests of this crate).
 
-use weft_wireup::fuzz::inputs::id;
+use weft_testkit::corpus::inputs::id;
 use weft_wireup::Value;
 
 use super::proto::{
@@ -154,8 +154,9 @@ mod tests {
     use super::*;
     use crate::wire::frame::{self, MAX_PEER_FRAME};
     use crate::wire::proto::{ExitKind, ToLauncher, ToServer};
-    use weft_wireup::fuzz::inputs::{run, saved};
-    use weft_wireup::fuzz::Mutator;
+    use weft_fuzz::run;
+    use weft_fuzz::Mutator;
+    use weft_testkit::corpus::inputs::saved;
 
     fn launcher_msgs() -> (Vec<ToLauncher>, Vec<ToServer>) {
         (

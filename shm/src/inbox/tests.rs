@@ -768,7 +768,7 @@ fn fuzz_consumer_of_corrupted_segments() {
     let limit = cfg.fastbox_max_frame().max(cfg.queue_slot_bytes as usize);
     let mut round = 0u64;
     let (mut delivered, mut polls) = (0u64, 0u64);
-    crate::fuzz::run("inbox-consumer", 5, |m| {
+    weft_fuzz::run("inbox-consumer", 5, |m| {
         round += 1;
         let name = test_name(&format!("fuzz{}", round % 4));
         let _ = crate::unlink(&name);

@@ -455,7 +455,7 @@ fn fuzz_readers_of_corrupted_segments() {
     let end = STORE_HEADER_OFFSET + offset_of!(StoreHeader, data_end);
     let used = (get_u64(&map, end) as usize + 64).min(map.len());
     let mut found = 0u64;
-    crate::fuzz::run("store-reader", 4, |m| {
+    weft_fuzz::run("store-reader", 4, |m| {
         map.copy_from_slice(&pristine);
         m.corrupt(&mut map, used, 8);
         for r in [Some(&early), StoreReader::open(&name).ok().as_ref()]

@@ -781,7 +781,7 @@ fn fuzz_server() -> Res {
     let me: u32 = std::env::var("WEFT_RANK")?.parse()?;
     let size: u32 = std::env::var("WEFT_SIZE")?.parse()?;
     if me == 0 {
-        use weft_wireup::fuzz::{client_corpus, hello, is_client_request, Mutator};
+        use weft_testkit::corpus::{client_corpus, hello, is_client_request, Mutator};
         let token: u64 = std::env::var("WEFT_TOKEN")?.parse()?;
         let mut s = UnixStream::connect(std::env::var("WEFT_SERVER_SOCKET")?)?;
         s.write_all(&hello(0, token))?;

@@ -9,7 +9,7 @@ use crate::wire::proto::{
     CollId, CollKind, FenceMode, GroupBlock, GroupDirectives, GroupSpec, PeerMsg, Procs, ServerMsg,
     WireError,
 };
-use weft_shm::fuzz::{run, Mutator};
+use weft_fuzz::{run, Mutator};
 use weft_wireup::{Rank, Scope, Value};
 
 use super::{Action, Arrival, Contrib, Fences, ARRIVAL_QUERY_WAIT};

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::wire::proto::{EventCode, GroupDirectives, GroupInfo, PeerMsg, ServerMsg, WireError};
-use weft_shm::fuzz::{run, Mutator};
+use weft_fuzz::{run, Mutator};
 use weft_wireup::Rank;
 
 use super::{Action, Invitations, Invite};

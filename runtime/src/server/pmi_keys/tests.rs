@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::wire::proto::ProcData;
-use weft_shm::fuzz::{run, Mutator};
+use weft_fuzz::{run, Mutator};
 use weft_wireup::{Rank, Value};
 
 use super::{NodeAttr, PmiKeys, KEY_PREFIX};

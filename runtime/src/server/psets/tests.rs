@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::wire::proto::{EventCode, PeerMsg, ServerMsg, WireError};
-use weft_shm::fuzz::{run, Mutator};
+use weft_fuzz::{run, Mutator};
 use weft_wireup::{keys, Rank};
 
 use super::{Action, Psets};

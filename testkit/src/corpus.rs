@@ -5,18 +5,19 @@
 //! through the real decoding path. Inputs that once broke something are kept under
 //! `wireup/fuzz/corpus/` and replayed by every test run.
 //!
-//! Hidden from the docs: the live-server fuzz scenario of `examples/wireup_probe.rs`
-//! uses [`client_corpus`], [`hello`], [`is_client_request`] and [`Mutator`] to send hostile
-//! requests to a real server over its real socket.
+//! The live-server fuzz scenario of the `wireup_probe` program uses [`client_corpus`],
+//! [`hello`], [`is_client_request`] and [`Mutator`] to send hostile requests to a real
+//! server over its real socket; the server fuzz tests of `weft-runtime` use the same
+//! corpus.
 
-use crate::frame;
-use crate::proto::{
+use weft_wireup::frame;
+use weft_wireup::proto::{
     ClientMsg, CollId, CollKind, FenceMode, GroupDirectives, Procs, MAGIC, PROTOCOL_VERSION,
 };
-use crate::value::{Scope, Value};
-use crate::Rank;
+use weft_wireup::Rank;
+use weft_wireup::{Scope, Value};
 
-pub use weft_shm::fuzz::Mutator;
+pub use weft_fuzz::Mutator;
 
 /// The hello frame of `rank` with `token`.
 pub fn hello(rank: Rank, token: u64) -> Vec<u8> {
@@ -50,6 +51,7 @@ pub fn client_corpus(rank: Rank, size: u32) -> Vec<Vec<u8>> {
     client_msgs(rank, size).iter().map(frame::encode).collect()
 }
 
+/// The messages of [`client_corpus`], before encoding.
 pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
     let other = (rank + 1) % size.max(1);
     let id = |kind, procs, seq, name: &str| CollId {
@@ -151,14 +153,14 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
 pub mod inputs {
     use super::*;
 
-    /// Runs a fuzz target (see `weft_shm::fuzz::run`).
-    pub use weft_shm::fuzz::run;
+    /// Runs a fuzz target (see `weft_fuzz::run`).
+    pub use weft_fuzz::run;
 
     /// Saved inputs of `target` (files under `wireup/fuzz/corpus/<target>/`).
     pub fn saved(target: &str) -> Vec<Vec<u8>> {
-        weft_shm::fuzz::saved(
+        weft_fuzz::saved(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("fuzz/corpus")
+                .join("../wireup/fuzz/corpus")
                 .join(target),
         )
     }
@@ -171,102 +173,5 @@ pub mod inputs {
             seq: 3,
             name: String::new(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::inputs::*;
-    use super::*;
-    use crate::frame::{MAX_CLIENT_FRAME, MAX_PEER_FRAME};
-    use crate::proto::{ServerMsg, WireError};
-
-    fn server_msgs() -> Vec<ServerMsg> {
-        vec![
-            ServerMsg::Welcome {
-                version: PROTOCOL_VERSION,
-                datastore: "/weft-x".into(),
-                nspace: "n".into(),
-            },
-            ServerMsg::Refused { reason: "r".into() },
-            ServerMsg::Done { req: 1 },
-            ServerMsg::Value {
-                req: 2,
-                value: Value::Bytes(vec![1; 40]),
-            },
-            ServerMsg::Missing {
-                req: 3,
-                reason: "m".into(),
-            },
-            ServerMsg::Failed {
-                req: 4,
-                error: WireError::Timeout {
-                    op: "fence".into(),
-                    missing: vec![1, 2],
-                },
-            },
-        ]
-    }
-
-    /// Reads every frame of `bytes` as `T` with the real reader and limit: decode errors
-    /// are fine, a panic is the finding.
-    fn read_all<T: serde::de::DeserializeOwned>(bytes: &[u8], max: usize) -> usize {
-        let mut r = bytes;
-        let mut n = 0;
-        while frame::read_sync::<T>(&mut r, max).is_ok() {
-            n += 1;
-        }
-        n
-    }
-
-    /// One generated input from `corpus`: a mutated seed, a splice of two, or noise.
-    fn input(m: &mut Mutator, corpus: &[Vec<u8>]) -> Vec<u8> {
-        match m.below(10) {
-            0 => (0..m.below(64)).map(|_| m.next_u64() as u8).collect(),
-            1 => {
-                let (a, b) = (m.below(corpus.len()), m.below(corpus.len()));
-                let mut v = m.mutate(&corpus[a]);
-                v.extend(m.mutate(&corpus[b]));
-                v
-            }
-            _ => {
-                let i = m.below(corpus.len());
-                m.mutate(&corpus[i])
-            }
-        }
-    }
-
-    #[test]
-    fn fuzz_frame_decoders() {
-        // The servers' and the launcher's messages are fuzzed beside their definitions
-        // (weft-runtime's wire::fuzz).
-        let client: Vec<Vec<u8>> = client_corpus(0, 4)
-            .into_iter()
-            .chain([hello(0, 5)])
-            .chain(saved("client"))
-            .collect();
-        let server: Vec<Vec<u8>> = server_msgs().iter().map(frame::encode).collect();
-        // The seeds decode.
-        for f in &client {
-            assert!(read_all::<ClientMsg>(f, MAX_CLIENT_FRAME) >= 1 || f.is_empty());
-        }
-        for f in &server {
-            assert_eq!(read_all::<ServerMsg>(f, MAX_PEER_FRAME), 1);
-        }
-        let mut decoded = 0u64;
-        let n = run("frame-decoders", 1, |m| {
-            let which = m.below(2);
-            let (corpus, max) = match which {
-                0 => (&client, MAX_CLIENT_FRAME),
-                _ => (&server, MAX_PEER_FRAME),
-            };
-            let bytes = input(m, corpus);
-            decoded += match which {
-                0 => read_all::<ClientMsg>(&bytes, max),
-                _ => read_all::<ServerMsg>(&bytes, max),
-            } as u64;
-        });
-        println!("fuzz frame-decoders: {decoded} of the frames decoded");
-        assert!(n >= 16);
     }
 }

@@ -1,7 +1,9 @@
-//! Hostile-input testing shared by the crates: a deterministic mutator and a loop that
-//! runs a fuzz target for a time budget (`WEFT_FUZZ_SECS`, default 1 s; `ci/fuzz.sh`
-//! gives each target more) and prints how many inputs it tried. Hidden from the docs:
-//! for Weft's own tests.
+//! Hostile-input testing shared by Weft's crates (a dev-dependency only; not published):
+//! a deterministic mutator and a loop that runs a fuzz target for a time budget
+//! (`WEFT_FUZZ_SECS`, default 1 s; `ci/fuzz.sh` gives each target more) and prints how
+//! many inputs it tried. It depends on nothing, so any crate's unit tests (the shared-memory
+//! layer's under loom too) can use it.
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
