@@ -1,7 +1,7 @@
 //! The progress engine: one [`State`] per process holding the requests and the peers'
 //! paths, split by concern:
 //!
-//! - [`frame`]: the frame header and kinds;
+//! - [`wire`]: the typed frames ([`wire::Frame`]) and their one codec;
 //! - [`matching`]: posted receives and unexpected messages (where a message is matched);
 //! - [`rendezvous`]: RTS, the single-copy read or CTS, DATA, FIN;
 //! - [`split`]: the split single-copy rendezvous;
@@ -20,7 +20,6 @@ use weft_verbs::{ConnId, Endpoint, ReadToken, RemoteRegion};
 use crate::{P2pError, Status};
 
 mod copy;
-mod frame;
 mod matching;
 mod rendezvous;
 mod sched;
@@ -29,18 +28,17 @@ mod shm;
 mod split;
 mod tcp;
 mod verbs;
+mod wire;
 
 pub(crate) use copy::CopyJob;
-pub(crate) use frame::HDR;
-use frame::{
-    decode_frame, CMA_DONE, CMA_WRITE, COLL_ABORT, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA, RTS_TCP,
-};
 use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
 use rendezvous::RndvRecv;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Split;
 use tcp::TcpEvent;
 use verbs::{keep_frame, PendingRead};
+use wire::Frame;
+pub(crate) use wire::HDR;
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.
@@ -823,45 +821,69 @@ impl State {
         }
     }
 
-    /// A frame from job rank `from` (as the transport knows it).
+    /// A frame from job rank `from` (as the transport knows it): decoded once, handled
+    /// by kind.
     fn on_frame_from(&mut self, from: u32, frame: &[u8]) {
-        let Some((h, payload)) = decode_frame(from, frame) else {
-            tracing::error!(
-                "dropping a frame of {} bytes from rank {from}: shorter than a header",
-                frame.len()
-            );
-            return;
+        let f = match Frame::decode(from, frame) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(
+                    "dropping a frame of {} bytes from rank {from}: {e}",
+                    frame.len()
+                );
+                return;
+            }
         };
-        if h.src as usize >= self.peers.len() || h.src != from {
-            tracing::error!(
-                "dropping a frame from rank {from} that claims rank {}",
-                h.src
-            );
+        let src = f.src();
+        if src as usize >= self.peers.len() || src != from {
+            tracing::error!("dropping a frame from rank {from} that claims rank {src}");
             return;
         }
-        match h.kind {
-            EAGER => self.on_eager(h, payload),
-            RTS if payload.len() >= 12 => {
-                let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-                let pid = i32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
-                self.on_rts(h, addr, pid)
+        match f {
+            Frame::Eager { env, data } => self.on_eager(env, data),
+            Frame::Rts {
+                env,
+                sreq,
+                len,
+                addr,
+                pid,
+            } => self.on_rts(env, sreq, len, addr, pid),
+            Frame::RtsRdma {
+                env,
+                sreq,
+                len,
+                addr,
+                rkey,
+            } => self.on_rts_rdma(env, sreq, len, addr, rkey),
+            Frame::RtsTcp { env, sreq, len } => self.on_rts_tcp(env, sreq, len),
+            Frame::Fin { src, tag, sreq } => self.on_fin(src, tag, sreq),
+            Frame::Cts {
+                src, sreq, rreq, ..
+            } => self.on_cts(src, sreq, rreq),
+            Frame::Data {
+                src,
+                rreq,
+                off,
+                chunk,
+            } => self.on_data(src, rreq, off, chunk),
+            Frame::CmaWrite {
+                src,
+                tag,
+                sreq,
+                req,
+            } => self.on_cma_write(src, tag, sreq, req),
+            Frame::CmaDone {
+                src,
+                rreq,
+                written,
+                serial,
+                why,
+                ..
+            } => self.on_cma_done(src, rreq, written, serial, why),
+            Frame::CollAbort { env, gone, why } => {
+                let abort = sched::Abort::decode(env.src, gone, why);
+                self.aborted.entry((env.ctx, env.tag)).or_insert(abort);
             }
-            RTS_RDMA if payload.len() >= 12 => self.on_rts_rdma(h, payload),
-            RTS_TCP => self.on_rts_tcp(h),
-            FIN => self.on_fin(h),
-            CTS if payload.len() >= 4 => self.on_cts(h, payload),
-            DATA => self.on_data(h, payload),
-            CMA_WRITE if payload.len() >= split::CMA_WRITE_LEN => self.on_cma_write(h, payload),
-            CMA_DONE => self.on_cma_done(h, payload),
-            COLL_ABORT => {
-                let abort = sched::Abort::decode(h, payload);
-                self.aborted.entry((h.ctx, h.tag)).or_insert(abort);
-            }
-            k => tracing::error!(
-                "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",
-                frame.len(),
-                h.src
-            ),
         }
     }
 

@@ -2,8 +2,8 @@
 //! (messages between two ranks never overtake each other), and the direct receive that
 //! takes a matching eager frame straight from a transport's poll into the caller's buffer.
 
-use super::frame::{decode_frame, outcome, Hdr, EAGER};
 use super::rendezvous::Matched;
+use super::wire::{Envelope, Frame};
 use super::{Kind, Req, State};
 use crate::{P2pError, Status};
 
@@ -46,16 +46,23 @@ impl TakeFrame for Taker {
         if self.got.is_some() || self.blocked {
             return false;
         }
-        let Some((h, data)) = decode_frame(from, frame) else {
-            return false;
+        let env = match Frame::decode(from, frame) {
+            Ok(Frame::Eager { env, data }) => (env, Some(data)),
+            Ok(Frame::Rts { env, .. } | Frame::RtsRdma { env, .. } | Frame::RtsTcp { env, .. }) => {
+                (env, None)
+            }
+            // Not a message (or not a frame: the queues report it).
+            _ => return false,
         };
+        let (h, data) = env;
         if !(matches(self.ctx, self.src, self.tag, h.ctx, h.src, h.tag) && h.src == from) {
             return false;
         }
-        if h.kind != EAGER {
+        let Some(data) = data else {
+            // A matching rendezvous offer: later matching frames queue behind it.
             self.blocked = true;
             return false;
-        }
+        };
         let n = data.len().min(self.cap);
         // SAFETY: `buf` is the receive buffer of `cap` >= n bytes that the caller of
         // `recv_direct` lends for the whole call; `data` is in the transport's receive
@@ -207,7 +214,7 @@ impl State {
         self.complete(id, r);
     }
 
-    pub(super) fn on_eager(&mut self, h: Hdr, data: &[u8]) {
+    pub(super) fn on_eager(&mut self, h: Envelope, data: &[u8]) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.fill(id, h.src, h.tag, data),
             None => self.unexpected.push_back(Unexpected {
@@ -219,20 +226,39 @@ impl State {
         }
     }
 
-    pub(super) fn on_rts(&mut self, h: Hdr, addr: u64, pid: i32) {
+    pub(super) fn on_rts(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, pid: i32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rts_matched(Matched::of(id, h), addr, pid),
+            Some(id) => self.rts_matched(Matched::of(id, h, sreq, len), addr, pid),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
                 body: Body::Rts {
-                    sreq: h.aux,
+                    sreq,
                     addr,
                     pid,
-                    len: h.len,
+                    len,
                 },
             }),
         }
+    }
+}
+
+/// The result of a receive of a `size`-byte message into `cap` bytes.
+#[inline]
+pub(super) fn outcome(sender: u32, tag: u32, size: usize, cap: usize) -> Result<Status, P2pError> {
+    if size > cap {
+        Err(P2pError::Truncated {
+            sender,
+            tag,
+            size,
+            capacity: cap,
+        })
+    } else {
+        Ok(Status {
+            source: sender,
+            tag,
+            count: size,
+        })
     }
 }

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::frame::{Hdr, COLL_ABORT};
+use super::wire::{Envelope, Frame};
 use super::{Engine, Kind, Req};
 use crate::sched::{Buf, Bufs, Schedule, Slice, Step};
 use crate::{P2pError, RankMap, Status};
@@ -51,24 +51,24 @@ pub(crate) struct Abort {
 }
 
 impl Abort {
-    /// The abort of a schedule that failed with `e`: its header fields (aux: the gone
-    /// member's job rank plus one, or 0) and payload.
-    pub(crate) fn encode(e: &P2pError) -> (u32, Vec<u8>) {
-        let (aux, why) = match e {
-            P2pError::PeerGone { rank, reason } => (rank.saturating_add(1), reason.clone()),
-            e => (0, e.to_string()),
+    /// The abort of a schedule that failed with `e`: the gone member, if that is why,
+    /// and the reason (a COLL_ABORT frame's fields).
+    pub(crate) fn encode(e: &P2pError) -> (Option<u32>, Vec<u8>) {
+        let (gone, why) = match e {
+            P2pError::PeerGone { rank, reason } => (Some(*rank), reason.clone()),
+            e => (None, e.to_string()),
         };
         let mut why = why.into_bytes();
         why.truncate(MAX_ABORT_REASON);
-        (aux, why)
+        (gone, why)
     }
 
-    /// The abort a COLL_ABORT frame carries.
-    pub(crate) fn decode(h: Hdr, payload: &[u8]) -> Abort {
+    /// The abort a COLL_ABORT frame from `from` carries.
+    pub(crate) fn decode(from: u32, gone: Option<u32>, why: &[u8]) -> Abort {
         Abort {
-            from: h.src,
-            why: String::from_utf8_lossy(payload).into_owned(),
-            gone: h.aux.checked_sub(1),
+            from,
+            why: String::from_utf8_lossy(why).into_owned(),
+            gone,
         }
     }
 }
@@ -532,16 +532,18 @@ impl Engine {
         let Some(failing) = &run.failing else {
             return;
         };
-        let (aux, why) = Abort::encode(failing);
-        let hdr = Hdr {
-            kind: COLL_ABORT,
+        let (gone, why) = Abort::encode(failing);
+        let env = Envelope {
             src: self.st.me,
             ctx: run.ctx,
             tag,
-            aux,
-            len: why.len() as u64,
-        }
-        .encode();
+        };
+        let f = Frame::CollAbort {
+            env,
+            gone,
+            why: &why,
+        };
+        let hdr = f.head();
         for r in 0..run.size {
             let job = run.job(r);
             if job == self.st.me

@@ -2,7 +2,8 @@
 //! TCP), waiting for a connection's handshake, the send fast paths, the choice between
 //! eager and rendezvous, and the per-peer backlog of frames that wait for room.
 
-use super::frame::{short_header, Hdr, EAGER, RTS, SHORT_HDR, SHORT_MAX};
+use super::rendezvous::OfferVia;
+use super::wire::{short_header, Envelope, Frame, SHORT_HDR, SHORT_MAX};
 use super::{Kind, Path, Peer, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
 use crate::P2pError;
 use weft_verbs::RemoteRegion;
@@ -253,15 +254,7 @@ impl State {
             // SAFETY: the caller guarantees `buf` points to `len` readable bytes for the
             // duration of this call (it is borrowed by the send request).
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            let hdr = Hdr {
-                kind: EAGER,
-                src: me,
-                ctx,
-                tag,
-                aux: 0,
-                len: len as u64,
-            };
-            self.on_eager(hdr, data);
+            self.on_eager(Envelope { src: me, ctx, tag }, data);
             return Ok(None);
         }
         // A peer that finalized or died receives nothing more: say so rather than
@@ -295,18 +288,10 @@ impl State {
             return Ok(None);
         }
         if eager {
-            let hdr = Hdr {
-                kind: EAGER,
-                src: me,
-                ctx,
-                tag,
-                aux: 0,
-                len: len as u64,
-            }
-            .encode();
             // SAFETY: as above, `buf` holds `len` readable bytes during this call.
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            self.push(dest, &hdr, data);
+            let env = Envelope { src: me, ctx, tag };
+            self.send_frame(dest, &Frame::Eager { env, data });
             return Ok(None);
         }
         if let Path::Verbs(_) = self.peers[dest as usize].path {
@@ -316,22 +301,21 @@ impl State {
             return Ok(Some(self.send_tcp_rts(buf, len, dest, ctx, tag)));
         }
         // Shared memory: the receiver copies from our memory (address and pid).
-        let mut p = [0u8; 12];
-        p[..8].copy_from_slice(&(buf as u64).to_le_bytes());
-        p[8..].copy_from_slice(&self.pid.to_le_bytes());
-        let send = (buf, len, dest, ctx, tag);
-        Ok(Some(self.offer(RTS, send, None, &p)))
+        let via = OfferVia::Cma {
+            addr: buf as u64,
+            pid: self.pid,
+        };
+        Ok(Some(self.offer((buf, len, dest, ctx, tag), None, via)))
     }
 
     /// Starts a rendezvous send: a request for the `len` bytes at `buf` to `dest` (with
-    /// its buffer's verbs registration, if any), offered with frame `kind` (which names
-    /// the request) followed by `payload`.
+    /// its buffer's verbs registration, if any), offered (RTS, RTS_RDMA or RTS_TCP, which
+    /// name the request) as `via` says.
     pub(super) fn offer(
         &mut self,
-        kind: u8,
         (buf, len, dest, ctx, tag): (*const u8, usize, u32, u64, u32),
         registered: Option<RemoteRegion>,
-        payload: &[u8],
+        via: OfferVia,
     ) -> u32 {
         let id = self.alloc(Kind::Send {
             buf,
@@ -340,16 +324,30 @@ impl State {
             stream: None,
             registered,
         });
-        let hdr = Hdr {
-            kind,
+        let env = Envelope {
             src: self.me,
             ctx,
             tag,
-            aux: self.wire_id(id),
-            len: len as u64,
-        }
-        .encode();
-        self.push(dest, &hdr, payload);
+        };
+        let (sreq, len) = (self.wire_id(id), len as u64);
+        let f = match via {
+            OfferVia::Cma { addr, pid } => Frame::Rts {
+                env,
+                sreq,
+                len,
+                addr,
+                pid,
+            },
+            OfferVia::RdmaRead { addr, rkey } => Frame::RtsRdma {
+                env,
+                sreq,
+                len,
+                addr,
+                rkey,
+            },
+            OfferVia::Bulk => Frame::RtsTcp { env, sreq, len },
+        };
+        self.send_frame(dest, &f);
         id
     }
 }

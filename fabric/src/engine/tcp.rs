@@ -8,9 +8,9 @@
 
 use weft_tcp::ConnId;
 
-use super::frame::{outcome, Hdr, CTS, RTS_TCP};
-use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
-use super::rendezvous::{Matched, RndvRecv};
+use super::matching::{outcome, Body, TakeFrame, TakeNone, Unexpected};
+use super::rendezvous::{Matched, OfferVia, RndvRecv};
+use super::wire::Envelope;
 use super::{keep_frame, Kind, Path, Req, State};
 use crate::{P2pError, Status};
 
@@ -112,21 +112,18 @@ impl State {
         ctx: u64,
         tag: u32,
     ) -> u32 {
-        self.offer(RTS_TCP, (buf, len, dest, ctx, tag), None, &[])
+        self.offer((buf, len, dest, ctx, tag), None, OfferVia::Bulk)
     }
 
     /// An offer over TCP arrived: match it, or queue it as unexpected.
-    pub(super) fn on_rts_tcp(&mut self, h: Hdr) {
+    pub(super) fn on_rts_tcp(&mut self, h: Envelope, sreq: u32, len: u64) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.tcp_matched(Matched::of(id, h)),
+            Some(id) => self.tcp_matched(Matched::of(id, h, sreq, len)),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
-                body: Body::RtsTcp {
-                    sreq: h.aux,
-                    len: h.len,
-                },
+                body: Body::RtsTcp { sreq, len },
             }),
         }
     }
@@ -172,7 +169,7 @@ impl State {
             *pipe = Some((src, tag, len, 0));
             *bulk = Some(t);
         }
-        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
+        self.cts(src, tag, sreq, id);
     }
 
     /// CTS for send `id` over TCP connection `conn`: the endpoint writes the payload.

@@ -2,9 +2,10 @@
 //! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
 //! waits and failures.
 
-use super::frame::{Hdr, RTS_RDMA};
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::rendezvous::OfferVia;
 use super::rendezvous::{Matched, RndvRecv};
+use super::wire::Envelope;
 use super::{Path, State};
 use crate::P2pError;
 use weft_verbs::ConnId;
@@ -79,10 +80,8 @@ impl State {
             })?)
         };
         let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
-        let mut p = [0u8; 12];
-        p[..8].copy_from_slice(&addr.to_le_bytes());
-        p[8..].copy_from_slice(&rkey.to_le_bytes());
-        Ok(self.offer(RTS_RDMA, (buf, len, dest, ctx, tag), region, &p))
+        let via = OfferVia::RdmaRead { addr, rkey };
+        Ok(self.offer((buf, len, dest, ctx, tag), region, via))
     }
 
     /// A receive matched an RTS_RDMA of region (`addr`, `rkey`): read the data straight
@@ -227,20 +226,18 @@ impl State {
     }
 
     /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
-    pub(super) fn on_rts_rdma(&mut self, h: Hdr, payload: &[u8]) {
-        let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-        let rkey = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+    pub(super) fn on_rts_rdma(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, rkey: u32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rdma_matched(Matched::of(id, h), addr, rkey),
+            Some(id) => self.rdma_matched(Matched::of(id, h, sreq, len), addr, rkey),
             None => self.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
                 body: Body::RtsRdma {
-                    sreq: h.aux,
+                    sreq,
                     addr,
                     rkey,
-                    len: h.len,
+                    len,
                 },
             }),
         }
