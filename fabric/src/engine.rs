@@ -14,13 +14,14 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use weft_shm::{Inbox, Outbox};
-use weft_verbs::{ConnId, Endpoint, ReadToken, RemoteRegion};
+use weft_shm::Inbox;
+use weft_verbs::{Endpoint, ReadToken, RemoteRegion};
 
 use crate::{P2pError, Status};
 
 mod copy;
 mod matching;
+mod polled;
 mod rendezvous;
 mod sched;
 mod send;
@@ -30,15 +31,18 @@ mod tcp;
 mod verbs;
 mod wire;
 
+use crate::path::shm::ShmAdapter;
+use crate::path::{Adapter, Link};
+pub(crate) use crate::path::{Path, Resolved};
 pub(crate) use copy::CopyJob;
-use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
+use matching::{matches, Body, Posted, TakeNone, Taker, Unexpected};
+use polled::{Handle, Kept};
 use rendezvous::RndvRecv;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Split;
-use tcp::TcpEvent;
-use verbs::{keep_frame, PendingRead};
+use verbs::PendingRead;
 use wire::Frame;
-pub(crate) use wire::HDR;
+pub(crate) use wire::{HDR, SHORT_HDR, SHORT_MAX};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.
@@ -69,36 +73,6 @@ pub(crate) enum SingleCopy {
     Cma,
     /// The sender streams the data through the shared-memory rings.
     None,
-}
-
-/// The way to one peer (a closed set: no `dyn` on the hot path).
-#[derive(Debug)]
-pub(crate) enum Path {
-    /// Not connected yet (connections are made on first send).
-    Unresolved,
-    /// Ourselves.
-    Loopback,
-    /// A peer on this node: its inbox.
-    Shm(Box<Outbox>),
-    /// A peer reached over verbs: its RC connection.
-    Verbs(ConnId),
-    /// A peer reached over TCP: its connection.
-    Tcp(weft_tcp::ConnId),
-    /// No way to reach it, and why.
-    Unreachable(String),
-}
-
-/// What the resolver finds for a peer on first contact.
-#[derive(Debug)]
-pub(crate) enum Resolved {
-    /// Its shared-memory inbox, connected.
-    Shm(Box<Outbox>),
-    /// Its verbs card: the engine connects to it.
-    VerbsCard(Vec<u8>),
-    /// Its TCP card: the engine connects to it.
-    TcpCard(Vec<u8>),
-    /// No way to reach it, and why.
-    Unreachable(String),
 }
 
 /// Tunables of the engine.
@@ -132,9 +106,10 @@ struct Peer {
 impl Peer {
     /// Sends queued frames, in order, while `send` takes them (`Ok(true)`); stops at the
     /// first it refuses, or at an error (returned).
-    fn drain<E>(&mut self, mut send: impl FnMut(&[u8]) -> Result<bool, E>) -> Result<(), E> {
+    fn drain<L: Link>(&mut self, mut link: L) -> Result<(), L::Error> {
         while let Some(f) = self.backlog.front() {
-            if !send(f)? {
+            // A whole frame (a short header is shorter than HDR).
+            if !link.try_send(f, &[])? {
                 break;
             }
             if let Some(f) = self.backlog.pop_front() {
@@ -195,8 +170,6 @@ struct State {
     pid: i32,
     cfg: Config,
     peers: Vec<Peer>,
-    /// Inbox sender id (local rank) -> job rank.
-    sender_rank: Vec<u32>,
     /// Posted receives in posting order, with what they match (so that matching reads
     /// no request).
     posted: VecDeque<Posted>,
@@ -228,18 +201,13 @@ struct State {
     pass: u64,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
-    /// Bulk transfers and failures a TCP poll reported (reused).
-    tcp_events: Vec<TcpEvent>,
     /// Since when each peer reached over TCP has been reported gone by wire-up while its
     /// connection is still up.
     tcp_gone_since: HashMap<u32, std::time::Instant>,
     /// Peers whose verbs or TCP connection failed, and why.
     failed: HashMap<u32, String>,
-    /// Frames polled from the verbs or TCP endpoint, copied here so that handling them
-    /// may use the endpoint (reused: no allocation in the steady state).
-    scratch: Vec<u8>,
-    /// (peer, end offset in `scratch`) of each polled frame.
-    spans: Vec<(u32, usize)>,
+    /// What a verbs or TCP poll kept for after it ([`polled`]).
+    kept: Kept,
     /// Started schedules ([`sched`]), by slot.
     scheds: Vec<Option<SchedRun>>,
     /// Free slots of `scheds`.
@@ -255,7 +223,8 @@ struct State {
 
 /// One process's engine.
 pub(crate) struct Engine {
-    inbox: Option<Inbox>,
+    /// This process's inbox (none for a single-process job).
+    shm: Option<ShmAdapter>,
     st: State,
 }
 
@@ -293,15 +262,15 @@ impl Engine {
             })
             .collect();
         peers[me as usize].path = Path::Loopback;
-        let claims = inbox.as_ref().map(Inbox::claim_table);
+        let shm = inbox.map(|i| ShmAdapter::new(i, sender_rank));
+        let claims = shm.as_ref().map(ShmAdapter::claim_table);
         Engine {
-            inbox,
+            shm,
             st: State {
                 me,
                 pid: std::process::id() as i32,
                 cfg,
                 peers,
-                sender_rank,
                 posted: VecDeque::new(),
                 unexpected: VecDeque::new(),
                 reqs: Vec::new(),
@@ -320,11 +289,9 @@ impl Engine {
                 in_flight: Vec::new(),
                 pass: 0,
                 tcp,
-                tcp_events: Vec::new(),
                 tcp_gone_since: HashMap::new(),
                 failed: HashMap::new(),
-                scratch: Vec::new(),
-                spans: Vec::new(),
+                kept: Kept::default(),
                 scheds: Vec::new(),
                 sched_free: Vec::new(),
                 sched_active: 0,
@@ -344,8 +311,11 @@ impl Engine {
         if !st.copies.is_empty() {
             st.run_stale_copies();
         }
-        let mut n = match &mut self.inbox {
-            Some(inbox) => inbox.poll(&mut |sid, frame| st.on_frame(sid, frame)),
+        let mut n = match &mut self.shm {
+            Some(shm) => shm.poll(&mut Handle {
+                st,
+                take: &mut TakeNone,
+            }),
             None => 0,
         };
         if st.verbs.is_some() {
@@ -416,14 +386,10 @@ impl Engine {
         if st.tcp.is_some() {
             st.progress_tcp_with(&mut taker);
         }
-        if let Some(inbox) = &mut self.inbox {
-            inbox.poll(&mut |sid, frame| {
-                if let Some(&from) = st.sender_rank.get(sid as usize) {
-                    if taker.offer(from, frame) {
-                        return;
-                    }
-                }
-                st.on_frame(sid, frame)
+        if let Some(shm) = &mut self.shm {
+            shm.poll(&mut Handle {
+                st,
+                take: &mut taker,
             });
         } else if st.verbs.is_none() && st.tcp.is_none() {
             return Direct::Queue;
@@ -461,8 +427,8 @@ impl Engine {
                 return false;
             }
         }
-        match &self.inbox {
-            Some(inbox) => inbox.quiet(),
+        match &self.shm {
+            Some(shm) => shm.quiet(),
             None => st.verbs.is_some(),
         }
     }
@@ -793,31 +759,6 @@ impl State {
             self.posted.retain(|p| p.id != id);
             let reason = reason.to_string();
             self.complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
-        }
-    }
-
-    /// Hands the frames a verbs or TCP poll kept (in `scratch`, the poll being over) to
-    /// the queues, and keeps the buffers for the next poll.
-    fn replay_kept(&mut self) {
-        let (mut scratch, mut spans) = (
-            std::mem::take(&mut self.scratch),
-            std::mem::take(&mut self.spans),
-        );
-        let mut start = 0;
-        for &(peer, end) in &spans {
-            self.on_frame_from(peer, &scratch[start..end]);
-            start = end;
-        }
-        scratch.clear();
-        spans.clear();
-        (self.scratch, self.spans) = (scratch, spans);
-    }
-
-    /// A frame from the inbox, from local sender `sid`.
-    fn on_frame(&mut self, sid: u32, frame: &[u8]) {
-        match self.sender_rank.get(sid as usize) {
-            Some(&rank) => self.on_frame_from(rank, frame),
-            None => tracing::error!("dropping a frame from unknown local sender {sid}"),
         }
     }
 

@@ -3,46 +3,14 @@
 //! waits and failures.
 
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::polled::{poll_kept, Polled};
 use super::rendezvous::OfferVia;
 use super::rendezvous::{Matched, RndvRecv};
 use super::wire::Envelope;
 use super::{Path, State};
+use crate::path::verbs::VerbsLink;
 use crate::P2pError;
 use weft_verbs::ConnId;
-
-/// The verbs endpoint's [`Deliver`](weft_verbs::Deliver) for a progress pass: frames go to
-/// `take` first, the others are kept for the queues.
-pub(super) struct VerbsSink<'a, T> {
-    pub(super) take: &'a mut T,
-    pub(super) taken: usize,
-    pub(super) scratch: &'a mut Vec<u8>,
-    pub(super) spans: &'a mut Vec<(u32, usize)>,
-}
-
-impl<T: TakeFrame> weft_verbs::Deliver for VerbsSink<'_, T> {
-    #[inline(always)]
-    fn frame(&mut self, peer: u32, frame: &[u8]) {
-        if self.take.offer(peer, frame) {
-            self.taken += 1;
-        } else {
-            keep_frame(self.scratch, self.spans, peer, frame);
-        }
-    }
-}
-
-/// Keeps a verbs frame that no receive took, for `on_frame_from` once the poll is over
-/// (off the path of a frame a receive takes).
-#[cold]
-#[inline(never)]
-pub(super) fn keep_frame(
-    scratch: &mut Vec<u8>,
-    spans: &mut Vec<(u32, usize)>,
-    peer: u32,
-    frame: &[u8],
-) {
-    scratch.extend_from_slice(frame);
-    spans.push((peer, scratch.len()));
-}
 
 /// An RDMA read waiting for room on its connection: the receive it fills and the
 /// sender's region.
@@ -175,36 +143,19 @@ impl State {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
-        // `scratch` and `spans` are empty between calls.
-        let mut sink = VerbsSink {
-            take,
-            taken: 0,
-            scratch: &mut self.scratch,
-            spans: &mut self.spans,
-        };
-        let polled = ep.poll_with(&mut sink);
-        let taken = sink.taken;
+        // `kept` is empty between calls.
+        let taken = poll_kept(ep, take, &mut self.kept);
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.
-        if self.spans.is_empty()
-            && polled.is_ok()
-            && self.reads.is_empty()
-            && self.pending_reads.is_empty()
-        {
+        if self.kept.is_empty() && self.reads.is_empty() && self.pending_reads.is_empty() {
             return taken;
         }
         let mut done = Vec::new();
         if !self.reads.is_empty() {
             ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
         }
-        let frames = self.spans.len() + taken;
-        self.replay_kept();
-        if let Err(e) = polled {
-            match e.peer() {
-                Some(peer) => self.verbs_failed(peer, &e),
-                None => tracing::error!("verbs: {e}"),
-            }
-        }
+        let frames = self.kept.frames() + taken;
+        self.after_poll(Polled::Verbs);
         for (token, res) in done {
             if let Some(r) = self.reads.remove(&token) {
                 self.read_done(r, res);
@@ -218,8 +169,8 @@ impl State {
 
     /// The verbs connection to `peer` failed: everything waiting on it fails, naming the
     /// completion status.
-    pub(super) fn verbs_failed(&mut self, peer: u32, e: &weft_verbs::Error) {
-        let reason = e.to_string();
+    pub(super) fn verbs_failed(&mut self, peer: u32, reason: &str) {
+        let reason = reason.to_string();
         tracing::error!("verbs connection to rank {peer} failed: {reason}");
         self.failed.entry(peer).or_insert_with(|| reason.clone());
         self.fail_waiting_on(peer, &reason);
@@ -251,8 +202,8 @@ impl State {
         };
         let peer = &mut self.peers[dest as usize];
         // Whole frames: a short header is shorter than HDR.
-        if let Err(e) = peer.drain(|f| ep.try_send(conn, f, &[])) {
-            self.verbs_failed(dest, &e);
+        if let Err(e) = peer.drain(VerbsLink { ep, conn }) {
+            self.verbs_failed(dest, &e.to_string());
             return false;
         }
         !self.peers[dest as usize].backlog.is_empty()
