@@ -15,7 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use weft_shm::Inbox;
-use weft_verbs::{Endpoint, ReadToken, RemoteRegion};
+use weft_verbs::Endpoint;
 
 use crate::{P2pError, Status};
 
@@ -23,6 +23,7 @@ mod copy;
 mod matching;
 mod polled;
 mod rendezvous;
+mod requests;
 mod sched;
 mod send;
 mod shm;
@@ -34,13 +35,16 @@ mod wire;
 use crate::path::shm::ShmAdapter;
 use crate::path::{Adapter, Link};
 pub(crate) use crate::path::{Path, Resolved};
+use copy::Copies;
 pub(crate) use copy::CopyJob;
-use matching::{matches, Body, Posted, TakeNone, Taker, Unexpected};
+use matching::Matching;
+use matching::{matches, Body, TakeNone, Taker};
 use polled::{Handle, Kept};
-use rendezvous::RndvRecv;
+use requests::{Kind, Req, Requests};
+use sched::Scheds;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
-use split::Split;
-use verbs::PendingRead;
+use split::Cma;
+use verbs::Reads;
 use wire::Frame;
 pub(crate) use wire::{HDR, SHORT_HDR, SHORT_MAX};
 
@@ -51,9 +55,6 @@ const TCP_BACKLOG_LIMIT: usize = 4 << 20;
 /// How long a TCP connection to a peer reported gone may stay up before it is closed
 /// (what the peer wrote before it ended is read meanwhile).
 const TCP_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The request slot in a wire id ([`State::wire_id`]): 16 M requests at once at most.
-const WIRE_SLOT_MASK: u32 = 0x00ff_ffff;
 
 /// Outcome of [`Engine::recv_direct`].
 #[derive(Debug)]
@@ -120,46 +121,6 @@ impl Peer {
     }
 }
 
-#[derive(Debug)]
-enum Kind {
-    Recv {
-        buf: *mut u8,
-        cap: usize,
-        /// The sender it waits for (the match itself is in `State::posted`).
-        src: Option<u32>,
-        /// Pipelined rendezvous in progress: (sender, tag, total, received so far).
-        pipe: Option<(u32, u32, usize, usize)>,
-        /// A split single-copy rendezvous in progress.
-        split: Option<Box<Split>>,
-        /// The token of the TCP bulk transfer this receive's buffer is lent to.
-        bulk: Option<u64>,
-    },
-    Send {
-        buf: *const u8,
-        len: usize,
-        dest: u32,
-        /// Pipelined rendezvous: the receiver's request and the next offset to stream.
-        stream: Option<(u32, usize)>,
-        /// The buffer's registration with the verbs endpoint (released on FIN).
-        registered: Option<RemoteRegion>,
-    },
-}
-
-#[derive(Debug)]
-struct Req {
-    kind: Kind,
-    result: Option<Result<Status, P2pError>>,
-    /// Which request this is, for ever: ids are reused once taken, serials never.
-    serial: u64,
-}
-
-// SAFETY: the raw pointers of `Kind` and `RndvRecv` are user buffers that the call or the
-// `Request` that posted them borrows (`&mut [T]` / `&[T]` of `Pod` data, themselves
-// `Send`) until the request completes or is cancelled; the engine that holds them is
-// only touched under its mutex, so moving it (or handing the mutex) to another thread
-// moves nothing that another thread could use at the same time.
-unsafe impl Send for Kind {}
-
 /// Resolves a peer's path (first send): what reaches `rank`.
 pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved + Send>;
 /// Tells why a rank is gone, if it is.
@@ -170,55 +131,48 @@ struct State {
     pid: i32,
     cfg: Config,
     peers: Vec<Peer>,
-    /// Posted receives in posting order, with what they match (so that matching reads
-    /// no request).
-    posted: VecDeque<Posted>,
-    unexpected: VecDeque<Unexpected>,
-    reqs: Vec<Option<Req>>,
-    free: Vec<u32>,
-    /// The serial of the next request.
-    next_serial: u64,
     /// Peers with a backlog or a stream to push.
     busy: Vec<u32>,
-    resolve: Resolver,
-    gone: GoneCheck,
-    cma_warned: bool,
+    /// How peers are found and how their ends are known.
+    wireup: Wireup,
+    /// Connections that failed, and peers reported gone.
+    ends: Ends,
+    /// Posted receives and unexpected messages ([`matching`]).
+    matching: Matching,
+    /// The requests ([`requests`]).
+    reqs: Requests,
     /// The verbs endpoint, when the process has one.
     verbs: Option<Endpoint>,
-    /// RDMA reads in flight.
-    reads: HashMap<ReadToken, RndvRecv>,
-    /// RDMA reads waiting for room.
-    pending_reads: VecDeque<PendingRead>,
-    /// The claim words of this process's inbox (split single-copy rendezvous).
-    claims: Option<weft_shm::ClaimTable>,
-    /// Split receives in progress (their tails may need taking over).
-    splits: Vec<u32>,
-    /// Copies queued for a caller to run without the lock ([`copy`]).
-    copies: Vec<copy::CopyJob>,
-    /// Requests whose copies a caller runs now.
-    in_flight: Vec<u32>,
-    /// Progress passes so far (how old a queued copy is).
-    pass: u64,
+    /// RDMA reads of the verbs rendezvous ([`verbs`]).
+    reads: Reads,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
-    /// Since when each peer reached over TCP has been reported gone by wire-up while its
-    /// connection is still up.
-    tcp_gone_since: HashMap<u32, std::time::Instant>,
-    /// Peers whose verbs or TCP connection failed, and why.
-    failed: HashMap<u32, String>,
     /// What a verbs or TCP poll kept for after it ([`polled`]).
     kept: Kept,
-    /// Started schedules ([`sched`]), by slot.
-    scheds: Vec<Option<SchedRun>>,
-    /// Free slots of `scheds`.
-    sched_free: Vec<u32>,
-    /// Schedules in `scheds` (running or done but not taken).
-    sched_active: usize,
-    /// Collective operations (context id, tag) another member aborted: by whom, why.
-    aborted: HashMap<(u64, u32), sched::Abort>,
-    /// Scratch buffers of finished schedules, for the next ones, and their bytes.
-    scratch_pool: Vec<Vec<u128>>,
-    scratch_pooled: usize,
+    /// The split single-copy rendezvous ([`split`]).
+    cma: Cma,
+    /// Copies run without the lock ([`copy`]).
+    copies: Copies,
+    /// Started schedules ([`sched`]).
+    scheds: Scheds,
+}
+
+/// How the engine learns about peers from the wire-up.
+struct Wireup {
+    /// What reaches a rank (first send).
+    resolve: Resolver,
+    /// Why a rank is gone, if it is.
+    gone: GoneCheck,
+}
+
+/// What the engine knows of peers' ends beyond the wire-up.
+#[derive(Default)]
+struct Ends {
+    /// Peers whose verbs or TCP connection failed, and why.
+    failed: HashMap<u32, String>,
+    /// Since when each peer reached over TCP has been reported gone by wire-up while its
+    /// connection is still up.
+    tcp_since: HashMap<u32, std::time::Instant>,
 }
 
 /// One process's engine.
@@ -232,8 +186,8 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("me", &self.st.me)
-            .field("posted", &self.st.posted.len())
-            .field("unexpected", &self.st.unexpected.len())
+            .field("posted", &self.st.matching.posted.len())
+            .field("unexpected", &self.st.matching.unexpected.len())
             .finish()
     }
 }
@@ -271,33 +225,18 @@ impl Engine {
                 pid: std::process::id() as i32,
                 cfg,
                 peers,
-                posted: VecDeque::new(),
-                unexpected: VecDeque::new(),
-                reqs: Vec::new(),
-                free: Vec::new(),
-                next_serial: 1,
                 busy: Vec::new(),
-                resolve,
-                gone,
-                cma_warned: false,
+                wireup: Wireup { resolve, gone },
+                ends: Ends::default(),
+                matching: Matching::default(),
+                reqs: Requests::new(),
                 verbs,
-                reads: HashMap::new(),
-                pending_reads: VecDeque::new(),
-                claims,
-                splits: Vec::new(),
-                copies: Vec::new(),
-                in_flight: Vec::new(),
-                pass: 0,
+                reads: Reads::default(),
                 tcp,
-                tcp_gone_since: HashMap::new(),
-                failed: HashMap::new(),
                 kept: Kept::default(),
-                scheds: Vec::new(),
-                sched_free: Vec::new(),
-                sched_active: 0,
-                aborted: HashMap::new(),
-                scratch_pool: Vec::new(),
-                scratch_pooled: 0,
+                cma: Cma::new(claims),
+                copies: Copies::default(),
+                scheds: Scheds::default(),
             },
         }
     }
@@ -307,8 +246,8 @@ impl Engine {
     #[inline]
     pub(crate) fn progress(&mut self) -> usize {
         let st = &mut self.st;
-        st.pass += 1;
-        if !st.copies.is_empty() {
+        st.copies.pass += 1;
+        if !st.copies.jobs.is_empty() {
             st.run_stale_copies();
         }
         let mut n = match &mut self.shm {
@@ -324,13 +263,13 @@ impl Engine {
         if st.tcp.is_some() {
             n += st.progress_tcp();
         }
-        if !st.splits.is_empty() {
+        if !st.cma.splits.is_empty() {
             st.check_splits();
         }
         if !st.busy.is_empty() {
             st.flush();
         }
-        if st.sched_active > 0 {
+        if st.scheds.active > 0 {
             self.advance_scheds();
         }
         n
@@ -363,8 +302,9 @@ impl Engine {
         tag: Option<u32>,
     ) -> Direct {
         let st = &mut self.st;
-        if !st.posted.is_empty()
+        if !st.matching.posted.is_empty()
             || st
+                .matching
                 .unexpected
                 .iter()
                 .any(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
@@ -400,7 +340,7 @@ impl Engine {
         match taker.got {
             Some(r) => Direct::Done(r),
             // A rendezvous (or anything) that arrived meanwhile now sits in the queues.
-            None if !st.unexpected.is_empty() => Direct::Queue,
+            None if !st.matching.unexpected.is_empty() => Direct::Queue,
             None => Direct::NotYet,
         }
     }
@@ -415,7 +355,7 @@ impl Engine {
         let st = &mut self.st;
         // Nothing unexpected either: another thread may have polled our message into
         // it while the engine was let go.
-        if !st.busy.is_empty() || !st.unexpected.is_empty() || !st.copies.is_empty() {
+        if !st.busy.is_empty() || !st.matching.unexpected.is_empty() || !st.copies.jobs.is_empty() {
             return false;
         }
         // Only a poll tells whether a socket has data: never quiet with TCP.
@@ -423,7 +363,7 @@ impl Engine {
             return false;
         }
         if let Some(ep) = &mut st.verbs {
-            if !st.reads.is_empty() || !st.pending_reads.is_empty() || !ep.idle() {
+            if !st.reads.inflight.is_empty() || !st.reads.pending.is_empty() || !ep.idle() {
                 return false;
             }
         }
@@ -456,7 +396,7 @@ impl Engine {
 
     /// Why `rank` is gone, if it is.
     pub(crate) fn gone_reason(&self, rank: u32) -> Option<String> {
-        (self.st.gone)(rank)
+        (self.st.wireup.gone)(rank)
     }
 
     /// Starts a receive into `cap` bytes at `buf`.
@@ -480,6 +420,7 @@ impl Engine {
     ) -> Option<Status> {
         self.progress();
         self.st
+            .matching
             .unexpected
             .iter()
             .find(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
@@ -500,7 +441,7 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.take_sched(id);
         }
-        let slot = self.st.reqs.get_mut(id as usize)?;
+        let slot = self.st.reqs.slots.get_mut(id as usize)?;
         let done = slot.as_ref().is_some_and(|r| r.result.is_some());
         if !done {
             return None;
@@ -516,7 +457,7 @@ impl Engine {
             // Ended another way (its sender's process died): the claim word goes back.
             self.st.split_over(id, sp.claim);
         }
-        self.st.free.push(id);
+        self.st.reqs.free.push(id);
         req.and_then(|r| r.result)
     }
 
@@ -526,12 +467,17 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_serial(id);
         }
-        self.st.reqs.get(id as usize)?.as_ref().map(|r| r.serial)
+        self.st
+            .reqs
+            .slots
+            .get(id as usize)?
+            .as_ref()
+            .map(|r| r.serial)
     }
 
     /// The peer a request waits on (for failure detection), if one.
     pub(crate) fn waits_on(&self, id: u32) -> Option<u32> {
-        match &self.st.reqs.get(id as usize)?.as_ref()?.kind {
+        match &self.st.reqs.slots.get(id as usize)?.as_ref()?.kind {
             Kind::Recv {
                 pipe: Some((s, ..)),
                 ..
@@ -546,8 +492,8 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_fail_if_gone(id);
         }
-        if self.st.reads.values().any(|r| r.m.id == id)
-            || self.st.pending_reads.iter().any(|p| p.read.m.id == id)
+        if self.st.reads.inflight.values().any(|r| r.m.id == id)
+            || self.st.reads.pending.iter().any(|p| p.read.m.id == id)
             || self.st.copying(id)
         {
             // The NIC may still write into its buffer: its read's completion (success or
@@ -556,7 +502,8 @@ impl Engine {
         }
         let (peer, reason) = match self.waits_on(id) {
             Some(peer) if peer == self.st.me => return,
-            Some(peer) => match (self.st.gone)(peer).or_else(|| self.st.failed.get(&peer).cloned())
+            Some(peer) => match (self.st.wireup.gone)(peer)
+                .or_else(|| self.st.ends.failed.get(&peer).cloned())
             {
                 Some(reason) => (peer, reason),
                 None => return,
@@ -582,6 +529,7 @@ impl Engine {
         let still = self
             .st
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
@@ -590,10 +538,11 @@ impl Engine {
             // says that nothing more comes: what a peer wrote before it finalized may
             // still be in flight. A connection still up 2 s after the peer is reported
             // gone (a stopped process, a lost node) is closed, and its transfers with it.
-            if !self.st.failed.contains_key(&peer) {
+            if !self.st.ends.failed.contains_key(&peer) {
                 let since = *self
                     .st
-                    .tcp_gone_since
+                    .ends
+                    .tcp_since
                     .entry(peer)
                     .or_insert_with(std::time::Instant::now);
                 if since.elapsed() < TCP_GONE_GRACE {
@@ -605,11 +554,12 @@ impl Engine {
         let still = self
             .st
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
         if still {
-            self.st.posted.retain(|p| p.id != id);
+            self.st.matching.posted.retain(|p| p.id != id);
             self.st
                 .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
@@ -625,7 +575,7 @@ impl Engine {
         let me = self.st.me;
         let mut first = None;
         for r in ranks.filter(|&r| r != me) {
-            let why = (self.st.gone)(r)?;
+            let why = (self.st.wireup.gone)(r)?;
             first.get_or_insert((r, format!("{why} (and so is every other possible sender)")));
         }
         first
@@ -634,12 +584,12 @@ impl Engine {
     /// Cancels a receive that has not matched yet; returns false if it is already
     /// matched (and must be waited for).
     pub(crate) fn cancel_recv(&mut self, id: u32) -> bool {
-        let pos = self.st.posted.iter().position(|p| p.id == id);
+        let pos = self.st.matching.posted.iter().position(|p| p.id == id);
         match pos {
             Some(i) => {
-                self.st.posted.remove(i);
-                self.st.reqs[id as usize] = None;
-                self.st.free.push(id);
+                self.st.matching.posted.remove(i);
+                self.st.reqs.slots[id as usize] = None;
+                self.st.reqs.free.push(id);
                 true
             }
             None => false,
@@ -652,6 +602,7 @@ impl Engine {
             + self
                 .st
                 .reqs
+                .slots
                 .iter()
                 .flatten()
                 .filter(|r| {
@@ -675,50 +626,24 @@ impl Engine {
 }
 
 impl State {
+    #[inline]
     fn alloc(&mut self, kind: Kind) -> u32 {
-        let req = Req {
-            kind,
-            result: None,
-            serial: self.next_serial,
-        };
-        self.next_serial += 1;
-        match self.free.pop() {
-            Some(id) => {
-                self.reqs[id as usize] = Some(req);
-                id
-            }
-            None => {
-                // Wire ids name 2^24 slots (16 M requests at once, far past any memory).
-                debug_assert!(self.reqs.len() < WIRE_SLOT_MASK as usize);
-                self.reqs.push(Some(req));
-                (self.reqs.len() - 1) as u32
-            }
-        }
+        self.reqs.alloc(kind)
     }
 
-    /// How request `id` is named on the wire: its slot (24 bits) and the low 8 bits of
-    /// its serial, so that a late frame for an earlier request of the same slot (a FIN,
-    /// CTS, DATA or split-copy answer) is recognised as stale 255 times in 256.
+    #[inline]
     fn wire_id(&self, id: u32) -> u32 {
-        let gen = self
-            .reqs
-            .get(id as usize)
-            .and_then(|r| r.as_ref())
-            .map_or(0, |r| r.serial as u32 & 0xff);
-        (id & WIRE_SLOT_MASK) | (gen << 24)
+        self.reqs.wire_id(id)
     }
 
-    /// The live request a wire id from a peer names, if it still is the one it was.
+    #[inline]
     fn own(&self, wire: u32) -> Option<u32> {
-        let id = wire & WIRE_SLOT_MASK;
-        let r = self.reqs.get(id as usize)?.as_ref()?;
-        (r.serial as u32 & 0xff == wire >> 24).then_some(id)
+        self.reqs.own(wire)
     }
 
+    #[inline]
     fn complete(&mut self, id: u32, r: Result<Status, P2pError>) {
-        if let Some(Some(req)) = self.reqs.get_mut(id as usize) {
-            req.result = Some(r);
-        }
+        self.reqs.complete(id, r)
     }
 
     /// The connection to `peer` is gone (the transport no longer touches its buffers):
@@ -730,6 +655,7 @@ impl State {
         self.peers[peer as usize].queued = 0;
         let ids: Vec<u32> = self
             .reqs
+            .slots
             .iter()
             .enumerate()
             .filter_map(|(i, r)| {
@@ -744,7 +670,7 @@ impl State {
                     }
                 };
                 let id = i as u32;
-                let busy = self.reads.values().any(|x| x.m.id == id) || self.copying(id);
+                let busy = self.reads.inflight.values().any(|x| x.m.id == id) || self.copying(id);
                 (waits && !busy).then_some(id)
             })
             .collect();
@@ -752,11 +678,11 @@ impl State {
             if let Some(Some(Req {
                 kind: Kind::Recv { bulk, .. },
                 ..
-            })) = self.reqs.get_mut(id as usize)
+            })) = self.reqs.slots.get_mut(id as usize)
             {
                 *bulk = None;
             }
-            self.posted.retain(|p| p.id != id);
+            self.matching.posted.retain(|p| p.id != id);
             let reason = reason.to_string();
             self.complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
@@ -823,7 +749,10 @@ impl State {
             } => self.on_cma_done(src, rreq, written, serial, why),
             Frame::CollAbort { env, gone, why } => {
                 let abort = sched::Abort::decode(env.src, gone, why);
-                self.aborted.entry((env.ctx, env.tag)).or_insert(abort);
+                self.scheds
+                    .aborted
+                    .entry((env.ctx, env.tag))
+                    .or_insert(abort);
             }
         }
     }

@@ -3,6 +3,8 @@
 //! takes a matching eager frame straight from a transport's poll into the caller's buffer.
 
 use super::rendezvous::Matched;
+use std::collections::VecDeque;
+
 use super::wire::{Envelope, Frame};
 use super::{Kind, Req, State};
 use crate::{P2pError, Status};
@@ -73,6 +75,15 @@ impl TakeFrame for Taker {
     }
 }
 
+/// Posted receives and unexpected messages, each in order.
+#[derive(Default)]
+pub(super) struct Matching {
+    /// Posted receives in posting order, with what they match (so that matching reads
+    /// no request).
+    pub(super) posted: VecDeque<Posted>,
+    pub(super) unexpected: VecDeque<Unexpected>,
+}
+
 pub(super) enum Body {
     Eager(Vec<u8>),
     Rts {
@@ -138,11 +149,16 @@ impl State {
             bulk: None,
         });
         if let Some(i) = self
+            .matching
             .unexpected
             .iter()
             .position(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
         {
-            let u = self.unexpected.remove(i).expect("index from position");
+            let u = self
+                .matching
+                .unexpected
+                .remove(i)
+                .expect("index from position");
             let (src, tag) = (u.src, u.tag);
             let m = |sreq, len: u64| Matched {
                 id,
@@ -168,14 +184,14 @@ impl State {
                 Body::RtsTcp { sreq, len } => self.tcp_matched(m(sreq, len)),
             }
         } else {
-            self.posted.push_back(Posted { id, ctx, src, tag });
+            self.matching.posted.push_back(Posted { id, ctx, src, tag });
         }
         id
     }
 
     /// The buffer and capacity of live receive request `id`.
     pub(super) fn recv_buffer(&self, id: u32) -> Option<(*mut u8, usize)> {
-        match self.reqs.get(id as usize) {
+        match self.reqs.slots.get(id as usize) {
             Some(Some(Req {
                 kind: Kind::Recv { buf, cap, .. },
                 ..
@@ -188,14 +204,15 @@ impl State {
     #[inline]
     pub(super) fn match_posted(&mut self, ctx: u64, src: u32, tag: u32) -> Option<u32> {
         let i = self
+            .matching
             .posted
             .iter()
             .position(|p| matches(p.ctx, p.src, p.tag, ctx, src, tag))?;
         // Usually the oldest posted receive: a pop, not a general removal.
         let p = if i == 0 {
-            self.posted.pop_front()
+            self.matching.posted.pop_front()
         } else {
-            self.posted.remove(i)
+            self.matching.posted.remove(i)
         };
         p.map(|p| p.id)
     }
@@ -217,7 +234,7 @@ impl State {
     pub(super) fn on_eager(&mut self, h: Envelope, data: &[u8]) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.fill(id, h.src, h.tag, data),
-            None => self.unexpected.push_back(Unexpected {
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
@@ -229,7 +246,7 @@ impl State {
     pub(super) fn on_rts(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, pid: i32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.rts_matched(Matched::of(id, h, sreq, len), addr, pid),
-            None => self.unexpected.push_back(Unexpected {
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,

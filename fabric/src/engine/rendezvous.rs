@@ -138,7 +138,7 @@ impl State {
             && n >= self.cfg.cma_split
         {
             // A claim word settles who copies the tail (none free: no split).
-            if let Some(claim) = self.claims.as_mut().and_then(|c| c.open()) {
+            if let Some(claim) = self.cma.claims.as_mut().and_then(|c| c.open()) {
                 let offer = Offer {
                     src,
                     tag,
@@ -165,9 +165,9 @@ impl State {
                         std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
                     ) =>
                 {
-                    if !self.cma_warned {
+                    if !self.cma.warned {
                         tracing::info!("single-copy (CMA) refused ({e}); using pipelined copies through shared memory");
-                        self.cma_warned = true;
+                        self.cma.warned = true;
                     }
                     self.cfg.single_copy = SingleCopy::None;
                 }
@@ -181,7 +181,7 @@ impl State {
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             *pipe = Some((src, tag, len, 0));
         }
@@ -207,7 +207,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -245,7 +245,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get(id as usize)
+        })) = self.reqs.slots.get(id as usize)
         else {
             return;
         };
@@ -282,7 +282,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };

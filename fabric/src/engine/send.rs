@@ -111,7 +111,7 @@ impl State {
             peer.path = Path::Tcp(c);
         }
         if let Path::Unresolved = peer.path {
-            peer.path = match (self.resolve)(dest) {
+            peer.path = match (self.wireup.resolve)(dest) {
                 Resolved::Shm(o) => Path::Shm(o),
                 Resolved::Unreachable(why) => Path::Unreachable(why),
                 Resolved::VerbsCard(card) => match &mut self.verbs {
@@ -142,7 +142,7 @@ impl State {
     /// Whether the path to `dest` (resolved) can take a frame at once: over verbs or TCP,
     /// once its connection is through its handshake; an error if that connection failed.
     pub(super) fn ready(&mut self, dest: u32) -> Result<bool, P2pError> {
-        if let Some(reason) = self.failed.get(&dest) {
+        if let Some(reason) = self.ends.failed.get(&dest) {
             return Err(P2pError::PeerGone {
                 rank: dest,
                 reason: reason.clone(),
@@ -162,7 +162,7 @@ impl State {
             self.progress_tcp();
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
-                if let Some(reason) = (self.gone)(dest) {
+                if let Some(reason) = (self.wireup.gone)(dest) {
                     return Err(P2pError::PeerGone { rank: dest, reason });
                 }
                 std::thread::yield_now();
@@ -201,7 +201,7 @@ impl State {
             }
         }
         if self.peers[dest as usize].backlog.is_empty() {
-            if self.failed.contains_key(&dest)
+            if self.ends.failed.contains_key(&dest)
                 && matches!(self.peers[dest as usize].path, Path::Tcp(_))
             {
                 // The connection is gone for good: what waits on it has failed.
@@ -309,7 +309,7 @@ impl State {
         // A peer that finalized or died receives nothing more: say so rather than
         // queue or drop the message (a fast path's write to a closing connection, or to
         // a finalized process's ring, fell through to here or fills up to here).
-        if let Some(reason) = (self.gone)(dest) {
+        if let Some(reason) = (self.wireup.gone)(dest) {
             return Err(P2pError::PeerGone { rank: dest, reason });
         }
         self.wait_connected(dest)?;

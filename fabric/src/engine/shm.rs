@@ -29,7 +29,7 @@ impl State {
         let mut more = false;
         let chunk = out.max_frame() - HDR;
         let me = self.me;
-        for slot in self.reqs.iter_mut() {
+        for slot in self.reqs.slots.iter_mut() {
             let Some(Req {
                 kind:
                     Kind::Send {

@@ -19,6 +19,25 @@ use super::wire::{CmaWrite, Frame};
 use super::{Engine, Kind, Path, Req, State};
 use crate::P2pError;
 
+/// The single-copy rendezvous' own state: the claim words of this process's inbox, the
+/// split receives in progress (their tails may need taking over), and whether CMA's
+/// refusal was told.
+pub(super) struct Cma {
+    pub(super) claims: Option<weft_shm::ClaimTable>,
+    pub(super) splits: Vec<u32>,
+    pub(super) warned: bool,
+}
+
+impl Cma {
+    pub(super) fn new(claims: Option<weft_shm::ClaimTable>) -> Cma {
+        Cma {
+            claims,
+            splits: Vec::new(),
+            warned: false,
+        }
+    }
+}
+
 /// A single-copy rendezvous split between the receiver (head) and the sender (tail).
 #[derive(Debug)]
 pub(super) struct Split {
@@ -54,7 +73,7 @@ impl Engine {
             },
             result: None,
             ..
-        })) = self.st.reqs.get(id as usize)
+        })) = self.st.reqs.slots.get(id as usize)
         else {
             return true;
         };
@@ -71,7 +90,7 @@ impl Engine {
 
     pub(super) fn is_recv(&self, id: u32) -> bool {
         matches!(
-            self.st.reqs.get(id as usize),
+            self.st.reqs.slots.get(id as usize),
             Some(Some(Req {
                 kind: Kind::Recv { .. },
                 ..
@@ -91,6 +110,7 @@ impl State {
         let tail = n - head;
         let serial = self
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .map_or(0, |r| r.serial);
@@ -117,7 +137,7 @@ impl State {
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, split, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             // Counted in message bytes: what truncation drops is done already.
             *pipe = Some((src, tag, len, len - n));
@@ -130,7 +150,7 @@ impl State {
                 started: Instant::now(),
                 taken: false,
             }));
-            self.splits.push(id);
+            self.cma.splits.push(id);
         }
         // The head: bytes 0..head of this receive's buffer (cap >= n >= head), which the
         // sender does not write; copied without the engine lock.
@@ -145,7 +165,7 @@ impl State {
                 split: Some(sp), ..
             },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             sp.err.get_or_insert(reason);
         }
@@ -164,7 +184,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -188,10 +208,10 @@ impl State {
 
     /// Split receive `id` is over (its claim word goes back).
     pub(super) fn split_over(&mut self, id: u32, claim: Claim) {
-        if let Some(c) = &mut self.claims {
+        if let Some(c) = &mut self.cma.claims {
             c.close(claim);
         }
-        self.splits.retain(|&s| s != id);
+        self.cma.splits.retain(|&s| s != id);
     }
 
     /// The receiver copies the tail of split receive `id` itself if the sender has not
@@ -204,11 +224,11 @@ impl State {
             },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return false;
         };
-        if sp.taken || !self.claims.as_ref().is_some_and(|c| c.take(sp.claim)) {
+        if sp.taken || !self.cma.claims.as_ref().is_some_and(|c| c.take(sp.claim)) {
             return false;
         }
         self.read_tail(id);
@@ -229,7 +249,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -249,10 +269,11 @@ impl State {
     #[cold]
     pub(super) fn check_splits(&mut self) {
         let late: Vec<u32> = self
+            .cma
             .splits
             .iter()
             .copied()
-            .filter(|&id| match self.reqs.get(id as usize) {
+            .filter(|&id| match self.reqs.slots.get(id as usize) {
                 Some(Some(Req {
                     kind:
                         Kind::Recv {
@@ -274,7 +295,10 @@ impl State {
     pub(super) fn on_cma_write(&mut self, from: u32, tag: u32, sreq: u32, w: CmaWrite) {
         let serial = w.serial.to_le_bytes();
         let (rreq, dst, pid, off, count) = (w.rreq, w.dst, w.pid, w.off as usize, w.count as usize);
-        let send = match self.own(sreq).and_then(|id| self.reqs.get(id as usize)) {
+        let send = match self
+            .own(sreq)
+            .and_then(|id| self.reqs.slots.get(id as usize))
+        {
             Some(Some(Req {
                 kind: Kind::Send { buf, len, dest, .. },
                 result: None,
@@ -367,7 +391,7 @@ impl State {
             return;
         };
         // Only the live split receive this answer is for: ids are reused, serials not.
-        let tail = match self.reqs.get(id as usize) {
+        let tail = match self.reqs.slots.get(id as usize) {
             Some(Some(Req {
                 kind:
                     Kind::Recv {

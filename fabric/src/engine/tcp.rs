@@ -60,7 +60,7 @@ impl State {
     pub(super) fn on_rts_tcp(&mut self, h: Envelope, sreq: u32, len: u64) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.tcp_matched(Matched::of(id, h, sreq, len)),
-            None => self.unexpected.push_back(Unexpected {
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
@@ -90,7 +90,7 @@ impl State {
             }
             Err(e) => return self.complete(id, Err(e)),
         };
-        if let Some(reason) = self.failed.get(&src) {
+        if let Some(reason) = self.ends.failed.get(&src) {
             let reason = reason.clone();
             return self.complete(id, Err(P2pError::PeerGone { rank: src, reason }));
         }
@@ -105,7 +105,7 @@ impl State {
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, bulk, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             *pipe = Some((src, tag, len, 0));
             *bulk = Some(t);
@@ -121,7 +121,7 @@ impl State {
                 buf, len, stream, ..
             },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -153,7 +153,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -184,7 +184,7 @@ impl State {
             },
             result: result @ None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             if *dest == peer && stream.is_some() {
                 *stream = None;
@@ -220,9 +220,12 @@ impl State {
         }
         // A peer that finalized closes its connections: only waits on it fail, and they
         // are named by how it ended when wire-up knows.
-        let reason = (self.gone)(peer).unwrap_or_else(|| reason.to_string());
+        let reason = (self.wireup.gone)(peer).unwrap_or_else(|| reason.to_string());
         tracing::debug!("TCP connection to rank {peer} ended: {reason}");
-        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.ends
+            .failed
+            .entry(peer)
+            .or_insert_with(|| reason.clone());
         // For good, on both sides: the peer's later connections are refused with this
         // reason (what waited on it here has failed; it must not find a half-open way).
         if let Some(ep) = &mut self.tcp {

@@ -10,7 +10,17 @@ use super::wire::Envelope;
 use super::{Path, State};
 use crate::path::verbs::VerbsLink;
 use crate::P2pError;
-use weft_verbs::ConnId;
+use std::collections::{HashMap, VecDeque};
+use weft_verbs::{ConnId, ReadToken};
+
+/// The RDMA reads of verbs rendezvous.
+#[derive(Debug, Default)]
+pub(super) struct Reads {
+    /// In flight.
+    pub(super) inflight: HashMap<ReadToken, RndvRecv>,
+    /// Waiting for room.
+    pub(super) pending: VecDeque<PendingRead>,
+}
 
 /// An RDMA read waiting for room on its connection: the receive it fills and the
 /// sender's region.
@@ -58,28 +68,29 @@ impl State {
         let Some(read) = self.rndv_recv(m) else {
             return;
         };
-        self.pending_reads
+        self.reads
+            .pending
             .push_back(PendingRead { read, addr, rkey });
         self.start_reads();
     }
 
     /// Starts the RDMA reads waiting for room, in order.
     pub(super) fn start_reads(&mut self) {
-        while let Some(p) = self.pending_reads.front().copied() {
+        while let Some(p) = self.reads.pending.front().copied() {
             let r = p.read;
             let (id, src, n) = (r.m.id, r.m.src, r.n());
             if n == 0 {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 self.read_done(r, Ok(()));
                 continue;
             }
             if let Err(e) = self.path(src) {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 self.complete(id, Err(e));
                 continue;
             }
             let Path::Verbs(conn) = self.peers[src as usize].path else {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 let reason = "a verbs rendezvous from a peer not reached over verbs".into();
                 self.complete(id, Err(P2pError::Transport { rank: src, reason }));
                 continue;
@@ -91,12 +102,12 @@ impl State {
             // in flight, and only `read_done` completes it.
             match unsafe { ep.rdma_read(conn, r.buf, n, p.addr, p.rkey) } {
                 Ok(Some(token)) => {
-                    self.pending_reads.pop_front();
-                    self.reads.insert(token, r);
+                    self.reads.pending.pop_front();
+                    self.reads.inflight.insert(token, r);
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    self.pending_reads.pop_front();
+                    self.reads.pending.pop_front();
                     self.read_done(r, Err(e.to_string()));
                 }
             }
@@ -119,7 +130,10 @@ impl State {
                 self.complete(id, r.outcome());
             }
             Err(reason) => {
-                self.failed.entry(src).or_insert_with(|| reason.clone());
+                self.ends
+                    .failed
+                    .entry(src)
+                    .or_insert_with(|| reason.clone());
                 self.complete(
                     id,
                     Err(P2pError::PeerGone {
@@ -147,21 +161,21 @@ impl State {
         let taken = poll_kept(ep, take, &mut self.kept);
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.
-        if self.kept.is_empty() && self.reads.is_empty() && self.pending_reads.is_empty() {
+        if self.kept.is_empty() && self.reads.inflight.is_empty() && self.reads.pending.is_empty() {
             return taken;
         }
         let mut done = Vec::new();
-        if !self.reads.is_empty() {
+        if !self.reads.inflight.is_empty() {
             ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
         }
         let frames = self.kept.frames() + taken;
         self.after_poll(Polled::Verbs);
         for (token, res) in done {
-            if let Some(r) = self.reads.remove(&token) {
+            if let Some(r) = self.reads.inflight.remove(&token) {
                 self.read_done(r, res);
             }
         }
-        if !self.pending_reads.is_empty() {
+        if !self.reads.pending.is_empty() {
             self.start_reads();
         }
         frames
@@ -172,7 +186,10 @@ impl State {
     pub(super) fn verbs_failed(&mut self, peer: u32, reason: &str) {
         let reason = reason.to_string();
         tracing::error!("verbs connection to rank {peer} failed: {reason}");
-        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.ends
+            .failed
+            .entry(peer)
+            .or_insert_with(|| reason.clone());
         self.fail_waiting_on(peer, &reason);
     }
 
@@ -180,7 +197,7 @@ impl State {
     pub(super) fn on_rts_rdma(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, rkey: u32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.rdma_matched(Matched::of(id, h, sreq, len), addr, rkey),
-            None => self.unexpected.push_back(Unexpected {
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
