@@ -45,7 +45,9 @@ use sched::Scheds;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Cma;
 use verbs::Reads;
-use wire::Frame;
+pub(crate) use wire::Frame;
+#[cfg(test)]
+pub(crate) use wire::{short_header, Envelope};
 pub(crate) use wire::{HDR, SHORT_HDR, SHORT_MAX};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer

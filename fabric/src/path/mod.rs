@@ -15,6 +15,9 @@ pub(crate) mod shm;
 pub(crate) mod tcp;
 pub(crate) mod verbs;
 
+#[cfg(test)]
+mod tests;
+
 use weft_shm::Outbox;
 
 /// The way to one peer (a closed set: no `dyn` on the hot path).
