@@ -1,16 +1,23 @@
-//! The progress engine: one [`State`] per process holding the requests and the peers'
-//! paths, split by concern:
+//! The progress engine: one [`State`] per process, each concern a field of its own:
 //!
 //! - [`wire`]: the typed frames ([`wire::Frame`]) and their one codec;
 //! - [`matching`]: posted receives and unexpected messages (where a message is matched);
-//! - [`rendezvous`]: RTS, the single-copy read or CTS, DATA, FIN;
-//! - [`split`]: the split single-copy rendezvous;
-//! - one adapter per path behind the closed [`Path`] enum: [`shm`] (the node's rings) and
-//!   [`verbs`] (RC connections, RDMA reads);
-//! - this module: the requests, path resolution, sending, progress and frame dispatch.
+//! - [`requests`]: the sends and receives in progress, named on the wire;
+//! - [`send`]: path resolution, the one dispatch on the closed [`Path`] enum
+//!   (`State::on_link`), the send fast path (the same for every transport) and the choice
+//!   of protocol by the path's capabilities;
+//! - [`polled`]: the one [`Deliver`](crate::path::Deliver) shape the transports' polls are
+//!   generic over;
+//! - [`rendezvous`]: RTS, the single-copy read or CTS, DATA, FIN; [`split`]: the split
+//!   single-copy rendezvous; [`copy`]: its copies, run without the lock;
+//! - the transport-specific steps of a rendezvous: [`shm`] (pipelined DATA streams),
+//!   [`verbs`] (RDMA reads), [`tcp`] (bulk transfers); the adapters themselves are
+//!   `crate::path`'s;
+//! - [`sched`]: running collective schedules;
+//! - this module: progress, frame dispatch, failure detection.
 //!
 //! Everything here runs on the caller's thread inside `progress()`; there is no hidden
-//! thread. Frames are `header ++ payload`, the header a fixed 32-byte little-endian record.
+//! thread. Frames are `header ++ payload` (see [`wire`]).
 
 use std::collections::{HashMap, VecDeque};
 
