@@ -1,46 +1,61 @@
-//! The progress engine: one [`State`] per process holding the requests and the peers'
-//! paths, split by concern:
+//! The progress engine: one [`State`] per process, each concern a field of its own:
 //!
-//! - [`frame`]: the frame header and kinds;
+//! - [`wire`]: the typed frames ([`wire::Frame`]) and their one codec;
 //! - [`matching`]: posted receives and unexpected messages (where a message is matched);
-//! - [`rendezvous`]: RTS, the single-copy read or CTS, DATA, FIN;
-//! - [`split`]: the split single-copy rendezvous;
-//! - one adapter per path behind the closed [`Path`] enum: [`shm`] (the node's rings) and
-//!   [`verbs`] (RC connections, RDMA reads);
-//! - this module: the requests, path resolution, sending, progress and frame dispatch.
+//! - [`requests`]: the sends and receives in progress, named on the wire;
+//! - [`send`]: path resolution, the one dispatch on the closed [`Path`] enum
+//!   (`State::on_link`), the send fast path (the same for every transport) and the choice
+//!   of protocol by the path's capabilities;
+//! - [`polled`]: the one [`Deliver`](crate::path::Deliver) shape the transports' polls are
+//!   generic over;
+//! - [`rendezvous`]: RTS, the single-copy read or CTS, DATA, FIN; [`split`]: the split
+//!   single-copy rendezvous; [`copy`]: its copies, run without the lock;
+//! - the transport-specific steps of a rendezvous: [`shm`] (pipelined DATA streams),
+//!   [`verbs`] (RDMA reads), [`tcp`] (bulk transfers); the adapters themselves are
+//!   `crate::path`'s;
+//! - [`sched`]: running collective schedules;
+//! - this module: progress, frame dispatch, failure detection.
 //!
 //! Everything here runs on the caller's thread inside `progress()`; there is no hidden
-//! thread. Frames are `header ++ payload`, the header a fixed 32-byte little-endian record.
+//! thread. Frames are `header ++ payload` (see [`wire`]).
 
 use std::collections::{HashMap, VecDeque};
 
-use weft_shm::{Inbox, Outbox};
-use weft_verbs::{ConnId, Endpoint, ReadToken, RemoteRegion};
+use weft_shm::Inbox;
+use weft_verbs::Endpoint;
 
 use crate::{P2pError, Status};
 
 mod copy;
-mod frame;
 mod matching;
+mod polled;
 mod rendezvous;
+mod requests;
 mod sched;
 mod send;
 mod shm;
 mod split;
 mod tcp;
 mod verbs;
+mod wire;
 
+use crate::path::shm::ShmAdapter;
+use crate::path::{Adapter, Link};
+pub(crate) use crate::path::{Path, Resolved};
+use copy::Copies;
 pub(crate) use copy::CopyJob;
-pub(crate) use frame::HDR;
-use frame::{
-    decode_frame, CMA_DONE, CMA_WRITE, COLL_ABORT, CTS, DATA, EAGER, FIN, RTS, RTS_RDMA, RTS_TCP,
-};
-use matching::{matches, Body, Posted, TakeFrame, Taker, Unexpected};
-use rendezvous::RndvRecv;
+use matching::Matching;
+use matching::{matches, Body, TakeNone, Taker};
+use polled::{Handle, Kept};
+use requests::{Kind, Req, Requests};
+use sched::Scheds;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
-use split::Split;
-use tcp::TcpEvent;
-use verbs::{keep_frame, PendingRead};
+use split::Cma;
+use verbs::Reads;
+pub(crate) use wire::Frame;
+#[cfg(test)]
+pub(crate) use wire::{short_header, Envelope};
+pub(crate) use wire::{HDR, SHORT_HDR, SHORT_MAX};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.
@@ -49,9 +64,6 @@ const TCP_BACKLOG_LIMIT: usize = 4 << 20;
 /// How long a TCP connection to a peer reported gone may stay up before it is closed
 /// (what the peer wrote before it ended is read meanwhile).
 const TCP_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The request slot in a wire id ([`State::wire_id`]): 16 M requests at once at most.
-const WIRE_SLOT_MASK: u32 = 0x00ff_ffff;
 
 /// Outcome of [`Engine::recv_direct`].
 #[derive(Debug)]
@@ -71,36 +83,6 @@ pub(crate) enum SingleCopy {
     Cma,
     /// The sender streams the data through the shared-memory rings.
     None,
-}
-
-/// The way to one peer (a closed set: no `dyn` on the hot path).
-#[derive(Debug)]
-pub(crate) enum Path {
-    /// Not connected yet (connections are made on first send).
-    Unresolved,
-    /// Ourselves.
-    Loopback,
-    /// A peer on this node: its inbox.
-    Shm(Box<Outbox>),
-    /// A peer reached over verbs: its RC connection.
-    Verbs(ConnId),
-    /// A peer reached over TCP: its connection.
-    Tcp(weft_tcp::ConnId),
-    /// No way to reach it, and why.
-    Unreachable(String),
-}
-
-/// What the resolver finds for a peer on first contact.
-#[derive(Debug)]
-pub(crate) enum Resolved {
-    /// Its shared-memory inbox, connected.
-    Shm(Box<Outbox>),
-    /// Its verbs card: the engine connects to it.
-    VerbsCard(Vec<u8>),
-    /// Its TCP card: the engine connects to it.
-    TcpCard(Vec<u8>),
-    /// No way to reach it, and why.
-    Unreachable(String),
 }
 
 /// Tunables of the engine.
@@ -134,9 +116,10 @@ struct Peer {
 impl Peer {
     /// Sends queued frames, in order, while `send` takes them (`Ok(true)`); stops at the
     /// first it refuses, or at an error (returned).
-    fn drain<E>(&mut self, mut send: impl FnMut(&[u8]) -> Result<bool, E>) -> Result<(), E> {
+    fn drain<L: Link>(&mut self, mut link: L) -> Result<(), L::Error> {
         while let Some(f) = self.backlog.front() {
-            if !send(f)? {
+            // A whole frame (a short header is shorter than HDR).
+            if !link.try_send(f, &[])? {
                 break;
             }
             if let Some(f) = self.backlog.pop_front() {
@@ -146,46 +129,6 @@ impl Peer {
         Ok(())
     }
 }
-
-#[derive(Debug)]
-enum Kind {
-    Recv {
-        buf: *mut u8,
-        cap: usize,
-        /// The sender it waits for (the match itself is in `State::posted`).
-        src: Option<u32>,
-        /// Pipelined rendezvous in progress: (sender, tag, total, received so far).
-        pipe: Option<(u32, u32, usize, usize)>,
-        /// A split single-copy rendezvous in progress.
-        split: Option<Box<Split>>,
-        /// The token of the TCP bulk transfer this receive's buffer is lent to.
-        bulk: Option<u64>,
-    },
-    Send {
-        buf: *const u8,
-        len: usize,
-        dest: u32,
-        /// Pipelined rendezvous: the receiver's request and the next offset to stream.
-        stream: Option<(u32, usize)>,
-        /// The buffer's registration with the verbs endpoint (released on FIN).
-        registered: Option<RemoteRegion>,
-    },
-}
-
-#[derive(Debug)]
-struct Req {
-    kind: Kind,
-    result: Option<Result<Status, P2pError>>,
-    /// Which request this is, for ever: ids are reused once taken, serials never.
-    serial: u64,
-}
-
-// SAFETY: the raw pointers of `Kind` and `RndvRecv` are user buffers that the call or the
-// `Request` that posted them borrows (`&mut [T]` / `&[T]` of `Pod` data, themselves
-// `Send`) until the request completes or is cancelled; the engine that holds them is
-// only touched under its mutex, so moving it (or handing the mutex) to another thread
-// moves nothing that another thread could use at the same time.
-unsafe impl Send for Kind {}
 
 /// Resolves a peer's path (first send): what reaches `rank`.
 pub(crate) type Resolver = Box<dyn FnMut(u32) -> Resolved + Send>;
@@ -197,67 +140,54 @@ struct State {
     pid: i32,
     cfg: Config,
     peers: Vec<Peer>,
-    /// Inbox sender id (local rank) -> job rank.
-    sender_rank: Vec<u32>,
-    /// Posted receives in posting order, with what they match (so that matching reads
-    /// no request).
-    posted: VecDeque<Posted>,
-    unexpected: VecDeque<Unexpected>,
-    reqs: Vec<Option<Req>>,
-    free: Vec<u32>,
-    /// The serial of the next request.
-    next_serial: u64,
     /// Peers with a backlog or a stream to push.
     busy: Vec<u32>,
-    resolve: Resolver,
-    gone: GoneCheck,
-    cma_warned: bool,
+    /// How peers are found and how their ends are known.
+    wireup: Wireup,
+    /// Connections that failed, and peers reported gone.
+    ends: Ends,
+    /// Posted receives and unexpected messages ([`matching`]).
+    matching: Matching,
+    /// The requests ([`requests`]).
+    reqs: Requests,
     /// The verbs endpoint, when the process has one.
     verbs: Option<Endpoint>,
-    /// RDMA reads in flight.
-    reads: HashMap<ReadToken, RndvRecv>,
-    /// RDMA reads waiting for room.
-    pending_reads: VecDeque<PendingRead>,
-    /// The claim words of this process's inbox (split single-copy rendezvous).
-    claims: Option<weft_shm::ClaimTable>,
-    /// Split receives in progress (their tails may need taking over).
-    splits: Vec<u32>,
-    /// Copies queued for a caller to run without the lock ([`copy`]).
-    copies: Vec<copy::CopyJob>,
-    /// Requests whose copies a caller runs now.
-    in_flight: Vec<u32>,
-    /// Progress passes so far (how old a queued copy is).
-    pass: u64,
+    /// RDMA reads of the verbs rendezvous ([`verbs`]).
+    reads: Reads,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
-    /// Bulk transfers and failures a TCP poll reported (reused).
-    tcp_events: Vec<TcpEvent>,
-    /// Since when each peer reached over TCP has been reported gone by wire-up while its
-    /// connection is still up.
-    tcp_gone_since: HashMap<u32, std::time::Instant>,
+    /// What a verbs or TCP poll kept for after it ([`polled`]).
+    kept: Kept,
+    /// The split single-copy rendezvous ([`split`]).
+    cma: Cma,
+    /// Copies run without the lock ([`copy`]).
+    copies: Copies,
+    /// Started schedules ([`sched`]).
+    scheds: Scheds,
+}
+
+/// How the engine learns about peers from the wire-up.
+struct Wireup {
+    /// What reaches a rank (first send).
+    resolve: Resolver,
+    /// Why a rank is gone, if it is.
+    gone: GoneCheck,
+}
+
+/// What the engine knows of peers' ends beyond the wire-up.
+#[derive(Default)]
+struct Ends {
     /// Peers whose verbs or TCP connection failed, and why.
     failed: HashMap<u32, String>,
-    /// Frames polled from the verbs or TCP endpoint, copied here so that handling them
-    /// may use the endpoint (reused: no allocation in the steady state).
-    scratch: Vec<u8>,
-    /// (peer, end offset in `scratch`) of each polled frame.
-    spans: Vec<(u32, usize)>,
-    /// Started schedules ([`sched`]), by slot.
-    scheds: Vec<Option<SchedRun>>,
-    /// Free slots of `scheds`.
-    sched_free: Vec<u32>,
-    /// Schedules in `scheds` (running or done but not taken).
-    sched_active: usize,
-    /// Collective operations (context id, tag) another member aborted: by whom, why.
-    aborted: HashMap<(u64, u32), sched::Abort>,
-    /// Scratch buffers of finished schedules, for the next ones, and their bytes.
-    scratch_pool: Vec<Vec<u128>>,
-    scratch_pooled: usize,
+    /// Since when each peer reached over TCP has been reported gone by wire-up while its
+    /// connection is still up.
+    tcp_since: HashMap<u32, std::time::Instant>,
 }
 
 /// One process's engine.
 pub(crate) struct Engine {
-    inbox: Option<Inbox>,
+    /// This process's inbox (none for a single-process job).
+    shm: Option<ShmAdapter>,
     st: State,
 }
 
@@ -265,8 +195,8 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("me", &self.st.me)
-            .field("posted", &self.st.posted.len())
-            .field("unexpected", &self.st.unexpected.len())
+            .field("posted", &self.st.matching.posted.len())
+            .field("unexpected", &self.st.matching.unexpected.len())
             .finish()
     }
 }
@@ -295,44 +225,27 @@ impl Engine {
             })
             .collect();
         peers[me as usize].path = Path::Loopback;
-        let claims = inbox.as_ref().map(Inbox::claim_table);
+        let shm = inbox.map(|i| ShmAdapter::new(i, sender_rank));
+        let claims = shm.as_ref().map(ShmAdapter::claim_table);
         Engine {
-            inbox,
+            shm,
             st: State {
                 me,
                 pid: std::process::id() as i32,
                 cfg,
                 peers,
-                sender_rank,
-                posted: VecDeque::new(),
-                unexpected: VecDeque::new(),
-                reqs: Vec::new(),
-                free: Vec::new(),
-                next_serial: 1,
                 busy: Vec::new(),
-                resolve,
-                gone,
-                cma_warned: false,
+                wireup: Wireup { resolve, gone },
+                ends: Ends::default(),
+                matching: Matching::default(),
+                reqs: Requests::new(),
                 verbs,
-                reads: HashMap::new(),
-                pending_reads: VecDeque::new(),
-                claims,
-                splits: Vec::new(),
-                copies: Vec::new(),
-                in_flight: Vec::new(),
-                pass: 0,
+                reads: Reads::default(),
                 tcp,
-                tcp_events: Vec::new(),
-                tcp_gone_since: HashMap::new(),
-                failed: HashMap::new(),
-                scratch: Vec::new(),
-                spans: Vec::new(),
-                scheds: Vec::new(),
-                sched_free: Vec::new(),
-                sched_active: 0,
-                aborted: HashMap::new(),
-                scratch_pool: Vec::new(),
-                scratch_pooled: 0,
+                kept: Kept::default(),
+                cma: Cma::new(claims),
+                copies: Copies::default(),
+                scheds: Scheds::default(),
             },
         }
     }
@@ -342,12 +255,15 @@ impl Engine {
     #[inline]
     pub(crate) fn progress(&mut self) -> usize {
         let st = &mut self.st;
-        st.pass += 1;
-        if !st.copies.is_empty() {
+        st.copies.pass += 1;
+        if !st.copies.jobs.is_empty() {
             st.run_stale_copies();
         }
-        let mut n = match &mut self.inbox {
-            Some(inbox) => inbox.poll(&mut |sid, frame| st.on_frame(sid, frame)),
+        let mut n = match &mut self.shm {
+            Some(shm) => shm.poll(&mut Handle {
+                st,
+                take: &mut TakeNone,
+            }),
             None => 0,
         };
         if st.verbs.is_some() {
@@ -356,13 +272,13 @@ impl Engine {
         if st.tcp.is_some() {
             n += st.progress_tcp();
         }
-        if !st.splits.is_empty() {
+        if !st.cma.splits.is_empty() {
             st.check_splits();
         }
         if !st.busy.is_empty() {
             st.flush();
         }
-        if st.sched_active > 0 {
+        if st.scheds.active > 0 {
             self.advance_scheds();
         }
         n
@@ -395,8 +311,9 @@ impl Engine {
         tag: Option<u32>,
     ) -> Direct {
         let st = &mut self.st;
-        if !st.posted.is_empty()
+        if !st.matching.posted.is_empty()
             || st
+                .matching
                 .unexpected
                 .iter()
                 .any(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
@@ -418,14 +335,10 @@ impl Engine {
         if st.tcp.is_some() {
             st.progress_tcp_with(&mut taker);
         }
-        if let Some(inbox) = &mut self.inbox {
-            inbox.poll(&mut |sid, frame| {
-                if let Some(&from) = st.sender_rank.get(sid as usize) {
-                    if taker.offer(from, frame) {
-                        return;
-                    }
-                }
-                st.on_frame(sid, frame)
+        if let Some(shm) = &mut self.shm {
+            shm.poll(&mut Handle {
+                st,
+                take: &mut taker,
             });
         } else if st.verbs.is_none() && st.tcp.is_none() {
             return Direct::Queue;
@@ -436,7 +349,7 @@ impl Engine {
         match taker.got {
             Some(r) => Direct::Done(r),
             // A rendezvous (or anything) that arrived meanwhile now sits in the queues.
-            None if !st.unexpected.is_empty() => Direct::Queue,
+            None if !st.matching.unexpected.is_empty() => Direct::Queue,
             None => Direct::NotYet,
         }
     }
@@ -451,7 +364,7 @@ impl Engine {
         let st = &mut self.st;
         // Nothing unexpected either: another thread may have polled our message into
         // it while the engine was let go.
-        if !st.busy.is_empty() || !st.unexpected.is_empty() || !st.copies.is_empty() {
+        if !st.busy.is_empty() || !st.matching.unexpected.is_empty() || !st.copies.jobs.is_empty() {
             return false;
         }
         // Only a poll tells whether a socket has data: never quiet with TCP.
@@ -459,12 +372,12 @@ impl Engine {
             return false;
         }
         if let Some(ep) = &mut st.verbs {
-            if !st.reads.is_empty() || !st.pending_reads.is_empty() || !ep.idle() {
+            if !st.reads.inflight.is_empty() || !st.reads.pending.is_empty() || !ep.idle() {
                 return false;
             }
         }
-        match &self.inbox {
-            Some(inbox) => inbox.quiet(),
+        match &self.shm {
+            Some(shm) => shm.quiet(),
             None => st.verbs.is_some(),
         }
     }
@@ -492,7 +405,7 @@ impl Engine {
 
     /// Why `rank` is gone, if it is.
     pub(crate) fn gone_reason(&self, rank: u32) -> Option<String> {
-        (self.st.gone)(rank)
+        (self.st.wireup.gone)(rank)
     }
 
     /// Starts a receive into `cap` bytes at `buf`.
@@ -516,6 +429,7 @@ impl Engine {
     ) -> Option<Status> {
         self.progress();
         self.st
+            .matching
             .unexpected
             .iter()
             .find(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
@@ -536,7 +450,7 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.take_sched(id);
         }
-        let slot = self.st.reqs.get_mut(id as usize)?;
+        let slot = self.st.reqs.slots.get_mut(id as usize)?;
         let done = slot.as_ref().is_some_and(|r| r.result.is_some());
         if !done {
             return None;
@@ -552,7 +466,7 @@ impl Engine {
             // Ended another way (its sender's process died): the claim word goes back.
             self.st.split_over(id, sp.claim);
         }
-        self.st.free.push(id);
+        self.st.reqs.free.push(id);
         req.and_then(|r| r.result)
     }
 
@@ -562,12 +476,17 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_serial(id);
         }
-        self.st.reqs.get(id as usize)?.as_ref().map(|r| r.serial)
+        self.st
+            .reqs
+            .slots
+            .get(id as usize)?
+            .as_ref()
+            .map(|r| r.serial)
     }
 
     /// The peer a request waits on (for failure detection), if one.
     pub(crate) fn waits_on(&self, id: u32) -> Option<u32> {
-        match &self.st.reqs.get(id as usize)?.as_ref()?.kind {
+        match &self.st.reqs.slots.get(id as usize)?.as_ref()?.kind {
             Kind::Recv {
                 pipe: Some((s, ..)),
                 ..
@@ -582,8 +501,8 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_fail_if_gone(id);
         }
-        if self.st.reads.values().any(|r| r.m.id == id)
-            || self.st.pending_reads.iter().any(|p| p.read.m.id == id)
+        if self.st.reads.inflight.values().any(|r| r.m.id == id)
+            || self.st.reads.pending.iter().any(|p| p.read.m.id == id)
             || self.st.copying(id)
         {
             // The NIC may still write into its buffer: its read's completion (success or
@@ -592,7 +511,8 @@ impl Engine {
         }
         let (peer, reason) = match self.waits_on(id) {
             Some(peer) if peer == self.st.me => return,
-            Some(peer) => match (self.st.gone)(peer).or_else(|| self.st.failed.get(&peer).cloned())
+            Some(peer) => match (self.st.wireup.gone)(peer)
+                .or_else(|| self.st.ends.failed.get(&peer).cloned())
             {
                 Some(reason) => (peer, reason),
                 None => return,
@@ -618,6 +538,7 @@ impl Engine {
         let still = self
             .st
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
@@ -626,10 +547,11 @@ impl Engine {
             // says that nothing more comes: what a peer wrote before it finalized may
             // still be in flight. A connection still up 2 s after the peer is reported
             // gone (a stopped process, a lost node) is closed, and its transfers with it.
-            if !self.st.failed.contains_key(&peer) {
+            if !self.st.ends.failed.contains_key(&peer) {
                 let since = *self
                     .st
-                    .tcp_gone_since
+                    .ends
+                    .tcp_since
                     .entry(peer)
                     .or_insert_with(std::time::Instant::now);
                 if since.elapsed() < TCP_GONE_GRACE {
@@ -641,11 +563,12 @@ impl Engine {
         let still = self
             .st
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
         if still {
-            self.st.posted.retain(|p| p.id != id);
+            self.st.matching.posted.retain(|p| p.id != id);
             self.st
                 .complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
@@ -661,7 +584,7 @@ impl Engine {
         let me = self.st.me;
         let mut first = None;
         for r in ranks.filter(|&r| r != me) {
-            let why = (self.st.gone)(r)?;
+            let why = (self.st.wireup.gone)(r)?;
             first.get_or_insert((r, format!("{why} (and so is every other possible sender)")));
         }
         first
@@ -670,12 +593,12 @@ impl Engine {
     /// Cancels a receive that has not matched yet; returns false if it is already
     /// matched (and must be waited for).
     pub(crate) fn cancel_recv(&mut self, id: u32) -> bool {
-        let pos = self.st.posted.iter().position(|p| p.id == id);
+        let pos = self.st.matching.posted.iter().position(|p| p.id == id);
         match pos {
             Some(i) => {
-                self.st.posted.remove(i);
-                self.st.reqs[id as usize] = None;
-                self.st.free.push(id);
+                self.st.matching.posted.remove(i);
+                self.st.reqs.slots[id as usize] = None;
+                self.st.reqs.free.push(id);
                 true
             }
             None => false,
@@ -688,6 +611,7 @@ impl Engine {
             + self
                 .st
                 .reqs
+                .slots
                 .iter()
                 .flatten()
                 .filter(|r| {
@@ -711,50 +635,24 @@ impl Engine {
 }
 
 impl State {
+    #[inline]
     fn alloc(&mut self, kind: Kind) -> u32 {
-        let req = Req {
-            kind,
-            result: None,
-            serial: self.next_serial,
-        };
-        self.next_serial += 1;
-        match self.free.pop() {
-            Some(id) => {
-                self.reqs[id as usize] = Some(req);
-                id
-            }
-            None => {
-                // Wire ids name 2^24 slots (16 M requests at once, far past any memory).
-                debug_assert!(self.reqs.len() < WIRE_SLOT_MASK as usize);
-                self.reqs.push(Some(req));
-                (self.reqs.len() - 1) as u32
-            }
-        }
+        self.reqs.alloc(kind)
     }
 
-    /// How request `id` is named on the wire: its slot (24 bits) and the low 8 bits of
-    /// its serial, so that a late frame for an earlier request of the same slot (a FIN,
-    /// CTS, DATA or split-copy answer) is recognised as stale 255 times in 256.
+    #[inline]
     fn wire_id(&self, id: u32) -> u32 {
-        let gen = self
-            .reqs
-            .get(id as usize)
-            .and_then(|r| r.as_ref())
-            .map_or(0, |r| r.serial as u32 & 0xff);
-        (id & WIRE_SLOT_MASK) | (gen << 24)
+        self.reqs.wire_id(id)
     }
 
-    /// The live request a wire id from a peer names, if it still is the one it was.
+    #[inline]
     fn own(&self, wire: u32) -> Option<u32> {
-        let id = wire & WIRE_SLOT_MASK;
-        let r = self.reqs.get(id as usize)?.as_ref()?;
-        (r.serial as u32 & 0xff == wire >> 24).then_some(id)
+        self.reqs.own(wire)
     }
 
+    #[inline]
     fn complete(&mut self, id: u32, r: Result<Status, P2pError>) {
-        if let Some(Some(req)) = self.reqs.get_mut(id as usize) {
-            req.result = Some(r);
-        }
+        self.reqs.complete(id, r)
     }
 
     /// The connection to `peer` is gone (the transport no longer touches its buffers):
@@ -766,6 +664,7 @@ impl State {
         self.peers[peer as usize].queued = 0;
         let ids: Vec<u32> = self
             .reqs
+            .slots
             .iter()
             .enumerate()
             .filter_map(|(i, r)| {
@@ -780,7 +679,7 @@ impl State {
                     }
                 };
                 let id = i as u32;
-                let busy = self.reads.values().any(|x| x.m.id == id) || self.copying(id);
+                let busy = self.reads.inflight.values().any(|x| x.m.id == id) || self.copying(id);
                 (waits && !busy).then_some(id)
             })
             .collect();
@@ -788,80 +687,82 @@ impl State {
             if let Some(Some(Req {
                 kind: Kind::Recv { bulk, .. },
                 ..
-            })) = self.reqs.get_mut(id as usize)
+            })) = self.reqs.slots.get_mut(id as usize)
             {
                 *bulk = None;
             }
-            self.posted.retain(|p| p.id != id);
+            self.matching.posted.retain(|p| p.id != id);
             let reason = reason.to_string();
             self.complete(id, Err(P2pError::PeerGone { rank: peer, reason }));
         }
     }
 
-    /// Hands the frames a verbs or TCP poll kept (in `scratch`, the poll being over) to
-    /// the queues, and keeps the buffers for the next poll.
-    fn replay_kept(&mut self) {
-        let (mut scratch, mut spans) = (
-            std::mem::take(&mut self.scratch),
-            std::mem::take(&mut self.spans),
-        );
-        let mut start = 0;
-        for &(peer, end) in &spans {
-            self.on_frame_from(peer, &scratch[start..end]);
-            start = end;
-        }
-        scratch.clear();
-        spans.clear();
-        (self.scratch, self.spans) = (scratch, spans);
-    }
-
-    /// A frame from the inbox, from local sender `sid`.
-    fn on_frame(&mut self, sid: u32, frame: &[u8]) {
-        match self.sender_rank.get(sid as usize) {
-            Some(&rank) => self.on_frame_from(rank, frame),
-            None => tracing::error!("dropping a frame from unknown local sender {sid}"),
-        }
-    }
-
-    /// A frame from job rank `from` (as the transport knows it).
+    /// A frame from job rank `from` (as the transport knows it): decoded once, handled
+    /// by kind.
     fn on_frame_from(&mut self, from: u32, frame: &[u8]) {
-        let Some((h, payload)) = decode_frame(from, frame) else {
-            tracing::error!(
-                "dropping a frame of {} bytes from rank {from}: shorter than a header",
-                frame.len()
-            );
-            return;
+        let f = match Frame::decode(from, frame) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(
+                    "dropping a frame of {} bytes from rank {from}: {e}",
+                    frame.len()
+                );
+                return;
+            }
         };
-        if h.src as usize >= self.peers.len() || h.src != from {
-            tracing::error!(
-                "dropping a frame from rank {from} that claims rank {}",
-                h.src
-            );
+        let src = f.src();
+        if src as usize >= self.peers.len() || src != from {
+            tracing::error!("dropping a frame from rank {from} that claims rank {src}");
             return;
         }
-        match h.kind {
-            EAGER => self.on_eager(h, payload),
-            RTS if payload.len() >= 12 => {
-                let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-                let pid = i32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
-                self.on_rts(h, addr, pid)
+        match f {
+            Frame::Eager { env, data } => self.on_eager(env, data),
+            Frame::Rts {
+                env,
+                sreq,
+                len,
+                addr,
+                pid,
+            } => self.on_rts(env, sreq, len, addr, pid),
+            Frame::RtsRdma {
+                env,
+                sreq,
+                len,
+                addr,
+                rkey,
+            } => self.on_rts_rdma(env, sreq, len, addr, rkey),
+            Frame::RtsTcp { env, sreq, len } => self.on_rts_tcp(env, sreq, len),
+            Frame::Fin { src, tag, sreq } => self.on_fin(src, tag, sreq),
+            Frame::Cts {
+                src, sreq, rreq, ..
+            } => self.on_cts(src, sreq, rreq),
+            Frame::Data {
+                src,
+                rreq,
+                off,
+                chunk,
+            } => self.on_data(src, rreq, off, chunk),
+            Frame::CmaWrite {
+                src,
+                tag,
+                sreq,
+                req,
+            } => self.on_cma_write(src, tag, sreq, req),
+            Frame::CmaDone {
+                src,
+                rreq,
+                written,
+                serial,
+                why,
+                ..
+            } => self.on_cma_done(src, rreq, written, serial, why),
+            Frame::CollAbort { env, gone, why } => {
+                let abort = sched::Abort::decode(env.src, gone, why);
+                self.scheds
+                    .aborted
+                    .entry((env.ctx, env.tag))
+                    .or_insert(abort);
             }
-            RTS_RDMA if payload.len() >= 12 => self.on_rts_rdma(h, payload),
-            RTS_TCP => self.on_rts_tcp(h),
-            FIN => self.on_fin(h),
-            CTS if payload.len() >= 4 => self.on_cts(h, payload),
-            DATA => self.on_data(h, payload),
-            CMA_WRITE if payload.len() >= split::CMA_WRITE_LEN => self.on_cma_write(h, payload),
-            CMA_DONE => self.on_cma_done(h, payload),
-            COLL_ABORT => {
-                let abort = sched::Abort::decode(h, payload);
-                self.aborted.entry((h.ctx, h.tag)).or_insert(abort);
-            }
-            k => tracing::error!(
-                "dropping a frame of kind {k} ({} bytes) from rank {}: unknown kind or too short",
-                frame.len(),
-                h.src
-            ),
         }
     }
 

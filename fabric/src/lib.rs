@@ -24,6 +24,7 @@ mod engine;
 mod error;
 mod lock;
 mod message;
+mod path;
 mod pod;
 mod request;
 pub use lock::{Guard as SpinGuard, SpinLock};

@@ -270,7 +270,7 @@ impl Inbox {
     /// the queue. (The one exception is cold: while the queue's next slot
     /// stays reserved but unpublished, every 4096th poll makes one `fcntl`
     /// to ask whether its sender is still alive.)
-    pub fn poll(&mut self, f: &mut dyn FnMut(u32, &[u8])) -> usize {
+    pub fn poll<F: FnMut(u32, &[u8]) + ?Sized>(&mut self, f: &mut F) -> usize {
         // SYNC: pairs with the Release `fetch_max` of a sender that claimed a
         // fastbox in `Outbox::connect`.
         let claimed = self.parts.header().fastbox_claimed.load(Ordering::Acquire) as usize;

@@ -15,6 +15,17 @@ use super::{Engine, Req, State};
 /// them to a wait loop measured 5-10% slower for 64 and 256 KiB messages).
 const DEFER_MIN: usize = 512 << 10;
 
+/// Copies queued for a caller to run without the lock, and those running.
+#[derive(Debug, Default)]
+pub(super) struct Copies {
+    /// Queued.
+    pub(super) jobs: Vec<CopyJob>,
+    /// Requests whose copies a caller runs now.
+    pub(super) in_flight: Vec<u32>,
+    /// Progress passes so far (how old a queued copy is).
+    pub(super) pass: u64,
+}
+
 /// What a copy does.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum CopyWhat {
@@ -99,11 +110,12 @@ impl State {
     ) {
         let serial = self
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .map_or(0, |r: &Req| r.serial);
         let job = CopyJob {
-            pass: self.pass,
+            pass: self.copies.pass,
             id,
             serial,
             what,
@@ -117,19 +129,19 @@ impl State {
             let d = job.run();
             return self.copy_done(d);
         }
-        self.copies.push(job);
+        self.copies.jobs.push(job);
     }
 
     /// Whether request `id` has a copy queued or running.
     pub(super) fn copying(&self, id: u32) -> bool {
-        self.in_flight.contains(&id) || self.copies.iter().any(|j| j.id == id)
+        self.copies.in_flight.contains(&id) || self.copies.jobs.iter().any(|j| j.id == id)
     }
 
     /// Runs, under the lock, the copies that no wait loop took since an earlier pass.
     pub(super) fn run_stale_copies(&mut self) {
-        let pass = self.pass;
+        let pass = self.copies.pass;
         let mut stale = Vec::new();
-        self.copies.retain_mut(|j| {
+        self.copies.jobs.retain_mut(|j| {
             if j.pass + 1 < pass {
                 stale.push(CopyJob {
                     pass: j.pass,
@@ -155,11 +167,12 @@ impl State {
     /// Accounts for a copy that ran.
     fn copy_done(&mut self, d: CopyDone) {
         let CopyDone { job, res } = d;
-        if let Some(i) = self.in_flight.iter().position(|&x| x == job.id) {
-            self.in_flight.swap_remove(i);
+        if let Some(i) = self.copies.in_flight.iter().position(|&x| x == job.id) {
+            self.copies.in_flight.swap_remove(i);
         }
         let live = self
             .reqs
+            .slots
             .get(job.id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.serial == job.serial && r.result.is_none());
@@ -203,14 +216,14 @@ impl Engine {
     /// Whether copies wait to be run.
     #[inline(always)]
     pub(crate) fn has_copies(&self) -> bool {
-        !self.st.copies.is_empty()
+        !self.st.copies.jobs.is_empty()
     }
 
     /// Takes the queued copies, to run without the engine lock; hand the results back
     /// with [`Engine::copies_done`].
     pub(crate) fn take_copies(&mut self) -> Vec<CopyJob> {
-        let jobs = std::mem::take(&mut self.st.copies);
-        self.st.in_flight.extend(jobs.iter().map(|j| j.id));
+        let jobs = std::mem::take(&mut self.st.copies.jobs);
+        self.st.copies.in_flight.extend(jobs.iter().map(|j| j.id));
         jobs
     }
 

@@ -2,8 +2,10 @@
 //! (messages between two ranks never overtake each other), and the direct receive that
 //! takes a matching eager frame straight from a transport's poll into the caller's buffer.
 
-use super::frame::{decode_frame, outcome, Hdr, EAGER};
 use super::rendezvous::Matched;
+use std::collections::VecDeque;
+
+use super::wire::{Envelope, Frame};
 use super::{Kind, Req, State};
 use crate::{P2pError, Status};
 
@@ -46,16 +48,23 @@ impl TakeFrame for Taker {
         if self.got.is_some() || self.blocked {
             return false;
         }
-        let Some((h, data)) = decode_frame(from, frame) else {
-            return false;
+        let env = match Frame::decode(from, frame) {
+            Ok(Frame::Eager { env, data }) => (env, Some(data)),
+            Ok(Frame::Rts { env, .. } | Frame::RtsRdma { env, .. } | Frame::RtsTcp { env, .. }) => {
+                (env, None)
+            }
+            // Not a message (or not a frame: the queues report it).
+            _ => return false,
         };
+        let (h, data) = env;
         if !(matches(self.ctx, self.src, self.tag, h.ctx, h.src, h.tag) && h.src == from) {
             return false;
         }
-        if h.kind != EAGER {
+        let Some(data) = data else {
+            // A matching rendezvous offer: later matching frames queue behind it.
             self.blocked = true;
             return false;
-        }
+        };
         let n = data.len().min(self.cap);
         // SAFETY: `buf` is the receive buffer of `cap` >= n bytes that the caller of
         // `recv_direct` lends for the whole call; `data` is in the transport's receive
@@ -64,6 +73,15 @@ impl TakeFrame for Taker {
         self.got = Some(outcome(h.src, h.tag, data.len(), self.cap));
         true
     }
+}
+
+/// Posted receives and unexpected messages, each in order.
+#[derive(Default)]
+pub(super) struct Matching {
+    /// Posted receives in posting order, with what they match (so that matching reads
+    /// no request).
+    pub(super) posted: VecDeque<Posted>,
+    pub(super) unexpected: VecDeque<Unexpected>,
 }
 
 pub(super) enum Body {
@@ -131,11 +149,16 @@ impl State {
             bulk: None,
         });
         if let Some(i) = self
+            .matching
             .unexpected
             .iter()
             .position(|u| matches(ctx, src, tag, u.ctx, u.src, u.tag))
         {
-            let u = self.unexpected.remove(i).expect("index from position");
+            let u = self
+                .matching
+                .unexpected
+                .remove(i)
+                .expect("index from position");
             let (src, tag) = (u.src, u.tag);
             let m = |sreq, len: u64| Matched {
                 id,
@@ -161,14 +184,14 @@ impl State {
                 Body::RtsTcp { sreq, len } => self.tcp_matched(m(sreq, len)),
             }
         } else {
-            self.posted.push_back(Posted { id, ctx, src, tag });
+            self.matching.posted.push_back(Posted { id, ctx, src, tag });
         }
         id
     }
 
     /// The buffer and capacity of live receive request `id`.
     pub(super) fn recv_buffer(&self, id: u32) -> Option<(*mut u8, usize)> {
-        match self.reqs.get(id as usize) {
+        match self.reqs.slots.get(id as usize) {
             Some(Some(Req {
                 kind: Kind::Recv { buf, cap, .. },
                 ..
@@ -181,14 +204,15 @@ impl State {
     #[inline]
     pub(super) fn match_posted(&mut self, ctx: u64, src: u32, tag: u32) -> Option<u32> {
         let i = self
+            .matching
             .posted
             .iter()
             .position(|p| matches(p.ctx, p.src, p.tag, ctx, src, tag))?;
         // Usually the oldest posted receive: a pop, not a general removal.
         let p = if i == 0 {
-            self.posted.pop_front()
+            self.matching.posted.pop_front()
         } else {
-            self.posted.remove(i)
+            self.matching.posted.remove(i)
         };
         p.map(|p| p.id)
     }
@@ -207,10 +231,10 @@ impl State {
         self.complete(id, r);
     }
 
-    pub(super) fn on_eager(&mut self, h: Hdr, data: &[u8]) {
+    pub(super) fn on_eager(&mut self, h: Envelope, data: &[u8]) {
         match self.match_posted(h.ctx, h.src, h.tag) {
             Some(id) => self.fill(id, h.src, h.tag, data),
-            None => self.unexpected.push_back(Unexpected {
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
@@ -219,20 +243,39 @@ impl State {
         }
     }
 
-    pub(super) fn on_rts(&mut self, h: Hdr, addr: u64, pid: i32) {
+    pub(super) fn on_rts(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, pid: i32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rts_matched(Matched::of(id, h), addr, pid),
-            None => self.unexpected.push_back(Unexpected {
+            Some(id) => self.rts_matched(Matched::of(id, h, sreq, len), addr, pid),
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
                 body: Body::Rts {
-                    sreq: h.aux,
+                    sreq,
                     addr,
                     pid,
-                    len: h.len,
+                    len,
                 },
             }),
         }
+    }
+}
+
+/// The result of a receive of a `size`-byte message into `cap` bytes.
+#[inline]
+pub(super) fn outcome(sender: u32, tag: u32, size: usize, cap: usize) -> Result<Status, P2pError> {
+    if size > cap {
+        Err(P2pError::Truncated {
+            sender,
+            tag,
+            size,
+            capacity: cap,
+        })
+    } else {
+        Ok(Status {
+            source: sender,
+            tag,
+            count: size,
+        })
     }
 }

@@ -2,7 +2,8 @@
 //! receiver's answer (a single-copy read, or CTS asking the sender to stream DATA through
 //! the rings), and FIN, which frees the sender's buffer.
 
-use super::frame::{outcome, Hdr, CTS, FIN};
+use super::matching::outcome;
+use super::wire::{Envelope, Frame};
 use super::{Kind, Path, Req, SingleCopy, State};
 use crate::{P2pError, Status};
 
@@ -21,15 +22,15 @@ pub(super) struct Matched {
 }
 
 impl Matched {
-    /// The offer of header `h`, matched to receive `id`.
+    /// The offer of `sreq` (`len` bytes) with envelope `h`, matched to receive `id`.
     #[inline]
-    pub(super) fn of(id: u32, h: Hdr) -> Matched {
+    pub(super) fn of(id: u32, h: Envelope, sreq: u32, len: u64) -> Matched {
         Matched {
             id,
             src: h.src,
             tag: h.tag,
-            sreq: h.aux,
-            len: h.len as usize,
+            sreq,
+            len: len as usize,
         }
     }
 }
@@ -59,6 +60,18 @@ impl RndvRecv {
     }
 }
 
+/// How a rendezvous send offers its buffer: what the receiver needs to fetch it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum OfferVia {
+    /// Shared memory (RTS): the receiver reads `addr` in process `pid` (single copy), or
+    /// asks for a stream through the rings (CTS).
+    Cma { addr: u64, pid: i32 },
+    /// Verbs (RTS_RDMA): the receiver RDMA-reads the registered region.
+    RdmaRead { addr: u64, rkey: u32 },
+    /// TCP (RTS_TCP): the receiver answers CTS, the payload follows as a bulk transfer.
+    Bulk,
+}
+
 /// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Offer {
@@ -73,29 +86,27 @@ pub(super) struct Offer {
 impl State {
     /// Tells `to` that its rendezvous send `sreq` is over (its buffer is free).
     pub(super) fn fin(&mut self, to: u32, tag: u32, sreq: u32) {
-        self.control(to, FIN, tag, sreq, 0, &[]);
+        let src = self.me;
+        self.send_frame(to, &Frame::Fin { src, tag, sreq });
     }
 
-    /// Sends control frame `kind` (no communicator) to `to`.
-    pub(super) fn control(
-        &mut self,
-        to: u32,
-        kind: u8,
-        tag: u32,
-        aux: u32,
-        len: u64,
-        payload: &[u8],
-    ) {
-        let hdr = Hdr {
-            kind,
-            src: self.me,
-            ctx: 0,
-            tag,
-            aux,
-            len,
-        }
-        .encode();
-        self.push(to, &hdr, payload);
+    /// Sends frame `f` to `to` (or queues it).
+    pub(super) fn send_frame(&mut self, to: u32, f: &Frame<'_>) {
+        self.push(to, &f.head(), f.payload());
+    }
+
+    /// Answers offer `sreq` from `to` with CTS naming receive `id`.
+    pub(super) fn cts(&mut self, to: u32, tag: u32, sreq: u32, id: u32) {
+        let (src, rreq) = (self.me, self.wire_id(id));
+        self.send_frame(
+            to,
+            &Frame::Cts {
+                src,
+                tag,
+                sreq,
+                rreq,
+            },
+        );
     }
 
     /// Offer `m` and its receive's buffer; `None` when the receive is gone.
@@ -127,7 +138,7 @@ impl State {
             && n >= self.cfg.cma_split
         {
             // A claim word settles who copies the tail (none free: no split).
-            if let Some(claim) = self.claims.as_mut().and_then(|c| c.open()) {
+            if let Some(claim) = self.cma.claims.as_mut().and_then(|c| c.open()) {
                 let offer = Offer {
                     src,
                     tag,
@@ -154,9 +165,9 @@ impl State {
                         std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
                     ) =>
                 {
-                    if !self.cma_warned {
+                    if !self.cma.warned {
                         tracing::info!("single-copy (CMA) refused ({e}); using pipelined copies through shared memory");
-                        self.cma_warned = true;
+                        self.cma.warned = true;
                     }
                     self.cfg.single_copy = SingleCopy::None;
                 }
@@ -170,19 +181,19 @@ impl State {
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             *pipe = Some((src, tag, len, 0));
         }
-        let rreq = self.wire_id(id);
-        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
+        self.cts(src, tag, sreq, id);
         if len == 0 {
             done(self);
         }
     }
 
-    pub(super) fn on_data(&mut self, h: Hdr, chunk: &[u8]) {
-        let Some(id) = self.own(h.aux) else {
+    /// DATA: chunk at `off` of the message of receive `rreq`, from `from`.
+    pub(super) fn on_data(&mut self, from: u32, rreq: u32, off: u64, chunk: &[u8]) {
+        let Some(id) = self.own(rreq) else {
             return;
         };
         let Some(Some(Req {
@@ -196,18 +207,15 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
-        if *src != h.src {
-            tracing::error!(
-                "dropping a data chunk from rank {} for a receive from rank {src}",
-                h.src
-            );
+        if *src != from {
+            tracing::error!("dropping a data chunk from rank {from} for a receive from rank {src}");
             return;
         }
-        let off = h.len as usize;
+        let off = off as usize;
         if off < *cap {
             let n = chunk.len().min(*cap - off);
             // SAFETY: `buf` is the live receive buffer of `cap` bytes and off + n <= cap.
@@ -221,10 +229,10 @@ impl State {
         }
     }
 
-    /// FIN: the receiver is done with the buffer of send `h.aux` (only the peer the send
-    /// went to may complete it).
-    pub(super) fn on_fin(&mut self, h: Hdr) {
-        let Some(id) = self.own(h.aux) else {
+    /// FIN from `from`: the receiver is done with the buffer of send `sreq` (only the
+    /// peer the send went to may complete it).
+    pub(super) fn on_fin(&mut self, from: u32, tag: u32, sreq: u32) {
+        let Some(id) = self.own(sreq) else {
             return;
         };
         let Some(Some(Req {
@@ -237,16 +245,16 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get(id as usize)
+        })) = self.reqs.slots.get(id as usize)
         else {
             return;
         };
-        if *dest != h.src {
+        if *dest != from {
             return;
         }
         let s = Status {
             source: *dest,
-            tag: h.tag,
+            tag,
             count: *len,
         };
         if let (Some(region), Some(ep)) = (*registered, &mut self.verbs) {
@@ -259,11 +267,10 @@ impl State {
         self.complete(id, Ok(s));
     }
 
-    /// CTS: the receiver of send `h.aux` asks for the data (payload: its request); the
-    /// stream is pushed by the path's flush.
-    pub(super) fn on_cts(&mut self, h: Hdr, payload: &[u8]) {
-        let rreq = u32::from_le_bytes(payload[..4].try_into().unwrap_or([0; 4]));
-        let Some(id) = self.own(h.aux) else {
+    /// CTS from `from`: the receiver (its request `rreq`) of send `sreq` asks for the
+    /// data; the stream is pushed by the path's flush.
+    pub(super) fn on_cts(&mut self, from: u32, sreq: u32, rreq: u32) {
+        let Some(id) = self.own(sreq) else {
             return;
         };
         let Some(Some(Req {
@@ -275,11 +282,11 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
-        if *dest != h.src {
+        if *dest != from {
             return;
         }
         let d = *dest;

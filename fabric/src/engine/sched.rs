@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::frame::{Hdr, COLL_ABORT};
+use super::wire::{Envelope, Frame};
 use super::{Engine, Kind, Req};
 use crate::sched::{Buf, Bufs, Schedule, Slice, Step};
 use crate::{P2pError, RankMap, Status};
@@ -51,24 +51,24 @@ pub(crate) struct Abort {
 }
 
 impl Abort {
-    /// The abort of a schedule that failed with `e`: its header fields (aux: the gone
-    /// member's job rank plus one, or 0) and payload.
-    pub(crate) fn encode(e: &P2pError) -> (u32, Vec<u8>) {
-        let (aux, why) = match e {
-            P2pError::PeerGone { rank, reason } => (rank.saturating_add(1), reason.clone()),
-            e => (0, e.to_string()),
+    /// The abort of a schedule that failed with `e`: the gone member, if that is why,
+    /// and the reason (a COLL_ABORT frame's fields).
+    pub(crate) fn encode(e: &P2pError) -> (Option<u32>, Vec<u8>) {
+        let (gone, why) = match e {
+            P2pError::PeerGone { rank, reason } => (Some(*rank), reason.clone()),
+            e => (None, e.to_string()),
         };
         let mut why = why.into_bytes();
         why.truncate(MAX_ABORT_REASON);
-        (aux, why)
+        (gone, why)
     }
 
-    /// The abort a COLL_ABORT frame carries.
-    pub(crate) fn decode(h: Hdr, payload: &[u8]) -> Abort {
+    /// The abort a COLL_ABORT frame from `from` carries.
+    pub(crate) fn decode(from: u32, gone: Option<u32>, why: &[u8]) -> Abort {
         Abort {
-            from: h.src,
-            why: String::from_utf8_lossy(payload).into_owned(),
-            gone: h.aux.checked_sub(1),
+            from,
+            why: String::from_utf8_lossy(why).into_owned(),
+            gone,
         }
     }
 }
@@ -83,6 +83,22 @@ enum Echo {
     Until(Instant),
     /// The failure is reported as it stands.
     Settled,
+}
+
+/// The started schedules, and what later ones reuse.
+#[derive(Default)]
+pub(crate) struct Scheds {
+    /// By slot.
+    pub(crate) runs: Vec<Option<SchedRun>>,
+    /// Free slots of `runs`.
+    pub(crate) free: Vec<u32>,
+    /// Schedules in `runs` (running or done but not taken).
+    pub(crate) active: usize,
+    /// Collective operations (context id, tag) another member aborted: by whom, why.
+    pub(crate) aborted: std::collections::HashMap<(u64, u32), Abort>,
+    /// Scratch buffers of finished schedules, for the next ones, and their bytes.
+    pub(crate) pool: Vec<Vec<u128>>,
+    pub(crate) pooled: usize,
 }
 
 /// A started schedule.
@@ -229,10 +245,10 @@ impl Engine {
             .iter()
             .map(|&b| {
                 let words = b.div_ceil(16);
-                match st.scratch_pool.iter().position(|v| v.capacity() >= words) {
+                match st.scheds.pool.iter().position(|v| v.capacity() >= words) {
                     Some(i) => {
-                        let mut v = st.scratch_pool.swap_remove(i);
-                        st.scratch_pooled -= v.capacity() * 16;
+                        let mut v = st.scheds.pool.swap_remove(i);
+                        st.scheds.pooled -= v.capacity() * 16;
                         v.resize(words, 0);
                         v
                     }
@@ -240,31 +256,31 @@ impl Engine {
                 }
             })
             .collect();
-        run.serial = st.next_serial;
-        st.next_serial += 1;
-        let slot = match st.sched_free.pop() {
+        run.serial = st.reqs.next_serial;
+        st.reqs.next_serial += 1;
+        let slot = match st.scheds.free.pop() {
             Some(s) => s,
             None => {
-                st.scheds.push(None);
-                st.scheds.len() as u32 - 1
+                st.scheds.runs.push(None);
+                st.scheds.runs.len() as u32 - 1
             }
         };
         self.advance(&mut run);
-        self.st.scheds[slot as usize] = Some(run);
-        self.st.sched_active += 1;
+        self.st.scheds.runs[slot as usize] = Some(run);
+        self.st.scheds.active += 1;
         slot | SCHED_BIT
     }
 
     /// Advances every running schedule.
     pub(crate) fn advance_scheds(&mut self) {
-        for i in 0..self.st.scheds.len() {
-            let Some(mut run) = self.st.scheds[i].take() else {
+        for i in 0..self.st.scheds.runs.len() {
+            let Some(mut run) = self.st.scheds.runs[i].take() else {
                 continue;
             };
             if run.result.is_none() {
                 self.advance(&mut run);
             }
-            self.st.scheds[i] = Some(run);
+            self.st.scheds.runs[i] = Some(run);
         }
     }
 
@@ -274,21 +290,22 @@ impl Engine {
         let done = self
             .st
             .scheds
+            .runs
             .get(slot)?
             .as_ref()
             .is_some_and(|r| r.result.is_some());
         if !done {
             return None;
         }
-        let mut run = self.st.scheds[slot].take()?;
-        self.st.sched_free.push(slot as u32);
-        self.st.sched_active -= 1;
+        let mut run = self.st.scheds.runs[slot].take()?;
+        self.st.scheds.free.push(slot as u32);
+        self.st.scheds.active -= 1;
         for mut v in run.scratch.drain(..) {
             let bytes = v.capacity() * 16;
-            if self.st.scratch_pooled + bytes <= SCRATCH_POOL_BYTES {
+            if self.st.scheds.pooled + bytes <= SCRATCH_POOL_BYTES {
                 v.clear();
-                self.st.scratch_pooled += bytes;
-                self.st.scratch_pool.push(v);
+                self.st.scheds.pooled += bytes;
+                self.st.scheds.pool.push(v);
             }
         }
         run.result
@@ -297,7 +314,7 @@ impl Engine {
     /// The serial of schedule `id` while the engine holds it.
     pub(crate) fn sched_serial(&self, id: u32) -> Option<u64> {
         let slot = (id & !SCHED_BIT) as usize;
-        self.st.scheds.get(slot)?.as_ref().map(|r| r.serial)
+        self.st.scheds.runs.get(slot)?.as_ref().map(|r| r.serial)
     }
 
     /// The dead-peer check of a schedule: fails it if a member of its communicator
@@ -305,7 +322,7 @@ impl Engine {
     /// wait on that is gone in any way, or whose connection failed).
     pub(crate) fn sched_fail_if_gone(&mut self, id: u32) {
         let slot = (id & !SCHED_BIT) as usize;
-        let Some(mut run) = self.st.scheds.get_mut(slot).and_then(Option::take) else {
+        let Some(mut run) = self.st.scheds.runs.get_mut(slot).and_then(Option::take) else {
             return;
         };
         if run.result.is_none() {
@@ -317,7 +334,7 @@ impl Engine {
             }
             self.advance(&mut run);
         }
-        self.st.scheds[slot] = Some(run);
+        self.st.scheds.runs[slot] = Some(run);
     }
 
     /// A member of the schedule's communicator that failed (died, exited before
@@ -329,7 +346,7 @@ impl Engine {
             if job == self.st.me {
                 return None;
             }
-            (self.st.gone)(job)
+            (self.st.wireup.gone)(job)
                 .filter(|w| w != weft_wireup::FINALIZED)
                 .map(|reason| P2pError::PeerGone { rank: job, reason })
         })
@@ -339,11 +356,11 @@ impl Engine {
     /// names gone (how it ended as this process's wire-up knows it, else as the aborting
     /// member saw it), or the aborting member and its error.
     fn abort_of(&self, run: &SchedRun) -> Option<P2pError> {
-        let a = self.st.aborted.get(&(run.ctx, run.tag?))?;
+        let a = self.st.scheds.aborted.get(&(run.ctx, run.tag?))?;
         Some(match a.gone {
             Some(rank) => P2pError::PeerGone {
                 rank,
-                reason: (self.st.gone)(rank).unwrap_or_else(|| a.why.clone()),
+                reason: (self.st.wireup.gone)(rank).unwrap_or_else(|| a.why.clone()),
             },
             None => P2pError::Aborted {
                 rank: a.from,
@@ -365,7 +382,7 @@ impl Engine {
         if reason == weft_wireup::FINALIZED {
             return self.abort_of(run).filter(|a| a != failing);
         }
-        (self.st.gone)(*rank)
+        (self.st.wireup.gone)(*rank)
             .filter(|why| why != reason)
             .map(|why| P2pError::PeerGone {
                 rank: *rank,
@@ -380,7 +397,7 @@ impl Engine {
     fn may_improve(&self, e: &P2pError) -> bool {
         match e {
             P2pError::PeerGone { rank, reason } => {
-                reason == weft_wireup::FINALIZED || (self.st.gone)(*rank).is_none()
+                reason == weft_wireup::FINALIZED || (self.st.wireup.gone)(*rank).is_none()
             }
             _ => false,
         }
@@ -532,21 +549,23 @@ impl Engine {
         let Some(failing) = &run.failing else {
             return;
         };
-        let (aux, why) = Abort::encode(failing);
-        let hdr = Hdr {
-            kind: COLL_ABORT,
+        let (gone, why) = Abort::encode(failing);
+        let env = Envelope {
             src: self.st.me,
             ctx: run.ctx,
             tag,
-            aux,
-            len: why.len() as u64,
-        }
-        .encode();
+        };
+        let f = Frame::CollAbort {
+            env,
+            gone,
+            why: &why,
+        };
+        let hdr = f.head();
         for r in 0..run.size {
             let job = run.job(r);
             if job == self.st.me
-                || (self.st.gone)(job).is_some()
-                || self.st.failed.contains_key(&job)
+                || (self.st.wireup.gone)(job).is_some()
+                || self.st.ends.failed.contains_key(&job)
             {
                 continue;
             }
@@ -574,7 +593,7 @@ impl Engine {
     fn abandon_send(&mut self, id: u32) -> bool {
         let st = &mut self.st;
         let ok = matches!(
-            st.reqs.get(id as usize),
+            st.reqs.slots.get(id as usize),
             Some(Some(Req {
                 kind: Kind::Send { stream: None, .. },
                 ..
@@ -591,15 +610,15 @@ impl Engine {
                 },
             result: None,
             ..
-        })) = st.reqs.get(id as usize)
+        })) = st.reqs.slots.get(id as usize)
         {
             let region = *region;
             if let Some(ep) = &mut st.verbs {
                 ep.release(region);
             }
         }
-        st.reqs[id as usize] = None;
-        st.free.push(id);
+        st.reqs.slots[id as usize] = None;
+        st.reqs.free.push(id);
         true
     }
 }

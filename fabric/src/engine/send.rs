@@ -2,10 +2,94 @@
 //! TCP), waiting for a connection's handshake, the send fast paths, the choice between
 //! eager and rendezvous, and the per-peer backlog of frames that wait for room.
 
-use super::frame::{short_header, Hdr, EAGER, RTS, SHORT_HDR, SHORT_MAX};
-use super::{Kind, Path, Peer, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
+use super::rendezvous::OfferVia;
+use super::wire::{short_header, Envelope, Frame};
+use super::{Kind, Path, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
+use crate::path::loopback::Loopback;
+use crate::path::tcp::TcpLink;
+use crate::path::verbs::VerbsLink;
+use crate::path::{Caps, Link, RndvKind};
 use crate::P2pError;
 use weft_verbs::RemoteRegion;
+
+/// Something done on one connection, whatever its transport ([`State::on_link`]).
+pub(super) trait OnLink {
+    type Out;
+    fn on<L: Link>(self, link: L) -> Self::Out;
+}
+
+/// The connection's capabilities.
+struct GetCaps;
+
+impl OnLink for GetCaps {
+    type Out = Caps;
+    #[inline(always)]
+    fn on<L: Link>(self, link: L) -> Caps {
+        link.caps()
+    }
+}
+
+/// Whether the connection is through its handshake.
+struct Ready;
+
+impl OnLink for Ready {
+    type Out = bool;
+    #[inline(always)]
+    fn on<L: Link>(self, link: L) -> bool {
+        link.is_ready()
+    }
+}
+
+/// One frame onto the connection if it has room now (an error: the connection failed,
+/// with the path's rendezvous kind, which says whose failure handling applies).
+struct TrySend<'a> {
+    hdr: &'a [u8],
+    payload: &'a [u8],
+}
+
+impl OnLink for TrySend<'_> {
+    type Out = Result<bool, (RndvKind, String)>;
+    #[inline(always)]
+    fn on<L: Link>(self, mut link: L) -> Self::Out {
+        link.try_send(self.hdr, self.payload)
+            .map_err(|e| (L::RNDV, e.to_string()))
+    }
+}
+
+/// The send fast path, the same for every transport: a message small enough for a
+/// short header and inline (the path's `inline_max`) and within the path's eager limit
+/// goes straight out (`true`), else the general path takes it (`false`).
+#[derive(Clone, Copy)]
+struct Fast {
+    buf: *const u8,
+    len: usize,
+    ctx: u64,
+    tag: u32,
+    eager: usize,
+    tcp_eager: usize,
+}
+
+impl OnLink for Fast {
+    type Out = bool;
+    #[inline(always)]
+    fn on<L: Link>(self, mut link: L) -> bool {
+        let limit = match L::RNDV {
+            RndvKind::Bulk => self.tcp_eager,
+            _ => self.eager,
+        };
+        if self.len > limit || self.len > link.inline_max() {
+            return false;
+        }
+        // SAFETY: the caller of `State::send` guarantees `buf` points to `len` readable
+        // bytes for the duration of the call.
+        let data = unsafe { std::slice::from_raw_parts(self.buf, self.len) };
+        // Not sent (Ok(false), or an error the general path reports): go on.
+        matches!(
+            link.try_send(&short_header(self.ctx, self.tag), data),
+            Ok(true)
+        )
+    }
+}
 
 impl State {
     pub(super) fn path(&mut self, dest: u32) -> Result<(), P2pError> {
@@ -27,7 +111,7 @@ impl State {
             peer.path = Path::Tcp(c);
         }
         if let Path::Unresolved = peer.path {
-            peer.path = match (self.resolve)(dest) {
+            peer.path = match (self.wireup.resolve)(dest) {
                 Resolved::Shm(o) => Path::Shm(o),
                 Resolved::Unreachable(why) => Path::Unreachable(why),
                 Resolved::VerbsCard(card) => match &mut self.verbs {
@@ -57,18 +141,14 @@ impl State {
 
     /// Whether the path to `dest` (resolved) can take a frame at once: over verbs or TCP,
     /// once its connection is through its handshake; an error if that connection failed.
-    pub(super) fn ready(&self, dest: u32) -> Result<bool, P2pError> {
-        if let Some(reason) = self.failed.get(&dest) {
+    pub(super) fn ready(&mut self, dest: u32) -> Result<bool, P2pError> {
+        if let Some(reason) = self.ends.failed.get(&dest) {
             return Err(P2pError::PeerGone {
                 rank: dest,
                 reason: reason.clone(),
             });
         }
-        Ok(match self.peers[dest as usize].path {
-            Path::Verbs(conn) => self.verbs.as_ref().is_none_or(|ep| ep.is_ready(conn)),
-            Path::Tcp(conn) => self.tcp.as_ref().is_none_or(|ep| ep.is_ready(conn)),
-            _ => true,
-        })
+        Ok(self.on_link(dest, Ready).unwrap_or(true))
     }
 
     /// Waits until the connection to `dest` is through its handshake, so that a send
@@ -82,13 +162,32 @@ impl State {
             self.progress_tcp();
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
-                if let Some(reason) = (self.gone)(dest) {
+                if let Some(reason) = (self.wireup.gone)(dest) {
                     return Err(P2pError::PeerGone { rank: dest, reason });
                 }
                 std::thread::yield_now();
             }
         }
         Ok(())
+    }
+
+    /// The one dispatch on the closed path enum: runs `op` on the connection to `dest`
+    /// (`None`: no connection yet, or none possible).
+    #[inline(always)]
+    pub(super) fn on_link<O: OnLink>(&mut self, dest: u32, op: O) -> Option<O::Out> {
+        match &mut self.peers.get_mut(dest as usize)?.path {
+            Path::Shm(out) => Some(op.on(&mut **out)),
+            Path::Verbs(conn) => Some(op.on(VerbsLink {
+                ep: self.verbs.as_mut()?,
+                conn: *conn,
+            })),
+            Path::Tcp(conn) => Some(op.on(TcpLink {
+                ep: self.tcp.as_mut()?,
+                conn: *conn,
+            })),
+            Path::Loopback => Some(op.on(Loopback)),
+            Path::Unresolved | Path::Unreachable(_) => None,
+        }
     }
 
     /// Sends a frame to `dest` or queues it behind earlier ones.
@@ -101,39 +200,21 @@ impl State {
                 return;
             }
         }
-        let peer = &mut self.peers[dest as usize];
-        if peer.backlog.is_empty() {
-            match &mut peer.path {
-                Path::Shm(out) => {
-                    let sent = out.try_send(hdr, payload);
-                    if sent {
-                        return;
-                    }
-                }
-                Path::Verbs(conn) => match self
-                    .verbs
-                    .as_mut()
-                    .map(|ep| ep.try_send(*conn, hdr, payload))
-                {
-                    Some(Ok(true)) => return,
-                    Some(Err(e)) => return self.verbs_failed(dest, &e),
-                    _ => {}
-                },
-                Path::Tcp(conn) => {
-                    if self.failed.contains_key(&dest) {
-                        // The connection is gone for good: what waits on it has failed.
-                        tracing::debug!("dropping a frame to rank {dest}: its connection failed");
-                        return;
-                    }
-                    match self.tcp.as_mut().map(|ep| ep.try_send(*conn, hdr, payload)) {
-                        Some(Ok(true)) => return,
-                        Some(Err(e)) => return self.tcp_failed(dest, &e.to_string()),
-                        _ => {}
-                    }
-                }
+        if self.peers[dest as usize].backlog.is_empty() {
+            if self.ends.failed.contains_key(&dest)
+                && matches!(self.peers[dest as usize].path, Path::Tcp(_))
+            {
+                // The connection is gone for good: what waits on it has failed.
+                tracing::debug!("dropping a frame to rank {dest}: its connection failed");
+                return;
+            }
+            match self.on_link(dest, TrySend { hdr, payload }) {
+                Some(Ok(true)) => return,
+                Some(Err((rndv, e))) => return self.link_failed(dest, rndv, &e),
                 _ => {}
             }
         }
+        let peer = &mut self.peers[dest as usize];
         let mut f = Vec::with_capacity(hdr.len() + payload.len());
         f.extend_from_slice(hdr);
         f.extend_from_slice(payload);
@@ -144,21 +225,31 @@ impl State {
         }
     }
 
-    pub(super) fn max_payload(&self, dest: u32) -> usize {
-        match &self.peers[dest as usize].path {
-            Path::Shm(o) => o.max_frame().saturating_sub(HDR),
-            Path::Verbs(c) => self
-                .verbs
-                .as_ref()
-                .map_or(0, |ep| ep.max_frame(*c).saturating_sub(HDR)),
-            Path::Tcp(_) => self
-                .tcp
-                .as_ref()
-                .map_or(0, |ep| ep.config().max_frame.saturating_sub(HDR)),
-            _ => usize::MAX,
+    /// A send on the connection to `dest` (of a path whose rendezvous is `rndv`) failed.
+    #[cold]
+    fn link_failed(&mut self, dest: u32, rndv: RndvKind, reason: &str) {
+        match rndv {
+            RndvKind::Bulk => self.tcp_failed(dest, reason),
+            RndvKind::RdmaRead => self.verbs_failed(dest, reason),
+            RndvKind::Cma | RndvKind::None => {
+                tracing::error!("sending to rank {dest} failed: {reason}")
+            }
         }
     }
 
+    /// The eager limit of a path whose rendezvous is `rndv`.
+    #[inline(always)]
+    fn eager_limit(&self, rndv: RndvKind) -> usize {
+        match rndv {
+            RndvKind::Bulk => self.cfg.tcp_eager_limit,
+            _ => self.cfg.eager_limit,
+        }
+    }
+
+    /// Sends `len` bytes at `buf` to `dest`: the fast path (a short frame straight onto a
+    /// connected path with nothing queued, whatever the transport), else
+    /// [`State::send_general`].
+    #[inline]
     pub(super) fn send(
         &mut self,
         buf: *const u8,
@@ -167,75 +258,28 @@ impl State {
         ctx: u64,
         tag: u32,
     ) -> Result<Option<u32>, P2pError> {
-        // The fast path: a short message to a connected local peer with nothing queued.
-        if len <= SHORT_MAX && len <= self.cfg.eager_limit {
-            if let Some(Peer {
-                path: Path::Shm(out),
-                backlog,
-                ..
-            }) = self.peers.get_mut(dest as usize)
-            {
-                // SAFETY: the caller guarantees `buf` points to `len` readable bytes for
-                // the duration of this call.
-                let data = unsafe { std::slice::from_raw_parts(buf, len) };
-                if backlog.is_empty() && out.try_send(&short_header(ctx, tag), data) {
-                    return Ok(None);
-                }
-            }
-        }
-        // The same for a peer reached by verbs: small frames go inline, the endpoint
-        // checks the rest (readiness, credits, room) and says no when it must queue.
-        if len <= self.cfg.eager_limit {
-            if let (
-                Some(Peer {
-                    path: Path::Verbs(conn),
-                    backlog,
-                    ..
-                }),
-                Some(ep),
-            ) = (self.peers.get_mut(dest as usize), self.verbs.as_mut())
-            {
-                if backlog.is_empty() && len + SHORT_HDR <= ep.max_inline() {
-                    // A short header: the endpoint names the sender and the frame's length
-                    // is the message's.
-                    let hdr = short_header(ctx, tag);
-                    // SAFETY: as above, `buf` holds `len` readable bytes during this call.
-                    let data = unsafe { std::slice::from_raw_parts(buf, len) };
-                    // Not sent (Ok(false), or an error the slow path reports): go on.
-                    if let Ok(true) = ep.try_send(*conn, &hdr, data) {
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-        // And for a peer reached over TCP: a short header, written at once when nothing
-        // is queued for the connection (the endpoint copies what the socket does not take).
-        if len <= self.cfg.tcp_eager_limit {
-            if let (
-                Some(Peer {
-                    path: Path::Tcp(conn),
-                    backlog,
-                    ..
-                }),
-                Some(ep),
-            ) = (self.peers.get_mut(dest as usize), self.tcp.as_mut())
-            {
-                if backlog.is_empty() && len + SHORT_HDR <= ep.config().max_frame {
-                    let hdr = short_header(ctx, tag);
-                    // SAFETY: as above, `buf` holds `len` readable bytes during this call.
-                    let data = unsafe { std::slice::from_raw_parts(buf, len) };
-                    // A failed connection errs here: the slow path reports it.
-                    if let Ok(true) = ep.try_send(*conn, &hdr, data) {
-                        return Ok(None);
-                    }
-                }
-            }
+        let fast = Fast {
+            buf,
+            len,
+            ctx,
+            tag,
+            eager: self.cfg.eager_limit,
+            tcp_eager: self.cfg.tcp_eager_limit,
+        };
+        if self
+            .peers
+            .get(dest as usize)
+            .is_some_and(|p| p.backlog.is_empty())
+            && self.on_link(dest, fast) == Some(true)
+        {
+            return Ok(None);
         }
         self.send_general(buf, len, dest, ctx, tag)
     }
 
-    /// [`State::send`] beyond its fast paths: unconnected peers, loopback, queued
-    /// frames, larger eager messages, rendezvous.
+    /// [`State::send`] beyond its fast path: unconnected peers, loopback, queued
+    /// frames, larger eager messages, rendezvous; the protocol chosen by the path's
+    /// capabilities.
     #[inline(never)]
     pub(super) fn send_general(
         &mut self,
@@ -247,91 +291,69 @@ impl State {
     ) -> Result<Option<u32>, P2pError> {
         self.path(dest)?;
         let me = self.me;
-        if dest == me {
+        let Some(caps) = self.on_link(dest, GetCaps) else {
+            return Err(P2pError::NoPath {
+                rank: dest,
+                reason: "its transport is not open".into(),
+            });
+        };
+        if caps.rndv == RndvKind::None {
             // Loopback is always buffered (one copy when the receive is already posted),
             // so a send to oneself never waits for its own receive.
             // SAFETY: the caller guarantees `buf` points to `len` readable bytes for the
             // duration of this call (it is borrowed by the send request).
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            let hdr = Hdr {
-                kind: EAGER,
-                src: me,
-                ctx,
-                tag,
-                aux: 0,
-                len: len as u64,
-            };
-            self.on_eager(hdr, data);
+            self.on_eager(Envelope { src: me, ctx, tag }, data);
             return Ok(None);
         }
         // A peer that finalized or died receives nothing more: say so rather than
         // queue or drop the message (a fast path's write to a closing connection, or to
         // a finalized process's ring, fell through to here or fills up to here).
-        if let Some(reason) = (self.gone)(dest) {
+        if let Some(reason) = (self.wireup.gone)(dest) {
             return Err(P2pError::PeerGone { rank: dest, reason });
         }
-        let tcp = matches!(self.peers[dest as usize].path, Path::Tcp(_));
         self.wait_connected(dest)?;
-        let limit = if tcp {
-            self.cfg.tcp_eager_limit
-        } else {
-            self.cfg.eager_limit
-        };
+        // Again: a connection knows its frame size once through its handshake.
+        let caps = self.on_link(dest, GetCaps).unwrap_or(caps);
         // A peer that does not keep up (its socket, the endpoint's queue and then this
         // backlog full) gets rendezvous offers instead: a send then waits for the
         // receiver, and nothing queues without bound.
-        let congested = tcp && self.peers[dest as usize].queued >= TCP_BACKLOG_LIMIT;
-        let eager = len <= limit.min(self.max_payload(dest)) && !congested;
-        let short = match self.peers[dest as usize].path {
-            Path::Shm(_) => len <= SHORT_MAX,
-            // The endpoint names the sender, the frame's length is the message's.
-            Path::Tcp(_) => true,
-            _ => false,
-        };
-        if eager && short {
-            // SAFETY: as above, `buf` holds `len` readable bytes during this call.
-            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+        let congested = caps.congests && self.peers[dest as usize].queued >= TCP_BACKLOG_LIMIT;
+        let limit = self.eager_limit(caps.rndv);
+        let eager = len <= limit.min(caps.max_frame.saturating_sub(HDR)) && !congested;
+        // SAFETY: as above, `buf` holds `len` readable bytes during this call.
+        let data = unsafe { std::slice::from_raw_parts(buf, len) };
+        if eager && caps.short_max.is_some_and(|m| len <= m) {
             self.push(dest, &short_header(ctx, tag), data);
             return Ok(None);
         }
         if eager {
-            let hdr = Hdr {
-                kind: EAGER,
-                src: me,
-                ctx,
-                tag,
-                aux: 0,
-                len: len as u64,
-            }
-            .encode();
-            // SAFETY: as above, `buf` holds `len` readable bytes during this call.
-            let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            self.push(dest, &hdr, data);
+            let env = Envelope { src: me, ctx, tag };
+            self.send_frame(dest, &Frame::Eager { env, data });
             return Ok(None);
         }
-        if let Path::Verbs(_) = self.peers[dest as usize].path {
-            return self.send_rdma(buf, len, dest, ctx, tag).map(Some);
+        match caps.rndv {
+            RndvKind::RdmaRead => self.send_rdma(buf, len, dest, ctx, tag).map(Some),
+            RndvKind::Bulk => Ok(Some(self.send_tcp_rts(buf, len, dest, ctx, tag))),
+            RndvKind::Cma | RndvKind::None => {
+                // The receiver copies from our memory (address and pid).
+                let via = OfferVia::Cma {
+                    addr: buf as u64,
+                    pid: self.pid,
+                };
+                Ok(Some(self.offer((buf, len, dest, ctx, tag), None, via)))
+            }
         }
-        if tcp {
-            return Ok(Some(self.send_tcp_rts(buf, len, dest, ctx, tag)));
-        }
-        // Shared memory: the receiver copies from our memory (address and pid).
-        let mut p = [0u8; 12];
-        p[..8].copy_from_slice(&(buf as u64).to_le_bytes());
-        p[8..].copy_from_slice(&self.pid.to_le_bytes());
-        let send = (buf, len, dest, ctx, tag);
-        Ok(Some(self.offer(RTS, send, None, &p)))
     }
 
     /// Starts a rendezvous send: a request for the `len` bytes at `buf` to `dest` (with
-    /// its buffer's verbs registration, if any), offered with frame `kind` (which names
-    /// the request) followed by `payload`.
+    /// its buffer's verbs registration, if any), offered (RTS, RTS_RDMA or RTS_TCP, which
+    /// name the request) as `via` says.
     pub(super) fn offer(
         &mut self,
-        kind: u8,
         (buf, len, dest, ctx, tag): (*const u8, usize, u32, u64, u32),
         registered: Option<RemoteRegion>,
-        payload: &[u8],
+        via: OfferVia,
     ) -> u32 {
         let id = self.alloc(Kind::Send {
             buf,
@@ -340,16 +362,30 @@ impl State {
             stream: None,
             registered,
         });
-        let hdr = Hdr {
-            kind,
+        let env = Envelope {
             src: self.me,
             ctx,
             tag,
-            aux: self.wire_id(id),
-            len: len as u64,
-        }
-        .encode();
-        self.push(dest, &hdr, payload);
+        };
+        let (sreq, len) = (self.wire_id(id), len as u64);
+        let f = match via {
+            OfferVia::Cma { addr, pid } => Frame::Rts {
+                env,
+                sreq,
+                len,
+                addr,
+                pid,
+            },
+            OfferVia::RdmaRead { addr, rkey } => Frame::RtsRdma {
+                env,
+                sreq,
+                len,
+                addr,
+                rkey,
+            },
+            OfferVia::Bulk => Frame::RtsTcp { env, sreq, len },
+        };
+        self.send_frame(dest, &f);
         id
     }
 }

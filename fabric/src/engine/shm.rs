@@ -1,7 +1,7 @@
 //! The shared-memory adapter: frames into a local peer's inbox rings, with the pipelined
 //! rendezvous (DATA chunks streamed after CTS) when single copy is off or refused.
 
-use super::frame::{Hdr, DATA, HDR};
+use super::wire::{Frame, HDR};
 use super::{Kind, Path, Req, State};
 use crate::Status;
 
@@ -29,7 +29,7 @@ impl State {
         let mut more = false;
         let chunk = out.max_frame() - HDR;
         let me = self.me;
-        for slot in self.reqs.iter_mut() {
+        for slot in self.reqs.slots.iter_mut() {
             let Some(Req {
                 kind:
                     Kind::Send {
@@ -51,19 +51,16 @@ impl State {
             let Some((rreq, off)) = stream else { continue };
             while *off < *len {
                 let n = chunk.min(*len - *off);
-                let hdr = Hdr {
-                    kind: DATA,
-                    src: me,
-                    ctx: 0,
-                    tag: 0,
-                    aux: *rreq,
-                    len: *off as u64,
-                }
-                .encode();
                 // SAFETY: the send request keeps its buffer of `len` bytes alive until it
                 // completes, and off + n <= len.
-                let data = unsafe { std::slice::from_raw_parts(buf.add(*off), n) };
-                if !out.try_send(&hdr, data) {
+                let chunk = unsafe { std::slice::from_raw_parts(buf.add(*off), n) };
+                let f = Frame::Data {
+                    src: me,
+                    rreq: *rreq,
+                    off: *off as u64,
+                    chunk,
+                };
+                if !out.try_send(&f.head(), chunk) {
                     break;
                 }
                 *off += n;

@@ -13,10 +13,30 @@ use std::time::{Duration, Instant};
 use weft_shm::Claim;
 
 use super::copy::CopyWhat;
-use super::frame::{outcome, Hdr, CMA_DONE, CMA_WRITE};
+use super::matching::outcome;
 use super::rendezvous::Offer;
+use super::wire::{CmaWrite, Frame};
 use super::{Engine, Kind, Path, Req, State};
 use crate::P2pError;
+
+/// The single-copy rendezvous' own state: the claim words of this process's inbox, the
+/// split receives in progress (their tails may need taking over), and whether CMA's
+/// refusal was told.
+pub(super) struct Cma {
+    pub(super) claims: Option<weft_shm::ClaimTable>,
+    pub(super) splits: Vec<u32>,
+    pub(super) warned: bool,
+}
+
+impl Cma {
+    pub(super) fn new(claims: Option<weft_shm::ClaimTable>) -> Cma {
+        Cma {
+            claims,
+            splits: Vec::new(),
+            warned: false,
+        }
+    }
+}
 
 /// A single-copy rendezvous split between the receiver (head) and the sender (tail).
 #[derive(Debug)]
@@ -37,10 +57,6 @@ pub(super) struct Split {
     pub(super) taken: bool,
 }
 
-/// Bytes of a CMA_WRITE payload: the receiver's request, destination, pid, offset, count,
-/// the receive's serial, and the claim (slot, generation).
-pub(super) const CMA_WRITE_LEN: usize = 52;
-
 /// How long a split receive waits for its sender to take its part before the receiver
 /// copies it itself.
 pub(super) const SPLIT_TAKEOVER: Duration = Duration::from_millis(1);
@@ -57,7 +73,7 @@ impl Engine {
             },
             result: None,
             ..
-        })) = self.st.reqs.get(id as usize)
+        })) = self.st.reqs.slots.get(id as usize)
         else {
             return true;
         };
@@ -74,7 +90,7 @@ impl Engine {
 
     pub(super) fn is_recv(&self, id: u32) -> bool {
         matches!(
-            self.st.reqs.get(id as usize),
+            self.st.reqs.slots.get(id as usize),
             Some(Some(Req {
                 kind: Kind::Recv { .. },
                 ..
@@ -94,23 +110,34 @@ impl State {
         let tail = n - head;
         let serial = self
             .reqs
+            .slots
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .map_or(0, |r| r.serial);
-        let mut p = [0u8; CMA_WRITE_LEN];
-        p[32..40].copy_from_slice(&serial.to_le_bytes());
-        p[40..44].copy_from_slice(&claim.slot.to_le_bytes());
-        p[44..52].copy_from_slice(&claim.generation.to_le_bytes());
-        p[..4].copy_from_slice(&self.wire_id(id).to_le_bytes());
-        p[4..12].copy_from_slice(&(buf as u64 + head as u64).to_le_bytes());
-        p[12..16].copy_from_slice(&self.pid.to_le_bytes());
-        p[16..24].copy_from_slice(&(head as u64).to_le_bytes());
-        p[24..32].copy_from_slice(&(tail as u64).to_le_bytes());
-        self.control(src, CMA_WRITE, tag, sreq, 0, &p);
+        let req = CmaWrite {
+            rreq: self.wire_id(id),
+            dst: buf as u64 + head as u64,
+            pid: self.pid,
+            off: head as u64,
+            count: tail as u64,
+            serial,
+            slot: claim.slot,
+            generation: claim.generation,
+        };
+        let me = self.me;
+        self.send_frame(
+            src,
+            &Frame::CmaWrite {
+                src: me,
+                tag,
+                sreq,
+                req,
+            },
+        );
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, split, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             // Counted in message bytes: what truncation drops is done already.
             *pipe = Some((src, tag, len, len - n));
@@ -123,7 +150,7 @@ impl State {
                 started: Instant::now(),
                 taken: false,
             }));
-            self.splits.push(id);
+            self.cma.splits.push(id);
         }
         // The head: bytes 0..head of this receive's buffer (cap >= n >= head), which the
         // sender does not write; copied without the engine lock.
@@ -138,7 +165,7 @@ impl State {
                 split: Some(sp), ..
             },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             sp.err.get_or_insert(reason);
         }
@@ -157,7 +184,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -181,10 +208,10 @@ impl State {
 
     /// Split receive `id` is over (its claim word goes back).
     pub(super) fn split_over(&mut self, id: u32, claim: Claim) {
-        if let Some(c) = &mut self.claims {
+        if let Some(c) = &mut self.cma.claims {
             c.close(claim);
         }
-        self.splits.retain(|&s| s != id);
+        self.cma.splits.retain(|&s| s != id);
     }
 
     /// The receiver copies the tail of split receive `id` itself if the sender has not
@@ -197,11 +224,11 @@ impl State {
             },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return false;
         };
-        if sp.taken || !self.claims.as_ref().is_some_and(|c| c.take(sp.claim)) {
+        if sp.taken || !self.cma.claims.as_ref().is_some_and(|c| c.take(sp.claim)) {
             return false;
         }
         self.read_tail(id);
@@ -222,7 +249,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -242,10 +269,11 @@ impl State {
     #[cold]
     pub(super) fn check_splits(&mut self) {
         let late: Vec<u32> = self
+            .cma
             .splits
             .iter()
             .copied()
-            .filter(|&id| match self.reqs.get(id as usize) {
+            .filter(|&id| match self.reqs.slots.get(id as usize) {
                 Some(Some(Req {
                     kind:
                         Kind::Recv {
@@ -261,76 +289,66 @@ impl State {
         }
     }
 
-    /// The sender side of a split rendezvous: writes its part into the receiver, then
-    /// says so (CMA_DONE: the byte count, 0 if the kernel refused, or an error).
-    pub(super) fn on_cma_write(&mut self, h: Hdr, p: &[u8]) {
-        let word = |a: usize, b: usize| -> u64 {
-            let mut w = [0u8; 8];
-            w[..b - a].copy_from_slice(&p[a..b]);
-            u64::from_le_bytes(w)
-        };
-        let serial = word(32, 40).to_le_bytes();
-        let (rreq, dst, pid, off, count) = (
-            word(0, 4) as u32,
-            word(4, 12),
-            word(12, 16) as u32 as i32,
-            word(16, 24) as usize,
-            word(24, 32) as usize,
-        );
-        let send = match self.own(h.aux).and_then(|id| self.reqs.get(id as usize)) {
+    /// The sender side of a split rendezvous (CMA_WRITE from `from` for send `sreq`):
+    /// writes its part into the receiver, then says so (CMA_DONE: the byte count, 0 if
+    /// the kernel refused, or an error).
+    pub(super) fn on_cma_write(&mut self, from: u32, tag: u32, sreq: u32, w: CmaWrite) {
+        let serial = w.serial.to_le_bytes();
+        let (rreq, dst, pid, off, count) = (w.rreq, w.dst, w.pid, w.off as usize, w.count as usize);
+        let send = match self
+            .own(sreq)
+            .and_then(|id| self.reqs.slots.get(id as usize))
+        {
             Some(Some(Req {
                 kind: Kind::Send { buf, len, dest, .. },
                 result: None,
                 ..
-            })) if *dest == h.src => Some((*buf, *len)),
+            })) if *dest == from => Some((*buf, *len)),
             _ => None,
         };
         let Some((buf, _)) =
             send.filter(|&(_, len)| off.checked_add(count).is_some_and(|e| e <= len))
         else {
             let why = format!(
-                "rank {} asked rank {} to write bytes {off}..{} of send {}, which it does not have",
-                h.src,
+                "rank {from} asked rank {} to write bytes {off}..{} of send {sreq}, which it does not have",
                 self.me,
                 off.saturating_add(count),
-                h.aux
             );
             tracing::error!("{why}");
-            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
+            return self.cma_done(from, tag, rreq, serial, 0, &why);
         };
         // Write only into the process that owns the inbox we reach this rank through:
         // a wrong pid (a bug, or a pid reused after the receiver died) is refused.
-        let owner = match &self.peers.get(h.src as usize).map(|p| &p.path) {
+        let owner = match &self.peers.get(from as usize).map(|p| &p.path) {
             Some(Path::Shm(o)) => Some(o.receiver_pid()),
             _ => None,
         };
         if owner != Some(pid as u32) {
             let why = format!(
-                "rank {} asked for a single-copy write into pid {pid}, but its inbox belongs to {}",
-                h.src,
+                "rank {from} asked for a single-copy write into pid {pid}, but its inbox belongs to {}",
                 owner.map_or_else(|| "no known process".to_string(), |p| format!("pid {p}"))
             );
             tracing::error!("{why}");
-            return self.cma_done(h.src, h.tag, rreq, serial, 0, &why);
+            return self.cma_done(from, tag, rreq, serial, 0, &why);
         }
         // Write only with the claim: if the receiver took the tail over, it copies it.
-        let (slot, generation) = (word(40, 44) as u32, word(44, 52));
-        let claimed = match &self.peers.get(h.src as usize).map(|p| &p.path) {
+        let (slot, generation) = (w.slot, w.generation);
+        let claimed = match &self.peers.get(from as usize).map(|p| &p.path) {
             Some(Path::Shm(o)) => o.claim_for_sender(slot, generation),
             _ => false,
         };
         if !claimed {
-            return self.cma_done(h.src, h.tag, rreq, serial, 0, "");
+            return self.cma_done(from, tag, rreq, serial, 0, "");
         }
         // The send request is live (its FIN, which the receiver sends only after this
         // part, has not come), so its buffer is borrowed; off + count <= len. Written
         // without the engine lock; CMA_DONE follows.
-        let Some(sid) = self.own(h.aux) else { return };
+        let Some(sid) = self.own(sreq) else { return };
         // SAFETY: off + count <= len: inside the send's buffer.
         let local = unsafe { buf.add(off) }.cast_mut();
         let what = CopyWhat::Write {
-            to: h.src,
-            tag: h.tag,
+            to: from,
+            tag,
             rreq,
             rserial: serial,
         };
@@ -348,23 +366,32 @@ impl State {
         written: u64,
         why: &str,
     ) {
-        let mut p = Vec::with_capacity(8 + why.len());
-        p.extend_from_slice(&serial);
-        p.extend_from_slice(why.as_bytes());
-        self.control(to, CMA_DONE, tag, rreq, written, &p);
+        let f = Frame::CmaDone {
+            src: self.me,
+            tag,
+            rreq,
+            written,
+            serial: u64::from_le_bytes(serial),
+            why: why.as_bytes(),
+        };
+        self.send_frame(to, &f);
     }
 
-    /// The sender's part of a split rendezvous is done, refused or failed.
-    pub(super) fn on_cma_done(&mut self, h: Hdr, p: &[u8]) {
-        let Some(id) = self.own(h.aux) else {
+    /// The sender's part of a split rendezvous is done (`written` bytes, 0: not
+    /// written), refused or failed (`why`): CMA_DONE from `from` for receive `rreq`.
+    pub(super) fn on_cma_done(
+        &mut self,
+        from: u32,
+        rreq: u32,
+        written: u64,
+        serial: u64,
+        why: &[u8],
+    ) {
+        let Some(id) = self.own(rreq) else {
             return;
         };
-        let Some((serial, why)) = p.split_first_chunk::<8>() else {
-            return;
-        };
-        let serial = u64::from_le_bytes(*serial);
         // Only the live split receive this answer is for: ids are reused, serials not.
-        let tail = match self.reqs.get(id as usize) {
+        let tail = match self.reqs.slots.get(id as usize) {
             Some(Some(Req {
                 kind:
                     Kind::Recv {
@@ -374,7 +401,7 @@ impl State {
                     },
                 result: None,
                 serial: live,
-            })) if *src == h.src && *live == serial => {
+            })) if *src == from && *live == serial => {
                 if sp.taken {
                     // The receiver copied the tail itself: this answer says the sender
                     // found the claim taken.
@@ -386,7 +413,7 @@ impl State {
         };
         if !why.is_empty() {
             self.split_error(id, String::from_utf8_lossy(why).into_owned());
-        } else if h.len == 0 {
+        } else if written == 0 {
             // Not written (the claim was not the sender's, or the kernel refused the
             // write): the sender will not write, and its buffer is still ours to read
             // (no FIN yet).
@@ -395,6 +422,6 @@ impl State {
             }
             return;
         }
-        self.split_progress(id, h.src, tail);
+        self.split_progress(id, from, tail);
     }
 }

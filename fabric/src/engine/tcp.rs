@@ -8,56 +8,14 @@
 
 use weft_tcp::ConnId;
 
-use super::frame::{outcome, Hdr, CTS, RTS_TCP};
-use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
-use super::rendezvous::{Matched, RndvRecv};
-use super::{keep_frame, Kind, Path, Req, State};
+use crate::path::tcp::TcpLink;
+
+use super::matching::{outcome, Body, TakeFrame, TakeNone, Unexpected};
+use super::polled::{poll_kept, Polled};
+use super::rendezvous::{Matched, OfferVia, RndvRecv};
+use super::wire::Envelope;
+use super::{Kind, Path, Req, State};
 use crate::{P2pError, Status};
-
-/// What the endpoint reported in a poll besides frames, handled once the poll is over.
-#[derive(Debug)]
-pub(super) enum TcpEvent {
-    Received { peer: u32, token: u64, len: usize },
-    Sent { peer: u32, token: u64 },
-    Failed { peer: u32, reason: String },
-}
-
-/// The TCP endpoint's [`Deliver`](weft_tcp::Deliver) for a progress pass: frames go to
-/// `take` first, the others are kept for the queues; bulk and failure reports are kept
-/// as events.
-struct TcpSink<'a, T> {
-    take: &'a mut T,
-    taken: usize,
-    scratch: &'a mut Vec<u8>,
-    spans: &'a mut Vec<(u32, usize)>,
-    events: &'a mut Vec<TcpEvent>,
-}
-
-impl<T: TakeFrame> weft_tcp::Deliver for TcpSink<'_, T> {
-    #[inline(always)]
-    fn frame(&mut self, peer: u32, frame: &[u8]) {
-        if self.take.offer(peer, frame) {
-            self.taken += 1;
-        } else {
-            keep_frame(self.scratch, self.spans, peer, frame);
-        }
-    }
-
-    fn bulk_received(&mut self, peer: u32, token: u64, len: usize) {
-        self.events.push(TcpEvent::Received { peer, token, len });
-    }
-
-    fn bulk_sent(&mut self, peer: u32, token: u64) {
-        self.events.push(TcpEvent::Sent { peer, token });
-    }
-
-    fn failed(&mut self, peer: u32, reason: &str) {
-        self.events.push(TcpEvent::Failed {
-            peer,
-            reason: reason.to_string(),
-        });
-    }
-}
 
 /// The token of the bulk transfer of send `sreq` into receive `rreq` (wire ids).
 fn token(sreq: u32, rreq: u32) -> u64 {
@@ -76,29 +34,12 @@ impl State {
         let Some(ep) = &mut self.tcp else {
             return 0;
         };
-        let mut sink = TcpSink {
-            take,
-            taken: 0,
-            scratch: &mut self.scratch,
-            spans: &mut self.spans,
-            events: &mut self.tcp_events,
-        };
-        ep.poll(&mut sink);
-        let taken = sink.taken;
-        if self.spans.is_empty() && self.tcp_events.is_empty() {
+        let taken = poll_kept(ep, take, &mut self.kept);
+        if self.kept.is_empty() {
             return taken;
         }
-        let frames = self.spans.len() + taken;
-        self.replay_kept();
-        let mut events = std::mem::take(&mut self.tcp_events);
-        for ev in events.drain(..) {
-            match ev {
-                TcpEvent::Received { peer, token, len } => self.on_bulk_received(peer, token, len),
-                TcpEvent::Sent { peer, token } => self.on_bulk_sent(peer, token),
-                TcpEvent::Failed { peer, reason } => self.tcp_failed(peer, &reason),
-            }
-        }
-        self.tcp_events = events;
+        let frames = self.kept.frames() + taken;
+        self.after_poll(Polled::Tcp);
         frames
     }
 
@@ -112,21 +53,18 @@ impl State {
         ctx: u64,
         tag: u32,
     ) -> u32 {
-        self.offer(RTS_TCP, (buf, len, dest, ctx, tag), None, &[])
+        self.offer((buf, len, dest, ctx, tag), None, OfferVia::Bulk)
     }
 
     /// An offer over TCP arrived: match it, or queue it as unexpected.
-    pub(super) fn on_rts_tcp(&mut self, h: Hdr) {
+    pub(super) fn on_rts_tcp(&mut self, h: Envelope, sreq: u32, len: u64) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.tcp_matched(Matched::of(id, h)),
-            None => self.unexpected.push_back(Unexpected {
+            Some(id) => self.tcp_matched(Matched::of(id, h, sreq, len)),
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
-                body: Body::RtsTcp {
-                    sreq: h.aux,
-                    len: h.len,
-                },
+                body: Body::RtsTcp { sreq, len },
             }),
         }
     }
@@ -152,7 +90,7 @@ impl State {
             }
             Err(e) => return self.complete(id, Err(e)),
         };
-        if let Some(reason) = self.failed.get(&src) {
+        if let Some(reason) = self.ends.failed.get(&src) {
             let reason = reason.clone();
             return self.complete(id, Err(P2pError::PeerGone { rank: src, reason }));
         }
@@ -167,12 +105,12 @@ impl State {
         if let Some(Some(Req {
             kind: Kind::Recv { pipe, bulk, .. },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             *pipe = Some((src, tag, len, 0));
             *bulk = Some(t);
         }
-        self.control(src, CTS, tag, sreq, 0, &rreq.to_le_bytes());
+        self.cts(src, tag, sreq, id);
     }
 
     /// CTS for send `id` over TCP connection `conn`: the endpoint writes the payload.
@@ -183,7 +121,7 @@ impl State {
                 buf, len, stream, ..
             },
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -201,7 +139,7 @@ impl State {
     }
 
     /// The endpoint read a whole bulk transfer into a receive's buffer.
-    fn on_bulk_received(&mut self, peer: u32, t: u64, len: usize) {
+    pub(super) fn on_bulk_received(&mut self, peer: u32, t: u64, len: usize) {
         let Some(id) = self.own(t as u32) else {
             return;
         };
@@ -215,7 +153,7 @@ impl State {
                 },
             result: None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         else {
             return;
         };
@@ -236,7 +174,7 @@ impl State {
     }
 
     /// The endpoint wrote a whole bulk transfer: the send is done.
-    fn on_bulk_sent(&mut self, peer: u32, t: u64) {
+    pub(super) fn on_bulk_sent(&mut self, peer: u32, t: u64) {
         let Some(id) = self.own((t >> 32) as u32) else {
             return;
         };
@@ -246,7 +184,7 @@ impl State {
             },
             result: result @ None,
             ..
-        })) = self.reqs.get_mut(id as usize)
+        })) = self.reqs.slots.get_mut(id as usize)
         {
             if *dest == peer && stream.is_some() {
                 *stream = None;
@@ -266,7 +204,7 @@ impl State {
             return false;
         };
         let peer = &mut self.peers[dest as usize];
-        if let Err(e) = peer.drain(|f| ep.try_send(conn, f, &[])) {
+        if let Err(e) = peer.drain(TcpLink { ep, conn }) {
             self.tcp_failed(dest, &e.to_string());
             return false;
         }
@@ -282,9 +220,12 @@ impl State {
         }
         // A peer that finalized closes its connections: only waits on it fail, and they
         // are named by how it ended when wire-up knows.
-        let reason = (self.gone)(peer).unwrap_or_else(|| reason.to_string());
+        let reason = (self.wireup.gone)(peer).unwrap_or_else(|| reason.to_string());
         tracing::debug!("TCP connection to rank {peer} ended: {reason}");
-        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.ends
+            .failed
+            .entry(peer)
+            .or_insert_with(|| reason.clone());
         // For good, on both sides: the peer's later connections are refused with this
         // reason (what waited on it here has failed; it must not find a half-open way).
         if let Some(ep) = &mut self.tcp {

@@ -2,45 +2,24 @@
 //! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
 //! waits and failures.
 
-use super::frame::{Hdr, RTS_RDMA};
 use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::polled::{poll_kept, Polled};
+use super::rendezvous::OfferVia;
 use super::rendezvous::{Matched, RndvRecv};
+use super::wire::Envelope;
 use super::{Path, State};
+use crate::path::verbs::VerbsLink;
 use crate::P2pError;
-use weft_verbs::ConnId;
+use std::collections::{HashMap, VecDeque};
+use weft_verbs::{ConnId, ReadToken};
 
-/// The verbs endpoint's [`Deliver`](weft_verbs::Deliver) for a progress pass: frames go to
-/// `take` first, the others are kept for the queues.
-pub(super) struct VerbsSink<'a, T> {
-    pub(super) take: &'a mut T,
-    pub(super) taken: usize,
-    pub(super) scratch: &'a mut Vec<u8>,
-    pub(super) spans: &'a mut Vec<(u32, usize)>,
-}
-
-impl<T: TakeFrame> weft_verbs::Deliver for VerbsSink<'_, T> {
-    #[inline(always)]
-    fn frame(&mut self, peer: u32, frame: &[u8]) {
-        if self.take.offer(peer, frame) {
-            self.taken += 1;
-        } else {
-            keep_frame(self.scratch, self.spans, peer, frame);
-        }
-    }
-}
-
-/// Keeps a verbs frame that no receive took, for `on_frame_from` once the poll is over
-/// (off the path of a frame a receive takes).
-#[cold]
-#[inline(never)]
-pub(super) fn keep_frame(
-    scratch: &mut Vec<u8>,
-    spans: &mut Vec<(u32, usize)>,
-    peer: u32,
-    frame: &[u8],
-) {
-    scratch.extend_from_slice(frame);
-    spans.push((peer, scratch.len()));
+/// The RDMA reads of verbs rendezvous.
+#[derive(Debug, Default)]
+pub(super) struct Reads {
+    /// In flight.
+    pub(super) inflight: HashMap<ReadToken, RndvRecv>,
+    /// Waiting for room.
+    pub(super) pending: VecDeque<PendingRead>,
 }
 
 /// An RDMA read waiting for room on its connection: the receive it fills and the
@@ -79,10 +58,8 @@ impl State {
             })?)
         };
         let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
-        let mut p = [0u8; 12];
-        p[..8].copy_from_slice(&addr.to_le_bytes());
-        p[8..].copy_from_slice(&rkey.to_le_bytes());
-        Ok(self.offer(RTS_RDMA, (buf, len, dest, ctx, tag), region, &p))
+        let via = OfferVia::RdmaRead { addr, rkey };
+        Ok(self.offer((buf, len, dest, ctx, tag), region, via))
     }
 
     /// A receive matched an RTS_RDMA of region (`addr`, `rkey`): read the data straight
@@ -91,28 +68,29 @@ impl State {
         let Some(read) = self.rndv_recv(m) else {
             return;
         };
-        self.pending_reads
+        self.reads
+            .pending
             .push_back(PendingRead { read, addr, rkey });
         self.start_reads();
     }
 
     /// Starts the RDMA reads waiting for room, in order.
     pub(super) fn start_reads(&mut self) {
-        while let Some(p) = self.pending_reads.front().copied() {
+        while let Some(p) = self.reads.pending.front().copied() {
             let r = p.read;
             let (id, src, n) = (r.m.id, r.m.src, r.n());
             if n == 0 {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 self.read_done(r, Ok(()));
                 continue;
             }
             if let Err(e) = self.path(src) {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 self.complete(id, Err(e));
                 continue;
             }
             let Path::Verbs(conn) = self.peers[src as usize].path else {
-                self.pending_reads.pop_front();
+                self.reads.pending.pop_front();
                 let reason = "a verbs rendezvous from a peer not reached over verbs".into();
                 self.complete(id, Err(P2pError::Transport { rank: src, reason }));
                 continue;
@@ -124,12 +102,12 @@ impl State {
             // in flight, and only `read_done` completes it.
             match unsafe { ep.rdma_read(conn, r.buf, n, p.addr, p.rkey) } {
                 Ok(Some(token)) => {
-                    self.pending_reads.pop_front();
-                    self.reads.insert(token, r);
+                    self.reads.pending.pop_front();
+                    self.reads.inflight.insert(token, r);
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    self.pending_reads.pop_front();
+                    self.reads.pending.pop_front();
                     self.read_done(r, Err(e.to_string()));
                 }
             }
@@ -152,7 +130,10 @@ impl State {
                 self.complete(id, r.outcome());
             }
             Err(reason) => {
-                self.failed.entry(src).or_insert_with(|| reason.clone());
+                self.ends
+                    .failed
+                    .entry(src)
+                    .or_insert_with(|| reason.clone());
                 self.complete(
                     id,
                     Err(P2pError::PeerGone {
@@ -176,42 +157,25 @@ impl State {
         let Some(ep) = &mut self.verbs else {
             return 0;
         };
-        // `scratch` and `spans` are empty between calls.
-        let mut sink = VerbsSink {
-            take,
-            taken: 0,
-            scratch: &mut self.scratch,
-            spans: &mut self.spans,
-        };
-        let polled = ep.poll_with(&mut sink);
-        let taken = sink.taken;
+        // `kept` is empty between calls.
+        let taken = poll_kept(ep, take, &mut self.kept);
         // The idle poll (and a frame taken straight into a receive) ends here: this runs
         // in every spin of a wait.
-        if self.spans.is_empty()
-            && polled.is_ok()
-            && self.reads.is_empty()
-            && self.pending_reads.is_empty()
-        {
+        if self.kept.is_empty() && self.reads.inflight.is_empty() && self.reads.pending.is_empty() {
             return taken;
         }
         let mut done = Vec::new();
-        if !self.reads.is_empty() {
+        if !self.reads.inflight.is_empty() {
             ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
         }
-        let frames = self.spans.len() + taken;
-        self.replay_kept();
-        if let Err(e) = polled {
-            match e.peer() {
-                Some(peer) => self.verbs_failed(peer, &e),
-                None => tracing::error!("verbs: {e}"),
-            }
-        }
+        let frames = self.kept.frames() + taken;
+        self.after_poll(Polled::Verbs);
         for (token, res) in done {
-            if let Some(r) = self.reads.remove(&token) {
+            if let Some(r) = self.reads.inflight.remove(&token) {
                 self.read_done(r, res);
             }
         }
-        if !self.pending_reads.is_empty() {
+        if !self.reads.pending.is_empty() {
             self.start_reads();
         }
         frames
@@ -219,28 +183,29 @@ impl State {
 
     /// The verbs connection to `peer` failed: everything waiting on it fails, naming the
     /// completion status.
-    pub(super) fn verbs_failed(&mut self, peer: u32, e: &weft_verbs::Error) {
-        let reason = e.to_string();
+    pub(super) fn verbs_failed(&mut self, peer: u32, reason: &str) {
+        let reason = reason.to_string();
         tracing::error!("verbs connection to rank {peer} failed: {reason}");
-        self.failed.entry(peer).or_insert_with(|| reason.clone());
+        self.ends
+            .failed
+            .entry(peer)
+            .or_insert_with(|| reason.clone());
         self.fail_waiting_on(peer, &reason);
     }
 
     /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
-    pub(super) fn on_rts_rdma(&mut self, h: Hdr, payload: &[u8]) {
-        let addr = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-        let rkey = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+    pub(super) fn on_rts_rdma(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, rkey: u32) {
         match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rdma_matched(Matched::of(id, h), addr, rkey),
-            None => self.unexpected.push_back(Unexpected {
+            Some(id) => self.rdma_matched(Matched::of(id, h, sreq, len), addr, rkey),
+            None => self.matching.unexpected.push_back(Unexpected {
                 ctx: h.ctx,
                 src: h.src,
                 tag: h.tag,
                 body: Body::RtsRdma {
-                    sreq: h.aux,
+                    sreq,
                     addr,
                     rkey,
-                    len: h.len,
+                    len,
                 },
             }),
         }
@@ -254,8 +219,8 @@ impl State {
         };
         let peer = &mut self.peers[dest as usize];
         // Whole frames: a short header is shorter than HDR.
-        if let Err(e) = peer.drain(|f| ep.try_send(conn, f, &[])) {
-            self.verbs_failed(dest, &e);
+        if let Err(e) = peer.drain(VerbsLink { ep, conn }) {
+            self.verbs_failed(dest, &e.to_string());
             return false;
         }
         !self.peers[dest as usize].backlog.is_empty()
