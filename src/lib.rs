@@ -7,8 +7,7 @@
 //! split) and `runtime` (the launcher and the per-node servers, which also host MPICH
 //! programs over PMI-1). Depend on this crate and reach the layers through it.
 //!
-//! Cargo features: `shm`, `tcp`, `verbs` (the transports) and `collectives` are on by
-//! default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
+//! Cargo features: `collectives` is on by default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
 //! links libpmix) and `runtime` (the launcher and servers as a library; pulls tokio) are
 //! off. The `weft` command is the `weft-cli` package.
 //!
