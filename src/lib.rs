@@ -7,7 +7,7 @@
 //! split) and `runtime` (the launcher and the per-node servers, which also host MPICH
 //! programs over PMI-1). Depend on this crate and reach the layers through it.
 //!
-//! Cargo features: `collectives` is on by default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
+//! Cargo features: `verbs` and `collectives` are on by default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
 //! links libpmix) and `runtime` (the launcher and servers as a library; pulls tokio) are
 //! off. The `weft` command is the `weft-cli` package.
 //!
@@ -43,6 +43,7 @@ pub const TUNABLE_TABLES: &[(&str, &[weft_tunables::Tunable])] = &[
     ("the wire-up client (weft-wireup)", weft_wireup::TUNABLES),
     ("shared memory (weft-shm)", weft_shm::TUNABLES),
     ("the fabric (weft-fabric)", weft_fabric::TUNABLES),
+    #[cfg(feature = "verbs")]
     ("verbs (weft-verbs)", weft_verbs::TUNABLES),
     ("TCP (weft-tcp)", weft_tcp::TUNABLES),
     #[cfg(feature = "collectives")]

@@ -22,7 +22,20 @@
 use std::collections::{HashMap, VecDeque};
 
 use weft_shm::Inbox;
-use weft_verbs::Endpoint;
+/// The verbs endpoint a process may have; in a build without verbs, a type with no
+/// values (the engine's `verbs` is then always `None`).
+#[cfg(feature = "verbs")]
+pub(crate) type VerbsEndpoint = weft_verbs::Endpoint;
+/// The verbs endpoint a process may have; in a build without verbs, a type with no
+/// values (the engine's `verbs` is then always `None`).
+#[cfg(not(feature = "verbs"))]
+pub(crate) type VerbsEndpoint = std::convert::Infallible;
+/// A send buffer's verbs registration (none can exist in a build without verbs).
+#[cfg(feature = "verbs")]
+pub(crate) type RemoteRegion = weft_verbs::RemoteRegion;
+/// A send buffer's verbs registration (none can exist in a build without verbs).
+#[cfg(not(feature = "verbs"))]
+pub(crate) type RemoteRegion = std::convert::Infallible;
 
 use crate::{P2pError, Status};
 
@@ -36,6 +49,7 @@ mod send;
 mod shm;
 mod split;
 mod tcp;
+#[cfg(feature = "verbs")]
 mod verbs;
 mod wire;
 
@@ -51,6 +65,7 @@ use requests::{Kind, Req, Requests};
 use sched::Scheds;
 pub(crate) use sched::{SchedRun, SCHED_BIT};
 use split::Cma;
+#[cfg(feature = "verbs")]
 use verbs::Reads;
 pub(crate) use wire::Frame;
 #[cfg(test)]
@@ -92,6 +107,7 @@ pub(crate) struct Config {
     pub(crate) single_copy: SingleCopy,
     /// Keep verbs registrations of user buffers between messages (the user promises not
     /// to free and reuse them); otherwise each is released when its message completes.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) keep_registrations: bool,
     /// Single-copy rendezvous of at least this many bytes are split between the
     /// receiver (reads the head) and the sender (writes the tail) once CMA has worked;
@@ -151,8 +167,9 @@ struct State {
     /// The requests ([`requests`]).
     reqs: Requests,
     /// The verbs endpoint, when the process has one.
-    verbs: Option<Endpoint>,
-    /// RDMA reads of the verbs rendezvous ([`verbs`]).
+    verbs: Option<VerbsEndpoint>,
+    /// RDMA reads of the verbs rendezvous (`verbs`).
+    #[cfg(feature = "verbs")]
     reads: Reads,
     /// The TCP endpoint, when the process has one.
     tcp: Option<weft_tcp::Endpoint>,
@@ -213,7 +230,7 @@ impl Engine {
         cfg: Config,
         resolve: Resolver,
         gone: GoneCheck,
-        verbs: Option<Endpoint>,
+        verbs: Option<VerbsEndpoint>,
         tcp: Option<weft_tcp::Endpoint>,
     ) -> Engine {
         let mut peers: Vec<Peer> = (0..size)
@@ -240,6 +257,7 @@ impl Engine {
                 matching: Matching::default(),
                 reqs: Requests::new(),
                 verbs,
+                #[cfg(feature = "verbs")]
                 reads: Reads::default(),
                 tcp,
                 kept: Kept::default(),
@@ -371,6 +389,7 @@ impl Engine {
         if st.tcp.is_some() {
             return false;
         }
+        #[cfg(feature = "verbs")]
         if let Some(ep) = &mut st.verbs {
             if !st.reads.inflight.is_empty() || !st.reads.pending.is_empty() || !ep.idle() {
                 return false;
@@ -501,10 +520,7 @@ impl Engine {
         if id & SCHED_BIT != 0 {
             return self.sched_fail_if_gone(id);
         }
-        if self.st.reads.inflight.values().any(|r| r.m.id == id)
-            || self.st.reads.pending.iter().any(|p| p.read.m.id == id)
-            || self.st.copying(id)
-        {
+        if self.st.reading(id) || self.st.copying(id) {
             // The NIC may still write into its buffer: its read's completion (success or
             // error) completes it.
             return;
@@ -679,7 +695,7 @@ impl State {
                     }
                 };
                 let id = i as u32;
-                let busy = self.reads.inflight.values().any(|x| x.m.id == id) || self.copying(id);
+                let busy = self.read_in_flight(id) || self.copying(id);
                 (waits && !busy).then_some(id)
             })
             .collect();
@@ -772,6 +788,7 @@ impl State {
         let busy = std::mem::take(&mut self.busy);
         for dest in busy {
             let more = match self.peers[dest as usize].path {
+                #[cfg(feature = "verbs")]
                 Path::Verbs(conn) => self.flush_verbs(dest, conn),
                 Path::Tcp(conn) => self.flush_tcp(dest, conn),
                 Path::Shm(_) => self.flush_shm(dest),
@@ -780,6 +797,59 @@ impl State {
             if more {
                 self.busy.push(dest);
             }
+        }
+    }
+}
+
+/// Without verbs there is never a verbs endpoint, connection or read: nothing to
+/// progress, flush or fail.
+#[cfg(not(feature = "verbs"))]
+impl State {
+    fn progress_verbs(&mut self) -> usize {
+        0
+    }
+
+    fn progress_verbs_with<T: matching::TakeFrame>(&mut self, _take: &mut T) -> usize {
+        0
+    }
+
+    fn verbs_failed(&mut self, peer: u32, reason: &str) {
+        tracing::error!("rank {peer}: a verbs failure in a build without verbs: {reason}");
+    }
+
+    fn release_region(&mut self, region: RemoteRegion) {
+        match region {}
+    }
+
+    fn reading(&self, _id: u32) -> bool {
+        false
+    }
+
+    fn read_in_flight(&self, _id: u32) -> bool {
+        false
+    }
+
+    fn send_rdma(
+        &mut self,
+        _buf: *const u8,
+        _len: usize,
+        dest: u32,
+        _ctx: u64,
+        _tag: u32,
+    ) -> Result<u32, P2pError> {
+        Err(P2pError::NoPath {
+            rank: dest,
+            reason: "this build has no verbs transport".into(),
+        })
+    }
+
+    /// A peer offered an RDMA read (it can only over a verbs connection, which this
+    /// build never makes): the receive fails, naming why.
+    fn rdma_matched(&mut self, m: rendezvous::Matched, _addr: u64, _rkey: u32) {
+        if let Some(read) = self.rndv_recv(m) {
+            let reason = "a verbs rendezvous offer (RTS_RDMA) in a build without verbs".into();
+            let rank = read.m.src;
+            self.complete(read.m.id, Err(P2pError::Transport { rank, reason }));
         }
     }
 }

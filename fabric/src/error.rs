@@ -95,7 +95,13 @@ pub enum InitError {
     Card(#[from] weft_wireup::CommitError),
     /// The verbs transport was asked for (`WEFT_TRANSPORTS=verbs`) but cannot open.
     #[error("fabric init: WEFT_TRANSPORTS asks for verbs only, but the verbs transport cannot open: {0}")]
+    #[cfg(feature = "verbs")]
     Verbs(#[source] weft_verbs::Error),
+    /// The verbs transport was asked for alone (`WEFT_TRANSPORTS=verbs`) but this build
+    /// has none (weft-fabric's `verbs` feature is off).
+    #[cfg(not(feature = "verbs"))]
+    #[error("fabric init: WEFT_TRANSPORTS asks for verbs only, but this build has no verbs transport (the `verbs` feature of weft-fabric is off)")]
+    VerbsNotBuilt,
     /// TCP is the only way to the other processes (`WEFT_TRANSPORTS=tcp`, or verbs did
     /// not open either) but the TCP transport cannot open.
     #[error(

@@ -437,6 +437,7 @@ impl Fabric {
     /// A fabric over a verbs endpoint alone, for tests of the engine with several
     /// endpoints in one process: `cards[r]` is rank r's verbs card.
     #[doc(hidden)]
+    #[cfg(feature = "verbs")]
     pub fn from_verbs(
         me: u32,
         size: u32,
@@ -468,7 +469,7 @@ impl Fabric {
     fn from_endpoint(
         me: u32,
         size: u32,
-        (verbs, tcp): (Option<weft_verbs::Endpoint>, Option<weft_tcp::Endpoint>),
+        (verbs, tcp): (Option<engine::VerbsEndpoint>, Option<weft_tcp::Endpoint>),
         cards: Vec<Option<Vec<u8>>>,
         eager_limit: usize,
         card: fn(Vec<u8>) -> Resolved,

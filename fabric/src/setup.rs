@@ -198,6 +198,7 @@ impl Fabric {
         let size = wire.size();
         let local = wire.local_peers().to_vec();
         let t = transports()?;
+        #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
         let mut cfg = config()?;
         let card_wait = card_wait()?;
         self::t("WEFT_FINALIZE_TIMEOUT").millis(Duration::ZERO, LONGEST_WAIT)?;
@@ -213,6 +214,7 @@ impl Fabric {
         // Verbs when some peer needs it: another node, or every peer when shm is off.
         let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
         let mut verbs_down = None;
+        #[cfg(feature = "verbs")]
         let verbs = if want_verbs {
             let mut base = weft_verbs::Config::new(me);
             // Registrations are kept between messages only when the program promises not
@@ -242,6 +244,21 @@ impl Fabric {
                     None
                 }
             }
+        } else {
+            None
+        };
+        #[cfg(not(feature = "verbs"))]
+        let verbs: Option<crate::engine::VerbsEndpoint> = if want_verbs {
+            if !t.shm && !t.tcp {
+                return Err(InitError::VerbsNotBuilt);
+            }
+            let why =
+                "this build has no verbs transport (the `verbs` feature of weft-fabric is off)";
+            // Peers wait for a card until it is committed: a string tells them at once
+            // why there is none.
+            wire.put(Scope::Global, VERBS_CARD_KEY, why.to_string())?;
+            verbs_down = Some(why.to_string());
+            None
         } else {
             None
         };
@@ -362,6 +379,7 @@ impl Fabric {
                 why.push(format!("the verbs transport cannot open here: {down}"));
             } else {
                 match w2.get(rank, VERBS_CARD_KEY, timeout) {
+                    #[cfg(feature = "verbs")]
                     Ok(Value::Bytes(card)) => return Resolved::VerbsCard(card),
                     Ok(Value::Str(down)) => {
                         why.push(format!("its verbs transport cannot open: {down}"))

@@ -128,6 +128,7 @@ impl<T: TakeFrame> Deliver for Handle<'_, T> {
 /// Which endpoint a poll was of (what a failure report means).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Polled {
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Verbs,
     Tcp,
 }

@@ -2,7 +2,7 @@
 //! receiver's answer (a single-copy read, or CTS asking the sender to stream DATA through
 //! the rings), and FIN, which frees the sender's buffer.
 
-use super::matching::outcome;
+use super::matching::{outcome, Body, Unexpected};
 use super::wire::{Envelope, Frame};
 use super::{Kind, Path, Req, SingleCopy, State};
 use crate::{P2pError, Status};
@@ -67,6 +67,7 @@ pub(super) enum OfferVia {
     /// asks for a stream through the rings (CTS).
     Cma { addr: u64, pid: i32 },
     /// Verbs (RTS_RDMA): the receiver RDMA-reads the registered region.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     RdmaRead { addr: u64, rkey: u32 },
     /// TCP (RTS_TCP): the receiver answers CTS, the payload follows as a bulk transfer.
     Bulk,
@@ -257,14 +258,32 @@ impl State {
             tag,
             count: *len,
         };
-        if let (Some(region), Some(ep)) = (*registered, &mut self.verbs) {
+        if let Some(region) = *registered {
             // Ends this send's exposure only (other sends of the same buffer may still be
             // read). Without kept registrations the endpoint never looks registrations up
             // again (WEFT_VERBS_RCACHE off), so a buffer freed and reused is registered
             // afresh.
-            ep.release(region);
+            self.release_region(region);
         }
         self.complete(id, Ok(s));
+    }
+
+    /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
+    pub(super) fn on_rts_rdma(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, rkey: u32) {
+        match self.match_posted(h.ctx, h.src, h.tag) {
+            Some(id) => self.rdma_matched(Matched::of(id, h, sreq, len), addr, rkey),
+            None => self.matching.unexpected.push_back(Unexpected {
+                ctx: h.ctx,
+                src: h.src,
+                tag: h.tag,
+                body: Body::RtsRdma {
+                    sreq,
+                    addr,
+                    rkey,
+                    len,
+                },
+            }),
+        }
     }
 
     /// CTS from `from`: the receiver (its request `rreq`) of send `sreq` asks for the

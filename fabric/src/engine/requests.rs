@@ -1,7 +1,7 @@
 //! The requests: one slot per send or receive in progress (reused once taken), named on
 //! the wire by slot and generation ([`Requests::wire_id`]).
 
-use weft_verbs::RemoteRegion;
+use super::RemoteRegion;
 
 use super::split::Split;
 use crate::{P2pError, Status};

@@ -613,9 +613,7 @@ impl Engine {
         })) = st.reqs.slots.get(id as usize)
         {
             let region = *region;
-            if let Some(ep) = &mut st.verbs {
-                ep.release(region);
-            }
+            st.release_region(region);
         }
         st.reqs.slots[id as usize] = None;
         st.reqs.free.push(id);

@@ -4,13 +4,14 @@
 
 use super::rendezvous::OfferVia;
 use super::wire::{short_header, Envelope, Frame};
+use super::RemoteRegion;
 use super::{Kind, Path, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
 use crate::path::loopback::Loopback;
 use crate::path::tcp::TcpLink;
+#[cfg(feature = "verbs")]
 use crate::path::verbs::VerbsLink;
 use crate::path::{Caps, Link, RndvKind};
 use crate::P2pError;
-use weft_verbs::RemoteRegion;
 
 /// Something done on one connection, whatever its transport ([`State::on_link`]).
 pub(super) trait OnLink {
@@ -97,6 +98,7 @@ impl State {
         let Some(peer) = self.peers.get_mut(dest as usize) else {
             return Err(P2pError::InvalidRank { rank: dest, size });
         };
+        #[cfg(feature = "verbs")]
         if let (Path::Unresolved, Some(c)) = (
             &peer.path,
             self.verbs.as_ref().and_then(|ep| ep.conn_of(dest)),
@@ -114,6 +116,7 @@ impl State {
             peer.path = match (self.wireup.resolve)(dest) {
                 Resolved::Shm(o) => Path::Shm(o),
                 Resolved::Unreachable(why) => Path::Unreachable(why),
+                #[cfg(feature = "verbs")]
                 Resolved::VerbsCard(card) => match &mut self.verbs {
                     None => Path::Unreachable("the verbs transport is not open".into()),
                     Some(ep) => match ep.connect(dest, &card) {
@@ -177,6 +180,7 @@ impl State {
     pub(super) fn on_link<O: OnLink>(&mut self, dest: u32, op: O) -> Option<O::Out> {
         match &mut self.peers.get_mut(dest as usize)?.path {
             Path::Shm(out) => Some(op.on(&mut **out)),
+            #[cfg(feature = "verbs")]
             Path::Verbs(conn) => Some(op.on(VerbsLink {
                 ep: self.verbs.as_mut()?,
                 conn: *conn,

@@ -2,16 +2,15 @@
 //! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
 //! waits and failures.
 
-use super::matching::{Body, TakeFrame, TakeNone, Unexpected};
+use super::matching::{TakeFrame, TakeNone};
 use super::polled::{poll_kept, Polled};
 use super::rendezvous::OfferVia;
 use super::rendezvous::{Matched, RndvRecv};
-use super::wire::Envelope;
 use super::{Path, State};
 use crate::path::verbs::VerbsLink;
 use crate::P2pError;
 use std::collections::{HashMap, VecDeque};
-use weft_verbs::{ConnId, ReadToken};
+use weft_verbs::{ConnId, ReadToken, RemoteRegion};
 
 /// The RDMA reads of verbs rendezvous.
 #[derive(Debug, Default)]
@@ -60,6 +59,25 @@ impl State {
         let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
         let via = OfferVia::RdmaRead { addr, rkey };
         Ok(self.offer((buf, len, dest, ctx, tag), region, via))
+    }
+
+    /// Ends one send's exposure of its registered region.
+    pub(super) fn release_region(&mut self, region: RemoteRegion) {
+        if let Some(ep) = &mut self.verbs {
+            ep.release(region);
+        }
+    }
+
+    /// Whether request `id` has an RDMA read in flight or waiting (the NIC may still
+    /// write into its buffer).
+    pub(super) fn reading(&self, id: u32) -> bool {
+        self.reads.inflight.values().any(|r| r.m.id == id)
+            || self.reads.pending.iter().any(|p| p.read.m.id == id)
+    }
+
+    /// Whether request `id` has an RDMA read in flight (posted to the NIC).
+    pub(super) fn read_in_flight(&self, id: u32) -> bool {
+        self.reads.inflight.values().any(|r| r.m.id == id)
     }
 
     /// A receive matched an RTS_RDMA of region (`addr`, `rkey`): read the data straight
@@ -191,24 +209,6 @@ impl State {
             .entry(peer)
             .or_insert_with(|| reason.clone());
         self.fail_waiting_on(peer, &reason);
-    }
-
-    /// A verbs rendezvous offer (RTS_RDMA): the sender's region, read once matched.
-    pub(super) fn on_rts_rdma(&mut self, h: Envelope, sreq: u32, len: u64, addr: u64, rkey: u32) {
-        match self.match_posted(h.ctx, h.src, h.tag) {
-            Some(id) => self.rdma_matched(Matched::of(id, h, sreq, len), addr, rkey),
-            None => self.matching.unexpected.push_back(Unexpected {
-                ctx: h.ctx,
-                src: h.src,
-                tag: h.tag,
-                body: Body::RtsRdma {
-                    sreq,
-                    addr,
-                    rkey,
-                    len,
-                },
-            }),
-        }
     }
 
     /// Pushes `dest`'s backlog onto its connection as far as credits and room allow;

@@ -13,6 +13,7 @@
 pub(crate) mod loopback;
 pub(crate) mod shm;
 pub(crate) mod tcp;
+#[cfg(feature = "verbs")]
 pub(crate) mod verbs;
 
 #[cfg(test)]
@@ -30,6 +31,7 @@ pub(crate) enum Path {
     /// A peer on this node: its inbox.
     Shm(Box<Outbox>),
     /// A peer reached over verbs: its RC connection.
+    #[cfg(feature = "verbs")]
     Verbs(weft_verbs::ConnId),
     /// A peer reached over TCP: its connection.
     Tcp(weft_tcp::ConnId),
@@ -43,6 +45,7 @@ pub(crate) enum Resolved {
     /// Its shared-memory inbox, connected.
     Shm(Box<Outbox>),
     /// Its verbs card: the engine connects to it.
+    #[cfg(feature = "verbs")]
     VerbsCard(Vec<u8>),
     /// Its TCP card: the engine connects to it.
     TcpCard(Vec<u8>),
@@ -57,6 +60,7 @@ pub(crate) enum RndvKind {
     /// or asks for a pipelined stream of DATA frames (CTS).
     Cma,
     /// RTS_RDMA with the sender's registered region: the receiver RDMA-reads it.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     RdmaRead,
     /// RTS_TCP, CTS, then a bulk transfer straight between the two buffers.
     Bulk,
