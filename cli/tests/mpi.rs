@@ -109,9 +109,12 @@ fn available(have: bool, require: &str, hint: &str) -> bool {
 fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
+    // Built under a name of this process, then renamed: tests running at once that build
+    // the same program never run (or overwrite) a half-written one.
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
     let built = Command::new(cc)
         .args(["-O2", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(root.join("benches/mpi").join(source))
         .args(flags)
         .output()
@@ -121,6 +124,7 @@ fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
         "{cc} {source}: {}",
         String::from_utf8_lossy(&built.stderr)
     );
+    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
     out.display().to_string()
 }
 
@@ -333,9 +337,12 @@ fn pmix_example(name: &str) -> Option<String> {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pmix-example-{name}"));
+    // Built under a name of this process, then renamed: two tests that use the same
+    // example (`log`) never start a half-written one ("Permission denied").
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
     let built = Command::new("cc")
         .args(["-O2", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg("-I")
         .arg(root.join("benches/mpi/pmix_examples"))
         .arg(&src)
@@ -349,6 +356,7 @@ fn pmix_example(name: &str) -> Option<String> {
         src.display(),
         String::from_utf8_lossy(&built.stderr)
     );
+    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
     Some(out.display().to_string())
 }
 
