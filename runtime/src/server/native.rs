@@ -142,20 +142,10 @@ impl State {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
             let _ = tx.send(Out::Close);
         };
-        let Some(p) = self.procs.get_mut(&rank) else {
-            return refuse(format!("rank {rank} does not run on node {}", self.node));
+        let early = match self.procs.on_hello(rank, token, conn) {
+            Ok(early) => early,
+            Err(reason) => return refuse(reason),
         };
-        if p.token != token {
-            return refuse(format!("wrong token for rank {rank}"));
-        }
-        if p.conn.is_some() {
-            return refuse(format!("rank {rank} is already connected"));
-        }
-        if self.gone.contains_key(&rank) {
-            return refuse(format!("rank {rank} has already finalized or died"));
-        }
-        p.conn = Some(conn);
-        let early = std::mem::take(&mut p.early_events);
         let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
             version: PROTOCOL_VERSION,
             datastore: self.store.name().to_owned(),
@@ -253,19 +243,8 @@ impl State {
                 timeout_ms,
             ),
             ClientMsg::Finalize { req, at_exit } => {
-                let child = self
-                    .procs
-                    .get(&rank)
-                    .is_some_and(|p| p.pid.is_some() && !p.exited);
-                if at_exit && child {
-                    // Its exit status decides: "has finalized" for 0, else the code or
-                    // signal. The connection closing triggers a check in case it lingers.
-                    if let Some(p) = self.procs.get_mut(&rank) {
-                        p.finalizing_at_exit = true;
-                    }
-                } else if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, weft_wireup::FINALIZED.into(), true);
-                }
+                let acts = self.procs.on_finalize(rank, at_exit);
+                self.apply_procs(acts);
                 self.send_client(conn, &ServerMsg::Done { req });
             }
         }

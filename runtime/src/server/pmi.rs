@@ -358,9 +358,7 @@ impl State {
             "barrier_in" => self.pmi_barrier(rank, "pmi1"),
             "finalize" => {
                 // As a native client's finalize at exit: its exit status decides.
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
                 self.pmi_send(rank, "cmd=finalize_ack rc=0");
             }
             "abort" => {

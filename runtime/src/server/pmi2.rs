@@ -241,9 +241,7 @@ impl State {
                 self.pmi_get(rank, owner, &key);
             }
             "finalize" => {
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
             "abort" => {

@@ -329,9 +329,7 @@ impl State {
             PmixEv::Connected(rank) => tracing::debug!("rank {rank}: PMIx client connected"),
             PmixEv::Finalized(rank) => {
                 // As a native client's finalize at exit: its exit status decides.
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
             }
             PmixEv::Abort {
                 rank,
@@ -425,12 +423,8 @@ impl State {
             seq: *seq,
             name: "pmix".into(),
         };
-        let locals: Vec<Rank> = self
-            .procs
-            .keys()
-            .copied()
-            .filter(|&r| id.procs.contains(r))
-            .collect();
+        let mut locals = self.procs.local_ranks();
+        locals.retain(|&r| id.procs.contains(r));
         self.pmix_check_alive(&locals);
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx fence {id:?} has no participant on node {}", self.node);
@@ -476,10 +470,10 @@ impl State {
     /// status has not reached this server yet.
     fn pmix_check_alive(&mut self, locals: &[Rank]) {
         for &r in locals {
-            if self.gone.contains_key(&r) {
+            if self.procs.is_gone(r) {
                 continue;
             }
-            if let Some(how) = self.procs.get(&r).and_then(|p| ended_now(p.pid?)) {
+            if let Some(how) = self.procs.pid(r).and_then(ended_now) {
                 self.proc_gone_local(r, how, false);
             }
         }
@@ -521,12 +515,8 @@ impl State {
             assign_context_id: g.assign_context_id,
             no_data: false,
         };
-        let locals: Vec<Rank> = self
-            .procs
-            .keys()
-            .copied()
-            .filter(|&r| id.procs.contains(r))
-            .collect();
+        let mut locals = self.procs.local_ranks();
+        locals.retain(|&r| id.procs.contains(r));
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx group {:?} has no member on node {}", g.id, self.node);
             return g.reply.fail(Failure::Other);
@@ -709,8 +699,8 @@ impl State {
                 return d.reply.fail(Failure::NotFound);
             }
         };
-        if let Some(g) = self.gone.get(&rank) {
-            tracing::debug!("PMIx direct modex for rank {rank}, which {}", g.reason);
+        if let Some(why) = self.procs.why_gone(rank) {
+            tracing::debug!("PMIx direct modex for rank {rank}, which {why}");
             return d.reply.fail(Failure::ProcGone);
         }
         let owner = self.plan.job.procs[rank as usize].node;
@@ -738,14 +728,14 @@ impl State {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
             return self.send_peer(from, &m);
         };
-        if !self.procs.contains_key(&rank) {
+        if !self.procs.is_local(rank) {
             let m = refuse(format!("rank {rank} does not run on node {}", self.node));
             return self.send_peer(from, &m);
         }
-        if let Some(g) = self.gone.get(&rank) {
+        if let Some(why) = self.procs.why_gone(rank) {
             let m = PeerMsg::PmixDmodexResp {
                 qid,
-                result: Err(DmodexFailure::ProcGone(g.reason.clone())),
+                result: Err(DmodexFailure::ProcGone(why.to_owned())),
             };
             return self.send_peer(from, &m);
         }

@@ -11,11 +11,14 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .env(env::RANK, rank.to_string())
         .env(env::SIZE, plan.job.size().to_string())
         .env(env::LOCAL_RANK, info.local_rank.to_string())
-        .env(env::LOCAL_SIZE, st.procs.len().to_string())
+        .env(env::LOCAL_SIZE, st.procs.local_count().to_string())
         .env(env::NODE, st.node.to_string())
         .env(env::NSPACE, &plan.job.nspace)
         .env(env::SERVER_SOCKET, sock)
-        .env(env::TOKEN, st.procs[&rank].token.to_string())
+        .env(
+            env::TOKEN,
+            st.procs.token(rank).expect("a local rank").to_string(),
+        )
         .env(env::DATASTORE, ds)
         .env(env::APPNUM, info.app.to_string())
         .env(env::SERVER_PID, std::process::id().to_string())
