@@ -28,32 +28,27 @@
 //! servers' connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
 //! processes) and `output` (forwarding their output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::{self, Write};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_shm::StoreWriter;
 
-use crate::modex::{GetFlags, Modex};
-use crate::topology;
-use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::modex::Modex;
+use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{
-    AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
-    GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
-    ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+    ClientMsg, CollId, Event as WireEvent, ExitKind, GroupInfo, JobPlan, PeerMsg, ServerMsg,
+    ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
-use weft_wireup::{env, Rank};
-use weft_wireup::{Scope, Value};
+use weft_wireup::Rank;
 
 mod actions;
 mod conns;
@@ -79,9 +74,9 @@ use fence::{Contrib, Fences};
 use invitations::Invitations;
 use leaders::Leaders;
 use native::client_conn;
-use output::{forward, Chunk, OutputSink};
+use output::OutputSink;
 use pgcids::Pgcids;
-use pmi_keys::{NodeAttr, PmiKeys};
+use pmi_keys::PmiKeys;
 use procs::Processes;
 use psets::Psets;
 use spawn::spawn_child;

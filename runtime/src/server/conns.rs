@@ -2,7 +2,16 @@
 //! and forward them to the server's actor, and write what it sends them; and the
 //! dispatch of their messages in the actor (`on_peer`).
 
-use super::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::wire::frame::{self, MAX_PEER_FRAME};
+use crate::wire::proto::{PeerMsg, Procs, MAGIC, PROTOCOL_VERSION};
+
+use super::{Event, State};
 
 pub(super) async fn peer_reader(s: TcpStream, secret: [u64; 2], ev: UnboundedSender<Event>) {
     s.set_nodelay(true).ok();

@@ -1,9 +1,18 @@
 //! Hostile client and peer messages through the server's real decoding path and
 //! handlers (a server state driven without sockets).
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use weft_shm::StoreWriter;
+use weft_wireup::Rank;
+
+use super::{Event, Out, State};
+use crate::modex::ConnId;
+use crate::wire::frame;
 use crate::wire::fuzz::peer_msgs;
-use crate::wire::proto::ClientMsg;
+use crate::wire::proto::{ClientMsg, ExitKind, JobPlan, PeerMsg, PROTOCOL_VERSION};
 use weft_wireup::fuzz::inputs::run;
 use weft_wireup::fuzz::{client_corpus, Mutator};
 

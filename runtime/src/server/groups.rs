@@ -1,6 +1,13 @@
 //! Process groups: constructs (collective and by invitation), leaders, members that leave or die.
 
-use super::*;
+use weft_wireup::Rank;
+
+use super::{fence, invitations, State};
+use crate::modex::ConnId;
+use crate::wire::proto::{
+    CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupBlock, GroupDirectives,
+    GroupInfo, GroupSpec, PeerMsg, ServerMsg, WireError,
+};
 
 impl State {
     /// Checks a group construct or destruct request, then joins it like a fence.

@@ -5,7 +5,16 @@
 //! channel. Other front ends (PMIx, PMI) are to translate their clients' requests into
 //! the same operations.
 
-use super::*;
+use std::io;
+
+use tokio::net::UnixStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use weft_wireup::Rank;
+
+use super::{Event, Out, State};
+use crate::modex::{ConnId, GetFlags};
+use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME};
+use crate::wire::proto::{ClientMsg, CollKind, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION};
 
 pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<Event>) {
     match s.peer_cred() {

@@ -17,7 +17,14 @@
 use std::io::{BufRead, Read};
 use std::os::fd::AsRawFd;
 
-use super::*;
+use std::collections::HashMap;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use weft_wireup::{Rank, Scope, Value};
+
+use super::{pmi2, wire_to_text, Event, State};
+use crate::modex::{ConnId, GetFlags};
+use crate::wire::proto::{CollId, CollKind, FenceMode, ProcData, Procs, ServerMsg};
 
 /// Connection ids of PMI clients: this bit, then the rank (native clients count up from 0).
 pub(super) const PMI_CONN: ConnId = 1 << 62;
@@ -421,7 +428,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{msg, parse, process_mapping};
 
     #[test]
     fn process_mappings_are_mpichs() {

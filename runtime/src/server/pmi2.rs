@@ -19,7 +19,10 @@
 use std::io::Read;
 
 use super::pmi::{msg, Wait, VALLEN_MAX};
-use super::*;
+use weft_wireup::{Rank, Value};
+
+use super::pmi_keys::NodeAttr;
+use super::{pmi, State};
 
 /// Reads one PMI-2 command (its 6-character length, then that many bytes).
 pub(super) fn read_command(r: &mut impl Read, max: usize) -> Result<String, String> {
@@ -288,7 +291,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{frame, parse, read_command};
 
     #[test]
     fn commands_parse_with_escaped_semicolons_or_are_refused() {

@@ -29,7 +29,20 @@ use weft_pmix::server::{
     ProcName, Query, QueryAnswer,
 };
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
+use weft_wireup::{Rank, Scope, Value};
+
+use super::output::Chunk;
+use super::{after, ompi_shm_dir, wire_to_text, Event, State};
+use crate::modex::{ConnId, Modex};
+use crate::wire::proto::{
+    CollId, CollKind, ExitKind, FenceMode, GroupDirectives, JobPlan, PeerMsg, Procs, ServerMsg,
+    WireError,
+};
 
 /// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
 /// native clients count up from 0).

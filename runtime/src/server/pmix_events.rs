@@ -22,7 +22,10 @@
 use weft_pmix::server::{codes, Failure, Notification, ProcName, Range};
 
 use super::pmix::PendingInvite;
-use super::*;
+use weft_wireup::Rank;
+
+use super::State;
+use crate::wire::proto::{GroupDirectives, GroupInfo, PeerMsg};
 
 impl State {
     /// A local client's event for processes beyond this node.

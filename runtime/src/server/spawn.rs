@@ -1,6 +1,14 @@
 //! Starting the node's processes.
 
-use super::*;
+use std::path::Path;
+use std::process::Stdio;
+
+use crate::topology;
+use crate::wire::proto::{AppSpec, ExitKind};
+use weft_wireup::{env, Rank};
+
+use super::output::{self, forward, OutputSink};
+use super::{pmi, Event, State};
 
 pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
     let plan = &st.plan;

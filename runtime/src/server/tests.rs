@@ -3,8 +3,22 @@
 //! channels, the datastore a small segment, and what the server sends is decoded and
 //! asserted on. No task runs: these paths set no timer and open no connection.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use weft_shm::StoreWriter;
+use weft_wireup::{Rank, Value};
+
+use super::{Event, Out, State};
+use crate::modex::ConnId;
+use crate::wire::frame::{self, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use crate::wire::proto::GroupDirectives;
+use crate::wire::proto::{
+    ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupInfo, PeerMsg,
+    ProcData, Procs, ServerMsg, WireError,
+};
 
 /// The server of node 0 of a 4-process job on 2 nodes: ranks 0 and 1 here (connected),
 /// 2 and 3 on node 1, whose server is a channel.
