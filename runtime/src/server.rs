@@ -76,7 +76,6 @@ use leaders::Leaders;
 use native::client_conn;
 use output::OutputSink;
 use pgcids::Pgcids;
-use pmi_keys::PmiKeys;
 use procs::Processes;
 use psets::Psets;
 use spawn::spawn_child;
@@ -287,10 +286,8 @@ struct State {
     psets: Psets,
     /// Groups being formed by invitation (`invitations`).
     invitations: Invitations,
-    /// The PMI-1 connections of local processes (`pmi`).
-    pmi: HashMap<Rank, pmi::PmiConn>,
-    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
-    pmi_keys: PmiKeys,
+    /// The PMI-1 and PMI-2 front end: its connections and its keys (`pmi`).
+    pmi: pmi::PmiFront,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
 }
@@ -557,8 +554,7 @@ impl State {
             store,
             procs,
             conns: HashMap::new(),
-            pmi: HashMap::new(),
-            pmi_keys: PmiKeys::default(),
+            pmi: pmi::PmiFront::default(),
             pmix: None,
             peers: PeerLinks::new(peers, secret),
             ctl_tx,

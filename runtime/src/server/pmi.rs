@@ -32,7 +32,17 @@ pub(super) const PMI_CONN: ConnId = 1 << 62;
 const MAX_LINE: usize = 16 << 10;
 /// `vallen_max` told to clients.
 pub(super) const VALLEN_MAX: usize = 1024;
-use super::pmi_keys::KEY_PREFIX;
+use super::pmi_keys::{PmiKeys, KEY_PREFIX};
+
+/// The PMI-1 and PMI-2 front end: the local processes' connections, and who put each
+/// key (with PMI-2's node attributes).
+#[derive(Default)]
+pub(super) struct PmiFront {
+    /// The connections of local processes, by rank.
+    pub(super) conns: HashMap<Rank, PmiConn>,
+    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
+    pub(super) keys: PmiKeys,
+}
 
 /// A PMI client's state.
 pub(super) struct PmiConn {
@@ -200,7 +210,7 @@ pub(super) fn process_mapping(node_of_rank: &[u32]) -> String {
 
 impl State {
     pub(super) fn pmi_open(&mut self, rank: Rank, tx: UnboundedSender<Vec<u8>>) {
-        self.pmi.insert(
+        self.pmi.conns.insert(
             rank,
             PmiConn {
                 tx,
@@ -214,19 +224,19 @@ impl State {
 
     pub(super) fn pmi_closed(&mut self, rank: Rank) {
         // The process's exit decides how it ended (as for a process that never spoke PMI).
-        self.pmi.remove(&rank);
+        self.pmi.conns.remove(&rank);
         let acts = self.modex.conn_closed(PMI_CONN | ConnId::from(rank));
         self.apply(acts);
     }
 
     pub(super) fn pmi_send(&self, rank: Rank, text: &str) {
-        if let Some(c) = self.pmi.get(&rank) {
+        if let Some(c) = self.pmi.conns.get(&rank) {
             let _ = c.tx.send(format!("{text}\n").into_bytes());
         }
     }
 
     pub(super) fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
-        let c = self.pmi.get_mut(&rank)?;
+        let c = self.pmi.conns.get_mut(&rank)?;
         c.next_req += 1;
         c.waiting.borrow_mut().insert(c.next_req, wait);
         Some(c.next_req)
@@ -235,7 +245,7 @@ impl State {
     /// Commits `key` = `value` for rank `rank` (PMI-1's `put`, PMI-2's `kvs-put`: they
     /// share keys) and records its owner.
     pub(super) fn pmi_put(&mut self, rank: Rank, key: &str, value: &str) {
-        self.pmi_keys.on_put(rank, key);
+        self.pmi.keys.on_put(rank, key);
         let entry = (
             Scope::Global,
             format!("{KEY_PREFIX}{key}"),
@@ -250,7 +260,7 @@ impl State {
         let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
             return;
         };
-        let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
+        let seq = self.pmi.conns.get_mut(&rank).map_or(0, |c| {
             c.barriers += 1;
             c.barriers
         });
@@ -305,7 +315,7 @@ impl State {
                     ),
                     // The client's next commands are PMI-2's (`pmi2`).
                     "2" => {
-                        if let Some(c) = self.pmi.get_mut(&rank) {
+                        if let Some(c) = self.pmi.conns.get_mut(&rank) {
                             c.v2 = true;
                         }
                         self.pmi_send(
@@ -357,7 +367,7 @@ impl State {
                     return self
                         .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
                 }
-                let Some(owner) = self.pmi_keys.owner(key) else {
+                let Some(owner) = self.pmi.keys.owner(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
                 self.pmi_get(rank, owner, key);
@@ -394,12 +404,13 @@ impl State {
         };
         let Some(wait) = self
             .pmi
+            .conns
             .get(&rank)
             .and_then(|c| c.waiting.borrow_mut().remove(&req))
         else {
             return;
         };
-        if self.pmi.get(&rank).is_some_and(|c| c.v2) {
+        if self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             return self.pmi2_reply(rank, wait, text);
         }
         let line = match (wait, text) {
@@ -422,7 +433,7 @@ impl State {
 
     /// Records the owners of the PMI keys in data of other nodes' processes.
     pub(super) fn pmi_learn(&mut self, data: &ProcData) {
-        self.pmi_keys.on_learn(data);
+        self.pmi.keys.on_learn(data);
     }
 }
 

@@ -94,7 +94,7 @@ fn truth(b: bool) -> String {
 
 impl State {
     fn pmi2_send(&self, rank: Rank, pairs: &[(&str, String)]) {
-        if let Some(c) = self.pmi.get(&rank) {
+        if let Some(c) = self.pmi.conns.get(&rank) {
             let _ = c.tx.send(frame(pairs));
         }
     }
@@ -120,7 +120,7 @@ impl State {
                 return self.pmi2_error(rank, "error", &why);
             }
         };
-        if !self.pmi.get(&rank).is_some_and(|c| c.v2) {
+        if !self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             tracing::warn!("rank {rank}: a PMI-2 command before init asked for version 2");
             return self.pmi2_error(rank, "error", "send cmd=init pmi_version=2 first");
         }
@@ -188,7 +188,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs key and value");
                 };
                 let (k, v) = (k.to_string(), v.to_string());
-                let waiting = self.pmi_keys.on_put_node_attr(k, v.clone());
+                let waiting = self.pmi.keys.on_put_node_attr(k, v.clone());
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
                 // Gets that waited for it.
                 for r in waiting {
@@ -208,7 +208,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
                 let wait = get("wait") == Some("TRUE");
-                match self.pmi_keys.on_get_node_attr(rank, k, wait) {
+                match self.pmi.keys.on_get_node_attr(rank, k, wait) {
                     NodeAttr::Found(v) => {
                         self.pmi2_send(
                             rank,
@@ -237,7 +237,7 @@ impl State {
                 let Some(key) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
-                let Some(owner) = self.pmi_keys.owner(key) else {
+                let Some(owner) = self.pmi.keys.owner(key) else {
                     return self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]);
                 };
                 let (key, owner) = (key.to_string(), owner);
