@@ -260,17 +260,27 @@ enum Event {
     Pmix(pmix::PmixEv),
 }
 
+/// The actor's channels out: back to itself (timers and tasks report there), to the
+/// launcher, to the other servers and to the native clients.
+struct Links {
+    /// Events to the actor itself.
+    ev: UnboundedSender<Event>,
+    /// Frames to the launcher.
+    ctl: UnboundedSender<Vec<u8>>,
+    /// The other servers' connections (`conns`).
+    peers: PeerLinks,
+    /// The native clients' connections: the rank of each that said hello, its writer.
+    clients: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
+}
+
 struct State {
     node: u32,
     plan: Arc<JobPlan>,
-    ev: UnboundedSender<Event>,
+    /// The actor's channels out (`Links`).
+    io: Links,
     store: StoreWriter,
     /// The node's processes and the job's ended ranks (`procs`).
     procs: Processes,
-    conns: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
-    /// The other servers' connections (`conns`).
-    peers: PeerLinks,
-    ctl_tx: UnboundedSender<Vec<u8>>,
     /// Collectives between servers (`fence`).
     fences: Fences,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
@@ -550,14 +560,16 @@ impl State {
         State {
             node,
             plan: plan.clone(),
-            ev,
+            io: Links {
+                ev,
+                ctl: ctl_tx,
+                peers: PeerLinks::new(peers, secret),
+                clients: HashMap::new(),
+            },
             store,
             procs,
-            conns: HashMap::new(),
             pmi: pmi::PmiFront::default(),
             pmix: None,
-            peers: PeerLinks::new(peers, secret),
-            ctl_tx,
             fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             done: false,
@@ -617,18 +629,19 @@ impl State {
         if conn & pmix::PMIX_CONN != 0 {
             return self.pmix_reply(msg);
         }
-        if let Some((_, tx)) = self.conns.get(&conn) {
+        if let Some((_, tx)) = self.io.clients.get(&conn) {
             let _ = tx.send(Out::Frame(frame::encode(msg)));
         }
     }
 
     fn send_peer(&mut self, node: u32, msg: &PeerMsg) {
-        self.peers
-            .send(self.node, node, frame::encode(msg), &self.ev);
+        self.io
+            .peers
+            .send(self.node, node, frame::encode(msg), &self.io.ev);
     }
 
     fn to_launcher(&self, msg: &ToLauncher) {
-        let _ = self.ctl_tx.send(frame::encode(msg));
+        let _ = self.io.ctl.send(frame::encode(msg));
     }
 
     fn store_put(&mut self, key: &[u8], value: &[u8]) {
@@ -661,7 +674,7 @@ impl State {
             Event::ClientGone { conn, reason } => {
                 let acts = self.modex.conn_closed(conn);
                 self.apply(acts);
-                if let Some((Some(rank), _)) = self.conns.remove(&conn) {
+                if let Some((Some(rank), _)) = self.io.clients.remove(&conn) {
                     let acts = self.procs.on_conn_closed(rank, &reason);
                     self.apply_procs(acts);
                 }
@@ -672,10 +685,10 @@ impl State {
             }
             Event::Peer { msg } => self.on_peer(msg),
             Event::PeerLost { node, reason } => {
-                self.peers.lost(node);
+                self.io.peers.lost(node);
                 if !self.job_ended(node, &reason) {
                     after(
-                        &self.ev,
+                        &self.io.ev,
                         PEER_LOST_GRACE,
                         Event::PeerLostCheck { node, reason },
                     );

@@ -71,7 +71,7 @@ impl State {
                 fence::Action::Reply { conn, msg } => self.send_client(conn, &msg),
                 fence::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 fence::Action::Deadline { id, at } => {
-                    let ev = self.ev.clone();
+                    let ev = self.io.ev.clone();
                     let at = Instant::from_std(at);
                     tokio::spawn(async move {
                         tokio::time::sleep_until(at).await;
@@ -79,7 +79,7 @@ impl State {
                     });
                 }
                 fence::Action::QueryTimer { qid, after: d } => {
-                    after(&self.ev, d, Event::QueryTimeout { qid });
+                    after(&self.io.ev, d, Event::QueryTimeout { qid });
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
                 fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
@@ -111,7 +111,7 @@ impl State {
                 invitations::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 invitations::Action::Emit { rank, event } => self.emit(rank, &event),
                 invitations::Action::Timer { id, after: d } => {
-                    after(&self.ev, d, Event::InviteTimeout { id });
+                    after(&self.io.ev, d, Event::InviteTimeout { id });
                 }
                 invitations::Action::Record(group) => {
                     self.groups.insert(group.id.clone(), group);
@@ -175,7 +175,7 @@ impl State {
                     req,
                     ms,
                 } => after(
-                    &self.ev,
+                    &self.io.ev,
                     Duration::from_millis(ms),
                     Event::GetTimeout { rank, conn, req },
                 ),
@@ -229,7 +229,7 @@ impl State {
                         procs::Timer::AbortGrace(rank) => Event::AbortGraceOver { rank },
                         procs::Timer::KillNow => Event::KillNow,
                     };
-                    after(&self.ev, d, e);
+                    after(&self.io.ev, d, e);
                 }
                 procs::Action::Report { rank, how } => {
                     self.to_launcher(&ToLauncher::ProcExit { rank, how });

@@ -163,18 +163,18 @@ impl State {
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
         }
-        self.conns.insert(conn, (Some(rank), tx));
+        self.io.clients.insert(conn, (Some(rank), tx));
     }
 
     pub(super) fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
-        let Some(rank) = self.conns.get(&conn).and_then(|(r, _)| *r) else {
+        let Some(rank) = self.io.clients.get(&conn).and_then(|(r, _)| *r) else {
             return;
         };
         match msg {
             ClientMsg::Hello { .. } => {
                 // A protocol violation like an undecodable frame: drop this client.
                 tracing::warn!("dropping rank {rank}'s connection: it sent a second hello");
-                if let Some((_, tx)) = self.conns.get(&conn) {
+                if let Some((_, tx)) = self.io.clients.get(&conn) {
                     let _ = tx.send(Out::Close);
                 }
                 self.handle(Event::ClientGone {

@@ -725,7 +725,7 @@ impl State {
         let qid = px.next_qid;
         px.asked.insert(qid, (rank, d.reply));
         if let Some(t) = d.timeout {
-            after(&self.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
+            after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
         }
         self.send_peer(owner, &PeerMsg::PmixDmodexReq { qid, rank });
     }
@@ -753,7 +753,7 @@ impl State {
             return self.send_peer(from, &m);
         }
         px.serving.insert(qid, (from, rank));
-        let ev = self.ev.clone();
+        let ev = self.io.ev.clone();
         let nspace = px.nspace.clone();
         let asked = px.server.dmodex_request(&nspace, rank, move |result| {
             let _ = ev.send(Event::Pmix(PmixEv::Served {

@@ -73,7 +73,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             })
         }
     };
-    let ev = st.ev.clone();
+    let ev = st.io.ev.clone();
     // The child has its end (or failed to start): the server keeps only its own.
     let pmi = pmi.map(|(ours, _theirs)| ours);
     match spawned {

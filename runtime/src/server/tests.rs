@@ -46,7 +46,7 @@ impl Node0 {
         let nowhere: SocketAddr = "127.0.0.1:1".parse().expect("address");
         let mut st = State::new(0, plan, [1, 2], ev, store, vec![nowhere; 2], ctl_tx);
         let (peer_tx, to_node1) = unbounded_channel();
-        st.peers.connected(1, peer_tx);
+        st.io.peers.connected(1, peer_tx);
         let mut clients = BTreeMap::new();
         for (conn, rank) in [(10, 0), (11, 1)] {
             let (tx, rx) = unbounded_channel();
