@@ -16,43 +16,39 @@
 //! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
 //! all-gather, deadlines and failures), `psets` (process sets), `invitations` (groups
 //! formed by invitation), `leaders` (a failed group leader's replacement), `pmi_keys`
-//! (PMI key owners and PMI-2 node attributes) and `pgcids` (the root server's PGCID
-//! allocator). `actions` hands them their inputs and carries out their actions.
+//! (PMI key owners and PMI-2 node attributes), `pgcids` (the root server's PGCID
+//! allocator) and `procs` (the node's processes, the job's ended ranks, and how each
+//! process's end is decided: its exit status, its lost connection, an abort's grace, a
+//! termination). `actions` hands them their inputs and carries out their actions.
 //!
 //! The rest is still an `impl State` or free functions in a submodule: `native` (the
 //! front end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
-//! embedded PMIx server), `procs` (commits, the datastore, gets, processes that end),
-//! `groups` (constructs' results, membership, events), `conns` (the other
-//! servers' connections and the dispatch of their messages), `spawn` (starting the
+//! embedded PMIx server), `groups` (constructs' results, membership, events), `conns` (the other
+//! servers' connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
 //! processes) and `output` (forwarding their output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::{self, Write};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_shm::StoreWriter;
 
-use crate::modex::{self, Answer, GetFlags, Modex};
-use crate::topology;
-use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
+use crate::modex::Modex;
+use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{
-    AppSpec, ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, ExitKind, FenceMode,
-    GroupBlock, GroupDirectives, GroupInfo, GroupSpec, JobPlan, PeerMsg, ProcData, Procs,
-    ServerMsg, ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+    ClientMsg, CollId, Event as WireEvent, ExitKind, GroupInfo, JobPlan, PeerMsg, ServerMsg,
+    ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
-use weft_wireup::{env, Rank};
-use weft_wireup::{Scope, Value};
+use weft_wireup::Rank;
 
 mod actions;
 mod conns;
@@ -73,19 +69,17 @@ mod procs;
 mod psets;
 mod spawn;
 
-use conns::{peer_reader, peer_writer};
+use conns::{peer_reader, PeerLinks};
 use fence::{Contrib, Fences};
 use invitations::Invitations;
 use leaders::Leaders;
 use native::client_conn;
-use output::{forward, Chunk, OutputSink};
+use output::OutputSink;
 use pgcids::Pgcids;
-use pmi_keys::{NodeAttr, PmiKeys};
+use procs::Processes;
 use psets::Psets;
 use spawn::spawn_child;
 
-/// How long a process that called abort has to exit before it is killed.
-const ABORT_GRACE: Duration = Duration::from_millis(500);
 /// How long a server at its end waits for its killed processes to be reaped (and their
 /// output forwarded) before it exits anyway.
 const CHILD_REAP_WAIT: Duration = Duration::from_secs(2);
@@ -167,10 +161,6 @@ pub fn run(args: ServerArgs) -> Result<(), ServerError> {
 }
 
 use crate::modex::ConnId;
-
-/// How long a child's closed connection waits for its exit status before the server
-/// reports a lost connection instead.
-const EXIT_STATUS_WAIT: Duration = Duration::from_millis(300);
 
 /// How long a server waits after a peer server's connection closed before it calls that
 /// server lost: at a job's end the servers stop at about the same time, and one may see
@@ -270,44 +260,31 @@ enum Event {
     Pmix(pmix::PmixEv),
 }
 
-#[derive(Default)]
-struct LocalProc {
-    token: u64,
-    conn: Option<ConnId>,
-    /// It finalized as it exits: its end is reported by its exit status.
-    finalizing_at_exit: bool,
-    pid: Option<u32>,
-    exited: bool,
-    /// Events for the process that arrived before it connected (delivered at hello).
-    early_events: Vec<WireEvent>,
-    /// It called abort with this exit code (`procs::proc_aborted`).
-    aborted: Option<i32>,
-}
-
-/// A rank that is gone: why.
-struct Gone {
-    reason: String,
+/// The actor's channels out: back to itself (timers and tasks report there), to the
+/// launcher, to the other servers and to the native clients.
+struct Links {
+    /// Events to the actor itself.
+    ev: UnboundedSender<Event>,
+    /// Frames to the launcher.
+    ctl: UnboundedSender<Vec<u8>>,
+    /// The other servers' connections (`conns`).
+    peers: PeerLinks,
+    /// The native clients' connections: the rank of each that said hello, its writer.
+    clients: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
 }
 
 struct State {
     node: u32,
     plan: Arc<JobPlan>,
-    secret: [u64; 2],
-    ev: UnboundedSender<Event>,
+    /// The actor's channels out (`Links`).
+    io: Links,
     store: StoreWriter,
-    overflowed: bool,
-    procs: BTreeMap<Rank, LocalProc>,
-    conns: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
-    peers: Vec<SocketAddr>,
-    peer_tx: HashMap<u32, UnboundedSender<Vec<u8>>>,
-    ctl_tx: UnboundedSender<Vec<u8>>,
-    gone: HashMap<Rank, Gone>,
+    /// The node's processes and the job's ended ranks (`procs`).
+    procs: Processes,
     /// Collectives between servers (`fence`).
     fences: Fences,
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
-    live_children: usize,
-    terminating: bool,
     done: bool,
     /// Groups with members on this node, by id.
     groups: BTreeMap<String, GroupInfo>,
@@ -319,10 +296,8 @@ struct State {
     psets: Psets,
     /// Groups being formed by invitation (`invitations`).
     invitations: Invitations,
-    /// The PMI-1 connections of local processes (`pmi`).
-    pmi: HashMap<Rank, pmi::PmiConn>,
-    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
-    pmi_keys: PmiKeys,
+    /// The PMI-1 and PMI-2 front end: its connections and its keys (`pmi`).
+    pmi: pmi::PmiFront,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
 }
@@ -514,8 +489,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
             }
         }
     }
-    let ranks: Vec<Rank> = st.procs.keys().copied().collect();
-    for r in ranks {
+    for r in st.procs.local_ranks() {
         spawn_child(&st, r, &sock_path, &ds_name, output);
     }
 
@@ -546,28 +520,16 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
 /// once it is reaped and its output forwarded (or once it failed to start).
 async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
     let deadline = tokio::time::Instant::now() + CHILD_REAP_WAIT;
-    while st.procs.values().any(|p| !p.exited) {
+    while !st.procs.unreaped().is_empty() {
         match tokio::time::timeout_at(deadline, ev_rx.recv()).await {
             Ok(Some(Event::Spawned { rank, pid })) => {
-                if let (Some(p), Some(pid)) = (st.procs.get_mut(&rank), pid) {
-                    p.pid = Some(pid);
-                    crate::process::kill(pid, rustix::process::Signal::KILL);
-                }
+                let acts = st.procs.on_reap_spawned(rank, pid);
+                st.apply_procs(acts);
             }
-            Ok(Some(Event::ChildExit { rank, .. })) => {
-                if let Some(p) = st.procs.get_mut(&rank) {
-                    p.exited = true;
-                    p.pid = None;
-                }
-            }
+            Ok(Some(Event::ChildExit { rank, .. })) => st.procs.on_reaped(rank),
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
-                let left: Vec<Rank> = st
-                    .procs
-                    .iter()
-                    .filter(|(_, p)| !p.exited)
-                    .map(|(r, _)| *r)
-                    .collect();
+                let left = st.procs.unreaped();
                 tracing::warn!(
                     "ranks {left:?} did not end within {} s of SIGKILL (CHILD_REAP_WAIT)",
                     CHILD_REAP_WAIT.as_secs()
@@ -589,36 +551,27 @@ impl State {
         peers: Vec<SocketAddr>,
         ctl_tx: UnboundedSender<Vec<u8>>,
     ) -> State {
-        let mut procs = BTreeMap::new();
-        for r in plan.job.ranks_on(node) {
-            procs.insert(
-                r,
-                LocalProc {
-                    token: random_u64(),
-                    ..LocalProc::default()
-                },
-            );
-        }
+        let local = plan.job.ranks_on(node).into_iter();
+        let procs = Processes::new(
+            node,
+            plan.job.size() as usize,
+            local.map(|r| (r, random_u64())),
+        );
         State {
             node,
             plan: plan.clone(),
-            secret,
-            ev,
+            io: Links {
+                ev,
+                ctl: ctl_tx,
+                peers: PeerLinks::new(peers, secret),
+                clients: HashMap::new(),
+            },
             store,
-            overflowed: false,
-            live_children: procs.len(),
             procs,
-            conns: HashMap::new(),
-            pmi: HashMap::new(),
-            pmi_keys: PmiKeys::default(),
+            pmi: pmi::PmiFront::default(),
             pmix: None,
-            peers,
-            peer_tx: HashMap::new(),
-            ctl_tx,
-            gone: HashMap::new(),
             fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
-            terminating: false,
             done: false,
             groups: BTreeMap::new(),
             pgcids: Pgcids::new(plan.job.world_pgcid),
@@ -638,12 +591,12 @@ impl State {
     /// Whether the job has ended (or is ending), so that a peer server's close is no
     /// loss: this server terminates, or every process of the job has ended.
     fn job_ended(&self, node: u32, reason: &str) -> bool {
-        if self.terminating || self.done {
+        if self.procs.terminating() || self.done {
             return true;
         }
         // At the end of a job a server may see another close before its own shutdown
         // arrives: with every process ended, nothing is lost.
-        if self.gone.len() == self.plan.job.size() as usize {
+        if self.procs.all_gone() {
             tracing::debug!("the server of node {node} closed after the job's end: {reason}");
             return true;
         }
@@ -676,40 +629,23 @@ impl State {
         if conn & pmix::PMIX_CONN != 0 {
             return self.pmix_reply(msg);
         }
-        if let Some((_, tx)) = self.conns.get(&conn) {
+        if let Some((_, tx)) = self.io.clients.get(&conn) {
             let _ = tx.send(Out::Frame(frame::encode(msg)));
         }
     }
 
     fn send_peer(&mut self, node: u32, msg: &PeerMsg) {
-        let f = frame::encode(msg);
-        if let Some(tx) = self.peer_tx.get(&node) {
-            if tx.send(f.clone()).is_ok() {
-                return;
-            }
-        }
-        let Some(&addr) = self.peers.get(node as usize) else {
-            tracing::error!("no address for node {node}");
-            return;
-        };
-        let (tx, rx) = unbounded_channel();
-        let hello = frame::encode(&PeerMsg::Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
-            secret: self.secret,
-            node: self.node,
-        });
-        tokio::spawn(peer_writer(addr, hello, node, rx, self.ev.clone()));
-        let _ = tx.send(f);
-        self.peer_tx.insert(node, tx);
+        self.io
+            .peers
+            .send(self.node, node, frame::encode(msg), &self.io.ev);
     }
 
     fn to_launcher(&self, msg: &ToLauncher) {
-        let _ = self.ctl_tx.send(frame::encode(msg));
+        let _ = self.io.ctl.send(frame::encode(msg));
     }
 
     fn store_put(&mut self, key: &[u8], value: &[u8]) {
-        if self.overflowed {
+        if self.store.overflowed() {
             return;
         }
         if self.store.insert(key, value).is_err() {
@@ -719,7 +655,6 @@ impl State {
                 self.store.bytes_used()
             );
             self.store.set_overflowed();
-            self.overflowed = true;
         }
     }
 
@@ -739,47 +674,21 @@ impl State {
             Event::ClientGone { conn, reason } => {
                 let acts = self.modex.conn_closed(conn);
                 self.apply(acts);
-                if let Some((Some(rank), _)) = self.conns.remove(&conn) {
-                    let Some(p) = self.procs.get_mut(&rank) else {
-                        return;
-                    };
-                    p.conn = None;
-                    if self.gone.contains_key(&rank) {
-                        return;
-                    }
-                    if !reason.is_empty() {
-                        let why = format!("was dropped by its server: {reason}");
-                        return self.proc_gone_local(rank, why, false);
-                    }
-                    if p.pid.is_some() && !p.exited {
-                        // Our child: its exit status, due any moment when it is exiting,
-                        // says how it ended better than the closed connection does.
-                        after(&self.ev, EXIT_STATUS_WAIT, Event::ConnLostCheck { rank });
-                    } else {
-                        let why = "lost its connection to the server before finalize";
-                        self.proc_gone_local(rank, why.into(), false);
-                    }
+                if let Some((Some(rank), _)) = self.io.clients.remove(&conn) {
+                    let acts = self.procs.on_conn_closed(rank, &reason);
+                    self.apply_procs(acts);
                 }
             }
             Event::ConnLostCheck { rank } => {
-                if !self.gone.contains_key(&rank) {
-                    let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
-                    let (why, fin) = if finalizing {
-                        (weft_wireup::FINALIZED.to_owned(), true)
-                    } else {
-                        let why =
-                            "lost its connection to the server (the process is still running)";
-                        (why.to_owned(), false)
-                    };
-                    self.proc_gone_local(rank, why, fin);
-                }
+                let acts = self.procs.on_conn_lost_check(rank);
+                self.apply_procs(acts);
             }
             Event::Peer { msg } => self.on_peer(msg),
             Event::PeerLost { node, reason } => {
-                self.peer_tx.remove(&node);
+                self.io.peers.lost(node);
                 if !self.job_ended(node, &reason) {
                     after(
-                        &self.ev,
+                        &self.io.ev,
                         PEER_LOST_GRACE,
                         Event::PeerLostCheck { node, reason },
                     );
@@ -799,23 +708,22 @@ impl State {
                 }
             }
             Event::Ctl(ToServer::Terminate { grace_ms }) => {
-                self.terminating = true;
-                self.kill_all(rustix::process::Signal::TERM);
-                after(&self.ev, Duration::from_millis(grace_ms), Event::KillNow);
+                let acts = self.procs.on_terminate(Duration::from_millis(grace_ms));
+                self.apply_procs(acts);
             }
-            Event::KillNow => self.kill_all(rustix::process::Signal::KILL),
+            Event::KillNow => {
+                let acts = self.procs.on_kill_now();
+                self.apply_procs(acts);
+            }
             Event::AbortGraceOver { rank } => {
-                if let Some(p) = self.procs.get(&rank) {
-                    if let (Some(pid), false) = (p.pid, p.exited) {
-                        crate::process::kill(pid, rustix::process::Signal::KILL);
-                    }
-                }
+                let acts = self.procs.on_abort_grace_over(rank);
+                self.apply_procs(acts);
             }
             Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
-                if self.live_children > 0 {
+                if self.procs.live() > 0 {
                     tracing::error!("lost the launcher ({why}); killing this node's processes");
                 }
                 self.done = true;
@@ -830,40 +738,10 @@ impl State {
                 );
                 self.done = true;
             }
-            Event::Spawned { rank, pid } => {
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.pid = pid;
-                }
-            }
-            Event::ChildExit { rank, mut how } => {
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    if p.exited {
-                        return;
-                    }
-                    p.exited = true;
-                    p.pid = None;
-                    // An abort's code, whether the process exited with it or was killed
-                    // after it (`proc_aborted`).
-                    if let (Some(code), ExitKind::Code(0) | ExitKind::Signal(_)) = (p.aborted, &how)
-                    {
-                        how = ExitKind::Code(code);
-                    }
-                }
-                self.live_children = self.live_children.saturating_sub(1);
-                if !self.gone.contains_key(&rank) {
-                    let finalizing = self.procs.get(&rank).is_some_and(|p| p.finalizing_at_exit);
-                    let (why, fin) = match &how {
-                        ExitKind::Code(0) if finalizing => {
-                            (weft_wireup::FINALIZED.to_owned(), true)
-                        }
-                        ExitKind::Code(c) if !finalizing => {
-                            (format!("exited with code {c} before finalize"), false)
-                        }
-                        other => (other.describe(), false),
-                    };
-                    self.proc_gone_local(rank, why, fin);
-                }
-                self.to_launcher(&ToLauncher::ProcExit { rank, how });
+            Event::Spawned { rank, pid } => self.procs.on_spawned(rank, pid),
+            Event::ChildExit { rank, how } => {
+                let acts = self.procs.on_child_exit(rank, how);
+                self.apply_procs(acts);
             }
             Event::CollTimeout { id } => {
                 let now = std::time::Instant::now();
@@ -893,24 +771,15 @@ impl State {
     }
 
     fn kill_all(&mut self, sig: rustix::process::Signal) {
-        for p in self.procs.values() {
-            if let (Some(pid), false) = (p.pid, p.exited) {
-                crate::process::kill(pid, sig);
-            }
-        }
+        let acts = self.procs.kill_all(sig);
+        self.apply_procs(acts);
     }
 
     /// Sends `event` to local process `rank`; one that has not connected yet gets it
     /// when it does (one that is gone, never).
     fn emit(&mut self, rank: Rank, event: &WireEvent) {
-        let gone = self.gone.contains_key(&rank);
-        let Some(p) = self.procs.get_mut(&rank) else {
-            return;
-        };
-        match p.conn {
-            Some(conn) => self.send_client(conn, &ServerMsg::Event(event.clone())),
-            None if !gone && !p.exited => p.early_events.push(event.clone()),
-            None => {}
+        if let Some(conn) = self.procs.on_event(rank, event) {
+            self.send_client(conn, &ServerMsg::Event(event.clone()));
         }
     }
 }

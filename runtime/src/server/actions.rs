@@ -1,15 +1,20 @@
-//! The actor's side of the concerns without IO (`fence`, `psets`, `leaders`,
-//! `invitations`): their inputs handed over with the current time and what they read of
+//! The actor's side of the concerns without IO (`modex`, `fence`, `psets`, `leaders`,
+//! `invitations`, `procs`): their inputs handed over with the current time and what they read of
 //! other concerns, and their actions carried out here, where the sockets, timers and
 //! the datastore are.
 
-use crate::wire::proto::{CollId, FenceMode, GroupSpec, PeerMsg, ProcData};
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::wire::proto::{
+    CollId, FenceMode, GroupSpec, PeerMsg, ProcData, ServerMsg, ToLauncher, WireError,
+};
 use tokio::time::Instant;
-use weft_wireup::Rank;
+use weft_wireup::{keys, Rank, Scope, Value};
 
 use super::fence::{self, Arrival, Contrib};
-use super::{after, invitations, leaders, psets, Event, State};
-use crate::modex::ConnId;
+use super::{after, invitations, leaders, procs, psets, Event, State};
+use crate::modex::{self, Answer, ConnId, GetFlags};
 
 impl State {
     /// A local process joins collective `id` (a fence or a group operation).
@@ -66,7 +71,7 @@ impl State {
                 fence::Action::Reply { conn, msg } => self.send_client(conn, &msg),
                 fence::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 fence::Action::Deadline { id, at } => {
-                    let ev = self.ev.clone();
+                    let ev = self.io.ev.clone();
                     let at = Instant::from_std(at);
                     tokio::spawn(async move {
                         tokio::time::sleep_until(at).await;
@@ -74,7 +79,7 @@ impl State {
                     });
                 }
                 fence::Action::QueryTimer { qid, after: d } => {
-                    after(&self.ev, d, Event::QueryTimeout { qid });
+                    after(&self.io.ev, d, Event::QueryTimeout { qid });
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
                 fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
@@ -90,8 +95,7 @@ impl State {
                 psets::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 psets::Action::Store { key, value } => self.store_put(&key, &value),
                 psets::Action::Emit(e) => {
-                    let local: Vec<Rank> = self.procs.keys().copied().collect();
-                    for r in local {
+                    for r in self.procs.local_ranks() {
                         self.emit(r, &e);
                     }
                 }
@@ -107,7 +111,7 @@ impl State {
                 invitations::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 invitations::Action::Emit { rank, event } => self.emit(rank, &event),
                 invitations::Action::Timer { id, after: d } => {
-                    after(&self.ev, d, Event::InviteTimeout { id });
+                    after(&self.io.ev, d, Event::InviteTimeout { id });
                 }
                 invitations::Action::Record(group) => {
                     self.groups.insert(group.id.clone(), group);
@@ -142,5 +146,154 @@ impl State {
                 self.apply(acts);
             }
         }
+    }
+}
+
+impl State {
+    pub(super) fn commit(&mut self, rank: Rank, entries: Vec<(Scope, String, Value)>) {
+        let acts = self.modex.commit(rank, entries);
+        self.apply(acts);
+    }
+
+    /// Carries out what the data concern decided.
+    pub(super) fn apply(&mut self, acts: Vec<modex::Action>) {
+        for a in acts {
+            match a {
+                modex::Action::Reply { conn, req, answer } => {
+                    let msg = match answer {
+                        Answer::Value(value) => ServerMsg::Value { req, value },
+                        Answer::Missing(reason) => ServerMsg::Missing { req, reason },
+                        Answer::Failed(error) => ServerMsg::Failed { req, error },
+                    };
+                    self.send_client(conn, &msg);
+                }
+                modex::Action::Store { key, value } => self.store_put(&key, &value),
+                modex::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                modex::Action::GetTimer {
+                    rank,
+                    conn,
+                    req,
+                    ms,
+                } => after(
+                    &self.io.ev,
+                    Duration::from_millis(ms),
+                    Event::GetTimeout { rank, conn, req },
+                ),
+            }
+        }
+    }
+
+    pub(super) fn get(
+        &mut self,
+        conn: ConnId,
+        req: u64,
+        target: Rank,
+        key: String,
+        flags: GetFlags,
+        timeout_ms: Option<u64>,
+    ) {
+        let size = self.plan.job.size();
+        if target >= size {
+            let error = WireError::Invalid {
+                op: "get".into(),
+                reason: format!("rank {target} is not in the job (size {size})"),
+            };
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        let acts = self.modex.get(conn, req, target, key, flags, timeout_ms);
+        self.apply(acts);
+    }
+
+    /// Local rank `rank` called abort (PMIx, PMI-1 or PMI-2) with exit code `code`, as
+    /// `what` says: logged, and left to the processes concern (`procs::on_abort`),
+    /// ending the job like any failed rank.
+    pub(super) fn proc_aborted(&mut self, rank: Rank, code: i32, what: &str) {
+        tracing::warn!("rank {rank} {what}");
+        let acts = self.procs.on_abort(rank, code);
+        self.apply_procs(acts);
+    }
+
+    /// Carries out what the processes concern decided.
+    pub(super) fn apply_procs(&mut self, acts: Vec<procs::Action>) {
+        for a in acts {
+            match a {
+                procs::Action::Ended {
+                    rank,
+                    reason,
+                    finalized,
+                } => self.proc_gone_local(rank, reason, finalized),
+                procs::Action::Kill { pid, sig } => crate::process::kill(pid, sig),
+                procs::Action::Timer { after: d, timer } => {
+                    let e = match timer {
+                        procs::Timer::ConnLost(rank) => Event::ConnLostCheck { rank },
+                        procs::Timer::AbortGrace(rank) => Event::AbortGraceOver { rank },
+                        procs::Timer::KillNow => Event::KillNow,
+                    };
+                    after(&self.io.ev, d, e);
+                }
+                procs::Action::Report { rank, how } => {
+                    self.to_launcher(&ToLauncher::ProcExit { rank, how });
+                }
+            }
+        }
+    }
+
+    /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
+    /// other servers and everything here that waits on it.
+    pub(super) fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
+        let joined = self.fences.joined(rank);
+        let (nodes, me) = (self.plan.job.num_nodes(), self.node);
+        for n in (0..nodes).filter(|&n| n != me) {
+            self.send_peer(
+                n,
+                &PeerMsg::ProcGone {
+                    rank,
+                    reason: reason.clone(),
+                    joined: joined.clone(),
+                },
+            );
+        }
+        self.proc_gone(rank, reason, joined.into_iter().collect(), finalized);
+    }
+
+    pub(super) fn proc_gone(
+        &mut self,
+        rank: Rank,
+        reason: String,
+        joined: HashSet<u64>,
+        finalized: bool,
+    ) {
+        if self.procs.is_gone(rank) {
+            return;
+        }
+        // Gets waiting for keys it never committed (a no-op for other nodes' ranks).
+        let acts = self.modex.ended(rank, finalized, &reason);
+        self.apply(acts);
+        self.pmix_rank_ended(rank, &reason, finalized);
+        // Published in the datastore so that clients waiting on this rank in a transport
+        // notice without a message (a lookup in shared memory).
+        let gone_key = keys::gone(rank);
+        self.store_put(&gone_key, reason.as_bytes());
+        self.procs.on_ended(rank, &reason);
+        // Collectives the rank never joined can no longer complete, except tolerant
+        // groups, which go on without it.
+        let now = std::time::Instant::now();
+        let acts = self.fences.on_proc_gone(
+            rank,
+            &reason,
+            joined,
+            now,
+            Contrib {
+                modex: &self.modex,
+                pgcids: &mut self.pgcids,
+            },
+        );
+        self.apply_fences(acts);
+        self.groups_lose(rank, &reason);
+        let acts = self
+            .invitations
+            .on_proc_gone(rank, &reason, &mut self.pgcids);
+        self.apply_invitations(acts);
+        self.pmix_invites_lose(rank, &reason);
     }
 }

@@ -2,7 +2,16 @@
 //! and forward them to the server's actor, and write what it sends them; and the
 //! dispatch of their messages in the actor (`on_peer`).
 
-use super::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::wire::frame::{self, MAX_PEER_FRAME};
+use crate::wire::proto::{PeerMsg, Procs, MAGIC, PROTOCOL_VERSION};
+
+use super::{Event, State};
 
 pub(super) async fn peer_reader(s: TcpStream, secret: [u64; 2], ev: UnboundedSender<Event>) {
     s.set_nodelay(true).ok();
@@ -81,6 +90,60 @@ pub(super) async fn peer_writer(
     }
 }
 
+/// The other servers' connections: their addresses, the job's secret their hello
+/// carries, and the writers of those connected.
+pub(super) struct PeerLinks {
+    addrs: Vec<SocketAddr>,
+    secret: [u64; 2],
+    tx: HashMap<u32, UnboundedSender<Vec<u8>>>,
+}
+
+impl PeerLinks {
+    /// The servers at `addrs` (by node) of a job with `secret`, none connected yet.
+    pub(super) fn new(addrs: Vec<SocketAddr>, secret: [u64; 2]) -> PeerLinks {
+        PeerLinks {
+            addrs,
+            secret,
+            tx: HashMap::new(),
+        }
+    }
+
+    /// Sends frame `f` to the server of `node` from the server of `me`, connecting
+    /// first when there is no connection (its losses are reported on `ev`).
+    pub(super) fn send(&mut self, me: u32, node: u32, f: Vec<u8>, ev: &UnboundedSender<Event>) {
+        if let Some(tx) = self.tx.get(&node) {
+            if tx.send(f.clone()).is_ok() {
+                return;
+            }
+        }
+        let Some(&addr) = self.addrs.get(node as usize) else {
+            tracing::error!("no address for node {node}");
+            return;
+        };
+        let (tx, rx) = unbounded_channel();
+        let hello = frame::encode(&PeerMsg::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            secret: self.secret,
+            node: me,
+        });
+        tokio::spawn(peer_writer(addr, hello, node, rx, ev.clone()));
+        let _ = tx.send(f);
+        self.tx.insert(node, tx);
+    }
+
+    /// The connection to the server of `node` closed: the next send connects anew.
+    pub(super) fn lost(&mut self, node: u32) {
+        self.tx.remove(&node);
+    }
+
+    /// Frames for the server of `node` go to `tx` (a test's stand-in connection).
+    #[cfg(test)]
+    pub(super) fn connected(&mut self, node: u32, tx: UnboundedSender<Vec<u8>>) {
+        self.tx.insert(node, tx);
+    }
+}
+
 impl State {
     pub(super) fn on_peer(&mut self, msg: PeerMsg) {
         let size = self.plan.job.size();
@@ -146,10 +209,10 @@ impl State {
                 from,
                 nodes,
             } => {
-                let gone = &self.gone;
+                let ended = &self.procs;
                 let acts = self
                     .leaders
-                    .on_decide(id, rank, from, nodes, |r| gone.contains_key(&r));
+                    .on_decide(id, rank, from, nodes, |r| ended.is_gone(r));
                 self.apply_leaders(acts);
             }
             PeerMsg::LeaderDecision {

@@ -1,9 +1,18 @@
 //! Hostile client and peer messages through the server's real decoding path and
 //! handlers (a server state driven without sockets).
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use weft_shm::StoreWriter;
+use weft_wireup::Rank;
+
+use super::{Event, Out, State};
+use crate::modex::ConnId;
+use crate::wire::frame;
 use crate::wire::fuzz::peer_msgs;
-use crate::wire::proto::ClientMsg;
+use crate::wire::proto::{ClientMsg, ExitKind, JobPlan, PeerMsg, PROTOCOL_VERSION};
 use weft_fuzz::run;
 use weft_fuzz::Mutator;
 use weft_testkit::corpus::client_corpus;
@@ -42,13 +51,13 @@ impl Rig {
         if let Some(&(c, _)) = self.live.iter().find(|(_, r)| *r == rank) {
             return Some(c);
         }
-        if self.st.gone.contains_key(&rank) {
+        if self.st.procs.is_gone(rank) {
             return None;
         }
         let (tx, rx) = unbounded_channel();
         let conn = self.next_conn;
         self.next_conn += 1;
-        let token = self.st.procs[&rank].token;
+        let token = self.st.procs.token(rank).expect("a local rank");
         self.st.handle(Event::ClientHello {
             conn,
             rank,
@@ -95,7 +104,7 @@ fn a_second_hello_drops_the_client() {
     let mut rig = Rig::new(&plan, 1_000_000);
     let rank = plan.job.ranks_on(0)[0];
     let conn = rig.conn_of(rank).expect("connected");
-    let token = rig.st.procs[&rank].token;
+    let token = rig.st.procs.token(rank).expect("a local rank");
     rig.st.handle(Event::Client {
         conn,
         msg: ClientMsg::Hello {
@@ -108,7 +117,7 @@ fn a_second_hello_drops_the_client() {
     let closed =
         std::iter::from_fn(|| rig.outs[0].try_recv().ok()).any(|o| matches!(o, Out::Close));
     assert!(closed, "the connection must be closed");
-    let why = rig.st.gone.get(&rank).map(|g| g.reason.clone());
+    let why = rig.st.procs.why_gone(rank).map(str::to_owned);
     assert_eq!(
         why.as_deref(),
         Some("was dropped by its server: it sent a second hello")
@@ -138,7 +147,7 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
     let mut handled = 0u64;
     let n = run("server-handlers", 2, |m: &mut Mutator| {
         // A fresh server now and then (and once every local rank was dropped).
-        if m.below(400) == 0 || local.iter().all(|r| rig.st.gone.contains_key(r)) {
+        if m.below(400) == 0 || local.iter().all(|r| rig.st.procs.is_gone(*r)) {
             rigs += 1;
             rig = Rig::new(&plan, rigs);
         }

@@ -1,6 +1,13 @@
 //! Process groups: constructs (collective and by invitation), leaders, members that leave or die.
 
-use super::*;
+use weft_wireup::Rank;
+
+use super::{fence, invitations, State};
+use crate::modex::ConnId;
+use crate::wire::proto::{
+    CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupBlock, GroupDirectives,
+    GroupInfo, GroupSpec, PeerMsg, ServerMsg, WireError,
+};
 
 impl State {
     /// Checks a group construct or destruct request, then joins it like a fence.
@@ -58,7 +65,7 @@ impl State {
                         .procs
                         .ranks(job.size())
                         .into_iter()
-                        .filter(|r| !self.procs.contains_key(r))
+                        .filter(|r| !self.procs.is_local(*r))
                         .collect();
                     if !elsewhere.is_empty() {
                         return fail(
@@ -86,7 +93,7 @@ impl State {
                 Some(g)
                     if g.members.iter().any(|&m| !id.procs.contains(m))
                         || id.procs.ranks(job.size()).iter().any(|r| {
-                            g.members.binary_search(r).is_err() && !self.gone.contains_key(r)
+                            g.members.binary_search(r).is_err() && !self.procs.is_gone(*r)
                         }) =>
                 {
                     return fail(
@@ -190,7 +197,7 @@ impl State {
             left_out,
             directives,
         };
-        if record.members.iter().any(|r| self.procs.contains_key(r)) {
+        if record.members.iter().any(|r| self.procs.is_local(*r)) {
             self.groups.insert(id.name.clone(), record.clone());
         }
         Ok(record)
@@ -307,7 +314,7 @@ impl State {
             reason: format!("rank {rank} left the group"),
         };
         let to = g.members.clone();
-        if !to.iter().any(|r| self.procs.contains_key(r)) {
+        if !to.iter().any(|r| self.procs.is_local(*r)) {
             self.groups.remove(id);
         }
         for r in to {
@@ -320,7 +327,7 @@ impl State {
             Ok(g) => g,
             Err(reason) => return self.group_invalid(conn, req, "leader claim", &id, reason),
         };
-        if let Some(l) = g.leader.filter(|l| !self.gone.contains_key(l)) {
+        if let Some(l) = g.leader.filter(|l| !self.procs.is_gone(*l)) {
             return self.group_invalid(
                 conn,
                 req,
@@ -330,10 +337,10 @@ impl State {
             );
         }
         let nodes = self.nodes_of(&g.members);
-        let gone = &self.gone;
+        let ended = &self.procs;
         let acts = self
             .leaders
-            .on_claim(id, rank, (conn, req), nodes, |r| gone.contains_key(&r));
+            .on_claim(id, rank, (conn, req), nodes, |r| ended.is_gone(r));
         self.apply_leaders(acts);
     }
 
@@ -376,12 +383,12 @@ impl State {
             directives,
             timeout_ms,
         };
-        let gone = &self.gone;
+        let ended = &self.procs;
         let acts = self.invitations.on_invite(
             inv,
             in_use,
             &self.plan.job.nspace,
-            |r| gone.get(&r).map(|g| g.reason.clone()),
+            |r| ended.why_gone(r).map(str::to_owned),
             &mut self.pgcids,
         );
         self.apply_invitations(acts);

@@ -5,7 +5,16 @@
 //! channel. Other front ends (PMIx, PMI) are to translate their clients' requests into
 //! the same operations.
 
-use super::*;
+use std::io;
+
+use tokio::net::UnixStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use weft_wireup::Rank;
+
+use super::{Event, Out, State};
+use crate::modex::{ConnId, GetFlags};
+use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME};
+use crate::wire::proto::{ClientMsg, CollKind, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION};
 
 pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<Event>) {
     match s.peer_cred() {
@@ -142,20 +151,10 @@ impl State {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
             let _ = tx.send(Out::Close);
         };
-        let Some(p) = self.procs.get_mut(&rank) else {
-            return refuse(format!("rank {rank} does not run on node {}", self.node));
+        let early = match self.procs.on_hello(rank, token, conn) {
+            Ok(early) => early,
+            Err(reason) => return refuse(reason),
         };
-        if p.token != token {
-            return refuse(format!("wrong token for rank {rank}"));
-        }
-        if p.conn.is_some() {
-            return refuse(format!("rank {rank} is already connected"));
-        }
-        if self.gone.contains_key(&rank) {
-            return refuse(format!("rank {rank} has already finalized or died"));
-        }
-        p.conn = Some(conn);
-        let early = std::mem::take(&mut p.early_events);
         let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
             version: PROTOCOL_VERSION,
             datastore: self.store.name().to_owned(),
@@ -164,18 +163,18 @@ impl State {
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
         }
-        self.conns.insert(conn, (Some(rank), tx));
+        self.io.clients.insert(conn, (Some(rank), tx));
     }
 
     pub(super) fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
-        let Some(rank) = self.conns.get(&conn).and_then(|(r, _)| *r) else {
+        let Some(rank) = self.io.clients.get(&conn).and_then(|(r, _)| *r) else {
             return;
         };
         match msg {
             ClientMsg::Hello { .. } => {
                 // A protocol violation like an undecodable frame: drop this client.
                 tracing::warn!("dropping rank {rank}'s connection: it sent a second hello");
-                if let Some((_, tx)) = self.conns.get(&conn) {
+                if let Some((_, tx)) = self.io.clients.get(&conn) {
                     let _ = tx.send(Out::Close);
                 }
                 self.handle(Event::ClientGone {
@@ -253,19 +252,8 @@ impl State {
                 timeout_ms,
             ),
             ClientMsg::Finalize { req, at_exit } => {
-                let child = self
-                    .procs
-                    .get(&rank)
-                    .is_some_and(|p| p.pid.is_some() && !p.exited);
-                if at_exit && child {
-                    // Its exit status decides: "has finalized" for 0, else the code or
-                    // signal. The connection closing triggers a check in case it lingers.
-                    if let Some(p) = self.procs.get_mut(&rank) {
-                        p.finalizing_at_exit = true;
-                    }
-                } else if !self.gone.contains_key(&rank) {
-                    self.proc_gone_local(rank, weft_wireup::FINALIZED.into(), true);
-                }
+                let acts = self.procs.on_finalize(rank, at_exit);
+                self.apply_procs(acts);
                 self.send_client(conn, &ServerMsg::Done { req });
             }
         }

@@ -1,6 +1,12 @@
 //! The children's output: forwarded line by line from a dedicated thread.
 
-use super::*;
+use std::io::{self, Write};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use crate::wire::proto::JobPlan;
+use weft_wireup::Rank;
 
 /// What the output thread receives: a chunk of a child's output (stderr or not), or a
 /// request to say when everything sent before it is written.

@@ -17,7 +17,14 @@
 use std::io::{BufRead, Read};
 use std::os::fd::AsRawFd;
 
-use super::*;
+use std::collections::HashMap;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use weft_wireup::{Rank, Scope, Value};
+
+use super::{pmi2, wire_to_text, Event, State};
+use crate::modex::{ConnId, GetFlags};
+use crate::wire::proto::{CollId, CollKind, FenceMode, ProcData, Procs, ServerMsg};
 
 /// Connection ids of PMI clients: this bit, then the rank (native clients count up from 0).
 pub(super) const PMI_CONN: ConnId = 1 << 62;
@@ -25,7 +32,17 @@ pub(super) const PMI_CONN: ConnId = 1 << 62;
 const MAX_LINE: usize = 16 << 10;
 /// `vallen_max` told to clients.
 pub(super) const VALLEN_MAX: usize = 1024;
-use super::pmi_keys::KEY_PREFIX;
+use super::pmi_keys::{PmiKeys, KEY_PREFIX};
+
+/// The PMI-1 and PMI-2 front end: the local processes' connections, and who put each
+/// key (with PMI-2's node attributes).
+#[derive(Default)]
+pub(super) struct PmiFront {
+    /// The connections of local processes, by rank.
+    pub(super) conns: HashMap<Rank, PmiConn>,
+    /// Who put each PMI key, and PMI-2's node attributes (`pmi_keys`).
+    pub(super) keys: PmiKeys,
+}
 
 /// A PMI client's state.
 pub(super) struct PmiConn {
@@ -193,7 +210,7 @@ pub(super) fn process_mapping(node_of_rank: &[u32]) -> String {
 
 impl State {
     pub(super) fn pmi_open(&mut self, rank: Rank, tx: UnboundedSender<Vec<u8>>) {
-        self.pmi.insert(
+        self.pmi.conns.insert(
             rank,
             PmiConn {
                 tx,
@@ -207,19 +224,19 @@ impl State {
 
     pub(super) fn pmi_closed(&mut self, rank: Rank) {
         // The process's exit decides how it ended (as for a process that never spoke PMI).
-        self.pmi.remove(&rank);
+        self.pmi.conns.remove(&rank);
         let acts = self.modex.conn_closed(PMI_CONN | ConnId::from(rank));
         self.apply(acts);
     }
 
     pub(super) fn pmi_send(&self, rank: Rank, text: &str) {
-        if let Some(c) = self.pmi.get(&rank) {
+        if let Some(c) = self.pmi.conns.get(&rank) {
             let _ = c.tx.send(format!("{text}\n").into_bytes());
         }
     }
 
     pub(super) fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
-        let c = self.pmi.get_mut(&rank)?;
+        let c = self.pmi.conns.get_mut(&rank)?;
         c.next_req += 1;
         c.waiting.borrow_mut().insert(c.next_req, wait);
         Some(c.next_req)
@@ -228,7 +245,7 @@ impl State {
     /// Commits `key` = `value` for rank `rank` (PMI-1's `put`, PMI-2's `kvs-put`: they
     /// share keys) and records its owner.
     pub(super) fn pmi_put(&mut self, rank: Rank, key: &str, value: &str) {
-        self.pmi_keys.on_put(rank, key);
+        self.pmi.keys.on_put(rank, key);
         let entry = (
             Scope::Global,
             format!("{KEY_PREFIX}{key}"),
@@ -243,7 +260,7 @@ impl State {
         let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
             return;
         };
-        let seq = self.pmi.get_mut(&rank).map_or(0, |c| {
+        let seq = self.pmi.conns.get_mut(&rank).map_or(0, |c| {
             c.barriers += 1;
             c.barriers
         });
@@ -298,7 +315,7 @@ impl State {
                     ),
                     // The client's next commands are PMI-2's (`pmi2`).
                     "2" => {
-                        if let Some(c) = self.pmi.get_mut(&rank) {
+                        if let Some(c) = self.pmi.conns.get_mut(&rank) {
                             c.v2 = true;
                         }
                         self.pmi_send(
@@ -350,7 +367,7 @@ impl State {
                     return self
                         .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
                 }
-                let Some(owner) = self.pmi_keys.owner(key) else {
+                let Some(owner) = self.pmi.keys.owner(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
                 self.pmi_get(rank, owner, key);
@@ -358,9 +375,7 @@ impl State {
             "barrier_in" => self.pmi_barrier(rank, "pmi1"),
             "finalize" => {
                 // As a native client's finalize at exit: its exit status decides.
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
                 self.pmi_send(rank, "cmd=finalize_ack rc=0");
             }
             "abort" => {
@@ -389,12 +404,13 @@ impl State {
         };
         let Some(wait) = self
             .pmi
+            .conns
             .get(&rank)
             .and_then(|c| c.waiting.borrow_mut().remove(&req))
         else {
             return;
         };
-        if self.pmi.get(&rank).is_some_and(|c| c.v2) {
+        if self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             return self.pmi2_reply(rank, wait, text);
         }
         let line = match (wait, text) {
@@ -417,13 +433,13 @@ impl State {
 
     /// Records the owners of the PMI keys in data of other nodes' processes.
     pub(super) fn pmi_learn(&mut self, data: &ProcData) {
-        self.pmi_keys.on_learn(data);
+        self.pmi.keys.on_learn(data);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{msg, parse, process_mapping};
 
     #[test]
     fn process_mappings_are_mpichs() {

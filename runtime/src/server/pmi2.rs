@@ -19,7 +19,10 @@
 use std::io::Read;
 
 use super::pmi::{msg, Wait, VALLEN_MAX};
-use super::*;
+use weft_wireup::{Rank, Value};
+
+use super::pmi_keys::NodeAttr;
+use super::{pmi, State};
 
 /// Reads one PMI-2 command (its 6-character length, then that many bytes).
 pub(super) fn read_command(r: &mut impl Read, max: usize) -> Result<String, String> {
@@ -91,7 +94,7 @@ fn truth(b: bool) -> String {
 
 impl State {
     fn pmi2_send(&self, rank: Rank, pairs: &[(&str, String)]) {
-        if let Some(c) = self.pmi.get(&rank) {
+        if let Some(c) = self.pmi.conns.get(&rank) {
             let _ = c.tx.send(frame(pairs));
         }
     }
@@ -117,7 +120,7 @@ impl State {
                 return self.pmi2_error(rank, "error", &why);
             }
         };
-        if !self.pmi.get(&rank).is_some_and(|c| c.v2) {
+        if !self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             tracing::warn!("rank {rank}: a PMI-2 command before init asked for version 2");
             return self.pmi2_error(rank, "error", "send cmd=init pmi_version=2 first");
         }
@@ -185,7 +188,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs key and value");
                 };
                 let (k, v) = (k.to_string(), v.to_string());
-                let waiting = self.pmi_keys.on_put_node_attr(k, v.clone());
+                let waiting = self.pmi.keys.on_put_node_attr(k, v.clone());
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
                 // Gets that waited for it.
                 for r in waiting {
@@ -205,7 +208,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
                 let wait = get("wait") == Some("TRUE");
-                match self.pmi_keys.on_get_node_attr(rank, k, wait) {
+                match self.pmi.keys.on_get_node_attr(rank, k, wait) {
                     NodeAttr::Found(v) => {
                         self.pmi2_send(
                             rank,
@@ -234,16 +237,14 @@ impl State {
                 let Some(key) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
-                let Some(owner) = self.pmi_keys.owner(key) else {
+                let Some(owner) = self.pmi.keys.owner(key) else {
                     return self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]);
                 };
                 let (key, owner) = (key.to_string(), owner);
                 self.pmi_get(rank, owner, &key);
             }
             "finalize" => {
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
             "abort" => {
@@ -290,7 +291,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{frame, parse, read_command};
 
     #[test]
     fn commands_parse_with_escaped_semicolons_or_are_refused() {

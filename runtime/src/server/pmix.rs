@@ -29,7 +29,20 @@ use weft_pmix::server::{
     ProcName, Query, QueryAnswer,
 };
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
+use weft_wireup::{Rank, Scope, Value};
+
+use super::output::Chunk;
+use super::{after, ompi_shm_dir, wire_to_text, Event, State};
+use crate::modex::{ConnId, Modex};
+use crate::wire::proto::{
+    CollId, CollKind, ExitKind, FenceMode, GroupDirectives, JobPlan, PeerMsg, Procs, ServerMsg,
+    WireError,
+};
 
 /// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
 /// native clients count up from 0).
@@ -329,9 +342,7 @@ impl State {
             PmixEv::Connected(rank) => tracing::debug!("rank {rank}: PMIx client connected"),
             PmixEv::Finalized(rank) => {
                 // As a native client's finalize at exit: its exit status decides.
-                if let Some(p) = self.procs.get_mut(&rank) {
-                    p.finalizing_at_exit = true;
-                }
+                self.procs.on_finalize_at_exit(rank);
             }
             PmixEv::Abort {
                 rank,
@@ -425,12 +436,8 @@ impl State {
             seq: *seq,
             name: "pmix".into(),
         };
-        let locals: Vec<Rank> = self
-            .procs
-            .keys()
-            .copied()
-            .filter(|&r| id.procs.contains(r))
-            .collect();
+        let mut locals = self.procs.local_ranks();
+        locals.retain(|&r| id.procs.contains(r));
         self.pmix_check_alive(&locals);
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx fence {id:?} has no participant on node {}", self.node);
@@ -476,10 +483,10 @@ impl State {
     /// status has not reached this server yet.
     fn pmix_check_alive(&mut self, locals: &[Rank]) {
         for &r in locals {
-            if self.gone.contains_key(&r) {
+            if self.procs.is_gone(r) {
                 continue;
             }
-            if let Some(how) = self.procs.get(&r).and_then(|p| ended_now(p.pid?)) {
+            if let Some(how) = self.procs.pid(r).and_then(ended_now) {
                 self.proc_gone_local(r, how, false);
             }
         }
@@ -521,12 +528,8 @@ impl State {
             assign_context_id: g.assign_context_id,
             no_data: false,
         };
-        let locals: Vec<Rank> = self
-            .procs
-            .keys()
-            .copied()
-            .filter(|&r| id.procs.contains(r))
-            .collect();
+        let mut locals = self.procs.local_ranks();
+        locals.retain(|&r| id.procs.contains(r));
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx group {:?} has no member on node {}", g.id, self.node);
             return g.reply.fail(Failure::Other);
@@ -709,8 +712,8 @@ impl State {
                 return d.reply.fail(Failure::NotFound);
             }
         };
-        if let Some(g) = self.gone.get(&rank) {
-            tracing::debug!("PMIx direct modex for rank {rank}, which {}", g.reason);
+        if let Some(why) = self.procs.why_gone(rank) {
+            tracing::debug!("PMIx direct modex for rank {rank}, which {why}");
             return d.reply.fail(Failure::ProcGone);
         }
         let owner = self.plan.job.procs[rank as usize].node;
@@ -722,7 +725,7 @@ impl State {
         let qid = px.next_qid;
         px.asked.insert(qid, (rank, d.reply));
         if let Some(t) = d.timeout {
-            after(&self.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
+            after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
         }
         self.send_peer(owner, &PeerMsg::PmixDmodexReq { qid, rank });
     }
@@ -738,19 +741,19 @@ impl State {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
             return self.send_peer(from, &m);
         };
-        if !self.procs.contains_key(&rank) {
+        if !self.procs.is_local(rank) {
             let m = refuse(format!("rank {rank} does not run on node {}", self.node));
             return self.send_peer(from, &m);
         }
-        if let Some(g) = self.gone.get(&rank) {
+        if let Some(why) = self.procs.why_gone(rank) {
             let m = PeerMsg::PmixDmodexResp {
                 qid,
-                result: Err(DmodexFailure::ProcGone(g.reason.clone())),
+                result: Err(DmodexFailure::ProcGone(why.to_owned())),
             };
             return self.send_peer(from, &m);
         }
         px.serving.insert(qid, (from, rank));
-        let ev = self.ev.clone();
+        let ev = self.io.ev.clone();
         let nspace = px.nspace.clone();
         let asked = px.server.dmodex_request(&nspace, rank, move |result| {
             let _ = ev.send(Event::Pmix(PmixEv::Served {

@@ -22,7 +22,10 @@
 use weft_pmix::server::{codes, Failure, Notification, ProcName, Range};
 
 use super::pmix::PendingInvite;
-use super::*;
+use weft_wireup::Rank;
+
+use super::State;
+use crate::wire::proto::{GroupDirectives, GroupInfo, PeerMsg};
 
 impl State {
     /// A local client's event for processes beyond this node.
@@ -53,7 +56,7 @@ impl State {
             let gone = targets
                 .iter()
                 .flatten()
-                .find_map(|r| self.gone.get(r).map(|g| (*r, g.reason.clone())));
+                .find_map(|r| self.procs.why_gone(*r).map(|why| (*r, why.to_owned())));
             if let Some((r, why)) = gone {
                 tracing::warn!(
                     "PMIx group invite {:?} of rank {source}: rank {r} {why}; the invite fails",
@@ -193,7 +196,7 @@ impl State {
     fn pmix_group_formed(&mut self, id: &str, leader: Rank, mut members: Vec<Rank>) {
         members.sort_unstable();
         members.dedup();
-        if !members.iter().any(|r| self.procs.contains_key(r)) {
+        if !members.iter().any(|r| self.procs.is_local(*r)) {
             return;
         }
         let group = GroupInfo {

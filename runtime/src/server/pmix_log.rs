@@ -8,7 +8,8 @@
 
 use weft_pmix::server::{log_time, Failure, Log, LogChannel};
 
-use super::*;
+use super::output::{self, Chunk};
+use super::State;
 
 /// Message `text` for `stream` ("stdout" or "stderr") as it is forwarded: whole lines
 /// (a last line without its newline gets one), each with time stamp `stamp` and

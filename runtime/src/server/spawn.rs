@@ -1,6 +1,14 @@
 //! Starting the node's processes.
 
-use super::*;
+use std::path::Path;
+use std::process::Stdio;
+
+use crate::topology;
+use crate::wire::proto::{AppSpec, ExitKind};
+use weft_wireup::{env, Rank};
+
+use super::output::{self, forward, OutputSink};
+use super::{pmi, Event, State};
 
 pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
     let plan = &st.plan;
@@ -11,11 +19,14 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .env(env::RANK, rank.to_string())
         .env(env::SIZE, plan.job.size().to_string())
         .env(env::LOCAL_RANK, info.local_rank.to_string())
-        .env(env::LOCAL_SIZE, st.procs.len().to_string())
+        .env(env::LOCAL_SIZE, st.procs.local_count().to_string())
         .env(env::NODE, st.node.to_string())
         .env(env::NSPACE, &plan.job.nspace)
         .env(env::SERVER_SOCKET, sock)
-        .env(env::TOKEN, st.procs[&rank].token.to_string())
+        .env(
+            env::TOKEN,
+            st.procs.token(rank).expect("a local rank").to_string(),
+        )
         .env(env::DATASTORE, ds)
         .env(env::APPNUM, info.app.to_string())
         .env(env::SERVER_PID, std::process::id().to_string())
@@ -62,7 +73,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             })
         }
     };
-    let ev = st.ev.clone();
+    let ev = st.io.ev.clone();
     // The child has its end (or failed to start): the server keeps only its own.
     let pmi = pmi.map(|(ours, _theirs)| ours);
     match spawned {

@@ -3,8 +3,22 @@
 //! channels, the datastore a small segment, and what the server sends is decoded and
 //! asserted on. No task runs: these paths set no timer and open no connection.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use weft_shm::StoreWriter;
+use weft_wireup::{Rank, Value};
+
+use super::{Event, Out, State};
+use crate::modex::ConnId;
+use crate::wire::frame::{self, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use crate::wire::proto::GroupDirectives;
+use crate::wire::proto::{
+    ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupInfo, PeerMsg,
+    ProcData, Procs, ServerMsg, WireError,
+};
 
 /// The server of node 0 of a 4-process job on 2 nodes: ranks 0 and 1 here (connected),
 /// 2 and 3 on node 1, whose server is a channel.
@@ -32,11 +46,11 @@ impl Node0 {
         let nowhere: SocketAddr = "127.0.0.1:1".parse().expect("address");
         let mut st = State::new(0, plan, [1, 2], ev, store, vec![nowhere; 2], ctl_tx);
         let (peer_tx, to_node1) = unbounded_channel();
-        st.peer_tx.insert(1, peer_tx);
+        st.io.peers.connected(1, peer_tx);
         let mut clients = BTreeMap::new();
         for (conn, rank) in [(10, 0), (11, 1)] {
             let (tx, rx) = unbounded_channel();
-            let token = st.procs[&rank].token;
+            let token = st.procs.token(rank).expect("a local rank");
             st.handle(Event::ClientHello {
                 conn,
                 rank,
