@@ -175,3 +175,31 @@ pub mod inputs {
         }
     }
 }
+
+/// Reads every frame of `bytes` as `T` with the real reader and limit: decode errors
+/// are fine, a panic is the finding.
+pub fn read_all<T: serde::de::DeserializeOwned>(bytes: &[u8], max: usize) -> usize {
+    let mut r = bytes;
+    let mut n = 0;
+    while frame::read_sync::<T>(&mut r, max).is_ok() {
+        n += 1;
+    }
+    n
+}
+
+/// One generated input from `corpus`: a mutated seed, a splice of two, or noise.
+pub fn input(m: &mut Mutator, corpus: &[Vec<u8>]) -> Vec<u8> {
+    match m.below(10) {
+        0 => (0..m.below(64)).map(|_| m.next_u64() as u8).collect(),
+        1 => {
+            let (a, b) = (m.below(corpus.len()), m.below(corpus.len()));
+            let mut v = m.mutate(&corpus[a]);
+            v.extend(m.mutate(&corpus[b]));
+            v
+        }
+        _ => {
+            let i = m.below(corpus.len());
+            m.mutate(&corpus[i])
+        }
+    }
+}
