@@ -787,4 +787,6 @@ impl State {
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
+mod test_links;
+#[cfg(test)]
 mod tests;

@@ -723,19 +723,9 @@ fn fuzz_fences_answer_every_request_once_and_agree() {
                     }
                 }
                 3 => {
-                    let busy: Vec<(u32, u32)> = links
-                        .iter()
-                        .filter(|(_, q)| !q.is_empty())
-                        .map(|(k, _)| *k)
-                        .collect();
-                    if busy.is_empty() {
+                    let Some((b, msg)) = crate::server::test_links::pop_any(&mut links, m) else {
                         continue;
-                    }
-                    let (a, b) = busy[m.below(busy.len())];
-                    let msg = links
-                        .get_mut(&(a, b))
-                        .and_then(|q| q.pop_front())
-                        .expect("busy");
+                    };
                     let acts = servers[b as usize].peer(msg, now);
                     exec(
                         b,

@@ -378,19 +378,9 @@ fn fuzz_invitations_answer_once_and_every_living_leader_gets_its_group() {
                     }
                 }
                 _ => {
-                    let busy: Vec<(u32, u32)> = links
-                        .iter()
-                        .filter(|(_, q)| !q.is_empty())
-                        .map(|(k, _)| *k)
-                        .collect();
-                    if busy.is_empty() {
+                    let Some((b, msg)) = crate::server::test_links::pop_any(&mut links, m) else {
                         continue;
-                    }
-                    let (a, b) = busy[m.below(busy.len())];
-                    let msg = links
-                        .get_mut(&(a, b))
-                        .and_then(|q| q.pop_front())
-                        .expect("busy");
+                    };
                     let acts = c.s[b as usize].on_peer(msg, &mut c.pgcids[b as usize]);
                     exec(b, acts, &mut c, &mut links, &mut timers);
                 }

@@ -219,19 +219,9 @@ fn fuzz_leaders_each_claim_answered_once_and_every_node_ends_with_the_roots_choi
                     gone.insert(m.below(6) as Rank);
                 }
                 _ => {
-                    let busy: Vec<(u32, u32)> = links
-                        .iter()
-                        .filter(|(_, q)| !q.is_empty())
-                        .map(|(k, _)| *k)
-                        .collect();
-                    if busy.is_empty() {
+                    let Some((b, msg)) = crate::server::test_links::pop_any(&mut links, m) else {
                         continue;
-                    }
-                    let (a, b) = busy[m.below(busy.len())];
-                    let msg = links
-                        .get_mut(&(a, b))
-                        .and_then(|q| q.pop_front())
-                        .expect("busy");
+                    };
                     let acts = deliver(&mut s, b, msg, &gone);
                     exec(b, acts, &mut links, &mut asked);
                 }

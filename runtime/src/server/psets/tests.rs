@@ -210,19 +210,9 @@ fn fuzz_psets_every_request_answered_once_and_every_server_agrees() {
                 next_req += 1;
                 exec(node, acts, &mut links, &mut answers);
             } else {
-                let busy: Vec<(u32, u32)> = links
-                    .iter()
-                    .filter(|(_, q)| !q.is_empty())
-                    .map(|(k, _)| *k)
-                    .collect();
-                if busy.is_empty() {
+                let Some((b, msg)) = crate::server::test_links::pop_any(&mut links, m) else {
                     continue;
-                }
-                let (a, b) = busy[m.below(busy.len())];
-                let msg = links
-                    .get_mut(&(a, b))
-                    .and_then(|q| q.pop_front())
-                    .expect("busy");
+                };
                 let acts = deliver(&mut s, b, msg);
                 exec(b, acts, &mut links, &mut answers);
             }
