@@ -9,9 +9,9 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   rdma-core libibverbs1 ibverbs-providers ibverbs-utils perftest libibverbs-dev iproute2
   # weft-pmix: OpenPMIx's client and server libraries and headers (bindgen, above); Open
   # MPI's mpirun hosts a PMIx server for the tests of Weft under a foreign engine, and its
-  # mpicc builds the Open MPI programs run under `weft run` (tests/mpi.rs)
+  # mpicc builds the Open MPI programs run under `weft run` (cli/tests/mpi.rs)
   libpmix-dev openmpi-bin libopenmpi-dev
-  # MPICH programs under `weft run` (PMI-1, tests/mpi.rs), and Slurm's PMI-2 client
+  # MPICH programs under `weft run` (PMI-1, cli/tests/mpi.rs), and Slurm's PMI-2 client
   # library for the PMI-2 test
   mpich libmpich-dev libpmi2-0-dev
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix

@@ -12,7 +12,7 @@ before=$(ls /dev/shm | grep -c '^weft-' || true)
 # Processes of this workspace's binaries (servers, launchers, ranks) still running.
 ours() { ps -eo pid=,args= | grep -E "^ *[0-9]+ $PWD/target/" || true; }
 procs_before=$(ours | wc -l)
-# Weft under foreign PMIx hosts (tests/pmix.rs): Open MPI's mpirun, and a real Slurm
+# Weft under foreign PMIx hosts (cli/tests/pmix.rs): Open MPI's mpirun, and a real Slurm
 # started here on 127.0.0.1 (ci/slurm.sh); those tests fail instead of skipping.
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo

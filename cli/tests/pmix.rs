@@ -613,7 +613,7 @@ fn group_constructs_that_disagree_and_what_is_not_mapped_yet_give_errors_that_sa
 }
 
 /// An `optional` construct whose last member sits out: the others complete it without
-/// it, with one PGCID, after the timeout (as under `weft run`, `tests/groups.rs`).
+/// it, with one PGCID, after the timeout (as under `weft run`, `cli/tests/groups.rs`).
 fn optional_leaves_out_a_latecomer(host: &Host) {
     let o = under(host, 4, &[], &[&probe("group_probe"), "optional-timeout"]);
     assert!(o.status.success(), "optional-timeout\n{}", dump(&o));
@@ -829,7 +829,7 @@ fn sbatch_and_salloc_of_a_job_script_that_calls_srun() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The fabric's multi-process conformance programs (as `tests/fabric.rs` runs them under
+/// The fabric's multi-process conformance programs (as `cli/tests/fabric.rs` runs them under
 /// `weft run`) under `host`: ping-pong of every size up to 4 MiB, non-blocking
 /// all-to-all on 6 processes, argument errors, and a peer killed during a wait (eager
 /// and rendezvous), which the survivor names within 2 s (or the host aborts the job
@@ -896,7 +896,7 @@ fn the_fabric_conformance_programs_under_slurm() {
 /// Group events under Slurm (until it cancels the step: see [`survivors_say`]): the last
 /// rank aborts in two `notify_termination` groups, one without a leader (every
 /// member hears of it) and one led by rank 0 (only rank 0 does), through the handler
-/// chain, as under `weft run` (`tests/groups.rs`).
+/// chain, as under `weft run` (`cli/tests/groups.rs`).
 #[test]
 fn member_failed_events_under_slurm() {
     let Some(slurm) = slurm() else { return };

@@ -3,7 +3,7 @@
 //! whole, in order and named by their sender; short headers name the transport's sender;
 //! a full connection refuses (never loses) frames and takes them again once its receiver
 //! polls; the capabilities agree with what the connection does. The point-to-point
-//! semantics above the adapters are `tests/conformance.rs`'s `suite!`, through the fabric.
+//! semantics above the adapters are `fabric/tests/conformance.rs`'s `suite!`, through the fabric.
 //!
 //! Shared memory and TCP (on 127.0.0.1) always run; verbs needs an RDMA device and is
 //! skipped with a printed reason elsewhere (it runs in the soft-RoCE VM). Loopback carries
