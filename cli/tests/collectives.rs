@@ -1,8 +1,8 @@
 //! Collectives through the real launcher: every collective checked against point-to-point
-//! references (`examples/coll_check.rs`) on 1 to 8 processes (small ones through the
+//! references (`testkit/src/bin/coll_check.rs`) on 1 to 8 processes (small ones through the
 //! node-local shared-memory segment), with every point-to-point algorithm forced, on two logical nodes with uneven placement over TCP; a member killed in the
 //! middle (named at every survivor within 2 s, no segment left); mismatched arguments;
-//! derived context ids; overlapping splits and threads (`examples/coll_probe.rs`).
+//! derived context ids; overlapping splits and threads (`testkit/src/bin/coll_probe.rs`).
 #![allow(missing_docs)]
 
 mod common;
@@ -327,7 +327,7 @@ fn a_member_killed_mid_collective_is_named_at_every_survivor_within_two_seconds(
     }
 }
 
-/// Runs `die` scenarios (see `examples/coll_probe.rs`): the last rank ends as `how` at its
+/// Runs `die` scenarios (see `testkit/src/bin/coll_probe.rs`): the last rank ends as `how` at its
 /// 20th `op`; every survivor must report `CollError::MemberGone` naming it, with how it
 /// ended, within 2 s (nothing hangs), and nothing is left behind.
 fn ended_member_is_named(name: &str, launcher: &[&str], n: usize, op: &str, how: &str) {
