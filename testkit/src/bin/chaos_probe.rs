@@ -11,7 +11,7 @@
 //! then linger 1 s and exit 0); it prints `rank R ended: HOW` first. The others must then
 //! fail, naming it, never hang.
 //!
-//!   weft run --nodes 2 -n 6 target/debug/examples/chaos_probe [ITER]
+//!   weft run --nodes 2 -n 6 target/debug/chaos_probe [ITER]
 
 use std::time::Duration;
 

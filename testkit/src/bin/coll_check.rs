@@ -1,5 +1,5 @@
 //! Checks every collective against references computed with point-to-point messages:
-//! run with `weft run -n N [--nodes M] target/release/examples/coll_check`.
+//! run with `weft run -n N [--nodes M] target/release/coll_check`.
 //!
 //! On the world communicator, on the halves of a split (and a split with the ranks
 //! reversed by key), on a dup and on the node-local communicator of `split_type`, for
