@@ -14,6 +14,9 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   # MPICH programs under `weft run` (PMI-1, cli/tests/mpi.rs), and Slurm's PMI-2 client
   # library for the PMI-2 test
   mpich libmpich-dev libpmi2-0-dev
+  # ci/mpi4py.sh: mpi4py's own test suite under weft run and mpirun (its test/ folder comes
+  # from the same version's source package on PyPI, fetched with pip)
+  python3-mpi4py python3-pip
   # a real single-node Slurm (ci/slurm.sh) for the tests under srun --mpi=pmix
   slurmd slurmctld slurm-client munge
   # ci/memcheck.sh: the codecs' and shared-memory layout's unsafe code under memcheck
