@@ -1,5 +1,5 @@
 //! The `weft` command: `weft run | server | info | bench`.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,7 +60,31 @@ fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
+/// Restores the default action of SIGPIPE (end the process quietly), as a Unix command
+/// that prints is expected to behave: `weft info | head -1` or `weft bench latency --help |
+/// head -1` then end when the reader goes away instead of panicking in `println!` on the
+/// broken pipe (Rust starts every program with SIGPIPE ignored).
+///
+/// Not for `weft run` and `weft server` (nor a benchmark's ranks, which run inside a job):
+/// they own sockets and child processes and handle a closed peer as an error, and must
+/// clean up when one goes away.
+#[allow(unsafe_code)]
+fn default_sigpipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler (no code runs on the signal);
+    // it is called at the start of `main`, before any thread of this program exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    // Before anything prints (clap's `--help` included); only for the commands that print
+    // and own nothing else, decided from the raw arguments.
+    let sub = std::env::args().nth(1);
+    let in_job = std::env::var_os(weft_wireup::env::RANK).is_some();
+    if !matches!(sub.as_deref(), Some("run" | "server")) && !in_job {
+        default_sigpipe();
+    }
     init_logging();
     let cli = Cli::parse();
     match cli.cmd {

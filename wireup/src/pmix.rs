@@ -98,13 +98,8 @@ pub(crate) struct Link {
     /// local-only and immediate gets, which the host's client library would not answer
     /// from them (`PMIX_OPTIONAL` looks only at what the local server stored).
     fetched: Mutex<HashMap<(Rank, String), PmixValue>>,
-    /// Groups with a PGCID this process led (the next one's count).
-    led: AtomicU64,
-    /// Whether the host has PMIx groups (`groups::HOST_GROUPS_*`; found by the first
-    /// construct, or by [`Link::report`]).
-    host_groups: AtomicU8,
-    /// Groups constructed at the host (their destruct is the host's too).
-    at_host: Mutex<HashSet<String>>,
+    /// This process's groups as the host knows them.
+    groups: HostGroups,
     /// The transports' secret, once known (see [`Link::transport_secret`]).
     secret: std::sync::OnceLock<Option<[u64; 2]>>,
     /// Processes in the job.
@@ -117,12 +112,33 @@ pub(crate) struct Link {
     host_psets: String,
     /// Whether the host's events are watched, in words (for `weft info`).
     events: String,
+    /// What is known of the other processes' ends.
+    live: Liveness,
+}
+
+/// This process's groups at the host: the PGCIDs it led, whether the host has groups, the
+/// groups constructed there and the ones whose members' ends are watched.
+#[derive(Debug)]
+struct HostGroups {
+    /// Groups with a PGCID this process led (the next one's count).
+    led: AtomicU64,
+    /// Whether the host has PMIx groups (`groups::HOST_GROUPS_*`; found by the first
+    /// construct, or by [`Link::report`]).
+    host_groups: AtomicU8,
+    /// Groups constructed at the host (their destruct is the host's too).
+    at_host: Mutex<HashSet<String>>,
+    /// Groups whose members' ends are reported as events.
+    watched: Mutex<Vec<Watched>>,
+}
+
+/// What this process knows of the other processes' ends: its neighbours checked here, and
+/// what the host's events said.
+#[derive(Debug)]
+struct Liveness {
     /// The other ranks on this node (their liveness can be checked here).
     neighbours: Vec<Rank>,
     /// Their pids and start times (once read), and when each was last checked.
     pids: Mutex<HashMap<Rank, PidCheck>>,
-    /// Groups whose members' ends are reported as events.
-    watched: Mutex<Vec<Watched>>,
     /// What the host's events said about the job's processes (see [`Link::gone`]).
     ends: Mutex<Ends>,
     /// Whether `ends` holds anything (read without the lock on every wait-loop turn).
@@ -435,20 +451,24 @@ pub(crate) fn connect() -> Result<(Rank, JobInfo, Link), InitError> {
             full: Mutex::new(None),
             mine: Mutex::new(HashMap::new()),
             fetched: Mutex::new(HashMap::new()),
-            led: AtomicU64::new(0),
-            host_groups: AtomicU8::new(groups::HOST_GROUPS_UNKNOWN),
-            at_host: Mutex::new(HashSet::new()),
+            groups: HostGroups {
+                led: AtomicU64::new(0),
+                host_groups: AtomicU8::new(groups::HOST_GROUPS_UNKNOWN),
+                at_host: Mutex::new(HashSet::new()),
+                watched: Mutex::new(Vec::new()),
+            },
             secret: std::sync::OnceLock::new(),
             size,
             prefix,
             node_addr,
             host_psets,
             events,
-            neighbours,
-            pids: Mutex::new(HashMap::new()),
-            watched: Mutex::new(Vec::new()),
-            ends: Mutex::new(Ends::default()),
-            any_end: AtomicBool::new(false),
+            live: Liveness {
+                neighbours,
+                pids: Mutex::new(HashMap::new()),
+                ends: Mutex::new(Ends::default()),
+                any_end: AtomicBool::new(false),
+            },
         },
     ))
 }

@@ -48,54 +48,69 @@ pub enum BindTo {
 pub struct LaunchSpec {
     /// The app contexts, in rank order.
     pub apps: Vec<AppContext>,
-    /// Number of logical nodes on this machine (ignored with `hosts`).
+    /// Number of logical nodes on this machine (ignored with `servers.hosts`).
     pub nodes: u32,
+    /// Mapping policy.
+    pub map_by: MapBy,
+    /// Binding policy.
+    pub bind_to: BindTo,
+    /// Prefix every output line with `[job,rank]<stream>:`.
+    pub tag_output: bool,
+    /// Job id (unique name for sockets and segments); random by default.
+    pub job_id: Option<String>,
+    /// Extra environment for every process.
+    pub env: Vec<(String, String)>,
+    /// Bytes of each node's datastore segment (sparse).
+    pub datastore_bytes: u64,
+    /// Offer PMIx to the processes (an embedded PMIx server on every node; default on,
+    /// `--no-pmix` turns it off).
+    pub pmix: bool,
+    /// Where and how the node servers are started and reached.
+    pub servers: ServerLaunch,
+    /// When the job is ended: its time limit and what a failing process means.
+    pub ending: EndPolicy,
+}
+
+/// Where and how `weft run` starts its node servers and where they reach it.
+#[derive(Debug, Clone)]
+pub struct ServerLaunch {
     /// Hosts to start one server on each, over the launch agent.
     pub hosts: Option<Vec<String>>,
     /// The remote shell used with `hosts` (default `ssh`).
     pub launch_agent: String,
     /// Address the launcher listens on for its servers (default 127.0.0.1).
     pub listen: std::net::IpAddr,
-    /// Mapping policy.
-    pub map_by: MapBy,
-    /// Binding policy.
-    pub bind_to: BindTo,
-    /// Kill the job after this long.
-    pub timeout: Option<Duration>,
-    /// Prefix every output line with `[job,rank]<stream>:`.
-    pub tag_output: bool,
-    /// Do not terminate the others when a process fails.
-    pub keep_going: bool,
-    /// Job id (unique name for sockets and segments); random by default.
-    pub job_id: Option<String>,
-    /// Extra environment for every process.
-    pub env: Vec<(String, String)>,
-    /// Grace period after a process fails before the others are terminated.
-    pub grace: Duration,
-    /// Bytes of each node's datastore segment (sparse).
-    pub datastore_bytes: u64,
     /// The server command (default: this executable with `server`).
     pub server_command: Option<Vec<String>>,
-    /// Offer PMIx to the processes (an embedded PMIx server on every node; default on,
-    /// `--no-pmix` turns it off).
-    pub pmix: bool,
 }
 
-impl Default for LaunchSpec {
+/// When a job is ended other than by all its processes exiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndPolicy {
+    /// Kill the job after this long.
+    pub timeout: Option<Duration>,
+    /// Do not terminate the others when a process fails.
+    pub keep_going: bool,
+    /// Grace period after a process fails before the others are terminated.
+    pub grace: Duration,
+}
+
+impl Default for ServerLaunch {
     fn default() -> Self {
-        LaunchSpec {
-            apps: Vec::new(),
-            nodes: 1,
+        ServerLaunch {
             hosts: None,
             launch_agent: "ssh".into(),
             listen: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            map_by: MapBy::Slot,
-            bind_to: BindTo::None,
+            server_command: None,
+        }
+    }
+}
+
+impl Default for EndPolicy {
+    fn default() -> Self {
+        EndPolicy {
             timeout: None,
-            tag_output: false,
             keep_going: false,
-            job_id: None,
-            env: Vec::new(),
             grace: crate::tunable_or_default("WEFT_RUN_GRACE_MS", |get| {
                 weft_tunables::find(crate::TUNABLES, "WEFT_RUN_GRACE_MS").millis_in(
                     get,
@@ -103,6 +118,20 @@ impl Default for LaunchSpec {
                     Duration::from_secs(3600),
                 )
             }),
+        }
+    }
+}
+
+impl Default for LaunchSpec {
+    fn default() -> Self {
+        LaunchSpec {
+            apps: Vec::new(),
+            nodes: 1,
+            map_by: MapBy::Slot,
+            bind_to: BindTo::None,
+            tag_output: false,
+            job_id: None,
+            env: Vec::new(),
             datastore_bytes: crate::tunable_or_default("WEFT_DATASTORE_BYTES", |get| {
                 weft_tunables::find(crate::TUNABLES, "WEFT_DATASTORE_BYTES").size_in(
                     get,
@@ -110,8 +139,9 @@ impl Default for LaunchSpec {
                     1 << 40,
                 )
             }),
-            server_command: None,
             pmix: true,
+            servers: ServerLaunch::default(),
+            ending: EndPolicy::default(),
         }
     }
 }
@@ -161,139 +191,51 @@ fn parse_num<T: std::str::FromStr>(opt: &str, v: Option<&String>) -> Result<T, L
         .map_err(|_| LaunchError::Usage(format!("{opt}: {v:?} is not a valid number")))
 }
 
+/// What one word of an app context's options was.
+enum Opt {
+    /// An option with its value (two words).
+    Value,
+    /// A flag (one word).
+    Flag,
+    /// `--`: the program comes next.
+    EndOfOptions,
+    /// Not an option: the program.
+    Program,
+}
+
+/// The options of one app context (the others are the whole job's, in the spec).
+#[derive(Default)]
+struct ContextOpts {
+    n: Option<u32>,
+    pset: Option<String>,
+}
+
+fn usage(m: String) -> LaunchError {
+    LaunchError::Usage(m)
+}
+
 /// Parses the arguments of `weft run` (everything after `run`).
 pub fn parse_run_args(args: &[String]) -> Result<LaunchSpec, LaunchError> {
     let mut spec = LaunchSpec::default();
     let mut i = 0;
-    let usage = |m: String| LaunchError::Usage(m);
     while i < args.len() {
-        let mut n: Option<u32> = None;
-        let mut pset: Option<String> = None;
+        let mut ctx = ContextOpts::default();
         // Options up to the program.
         loop {
             let Some(a) = args.get(i) else {
                 return Err(usage("missing PROGRAM".into()));
             };
-            let val = args.get(i + 1);
-            let take = |v: Option<&String>, opt: &str| {
-                v.cloned()
-                    .ok_or_else(|| usage(format!("{opt} needs a value")))
-            };
-            match a.as_str() {
-                "-n" | "--np" | "-np" => n = Some(parse_num(a, val)?),
-                "--pset" => pset = Some(take(val, a)?),
-                "--nodes" => spec.nodes = parse_num(a, val)?,
-                "--hosts" => {
-                    spec.hosts = Some(
-                        take(val, a)?
-                            .split(',')
-                            .filter(|h| !h.is_empty())
-                            .map(str::to_owned)
-                            .collect(),
-                    )
-                }
-                "--launch-agent" => spec.launch_agent = take(val, a)?,
-                "--listen" => {
-                    let v = take(val, a)?;
-                    spec.listen = v
-                        .parse()
-                        .map_err(|_| usage(format!("--listen: {v:?} is not an IP address")))?;
-                }
-                "--map-by" => {
-                    spec.map_by = match take(val, a)?.as_str() {
-                        "slot" => MapBy::Slot,
-                        "node" => MapBy::Node,
-                        o => {
-                            return Err(usage(format!(
-                                "--map-by: unknown policy {o:?} (slot or node)"
-                            )))
-                        }
-                    }
-                }
-                "--bind-to" => {
-                    spec.bind_to = match take(val, a)?.as_str() {
-                        "core" => BindTo::Core,
-                        "none" => BindTo::None,
-                        o => {
-                            return Err(usage(format!(
-                                "--bind-to: unknown policy {o:?} (core or none)"
-                            )))
-                        }
-                    }
-                }
-                "--timeout" => {
-                    let s: f64 = parse_num(a, val)?;
-                    if !(s > 0.0 && s.is_finite()) {
-                        return Err(usage(format!(
-                            "--timeout: {s} is not a positive number of seconds"
-                        )));
-                    }
-                    spec.timeout = Some(Duration::from_secs_f64(s));
-                }
-                "--job-id" => spec.job_id = Some(take(val, a)?),
-                "-x" => {
-                    let v = take(val, a)?;
-                    let kv = match v.split_once('=') {
-                        Some((k, v)) => (k.to_owned(), v.to_owned()),
-                        None => (v.clone(), std::env::var(&v).unwrap_or_default()),
-                    };
-                    spec.env.push(kv);
-                }
-                "--tag-output" => {
-                    spec.tag_output = true;
-                    i += 1;
-                    continue;
-                }
-                "--keep-going" => {
-                    spec.keep_going = true;
-                    i += 1;
-                    continue;
-                }
-                "--no-pmix" => {
-                    spec.pmix = false;
-                    i += 1;
-                    continue;
-                }
-                "--" => {
+            match parse_option(&mut spec, &mut ctx, a, args.get(i + 1))? {
+                Opt::Value => i += 2,
+                Opt::Flag => i += 1,
+                Opt::EndOfOptions => {
                     i += 1;
                     break;
                 }
-                ":" => return Err(usage("empty app context before ':'".into())),
-                s if s.starts_with('-') => {
-                    return Err(usage(format!("unknown option {s:?}\n{USAGE}")))
-                }
-                _ => break,
-            }
-            i += 2;
-        }
-        let program = args
-            .get(i)
-            .cloned()
-            .ok_or_else(|| usage("missing PROGRAM".into()))?;
-        i += 1;
-        let mut pargs = Vec::new();
-        while i < args.len() && args[i] != ":" {
-            pargs.push(args[i].clone());
-            i += 1;
-        }
-        if i < args.len() {
-            i += 1; // the ':'
-            if i == args.len() {
-                return Err(usage("nothing after ':'".into()));
+                Opt::Program => break,
             }
         }
-        let n = n.ok_or_else(|| usage(format!("app context {program:?} has no -n")))?;
-        if n == 0 {
-            return Err(usage(format!(
-                "app context {program:?}: -n must be at least 1"
-            )));
-        }
-        spec.apps.push(AppContext {
-            n,
-            pset,
-            program,
-            args: pargs,
-        });
+        spec.apps.push(parse_app_context(args, &mut i, ctx)?);
     }
     if spec.apps.is_empty() {
         return Err(usage(format!("nothing to run\n{USAGE}")));
@@ -302,6 +244,142 @@ pub fn parse_run_args(args: &[String]) -> Result<LaunchSpec, LaunchError> {
         return Err(usage("--nodes must be at least 1".into()));
     }
     Ok(spec)
+}
+
+/// Parses the option `a` (with `val`, the word after it, if it takes a value).
+fn parse_option(
+    spec: &mut LaunchSpec,
+    ctx: &mut ContextOpts,
+    a: &str,
+    val: Option<&String>,
+) -> Result<Opt, LaunchError> {
+    let take = |v: Option<&String>, opt: &str| {
+        v.cloned()
+            .ok_or_else(|| usage(format!("{opt} needs a value")))
+    };
+    match a {
+        "-n" | "--np" | "-np" => ctx.n = Some(parse_num(a, val)?),
+        "--pset" => ctx.pset = Some(take(val, a)?),
+        "--nodes" => spec.nodes = parse_num(a, val)?,
+        "--hosts" => {
+            spec.servers.hosts = Some(
+                take(val, a)?
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            )
+        }
+        "--launch-agent" => spec.servers.launch_agent = take(val, a)?,
+        "--listen" => {
+            let v = take(val, a)?;
+            spec.servers.listen = v
+                .parse()
+                .map_err(|_| usage(format!("--listen: {v:?} is not an IP address")))?;
+        }
+        "--map-by" => {
+            spec.map_by = policy(
+                a,
+                &take(val, a)?,
+                &[("slot", MapBy::Slot), ("node", MapBy::Node)],
+            )?
+        }
+        "--bind-to" => {
+            spec.bind_to = policy(
+                a,
+                &take(val, a)?,
+                &[("core", BindTo::Core), ("none", BindTo::None)],
+            )?
+        }
+        "--timeout" => {
+            let s: f64 = parse_num(a, val)?;
+            if !(s > 0.0 && s.is_finite()) {
+                return Err(usage(format!(
+                    "--timeout: {s} is not a positive number of seconds"
+                )));
+            }
+            spec.ending.timeout = Some(Duration::from_secs_f64(s));
+        }
+        "--job-id" => spec.job_id = Some(take(val, a)?),
+        "-x" => {
+            let v = take(val, a)?;
+            let kv = match v.split_once('=') {
+                Some((k, v)) => (k.to_owned(), v.to_owned()),
+                None => (v.clone(), std::env::var(&v).unwrap_or_default()),
+            };
+            spec.env.push(kv);
+        }
+        "--tag-output" => {
+            spec.tag_output = true;
+            return Ok(Opt::Flag);
+        }
+        "--keep-going" => {
+            spec.ending.keep_going = true;
+            return Ok(Opt::Flag);
+        }
+        "--no-pmix" => {
+            spec.pmix = false;
+            return Ok(Opt::Flag);
+        }
+        "--" => return Ok(Opt::EndOfOptions),
+        ":" => return Err(usage("empty app context before ':'".into())),
+        s if s.starts_with('-') => return Err(usage(format!("unknown option {s:?}\n{USAGE}"))),
+        _ => return Ok(Opt::Program),
+    }
+    Ok(Opt::Value)
+}
+
+/// The policy named `v` among `choices`, for option `opt`.
+fn policy<T: Copy>(opt: &str, v: &str, choices: &[(&str, T)]) -> Result<T, LaunchError> {
+    match choices.iter().find(|(name, _)| *name == v) {
+        Some(&(_, p)) => Ok(p),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+            Err(usage(format!(
+                "{opt}: unknown policy {v:?} ({})",
+                names.join(" or ")
+            )))
+        }
+    }
+}
+
+/// Parses an app context's program and its arguments, from `args[*i]` up to a `:` or the
+/// end (`*i` is left after them).
+fn parse_app_context(
+    args: &[String],
+    i: &mut usize,
+    ctx: ContextOpts,
+) -> Result<AppContext, LaunchError> {
+    let program = args
+        .get(*i)
+        .cloned()
+        .ok_or_else(|| usage("missing PROGRAM".into()))?;
+    *i += 1;
+    let mut pargs = Vec::new();
+    while *i < args.len() && args[*i] != ":" {
+        pargs.push(args[*i].clone());
+        *i += 1;
+    }
+    if *i < args.len() {
+        *i += 1; // the ':'
+        if *i == args.len() {
+            return Err(usage("nothing after ':'".into()));
+        }
+    }
+    let n = ctx
+        .n
+        .ok_or_else(|| usage(format!("app context {program:?} has no -n")))?;
+    if n == 0 {
+        return Err(usage(format!(
+            "app context {program:?}: -n must be at least 1"
+        )));
+    }
+    Ok(AppContext {
+        n,
+        pset: ctx.pset,
+        program,
+        args: pargs,
+    })
 }
 
 fn hostname() -> String {
@@ -315,22 +393,68 @@ fn hostname() -> String {
 /// Builds the job map: placement, app contexts, psets, bindings.
 pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, LaunchError> {
     let total: u32 = spec.apps.iter().map(|a| a.n).sum();
-    let (num_nodes, node_names): (u32, Vec<String>) = match &spec.hosts {
-        Some(h) if h.is_empty() => return Err(LaunchError::Usage("--hosts names no host".into())),
-        Some(h) => (h.len() as u32, h.clone()),
-        None => {
-            let host = hostname();
-            (
-                spec.nodes,
-                (0..spec.nodes).map(|i| format!("{host}-n{i}")).collect(),
-            )
-        }
-    };
+    let node_names = node_names(spec)?;
+    let num_nodes = node_names.len() as u32;
     if total < num_nodes {
         return Err(LaunchError::Usage(format!(
             "{total} processes on {num_nodes} nodes would leave nodes without processes; use --nodes {total} or fewer"
         )));
     }
+    let (mut procs, apps, specs) = place(spec, num_nodes, total);
+    let psets = psets(spec, &apps, total)?;
+    let bind = bind(spec, &mut procs)?;
+    let job = JobInfo {
+        nspace: format!("weft-{job_id}"),
+        nodes: node_names
+            .into_iter()
+            .enumerate()
+            .map(|(i, hostname)| NodeInfo {
+                id: i as u32,
+                hostname,
+            })
+            .collect(),
+        procs,
+        apps,
+        psets,
+        world_pgcid: WORLD_PGCID,
+    };
+    let mut env = spec.env.clone();
+    // Logical nodes share this machine's CPUs: tell every process how many of the
+    // job's processes run here (waiting loops yield early past the CPU count).
+    if spec.servers.hosts.is_none() && !env.iter().any(|(k, _)| k == weft_wireup::env::HOST_PROCS) {
+        env.push((weft_wireup::env::HOST_PROCS.to_owned(), total.to_string()));
+    }
+    Ok(JobPlan {
+        job,
+        apps: specs,
+        tag_output: spec.tag_output,
+        bind,
+        datastore_bytes: spec.datastore_bytes,
+        job_id: job_id.to_owned(),
+        env,
+        pmix: spec.pmix,
+    })
+}
+
+/// The nodes' names: the hosts, or `<this host>-n<i>` for logical nodes.
+fn node_names(spec: &LaunchSpec) -> Result<Vec<String>, LaunchError> {
+    match &spec.servers.hosts {
+        Some(h) if h.is_empty() => Err(LaunchError::Usage("--hosts names no host".into())),
+        Some(h) => Ok(h.clone()),
+        None => {
+            let host = hostname();
+            Ok((0..spec.nodes).map(|i| format!("{host}-n{i}")).collect())
+        }
+    }
+}
+
+/// Places the ranks on the nodes: every process (node, local rank, app), and every app
+/// context's description and command.
+fn place(
+    spec: &LaunchSpec,
+    num_nodes: u32,
+    total: u32,
+) -> (Vec<ProcInfo>, Vec<AppInfo>, Vec<AppSpec>) {
     // Slot mapping fills nodes with contiguous blocks of ranks whose sizes differ by at
     // most one, so every node is used.
     let node_of = |r: u32| match spec.map_by {
@@ -370,6 +494,11 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
             rank += 1;
         }
     }
+    (procs, apps, specs)
+}
+
+/// The job's process sets: the world and each named app context's (merged by name).
+fn psets(spec: &LaunchSpec, apps: &[AppInfo], total: u32) -> Result<Vec<Pset>, LaunchError> {
     let mut psets = vec![Pset {
         name: PSET_WORLD.into(),
         members: (0..total).collect(),
@@ -393,65 +522,40 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
             }),
         }
     }
-    let mut bind = vec![None; total as usize];
-    if spec.bind_to == BindTo::Core {
-        let cores = topology::cores().map_err(|e| LaunchError::Setup {
-            what: "--bind-to core".into(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        if cores.is_empty() {
-            return Err(LaunchError::Usage(
-                "--bind-to core: this machine reports no cores".into(),
-            ));
-        }
-        // Processes of one host take consecutive cores: node by node when the logical
-        // nodes share this host, by local rank on separate hosts.
-        let mut order: Vec<Rank> = (0..total).collect();
-        order.sort_by_key(|&r| (procs[r as usize].node, procs[r as usize].local_rank));
-        for (i, &r) in order.iter().enumerate() {
-            let slot = if spec.hosts.is_some() {
-                procs[r as usize].local_rank as usize
-            } else {
-                i
-            };
-            let c: CpuList = cores[slot % cores.len()].clone();
-            procs[r as usize].cpuset = Some(c.clone());
-            bind[r as usize] = Some(c);
-        }
+    Ok(psets)
+}
+
+/// With `--bind-to core`, binds every process to a core (set in its `cpuset` too).
+fn bind(spec: &LaunchSpec, procs: &mut [ProcInfo]) -> Result<Vec<Option<CpuList>>, LaunchError> {
+    let total = procs.len();
+    let mut bind = vec![None; total];
+    if spec.bind_to != BindTo::Core {
+        return Ok(bind);
     }
-    let job = JobInfo {
-        nspace: format!("weft-{job_id}"),
-        nodes: node_names
-            .into_iter()
-            .enumerate()
-            .map(|(i, hostname)| NodeInfo {
-                id: i as u32,
-                hostname,
-            })
-            .collect(),
-        procs,
-        apps,
-        psets,
-        world_pgcid: WORLD_PGCID,
-    };
-    Ok(JobPlan {
-        job,
-        apps: specs,
-        tag_output: spec.tag_output,
-        bind,
-        datastore_bytes: spec.datastore_bytes,
-        job_id: job_id.to_owned(),
-        env: {
-            let mut env = spec.env.clone();
-            // Logical nodes share this machine's CPUs: tell every process how many of the
-            // job's processes run here (waiting loops yield early past the CPU count).
-            if spec.hosts.is_none() && !env.iter().any(|(k, _)| k == weft_wireup::env::HOST_PROCS) {
-                env.push((weft_wireup::env::HOST_PROCS.to_owned(), total.to_string()));
-            }
-            env
-        },
-        pmix: spec.pmix,
-    })
+    let cores = topology::cores().map_err(|e| LaunchError::Setup {
+        what: "--bind-to core".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
+    if cores.is_empty() {
+        return Err(LaunchError::Usage(
+            "--bind-to core: this machine reports no cores".into(),
+        ));
+    }
+    // Processes of one host take consecutive cores: node by node when the logical
+    // nodes share this host, by local rank on separate hosts.
+    let mut order: Vec<usize> = (0..total).collect();
+    order.sort_by_key(|&r| (procs[r].node, procs[r].local_rank));
+    for (i, &r) in order.iter().enumerate() {
+        let slot = if spec.servers.hosts.is_some() {
+            procs[r].local_rank as usize
+        } else {
+            i
+        };
+        let c: CpuList = cores[slot % cores.len()].clone();
+        procs[r].cpuset = Some(c.clone());
+        bind[r] = Some(c);
+    }
+    Ok(bind)
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl Link {
         let me = self.px.rank();
         let count = if me == leader && directives.assign_context_id {
             // Relaxed: a counter of this process's own constructs.
-            self.led.fetch_add(1, Ordering::Relaxed)
+            self.groups.led.fetch_add(1, Ordering::Relaxed)
         } else {
             0
         };
@@ -219,7 +219,7 @@ impl Link {
     /// Whether the host's server has PMIx groups: `None` until a construct found out.
     pub(crate) fn host_has_groups(&self) -> Option<bool> {
         // Relaxed: a cached answer of the host's, the same whichever thread reads it.
-        match self.host_groups.load(Ordering::Relaxed) {
+        match self.groups.host_groups.load(Ordering::Relaxed) {
             HOST_GROUPS_YES => Some(true),
             HOST_GROUPS_NO => Some(false),
             _ => None,
@@ -291,12 +291,16 @@ impl Link {
         // Relaxed: see `host_has_groups`.
         match out {
             Ok(pgcid) => {
-                self.host_groups.store(HOST_GROUPS_YES, Ordering::Relaxed);
-                lock(&self.at_host).insert(id.to_owned());
+                self.groups
+                    .host_groups
+                    .store(HOST_GROUPS_YES, Ordering::Relaxed);
+                lock(&self.groups.at_host).insert(id.to_owned());
                 Ok(AtHost::Yes(pgcid.filter(|_| directives.assign_context_id)))
             }
             Err(Err(PmixError::NotSupported { .. })) => {
-                self.host_groups.store(HOST_GROUPS_NO, Ordering::Relaxed);
+                self.groups
+                    .host_groups
+                    .store(HOST_GROUPS_NO, Ordering::Relaxed);
                 Ok(AtHost::No)
             }
             Err(Ok((rank, reason))) => Err(gone(rank, reason)),
@@ -333,7 +337,7 @@ impl Link {
         progress: &mut dyn FnMut(),
     ) -> Result<bool, GroupError> {
         const OP: &str = "group destruct";
-        if !lock(&self.at_host).contains(id) {
+        if !lock(&self.groups.at_host).contains(id) {
             return Ok(false);
         }
         let members: Vec<Rank> = members
@@ -347,7 +351,7 @@ impl Link {
         });
         match out {
             Ok(()) => {
-                lock(&self.at_host).remove(id);
+                lock(&self.groups.at_host).remove(id);
                 Ok(true)
             }
             Err(Ok((rank, reason))) => Err(GroupError::ProcGone {
@@ -397,7 +401,7 @@ impl Link {
             None
         };
         if directives.notify_termination || directives.leader.is_some() {
-            lock(&self.watched).push(Watched {
+            lock(&self.groups.watched).push(Watched {
                 id: id.clone(),
                 members: members.clone(),
                 leader: directives.leader,
@@ -582,7 +586,7 @@ impl Link {
 
     /// Stops watching group `id` (its destruct).
     pub(crate) fn forget_group(&self, id: &str) {
-        lock(&self.watched).retain(|g| g.id != id);
+        lock(&self.groups.watched).retain(|g| g.id != id);
     }
 
     /// The group events due to this process since the last call: for each watched group
@@ -590,7 +594,7 @@ impl Link {
     /// and member-failed (with `notify_termination`: to the leader, or every member when
     /// there is none), as Weft's servers send them.
     pub(crate) fn take_events(&self) -> Vec<crate::Event> {
-        let mut watched = lock(&self.watched);
+        let mut watched = lock(&self.groups.watched);
         if watched.is_empty() {
             return Vec::new();
         }
@@ -600,7 +604,7 @@ impl Link {
             }
         }
         self.read_events();
-        let ends = lock(&self.ends);
+        let ends = lock(&self.live.ends);
         let me = self.px.rank();
         let mut out = Vec::new();
         for g in watched.iter_mut() {

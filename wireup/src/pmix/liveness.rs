@@ -45,7 +45,7 @@ impl Link {
     /// Reads the host's new events into `ends`.
     pub(super) fn read_events(&self) {
         let n = self.px.event_count();
-        let mut ends = lock(&self.ends);
+        let mut ends = lock(&self.live.ends);
         if n == ends.seen {
             return;
         }
@@ -58,7 +58,7 @@ impl Link {
         if !ends.gone.is_empty() || ends.lost.is_some() {
             // SYNC: pairs with the Acquire in `gone`: set after `ends` holds the news,
             // which `gone` then reads under the lock.
-            self.any_end.store(true, Ordering::Release);
+            self.live.any_end.store(true, Ordering::Release);
         }
     }
 
@@ -113,7 +113,7 @@ impl Link {
                 }
             } else if r != me && r < self.size() {
                 ends.gone.entry(r).or_insert_with(|| why.clone());
-                if self.neighbours.contains(&r) {
+                if self.live.neighbours.contains(&r) {
                     // Its inbox's name is nobody's to remove now but ours.
                     let _ = weft_shm::unlink(&format!("{}r{r}", self.prefix));
                 }
@@ -127,27 +127,27 @@ impl Link {
         self.read_events();
         self.check_alive(rank, false);
         // SYNC: pairs with the Release in `read_events`.
-        if !self.any_end.load(Ordering::Acquire) {
+        if !self.live.any_end.load(Ordering::Acquire) {
             return None;
         }
-        let ends = lock(&self.ends);
+        let ends = lock(&self.live.ends);
         ends.gone.get(&rank).cloned().or_else(|| ends.lost.clone())
     }
 
     /// Why the host's server is lost, if it is.
     pub(crate) fn lost(&self) -> Option<String> {
         self.read_events();
-        lock(&self.ends).lost.clone()
+        lock(&self.live.ends).lost.clone()
     }
 
     /// Checks that `rank`, when it runs on this node, is alive (at most every
     /// [`LIVENESS_EVERY`] unless `now`); if its process is gone, records why.
     pub(super) fn check_alive(&self, rank: Rank, now: bool) {
-        if !self.neighbours.contains(&rank) {
+        if !self.live.neighbours.contains(&rank) {
             return;
         }
         let pid = {
-            let mut pids = lock(&self.pids);
+            let mut pids = lock(&self.live.pids);
             let due = Instant::now() - LIVENESS_EVERY;
             let e = pids.entry(rank).or_insert((None, due));
             if !now && e.1 > due {
@@ -180,7 +180,7 @@ impl Link {
                 ..PGetOpts::default()
             };
             let finalized = self.px.get(Some(rank), FIN_KEY, here).is_ok();
-            let mut ends = lock(&self.ends);
+            let mut ends = lock(&self.live.ends);
             ends.gone.entry(rank).or_insert_with(|| {
                 if finalized {
                     crate::FINALIZED.to_owned()
@@ -189,13 +189,13 @@ impl Link {
                 }
             });
             // SYNC: pairs with the Acquire in `gone`.
-            self.any_end.store(true, Ordering::Release);
+            self.live.any_end.store(true, Ordering::Release);
         }
     }
 
     /// Checks the liveness of those of `ranks` (`None`: the job) on this node.
     pub(super) fn check_neighbours(&self, ranks: Option<&[Rank]>, now: bool) {
-        for &r in &self.neighbours {
+        for &r in &self.live.neighbours {
             if ranks.is_none_or(|rs| rs.contains(&r)) {
                 self.check_alive(r, now);
             }
@@ -209,10 +209,10 @@ impl Link {
     pub(super) fn first_failed(&self, ranks: Option<&[Rank]>) -> Option<(Rank, String)> {
         self.read_events();
         // SYNC: pairs with the Release in `read_events`.
-        if !self.any_end.load(Ordering::Acquire) {
+        if !self.live.any_end.load(Ordering::Acquire) {
             return None;
         }
-        let ends = lock(&self.ends);
+        let ends = lock(&self.live.ends);
         let me = self.px.rank();
         let counts = |r: Rank| r != me && r < self.size && ranks.is_none_or(|rs| rs.contains(&r));
         ends.gone
@@ -229,10 +229,10 @@ impl Link {
     pub(super) fn first_gone(&self, ranks: Option<&[Rank]>) -> Option<(Rank, String)> {
         self.read_events();
         // SYNC: pairs with the Release in `read_events`.
-        if !self.any_end.load(Ordering::Acquire) {
+        if !self.live.any_end.load(Ordering::Acquire) {
             return None;
         }
-        let ends = lock(&self.ends);
+        let ends = lock(&self.live.ends);
         let all: Vec<Rank>;
         let ranks = match ranks {
             Some(r) => r,
