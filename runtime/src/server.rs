@@ -18,17 +18,21 @@
 //! destruct, the group it made, members that leave or die, leaders), `psets` (process
 //! sets), `invitations` (groups formed by invitation), `leaders` (a failed group
 //! leader's replacement), `pmi_keys` (PMI key owners and PMI-2 node attributes),
-//! `pgcids` (the root server's PGCID allocator) and `procs` (the node's processes, the
+//! `pgcids` (the root server's PGCID allocator), `procs` (the node's processes, the
 //! job's ended ranks, and how each process's end is decided: its exit status, its lost
-//! connection, an abort's grace, a termination). `actions` hands them their inputs and
-//! carries out their actions.
+//! connection, an abort's grace, a termination) and `pmix_book` (the PMIx front end's
+//! bookkeeping without libpmix: the core collective each library fence or group
+//! operation becomes, the operations under way, the direct modex requests and which a
+//! rank's end fails, query answers). `actions` hands them their inputs and carries out
+//! their actions.
 //!
 //! The rest is still an `impl State` or free functions in a submodule: `native` (the
 //! front end of Weft's native protocol: a process's connection and the dispatch of its
-//! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
-//! embedded PMIx server), `conns` (the other servers' connections, `PeerLinks`, and the
-//! dispatch of their messages), `spawn` (starting the processes) and `output`
-//! (forwarding their output).
+//! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` and
+//! `pmix_events` (the embedded PMIx server: the library's calls and replies, around
+//! `pmix_book`), `conns` (the other servers' connections, `PeerLinks`, and the dispatch
+//! of their messages), `spawn` (starting the processes) and `output` (forwarding their
+//! output).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -65,6 +69,7 @@ mod pmi;
 mod pmi2;
 mod pmi_keys;
 mod pmix;
+mod pmix_book;
 mod pmix_events;
 mod pmix_log;
 mod procs;
