@@ -14,21 +14,27 @@
 //! methods take an input and return actions (replies, peer messages, timers, datastore
 //! writes), each tested and fuzzed without sockets, tasks or time, beside the data
 //! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
-//! all-gather, deadlines and failures), `psets` (process sets), `invitations` (groups
-//! formed by invitation), `leaders` (a failed group leader's replacement), `pmi_keys`
-//! (PMI key owners and PMI-2 node attributes), `pgcids` (the root server's PGCID
-//! allocator) and `procs` (the node's processes, the job's ended ranks, and how each
-//! process's end is decided: its exit status, its lost connection, an abort's grace, a
-//! termination). `actions` hands them their inputs and carries out their actions.
+//! all-gather, deadlines and failures), `groups` (the checks of a group construct or
+//! destruct, the group it made, members that leave or die, leaders), `psets` (process
+//! sets), `invitations` (groups formed by invitation), `leaders` (a failed group
+//! leader's replacement), `pmi_keys` (PMI key owners and PMI-2 node attributes),
+//! `pgcids` (the root server's PGCID allocator), `procs` (the node's processes, the
+//! job's ended ranks, and how each process's end is decided: its exit status, its lost
+//! connection, an abort's grace, a termination) and `pmix_book` (the PMIx front end's
+//! bookkeeping without libpmix: the core collective each library fence or group
+//! operation becomes, the operations under way, the direct modex requests and which a
+//! rank's end fails, query answers). `actions` hands them their inputs and carries out
+//! their actions.
 //!
 //! The rest is still an `impl State` or free functions in a submodule: `native` (the
 //! front end of Weft's native protocol: a process's connection and the dispatch of its
-//! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` (the
-//! embedded PMIx server), `groups` (constructs' results, membership, events), `conns` (the other
-//! servers' connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
-//! processes) and `output` (forwarding their output).
+//! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` and
+//! `pmix_events` (the embedded PMIx server: the library's calls and replies, around
+//! `pmix_book`), `conns` (the other servers' connections, `PeerLinks`, and the dispatch
+//! of their messages), `spawn` (starting the processes) and `output` (forwarding their
+//! output).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -43,8 +49,8 @@ use weft_shm::StoreWriter;
 use crate::modex::Modex;
 use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{
-    ClientMsg, CollId, Event as WireEvent, ExitKind, GroupInfo, JobPlan, PeerMsg, ServerMsg,
-    ToLauncher, ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+    ClientMsg, CollId, Event as WireEvent, ExitKind, JobPlan, PeerMsg, ServerMsg, ToLauncher,
+    ToServer, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
@@ -63,6 +69,7 @@ mod pmi;
 mod pmi2;
 mod pmi_keys;
 mod pmix;
+mod pmix_book;
 mod pmix_events;
 mod pmix_log;
 mod procs;
@@ -71,6 +78,7 @@ mod spawn;
 
 use conns::{peer_reader, PeerLinks};
 use fence::{Contrib, Fences};
+use groups::Groups;
 use invitations::Invitations;
 use leaders::Leaders;
 use native::client_conn;
@@ -286,8 +294,8 @@ struct State {
     /// Committed data, the cache of other nodes' data, and the gets waiting on them.
     modex: Modex,
     done: bool,
-    /// Groups with members on this node, by id.
-    groups: BTreeMap<String, GroupInfo>,
+    /// Groups with members on this node (`groups`).
+    groups: Groups,
     /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
     pgcids: Pgcids,
     /// Leader selection of groups whose leader failed (`leaders`).
@@ -573,7 +581,7 @@ impl State {
             fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             done: false,
-            groups: BTreeMap::new(),
+            groups: Groups::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             pgcids: Pgcids::new(plan.job.world_pgcid),
             leaders: Leaders::new(node),
             psets: Psets::new(

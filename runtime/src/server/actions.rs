@@ -1,5 +1,5 @@
-//! The actor's side of the concerns without IO (`modex`, `fence`, `psets`, `leaders`,
-//! `invitations`, `procs`): their inputs handed over with the current time and what they read of
+//! The actor's side of the concerns without IO (`modex`, `fence`, `groups`, `psets`,
+//! `leaders`, `invitations`, `procs`): their inputs handed over with the current time and what they read of
 //! other concerns, and their actions carried out here, where the sockets, timers and
 //! the datastore are.
 
@@ -7,13 +7,14 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::wire::proto::{
-    CollId, FenceMode, GroupSpec, PeerMsg, ProcData, ServerMsg, ToLauncher, WireError,
+    CollId, FenceMode, GroupDirectives, GroupSpec, PeerMsg, ProcData, ServerMsg, ToLauncher,
+    WireError,
 };
 use tokio::time::Instant;
 use weft_wireup::{keys, Rank, Scope, Value};
 
 use super::fence::{self, Arrival, Contrib};
-use super::{after, invitations, leaders, procs, psets, Event, State};
+use super::{after, groups, invitations, leaders, procs, psets, Event, State};
 use crate::modex::{self, Answer, ConnId, GetFlags};
 
 impl State {
@@ -38,6 +39,11 @@ impl State {
             timeout_ms,
             group,
         };
+        self.arrive(a);
+    }
+
+    /// An arrival at a collective, for the fences.
+    fn arrive(&mut self, a: Arrival) {
         let now = std::time::Instant::now();
         let acts = self.fences.on_arrive(
             a,
@@ -82,9 +88,129 @@ impl State {
                     after(&self.io.ev, d, Event::QueryTimeout { qid });
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
-                fence::Action::GroupGathered { id, gathered } => self.group_gathered(id, gathered),
+                fence::Action::GroupGathered { id, gathered } => {
+                    let ended = &self.procs;
+                    let acts = self
+                        .groups
+                        .on_gathered(id, gathered, |r| ended.why_gone(r).map(str::to_owned));
+                    self.apply_groups(acts);
+                }
             }
         }
+    }
+
+    /// A local process's group construct or destruct request (native or PMIx).
+    pub(super) fn group_arrive(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: CollId,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    ) {
+        let busy = self.fences.construct_in_progress(&id);
+        let r = groups::Request {
+            rank,
+            conn,
+            req,
+            id,
+            directives,
+            timeout_ms,
+        };
+        let ended = &self.procs;
+        let cx = groups::Checks {
+            nspace: &self.plan.job.nspace,
+            busy,
+            gone: &|r| ended.is_gone(r),
+        };
+        let acts = self.groups.on_request(r, cx);
+        self.apply_groups(acts);
+    }
+
+    /// Local rank `rank` claims the leadership of group `id`.
+    pub(super) fn leader_claim(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
+        let ended = &self.procs;
+        let acts = self
+            .groups
+            .on_leader_claim(rank, conn, req, id, |r| ended.is_gone(r));
+        self.apply_groups(acts);
+    }
+
+    /// Carries out what the groups concern decided.
+    pub(super) fn apply_groups(&mut self, acts: Vec<groups::Action>) {
+        for a in acts {
+            match a {
+                groups::Action::Reply { conn, msg } => self.send_client(conn, &msg),
+                groups::Action::Peer { node, msg } => self.send_peer(node, &msg),
+                groups::Action::Emit { rank, event } => self.emit(rank, &event),
+                groups::Action::Arrive(a) => self.arrive(a),
+                groups::Action::Learn(data) => self.learn_remote(data),
+                groups::Action::Finished { id, error } => self.fences.finish(id, error),
+                groups::Action::Claim {
+                    id,
+                    rank,
+                    conn,
+                    req,
+                    nodes,
+                } => {
+                    let ended = &self.procs;
+                    let acts = self
+                        .leaders
+                        .on_claim(id, rank, (conn, req), nodes, |r| ended.is_gone(r));
+                    self.apply_leaders(acts);
+                }
+            }
+        }
+    }
+
+    /// Local rank `leader` invites `procs` to form group `id`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn group_invite(
+        &mut self,
+        leader: Rank,
+        conn: ConnId,
+        req: u64,
+        id: String,
+        procs: Vec<Rank>,
+        directives: GroupDirectives,
+        timeout_ms: Option<u64>,
+    ) {
+        let in_use = self.groups.in_use(&id);
+        let inv = invitations::Invite {
+            leader,
+            conn,
+            req,
+            id,
+            procs,
+            directives,
+            timeout_ms,
+        };
+        let ended = &self.procs;
+        let acts = self.invitations.on_invite(
+            inv,
+            in_use,
+            &self.plan.job.nspace,
+            |r| ended.why_gone(r).map(str::to_owned),
+            &mut self.pgcids,
+        );
+        self.apply_invitations(acts);
+    }
+
+    /// Local rank `rank` answers `leader`'s invitation to group `id`.
+    pub(super) fn group_join(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        id: String,
+        leader: Rank,
+        accept: bool,
+    ) {
+        let acts = self
+            .invitations
+            .on_join(rank, conn, req, id, leader, accept, &mut self.pgcids);
+        self.apply_invitations(acts);
     }
 
     /// Carries out what the process-set concern decided.
@@ -114,7 +240,7 @@ impl State {
                     after(&self.io.ev, d, Event::InviteTimeout { id });
                 }
                 invitations::Action::Record(group) => {
-                    self.groups.insert(group.id.clone(), group);
+                    self.groups.record(group);
                 }
             }
         }
@@ -132,7 +258,11 @@ impl State {
             match a {
                 leaders::Action::Reply { conn, msg } => self.send_client(conn, &msg),
                 leaders::Action::Peer { node, msg } => self.send_peer(node, &msg),
-                leaders::Action::Selected { id, rank } => self.leader_selected(&id, rank),
+                leaders::Action::Selected { id, rank } => {
+                    let gone = self.procs.is_gone(rank);
+                    let acts = self.groups.on_leader_selected(&id, rank, gone);
+                    self.apply_groups(acts);
+                }
             }
         }
     }
@@ -289,7 +419,8 @@ impl State {
             },
         );
         self.apply_fences(acts);
-        self.groups_lose(rank, &reason);
+        let acts = self.groups.on_proc_gone(rank, &reason);
+        self.apply_groups(acts);
         let acts = self
             .invitations
             .on_proc_gone(rank, &reason, &mut self.pgcids);

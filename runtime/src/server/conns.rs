@@ -202,7 +202,10 @@ impl State {
                 reason,
                 joined,
             } => self.proc_gone(rank, reason, joined.into_iter().collect(), false),
-            PeerMsg::GroupLeft { id, rank } => self.member_left(&id, rank),
+            PeerMsg::GroupLeft { id, rank } => {
+                let acts = self.groups.on_member_left(&id, rank);
+                self.apply_groups(acts);
+            }
             PeerMsg::LeaderClaim {
                 id,
                 rank,
@@ -223,7 +226,11 @@ impl State {
                 let acts = self.leaders.on_decision(id, claimant, winner);
                 self.apply_leaders(acts);
             }
-            PeerMsg::LeaderSelected { id, rank } => self.leader_selected(&id, rank),
+            PeerMsg::LeaderSelected { id, rank } => {
+                let gone = self.procs.is_gone(rank);
+                let acts = self.groups.on_leader_selected(&id, rank, gone);
+                self.apply_groups(acts);
+            }
             PeerMsg::PsetChange {
                 name,
                 members,

@@ -204,6 +204,20 @@ impl Fences {
         self.colls.len()
     }
 
+    /// The first participant of `id` (digest `digest`) this server learned is gone
+    /// without having joined it, and why: the root cause (later deaths, such as peers
+    /// that finalized because of it, follow from it). None for a `tolerant` group.
+    fn first_dead(&self, id: &CollId, digest: u64, tolerant: bool) -> Option<(Rank, String)> {
+        if tolerant {
+            return None;
+        }
+        self.deaths
+            .iter()
+            .filter(|(r, g)| id.procs.contains(**r) && !g.joined.contains(&digest))
+            .min_by_key(|(_, g)| g.order)
+            .map(|(r, g)| (*r, g.reason.clone()))
+    }
+
     fn new_coll(&self, id: &CollId, group: Option<GroupSpec>) -> Coll {
         let ranks = id.procs.ranks(self.size());
         let mut nodes: Vec<u32> = ranks.iter().map(|&r| self.owners[r as usize]).collect();
@@ -336,14 +350,7 @@ impl Fences {
         }
         // A participant that is gone and never joined dooms the collective (unless the
         // group tolerates it: then it was left out of `local_expected`).
-        let dead = self
-            .deaths
-            .iter()
-            .filter(|(r, g)| !tolerant && id.procs.contains(**r) && !g.joined.contains(&digest))
-            // The first death this server learned of: the root cause (later ones, such as
-            // peers that finalized because of it, follow from it).
-            .min_by_key(|(_, g)| g.order)
-            .map(|(r, g)| (*r, g.reason.clone()));
+        let dead = self.first_dead(&id, digest, tolerant);
         let c = self.colls.get_mut(&id).expect("just inserted");
         c.waiters.push((conn, req));
         if let Some((dead_rank, reason)) = dead {
@@ -407,7 +414,19 @@ impl Fences {
                 if fresh {
                     let timeout = group.as_ref().and_then(|g| g.timeout_ms);
                     let c = self.new_coll(&id, group.clone());
+                    // A participant this server knows is gone and never joined dooms
+                    // it at once (as at an arrival): otherwise, with no local process
+                    // left to arrive, it would wait here for ever.
+                    let dead = self.first_dead(&id, c.digest, c.tolerant());
                     self.colls.insert(id.clone(), c);
+                    if let Some((rank, reason)) = dead {
+                        let error = WireError::ProcGone {
+                            op: id.op().into(),
+                            rank,
+                            reason,
+                        };
+                        return self.fail(&id, error, false);
+                    }
                     if let Some(ms) = timeout {
                         self.arm_deadline(&id, ms, now, &mut acts);
                     }

@@ -1,6 +1,7 @@
 //! Hostile client and peer messages through the server's real decoding path and
 //! handlers (a server state driven without sockets).
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -229,4 +230,228 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
         rigs + 1
     );
     assert!(n >= 16);
+}
+
+/// What the groups fuzz knows of one group id: how it is constructed, and which
+/// members left it.
+struct Planned {
+    id: crate::wire::proto::CollId,
+    directives: crate::wire::proto::GroupDirectives,
+    /// Members that left (after they got the result).
+    left: BTreeSet<Rank>,
+}
+
+/// Random constructs (strict and tolerant, with and without a leader and a PGCID),
+/// deaths before and after joining, leaves, leadership claims and message orders among
+/// three servers' groups (with their fences and leader selection). Then every living
+/// member joins the construct it has not and everything is delivered: every request is
+/// answered exactly once; every member got the same result; no PGCID is handed out
+/// twice; every server that knows a group knows the same membership and leader, which
+/// is the result less the members that left and, where termination is notified, died.
+#[test]
+fn fuzz_groups_answer_once_agree_everywhere_and_never_reuse_a_pgcid() {
+    use super::groups::tests::{conn_of, Got, World};
+    use crate::wire::proto::{CollId, CollKind, GroupDirectives, Procs, ServerMsg};
+
+    const OWNERS: [u32; 6] = [0, 0, 1, 1, 2, 2];
+    const GROUPS: usize = 3;
+    let size = OWNERS.len() as Rank;
+    let mut formed = 0usize;
+    run("groups", 11, |m: &mut Mutator| {
+        let mut w = World::new(&OWNERS);
+        let mut plans: Vec<Planned> = (0..GROUPS)
+            .map(|g| {
+                let procs = match m.below(3) {
+                    0 => Procs::All,
+                    _ => {
+                        let v: Vec<Rank> = (0..size).filter(|_| m.below(2) == 0).collect();
+                        if v.is_empty() {
+                            Procs::List(vec![m.below(size as usize) as Rank])
+                        } else {
+                            Procs::List(v)
+                        }
+                    }
+                };
+                let members = procs.ranks(size);
+                let leader = (m.below(2) == 0).then(|| members[m.below(members.len())]);
+                let directives = GroupDirectives {
+                    leader,
+                    notify_termination: m.below(2) == 0,
+                    optional: m.below(4) == 0,
+                    assign_context_id: m.below(2) == 0,
+                    no_data: m.below(2) == 0,
+                    ..GroupDirectives::default()
+                };
+                Planned {
+                    id: CollId {
+                        kind: CollKind::GroupConstruct,
+                        procs,
+                        seq: 0,
+                        name: format!("g{g}"),
+                    },
+                    directives,
+                    left: BTreeSet::new(),
+                }
+            })
+            .collect();
+        // Requests by (rank, req): what each asked.
+        let mut asked: HashMap<(Rank, u64), &'static str> = HashMap::new();
+        let mut arrived: BTreeSet<(Rank, usize)> = BTreeSet::new();
+        let mut dead: BTreeSet<Rank> = BTreeSet::new();
+        let mut next_req = 1u64;
+        // (rank, group) pairs whose construct result reached the rank.
+        let mut has: BTreeSet<(Rank, String)> = BTreeSet::new();
+        for _ in 0..m.below(80) {
+            let rank = m.below(size as usize) as Rank;
+            let g = m.below(GROUPS);
+            let p = &plans[g];
+            let name = p.id.name.clone();
+            let has_result = has.contains(&(rank, name.clone()));
+            match m.below(9) {
+                0..=2 => {
+                    if dead.contains(&rank) || !p.id.procs.contains(rank) {
+                        continue;
+                    }
+                    if !arrived.insert((rank, g)) {
+                        continue;
+                    }
+                    asked.insert((rank, next_req), "construct");
+                    w.request(rank, next_req, &p.id, &p.directives);
+                    next_req += 1;
+                }
+                3 => {
+                    if dead.len() < 2 && dead.insert(rank) {
+                        w.kill(rank);
+                    }
+                }
+                4 => {
+                    if dead.contains(&rank) || !has_result || plans[g].left.contains(&rank) {
+                        continue;
+                    }
+                    plans[g].left.insert(rank);
+                    asked.insert((rank, next_req), "leave");
+                    w.leave(rank, next_req, &name);
+                    next_req += 1;
+                }
+                5 => {
+                    if dead.contains(&rank) || !has_result || plans[g].left.contains(&rank) {
+                        continue;
+                    }
+                    asked.insert((rank, next_req), "claim");
+                    w.claim(rank, next_req, &name);
+                    next_req += 1;
+                }
+                _ => {
+                    w.step(m);
+                }
+            }
+            // The first result of each construct, as it reaches its members.
+            for (_, got) in &w.got {
+                if let Got::Reply {
+                    conn,
+                    msg: ServerMsg::Group { group, .. },
+                } = got
+                {
+                    if let Some(r) = (0..size).find(|&r| conn_of(r) == *conn) {
+                        has.insert((r, group.id.clone()));
+                    }
+                }
+            }
+        }
+        // Every living member joins what it has not; everything is delivered.
+        for (g, p) in plans.iter().enumerate() {
+            for rank in p.id.procs.ranks(size) {
+                if !dead.contains(&rank) && arrived.insert((rank, g)) {
+                    asked.insert((rank, next_req), "construct");
+                    w.request(rank, next_req, &p.id, &p.directives);
+                    next_req += 1;
+                }
+            }
+        }
+        w.settle();
+        // Every request answered exactly once; every member got the same result.
+        let mut answered: HashMap<(Rank, u64), usize> = HashMap::new();
+        let mut results: HashMap<String, crate::wire::proto::GroupInfo> = HashMap::new();
+        for (_, got) in &w.got {
+            let Got::Reply { conn, msg } = got else {
+                continue;
+            };
+            let rank = (0..size)
+                .find(|&r| conn_of(r) == *conn)
+                .expect("a rank's connection");
+            let req = match msg {
+                ServerMsg::Done { req } | ServerMsg::Failed { req, .. } => *req,
+                ServerMsg::Group { req, group } => {
+                    let first = results
+                        .entry(group.id.clone())
+                        .or_insert_with(|| group.clone());
+                    assert_eq!(first, group, "two results of one construct");
+                    *req
+                }
+                other => panic!("the groups answered {other:?}"),
+            };
+            assert!(
+                asked.contains_key(&(rank, req)),
+                "an answer to nothing: {msg:?}"
+            );
+            *answered.entry((rank, req)).or_default() += 1;
+        }
+        for (k, what) in &asked {
+            assert_eq!(
+                answered.get(k),
+                Some(&1),
+                "{what} {k:?} answered {:?} times",
+                answered.get(k)
+            );
+        }
+        // No PGCID twice.
+        let pgcids: Vec<u64> = results.values().filter_map(|g| g.pgcid).collect();
+        let distinct: BTreeSet<u64> = pgcids.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            pgcids.len(),
+            "a PGCID handed out twice: {pgcids:?}"
+        );
+        // Every server that knows a group knows it alike, as the model says.
+        for p in &plans {
+            let Some(result) = results.get(&p.id.name) else {
+                for n in 0..3 {
+                    assert!(
+                        w.group(n, &p.id.name).is_none(),
+                        "a failed construct recorded"
+                    );
+                }
+                continue;
+            };
+            formed += 1;
+            let mut members = result.members.clone();
+            members.retain(|r| {
+                let dropped = p.directives.notify_termination && dead.contains(r);
+                !p.left.contains(r) && !dropped
+            });
+            for n in 0..3u32 {
+                let here = members.iter().any(|&r| OWNERS[r as usize] == n);
+                match w.group(n, &p.id.name) {
+                    Some(g) => {
+                        assert_eq!(g.members, members, "node {n}'s {:?}", p.id.name);
+                    }
+                    None => assert!(
+                        !here,
+                        "node {n} forgot {:?} with members {members:?}",
+                        p.id.name
+                    ),
+                }
+            }
+            let leaders: BTreeSet<Option<Rank>> = (0..3u32)
+                .filter_map(|n| w.group(n, &p.id.name).map(|g| g.leader))
+                .collect();
+            assert!(
+                leaders.len() <= 1,
+                "{:?}: leaders differ: {leaders:?}",
+                p.id.name
+            );
+        }
+    });
+    println!("fuzz groups: {formed} groups formed");
+    assert!(formed > 0);
 }

@@ -415,7 +415,12 @@ impl Invitations {
             leader: Some(inv.leader),
             directives: inv.directives,
         };
-        let mut nodes: Vec<u32> = members.iter().map(|&r| self.node_of(r)).collect();
+        // The invitees' nodes too: a late invitee's join is answered there.
+        let mut nodes: Vec<u32> = members
+            .iter()
+            .chain(&inv.invitees)
+            .map(|&r| self.node_of(r))
+            .collect();
         nodes.sort_unstable();
         nodes.dedup();
         for n in nodes {
@@ -433,8 +438,30 @@ impl Invitations {
         });
     }
 
-    /// At every member's server: the invite-formed group exists.
+    /// At every member's (and invitee's) server: the invite-formed group exists. A
+    /// local invitee left out of it (it declined, died, or did not answer before the
+    /// timeout) has no invitation any more: a join it sent too late fails now.
     fn formed(&mut self, group: GroupInfo, acts: &mut Vec<Action>) {
+        let late: Vec<Rank> = group
+            .left_out
+            .iter()
+            .copied()
+            .filter(|&r| self.is_local(r))
+            .collect();
+        for r in late {
+            if let Some((_, Some((conn, req)))) = self.invited.remove(&(group.id.clone(), r)) {
+                let error = WireError::Timeout {
+                    op: format!(
+                        "group join of {:?} (the group formed without rank {r}: its answer \
+                         reached the leader after the invitation's timeout)",
+                        group.id
+                    ),
+                    missing: vec![r],
+                };
+                let msg = ServerMsg::Failed { req, error };
+                acts.push(Action::Reply { conn, msg });
+            }
+        }
         let local: Vec<Rank> = group
             .members
             .iter()

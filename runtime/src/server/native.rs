@@ -205,10 +205,13 @@ impl State {
                 timeout_ms,
             } => self.group_arrive(rank, conn, req, id, directives, timeout_ms),
             ClientMsg::GroupQuery { req } => {
-                let groups = self.groups.values().cloned().collect();
-                self.send_client(conn, &ServerMsg::Groups { req, groups });
+                let acts = self.groups.on_query(conn, req);
+                self.apply_groups(acts);
             }
-            ClientMsg::GroupLeave { req, id } => self.group_leave(rank, conn, req, id),
+            ClientMsg::GroupLeave { req, id } => {
+                let acts = self.groups.on_leave(rank, conn, req, id);
+                self.apply_groups(acts);
+            }
             ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
             ClientMsg::PsetDefine { req, name, members } => {
                 let acts = self.psets.on_request(conn, req, name, Some(members));

@@ -26,9 +26,10 @@
 use crate::wire::proto::DmodexFailure;
 use weft_pmix::server::{
     DirectModex, Failure, Fence, Group, GroupReply, Host, Log, ModexReply, Notification, Nspace,
-    ProcName, Query, QueryAnswer,
+    ProcName, Query,
 };
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,11 +38,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use weft_wireup::{Rank, Scope, Value};
 
 use super::output::Chunk;
+use super::pmix_book::{query_answers, Ask, Ended, PmixBook};
 use super::{after, ompi_shm_dir, wire_to_text, Event, State};
 use crate::modex::{ConnId, Modex};
 use crate::wire::proto::{
-    CollId, CollKind, ExitKind, FenceMode, GroupDirectives, JobPlan, PeerMsg, Procs, ServerMsg,
-    WireError,
+    ExitKind, FenceMode, GroupDirectives, JobPlan, PeerMsg, Procs, ServerMsg, WireError,
 };
 
 /// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
@@ -128,21 +129,6 @@ impl Host for Bridge {
     }
 }
 
-/// A fence under way: its id and where the result goes.
-struct PendingFence {
-    id: CollId,
-    collect: bool,
-    reply: ModexReply,
-    /// When the library handed it over (for the debug log of the host's share).
-    since: std::time::Instant,
-}
-
-/// A group operation under way.
-struct PendingGroup {
-    id: CollId,
-    reply: GroupReply,
-}
-
 /// The key a node's contribution to group construct `id` is committed under.
 fn group_key(id: &str) -> String {
     format!("pmix/grp/{id}")
@@ -160,20 +146,10 @@ pub(super) struct PmixFront {
     vader_dir: PathBuf,
     /// The environment of each local child (from `PMIx_server_setup_fork`).
     env: HashMap<Rank, Vec<(String, String)>>,
-    fence_seq: HashMap<Procs, u64>,
-    /// Fences under way, by request (answered through `send_client`, which borrows the
-    /// state shared).
-    fences: std::cell::RefCell<HashMap<u64, PendingFence>>,
-    /// Group operations under way, by request (as `fences`).
-    groups: std::cell::RefCell<HashMap<u64, PendingGroup>>,
-    /// The sequence number of the next group operation of each kind, members and id.
-    group_seq: HashMap<(CollKind, Procs, String), u64>,
-    next_req: u64,
-    /// Direct modex requests sent to other nodes: the rank asked about and the reply.
-    asked: HashMap<u64, (Rank, ModexReply)>,
-    /// Other nodes' direct modex requests the library has not answered: (asker, rank).
-    serving: HashMap<u64, (u32, Rank)>,
-    next_qid: u64,
+    /// The operations under way and the direct modex requests (`pmix_book`), in a
+    /// cell: the core's replies arrive through `send_client`, which borrows the state
+    /// shared.
+    book: RefCell<PmixBook<ModexReply, GroupReply>>,
     /// Group invites of this node's clients that are waiting for their invitees
     /// (`pmix_events`), by group id.
     pub(super) invites: HashMap<String, PendingInvite>,
@@ -235,14 +211,11 @@ impl PmixFront {
             dir,
             vader_dir,
             env,
-            fence_seq: HashMap::new(),
-            fences: std::cell::RefCell::new(HashMap::new()),
-            groups: std::cell::RefCell::new(HashMap::new()),
-            group_seq: HashMap::new(),
-            next_req: 0,
-            asked: HashMap::new(),
-            serving: HashMap::new(),
-            next_qid: u64::from(node) << 48,
+            book: RefCell::new(PmixBook::new(
+                job.nspace.clone(),
+                node,
+                job.procs.iter().map(|p| p.node).collect(),
+            )),
             invites: HashMap::new(),
         })
     }
@@ -360,12 +333,11 @@ impl State {
             PmixEv::Notify(n) => self.pmix_notify(n),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Served { qid, to, result } => {
-                if self
+                let still = self
                     .pmix
-                    .as_mut()
-                    .and_then(|px| px.serving.remove(&qid))
-                    .is_none()
-                {
+                    .as_ref()
+                    .is_some_and(|px| px.book.borrow_mut().on_served(qid));
+                if !still {
                     return; // answered already (its rank ended)
                 }
                 let result = result.map_err(|f| match f {
@@ -379,45 +351,24 @@ impl State {
                 self.send_peer(to, &PeerMsg::PmixDmodexResp { qid, result });
             }
             PmixEv::DmodexTimeout { qid } => {
-                if let Some((_, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) {
+                let reply = self
+                    .pmix
+                    .as_ref()
+                    .and_then(|px| px.book.borrow_mut().on_dmodex_timeout(qid));
+                if let Some(reply) = reply {
                     reply.fail(Failure::Timeout);
                 }
             }
         }
     }
 
-    /// The participants a PMIx collective names (`op`), as the core's: every rank for
-    /// the wildcard (or none named), else the ranks; another namespace is not served,
-    /// a rank outside the job not found.
+    /// The participants a PMIx collective names (`op`), as the core's
+    /// (`PmixBook::procs`).
     pub(super) fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
-        let size = self.plan.job.size();
-        let Some(px) = self.pmix.as_ref() else {
-            return Err(Failure::Other);
-        };
-        let mut all = procs.is_empty();
-        let mut ranks = Vec::new();
-        for p in procs {
-            if p.nspace != px.nspace {
-                tracing::warn!(
-                    "PMIx {op} over namespace {:?}: only the job's own is served",
-                    p.nspace
-                );
-                return Err(Failure::NotSupported);
-            }
-            match p.rank {
-                None => all = true,
-                Some(r) if r < size => ranks.push(r),
-                Some(r) => {
-                    tracing::warn!("PMIx {op} names rank {r}, outside the job (size {size})");
-                    return Err(Failure::NotFound);
-                }
-            }
+        match self.pmix.as_ref() {
+            Some(px) => px.book.borrow().procs(op, procs),
+            None => Err(Failure::Other),
         }
-        Ok(if all {
-            Procs::All
-        } else {
-            Procs::List(ranks).normalize(size)
-        })
     }
 
     fn pmix_fence(&mut self, f: Fence) {
@@ -428,14 +379,7 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return f.reply.fail(Failure::Other);
         };
-        let seq = px.fence_seq.entry(procs.clone()).or_insert(0);
-        *seq += 1;
-        let id = CollId {
-            kind: CollKind::Fence,
-            procs,
-            seq: *seq,
-            name: "pmix".into(),
-        };
+        let id = px.book.get_mut().fence_id(procs);
         let mut locals = self.procs.local_ranks();
         locals.retain(|&r| id.procs.contains(r));
         self.pmix_check_alive(&locals);
@@ -452,17 +396,11 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return f.reply.fail(Failure::Other);
         };
-        px.next_req += 1;
-        let req = px.next_req;
-        px.fences.borrow_mut().insert(
-            req,
-            PendingFence {
-                id: id.clone(),
-                collect,
-                reply: f.reply,
-                since: std::time::Instant::now(),
-            },
-        );
+        let now = std::time::Instant::now();
+        let req = px
+            .book
+            .get_mut()
+            .on_fence(id.clone(), collect, f.reply, now);
         if collect {
             let entry = (Scope::Global, FENCE_KEY.to_string(), Value::Bytes(f.data));
             self.commit(first, vec![entry]);
@@ -503,22 +441,7 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return g.reply.fail(Failure::Other);
         };
-        let kind = if g.construct {
-            CollKind::GroupConstruct
-        } else {
-            CollKind::GroupDestruct
-        };
-        let seq = px
-            .group_seq
-            .entry((kind, procs.clone(), g.id.clone()))
-            .or_insert(0);
-        *seq += 1;
-        let id = CollId {
-            kind,
-            procs,
-            seq: *seq,
-            name: g.id.clone(),
-        };
+        let id = px.book.get_mut().group_id(g.construct, procs, g.id.clone());
         let directives = GroupDirectives {
             leader: None,
             optional: g.optional,
@@ -542,15 +465,7 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return g.reply.fail(Failure::Other);
         };
-        px.next_req += 1;
-        let req = px.next_req;
-        px.groups.borrow_mut().insert(
-            req,
-            PendingGroup {
-                id: id.clone(),
-                reply: g.reply,
-            },
-        );
+        let req = px.book.get_mut().on_group(id.clone(), g.reply);
         let timeout_ms = g.timeout.map(|t| t.as_millis() as u64);
         for r in locals {
             self.group_arrive(
@@ -583,151 +498,104 @@ impl State {
                 sets.push((name.clone(), members.clone()));
             }
         }
-        let mut answers = Vec::new();
-        let mut known = false;
-        for k in &q.keys {
-            match k.key.as_str() {
-                "pmix.qry.psets" => {
-                    known = true;
-                    answers.push(QueryAnswer::PsetNames(
-                        sets.iter().map(|(n, _)| n.clone()).collect(),
-                    ));
-                }
-                "pmix.qry.psetnum" => {
-                    known = true;
-                    answers.push(QueryAnswer::NumPsets(sets.len()));
-                }
-                "pmix.qry.pmems" => {
-                    known = true;
-                    let members = k
-                        .pset
-                        .as_ref()
-                        .and_then(|want| sets.iter().find(|(n, _)| n == want));
-                    if let Some((_, m)) = members {
-                        answers.push(QueryAnswer::PsetMembers(
-                            m.iter()
-                                .map(|&r| ProcName {
-                                    nspace: px.nspace.clone(),
-                                    rank: Some(r),
-                                })
-                                .collect(),
-                        ));
-                    }
-                }
-                other => tracing::debug!("PMIx query of {other:?}: not served"),
-            }
+        match query_answers(&q.keys, &sets, &px.nspace) {
+            Ok(answers) => q.reply.answers(answers),
+            Err(why) => q.reply.fail(why),
         }
-        if !known {
-            return q.reply.fail(Failure::NotSupported);
-        }
-        q.reply.answers(answers);
     }
 
     /// The core's reply `msg` to the PMIx front end: a fence's or a group operation's
     /// end.
     pub(super) fn pmix_reply(&self, msg: &ServerMsg) {
-        let (req, err) = match msg {
-            ServerMsg::Done { req } | ServerMsg::Group { req, .. } => (*req, None),
-            ServerMsg::Failed { req, error } => (*req, Some(error.clone())),
-            _ => return,
-        };
-        let pending_group = self
+        let ended = self
             .pmix
             .as_ref()
-            .and_then(|px| px.groups.borrow_mut().remove(&req));
-        if let Some(pg) = pending_group {
-            if let Some(e) = err {
-                tracing::warn!("PMIx group {:?} failed: {}", pg.id.name, wire_to_text(&e));
-                return pg.reply.fail(failure_of(&e));
-            }
-            let ServerMsg::Group { group, .. } = msg else {
-                return pg.reply.ok(None, Vec::new()); // a destruct
-            };
-            // Every node's contribution, in node order: the key of its lowest member.
-            let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
-            for &r in &group.members {
-                firsts
-                    .entry(self.plan.job.procs[r as usize].node)
-                    .or_insert(r);
-            }
-            let mut all = Vec::new();
-            for (_, r) in firsts {
-                if let Some(Value::Bytes(b)) = self.modex.value(r, &group_key(&group.id)) {
-                    all.extend_from_slice(b);
+            .and_then(|px| px.book.borrow_mut().on_core_reply(msg));
+        match ended {
+            // The other local participants' copies of the same answer.
+            None => {}
+            Some(Ended::Group { pending, result }) => {
+                let group = match result {
+                    Err(e) => {
+                        tracing::warn!(
+                            "PMIx group {:?} failed: {}",
+                            pending.id.name,
+                            wire_to_text(&e)
+                        );
+                        return pending.reply.fail(failure_of(&e));
+                    }
+                    Ok(None) => return pending.reply.ok(None, Vec::new()), // a destruct
+                    Ok(Some(group)) => group,
+                };
+                // Every node's contribution, in node order: the key of its lowest member.
+                let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
+                for &r in &group.members {
+                    firsts
+                        .entry(self.plan.job.procs[r as usize].node)
+                        .or_insert(r);
                 }
-            }
-            return pg.reply.ok(group.pgcid, all);
-        }
-        let Some(f) = self
-            .pmix
-            .as_ref()
-            .and_then(|px| px.fences.borrow_mut().remove(&req))
-        else {
-            return; // the other local participants' copies of the same answer
-        };
-        if let Some(e) = err {
-            tracing::warn!("PMIx fence failed: {}", wire_to_text(&e));
-            return f.reply.fail(failure_of(&e));
-        }
-        tracing::debug!(
-            "PMIx fence {:?} #{}: the servers' part took {:?}",
-            f.id.procs,
-            f.id.seq,
-            f.since.elapsed()
-        );
-        if !f.collect {
-            return f.reply.ok(Vec::new());
-        }
-        // Every node's contribution, in node order: the key of its lowest participant.
-        let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
-        for r in f.id.procs.ranks(self.plan.job.size()) {
-            let node = self.plan.job.procs[r as usize].node;
-            firsts.entry(node).or_insert(r);
-        }
-        let mut all = Vec::new();
-        for (node, r) in firsts {
-            match self.modex.value(r, FENCE_KEY) {
-                Some(Value::Bytes(b)) => all.extend_from_slice(b),
-                _ => {
-                    tracing::warn!("PMIx fence: no contribution of node {node} (rank {r})");
-                    return f.reply.fail(Failure::Other);
+                let mut all = Vec::new();
+                for (_, r) in firsts {
+                    if let Some(Value::Bytes(b)) = self.modex.value(r, &group_key(&group.id)) {
+                        all.extend_from_slice(b);
+                    }
                 }
+                pending.reply.ok(group.pgcid, all);
+            }
+            Some(Ended::Fence { pending: f, error }) => {
+                if let Some(e) = error {
+                    tracing::warn!("PMIx fence failed: {}", wire_to_text(&e));
+                    return f.reply.fail(failure_of(&e));
+                }
+                tracing::debug!(
+                    "PMIx fence {:?} #{}: the servers' part took {:?}",
+                    f.id.procs,
+                    f.id.seq,
+                    f.since.elapsed()
+                );
+                if !f.collect {
+                    return f.reply.ok(Vec::new());
+                }
+                // Every node's contribution, in node order: the key of its lowest
+                // participant.
+                let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
+                for r in f.id.procs.ranks(self.plan.job.size()) {
+                    let node = self.plan.job.procs[r as usize].node;
+                    firsts.entry(node).or_insert(r);
+                }
+                let mut all = Vec::new();
+                for (node, r) in firsts {
+                    match self.modex.value(r, FENCE_KEY) {
+                        Some(Value::Bytes(b)) => all.extend_from_slice(b),
+                        _ => {
+                            tracing::warn!("PMIx fence: no contribution of node {node} (rank {r})");
+                            return f.reply.fail(Failure::Other);
+                        }
+                    }
+                }
+                f.reply.ok(all);
             }
         }
-        f.reply.ok(all);
     }
 
     fn pmix_dmodex(&mut self, d: DirectModex) {
-        let size = self.plan.job.size();
         let Some(px) = self.pmix.as_mut() else {
             return d.reply.fail(Failure::Other);
         };
-        let rank = match d.proc.rank {
-            Some(r) if d.proc.nspace == px.nspace && r < size => r,
-            _ => {
-                tracing::warn!(
-                    "PMIx direct modex for {:?}: not a process of the job",
-                    d.proc
-                );
-                return d.reply.fail(Failure::NotFound);
+        let ended = &self.procs;
+        let asked = px
+            .book
+            .get_mut()
+            .on_dmodex(&d.proc, d.reply, |r| ended.why_gone(r));
+        match asked {
+            Err((reply, why)) => reply.fail(why),
+            Ok(Ask { qid, node, rank }) => {
+                if let Some(t) = d.timeout {
+                    after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
+                }
+                self.send_peer(node, &PeerMsg::PmixDmodexReq { qid, rank });
             }
-        };
-        if let Some(why) = self.procs.why_gone(rank) {
-            tracing::debug!("PMIx direct modex for rank {rank}, which {why}");
-            return d.reply.fail(Failure::ProcGone);
         }
-        let owner = self.plan.job.procs[rank as usize].node;
-        if owner == self.node {
-            // The library serves its own node's processes; it asks only for others.
-            return d.reply.fail(Failure::NotFound);
-        }
-        px.next_qid += 1;
-        let qid = px.next_qid;
-        px.asked.insert(qid, (rank, d.reply));
-        if let Some(t) = d.timeout {
-            after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
-        }
-        self.send_peer(owner, &PeerMsg::PmixDmodexReq { qid, rank });
     }
 
     /// Another node's direct modex for local rank `rank`.
@@ -752,7 +620,7 @@ impl State {
             };
             return self.send_peer(from, &m);
         }
-        px.serving.insert(qid, (from, rank));
+        px.book.get_mut().on_serving(qid, from, rank);
         let ev = self.io.ev.clone();
         let nspace = px.nspace.clone();
         let asked = px.server.dmodex_request(&nspace, rank, move |result| {
@@ -763,7 +631,7 @@ impl State {
             }));
         });
         if let Err(e) = asked {
-            px.serving.remove(&qid);
+            px.book.get_mut().on_served(qid);
             let m = refuse(e.to_string());
             self.send_peer(from, &m);
         }
@@ -771,7 +639,11 @@ impl State {
 
     /// The answer of another node to direct modex `qid`.
     pub(super) fn pmix_served(&mut self, qid: u64, result: Result<Vec<u8>, DmodexFailure>) {
-        let Some((rank, reply)) = self.pmix.as_mut().and_then(|px| px.asked.remove(&qid)) else {
+        let answered = self
+            .pmix
+            .as_mut()
+            .and_then(|px| px.book.get_mut().on_answered(qid));
+        let Some((rank, reply)) = answered else {
             return; // timed out, or its rank ended
         };
         match result {
@@ -800,25 +672,9 @@ impl State {
         // The node's clients hear of it (Open MPI's default handler ends the process;
         // a Weft program names the rank).
         px.server.notify_ended(&px.nspace, rank, None);
-        let mine: Vec<u64> = px
-            .asked
-            .iter()
-            .filter(|(_, (r, _))| *r == rank)
-            .map(|(q, _)| *q)
-            .collect();
-        for q in mine {
-            if let Some((_, reply)) = px.asked.remove(&q) {
-                reply.fail(Failure::ProcGone);
-            }
-        }
-        let served: Vec<(u64, u32)> = px
-            .serving
-            .iter()
-            .filter(|(_, (_, r))| *r == rank)
-            .map(|(q, (from, _))| (*q, *from))
-            .collect();
-        for (qid, _) in &served {
-            px.serving.remove(qid);
+        let (failed, served) = px.book.get_mut().on_rank_ended(rank);
+        for reply in failed {
+            reply.fail(Failure::ProcGone);
         }
         for (qid, from) in served {
             let m = PeerMsg::PmixDmodexResp {

@@ -68,7 +68,7 @@ impl State {
         let all: Vec<u32> = (0..self.plan.job.nodes.len() as u32).collect();
         let nodes = match (n.range, &targets) {
             (Range::Local | Range::ProcLocal, _) => Vec::new(),
-            (Range::Custom, Some(t)) => self.nodes_of(t),
+            (Range::Custom, Some(t)) => self.groups.nodes_of(t),
             _ => all,
         };
         let members = targets.clone().unwrap_or_default();
@@ -211,7 +211,7 @@ impl State {
             "PMIx group {id:?} formed by invitation: {:?}",
             group.members
         );
-        if let Some(old) = self.groups.insert(id.to_owned(), group) {
+        if let Some(old) = self.groups.record(group) {
             tracing::warn!(
                 "PMIx group {id:?} formed again (it had members {:?})",
                 old.members

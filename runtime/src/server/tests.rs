@@ -309,7 +309,7 @@ fn a_node_local_group_construct_gives_every_member_one_group_and_a_fresh_pgcid()
         assert_eq!((e.group.as_deref(), e.rank), (Some(g), Some(1)));
         assert_eq!(e.members, vec![0]);
     }
-    assert_eq!(n.st.groups["g1"].members, vec![0]);
+    assert_eq!(n.st.groups.get("g1").expect("g1").members, vec![0]);
 }
 
 fn pset_events(msgs: &[ServerMsg]) -> Vec<(EventCode, String, Vec<Rank>)> {

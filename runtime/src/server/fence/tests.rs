@@ -503,6 +503,47 @@ fn members_that_disagree_on_the_mode_fail_the_fence_on_every_node() {
 }
 
 #[test]
+fn a_gather_after_every_local_participant_died_without_joining_fails_at_once() {
+    let [mut s0, mut s1] = pair();
+    let now = Instant::now();
+    let id = fence_id(1);
+    // Node 1's ranks arrive before node 1 hears of any death: its gather leaves.
+    s1.arrive(arrival(2, 1, &id, FenceMode::SyncOnly), now);
+    let gather = s1.arrive(arrival(3, 2, &id, FenceMode::SyncOnly), now);
+    let msg = match &sent(&gather)[..] {
+        [(0, m @ PeerMsg::Gather { .. })] => m.clone(),
+        other => panic!("expected node 1's gather, got {other:?}"),
+    };
+    // Node 0's ranks die without joining, before the gather reaches it.
+    s0.gone(0, "exited with code 1 before finalize", HashSet::new(), now);
+    s0.gone(1, "was killed by SIGKILL", HashSet::new(), now);
+    // The gather cannot complete here: no collective is left waiting.
+    let acts = s0.peer(msg, now);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert_eq!(
+        s0.fences.in_progress(),
+        0,
+        "a collective that never completes"
+    );
+    // Node 1 hears of the first death: its members are told.
+    let acts = s1.gone(0, "exited with code 1 before finalize", HashSet::new(), now);
+    let failed: Vec<(ConnId, ServerMsg)> = replies(&acts);
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    for (_, m) in failed {
+        assert!(
+            matches!(
+                m,
+                ServerMsg::Failed {
+                    error: WireError::ProcGone { rank: 0, .. },
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+    }
+}
+
+#[test]
 fn a_tolerant_group_goes_on_without_a_member_that_died_before_joining() {
     let [mut s0, _] = pair();
     let now = Instant::now();

@@ -213,6 +213,74 @@ fn a_dead_or_late_invitee_fails_and_a_dead_leader_aborts_the_joins() {
 }
 
 #[test]
+fn a_join_that_reaches_the_leader_after_the_timeout_is_answered_with_an_error() {
+    let mut c = Cluster::new();
+    c.invite(0, 1, vec![2, 3], false);
+    // Rank 2 accepts, but its answer is still on its way when the timeout fires.
+    let held: Vec<Action> = c.s[1].on_join(2, 102, 5, "g".into(), 0, true, &mut c.pgcids[1]);
+    assert!(
+        matches!(&held[..], [Action::Peer { node: 0, .. }]),
+        "{held:?}"
+    );
+    let acts = c.s[0].on_timeout("g", &mut c.pgcids[0]);
+    let rest = c.settle(0, acts);
+    match &groups(&rest)[..] {
+        [(100, 1, g)] => assert_eq!(
+            (g.members.clone(), g.left_out.clone()),
+            (vec![0], vec![2, 3])
+        ),
+        other => panic!("expected the leader's group alone, got {other:?}"),
+    }
+    // The waiting join is answered: it timed out.
+    let failed: Vec<&Action> = rest
+        .iter()
+        .filter(|(n, a)| *n == 1 && matches!(a, Action::Reply { conn: 102, .. }))
+        .map(|(_, a)| a)
+        .collect();
+    match &failed[..] {
+        [Action::Reply {
+            msg:
+                ServerMsg::Failed {
+                    req: 5,
+                    error: WireError::Timeout { op, missing },
+                },
+            ..
+        }] => {
+            assert!(op.contains("after the invitation's timeout"), "{op}");
+            assert_eq!(missing, &vec![2]);
+        }
+        other => panic!("expected rank 2's join to fail, got {other:?}"),
+    }
+    assert!(
+        !rest
+            .iter()
+            .any(|(n, a)| *n == 1 && matches!(a, Action::Record(_))),
+        "no member on node 1: no record"
+    );
+    // The held answer reaches the leader's server: nothing more happens.
+    let rest = c.settle(1, held);
+    assert!(rest.is_empty(), "{rest:?}");
+    // Rank 3 answers after all that: told at once it has no invitation.
+    let rest = c.join(3, 6, 0, true);
+    assert!(
+        matches!(
+            &rest[..],
+            [(
+                1,
+                Action::Reply {
+                    conn: 103,
+                    msg: ServerMsg::Failed {
+                        req: 6,
+                        error: WireError::Invalid { .. }
+                    }
+                }
+            )]
+        ),
+        "{rest:?}"
+    );
+}
+
+#[test]
 fn bad_invites_and_joins_without_an_invitation_are_refused() {
     let mut c = Cluster::new();
     let refused = |acts: &[Action], why: &str| matches!(acts, [Action::Reply { msg: ServerMsg::Failed { error: WireError::Invalid { reason, .. }, .. }, .. }] if reason.contains(why));

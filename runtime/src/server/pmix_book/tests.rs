@@ -1,0 +1,270 @@
+//! The PMIx front end's bookkeeping through its `on_*` methods, without libpmix: the
+//! library's reply handles are plain labels here.
+
+use std::time::Instant;
+
+use weft_pmix::server::{Failure, ProcName, QueryAnswer, QueryKey};
+
+use super::{query_answers, Ask, Ended, PmixBook};
+use crate::wire::proto::{CollKind, GroupDirectives, GroupInfo, Procs, ServerMsg, WireError};
+
+/// Node 0's book of a 4-process namespace on 2 nodes (ranks 0, 1 here; 2, 3 on node 1).
+fn book() -> PmixBook<&'static str, &'static str> {
+    PmixBook::new("ns".into(), 0, vec![0, 0, 1, 1])
+}
+
+fn p(nspace: &str, rank: Option<u32>) -> ProcName {
+    ProcName {
+        nspace: nspace.into(),
+        rank,
+    }
+}
+
+#[test]
+fn the_participants_are_the_namespaces_ranks_or_the_request_is_refused() {
+    let b = book();
+    assert_eq!(b.procs("fence", &[]), Ok(Procs::All));
+    assert_eq!(b.procs("fence", &[p("ns", None)]), Ok(Procs::All));
+    assert_eq!(
+        b.procs(
+            "fence",
+            &[p("ns", Some(2)), p("ns", Some(0)), p("ns", Some(2))]
+        ),
+        Ok(Procs::List(vec![0, 2]))
+    );
+    assert_eq!(
+        b.procs(
+            "fence",
+            &[
+                p("ns", Some(3)),
+                p("ns", Some(1)),
+                p("ns", Some(0)),
+                p("ns", Some(2))
+            ]
+        ),
+        Ok(Procs::All)
+    );
+    assert_eq!(
+        b.procs("fence", &[p("other", Some(0))]),
+        Err(Failure::NotSupported)
+    );
+    assert_eq!(
+        b.procs("fence", &[p("ns", Some(4))]),
+        Err(Failure::NotFound)
+    );
+}
+
+#[test]
+fn each_set_of_participants_counts_its_fences_and_a_reply_ends_a_fence_once() {
+    let mut b = book();
+    let now = Instant::now();
+    let a1 = b.fence_id(Procs::All);
+    let r1 = b.on_fence(a1.clone(), true, "a1", now);
+    let s1 = b.fence_id(Procs::List(vec![0, 2]));
+    let r2 = b.on_fence(s1.clone(), false, "s1", now);
+    let a2 = b.fence_id(Procs::All);
+    let r3 = b.on_fence(a2.clone(), false, "a2", now);
+    assert_eq!((a1.seq, s1.seq, a2.seq), (1, 1, 2));
+    assert_eq!((a1.kind, a1.name.as_str()), (CollKind::Fence, "pmix"));
+    assert!(r1 != r2 && r2 != r3 && r1 != r3);
+    // The first local participant's copy of the answer ends it; the others find nothing.
+    match b.on_core_reply(&ServerMsg::Done { req: r1 }) {
+        Some(Ended::Fence {
+            pending,
+            error: None,
+        }) => {
+            assert_eq!(
+                (pending.reply, pending.collect, pending.id),
+                ("a1", true, a1)
+            );
+        }
+        other => panic!("expected fence a1 done, got {other:?}"),
+    }
+    assert!(b.on_core_reply(&ServerMsg::Done { req: r1 }).is_none());
+    let error = WireError::Timeout {
+        op: "fence".into(),
+        missing: vec![2],
+    };
+    match b.on_core_reply(&ServerMsg::Failed {
+        req: r3,
+        error: error.clone(),
+    }) {
+        Some(Ended::Fence {
+            pending,
+            error: Some(e),
+        }) => {
+            assert_eq!((pending.reply, e), ("a2", error));
+        }
+        other => panic!("expected fence a2 failed, got {other:?}"),
+    }
+    // Not a reply that ends anything.
+    assert!(b
+        .on_core_reply(&ServerMsg::Missing {
+            req: r2,
+            reason: "x".into()
+        })
+        .is_none());
+    assert!(matches!(
+        b.on_core_reply(&ServerMsg::Done { req: r2 }),
+        Some(Ended::Fence { .. })
+    ));
+}
+
+#[test]
+fn group_operations_count_by_kind_members_and_id_and_end_with_the_group() {
+    let mut b = book();
+    let c1 = b.group_id(true, Procs::All, "g".into());
+    let rc1 = b.on_group(c1.clone(), "c1");
+    let d1 = b.group_id(false, Procs::All, "g".into());
+    let rd1 = b.on_group(d1.clone(), "d1");
+    let c2 = b.group_id(true, Procs::All, "g".into());
+    let rc2 = b.on_group(c2.clone(), "c2");
+    let h1 = b.group_id(true, Procs::All, "h".into());
+    assert_eq!((c1.kind, c1.seq), (CollKind::GroupConstruct, 1));
+    assert_eq!((d1.kind, d1.seq), (CollKind::GroupDestruct, 1));
+    assert_eq!((c2.seq, h1.seq, h1.name.as_str()), (2, 1, "h"));
+    let group = GroupInfo {
+        id: "g".into(),
+        members: vec![0, 1, 2, 3],
+        pgcid: Some(5),
+        leader: None,
+        left_out: Vec::new(),
+        directives: GroupDirectives::default(),
+    };
+    match b.on_core_reply(&ServerMsg::Group {
+        req: rc1,
+        group: group.clone(),
+    }) {
+        Some(Ended::Group {
+            pending,
+            result: Ok(Some(g)),
+        }) => {
+            assert_eq!((pending.reply, pending.id, g), ("c1", c1, group.clone()));
+        }
+        other => panic!("expected the group, got {other:?}"),
+    }
+    assert!(b
+        .on_core_reply(&ServerMsg::Group { req: rc1, group })
+        .is_none());
+    match b.on_core_reply(&ServerMsg::Done { req: rd1 }) {
+        Some(Ended::Group {
+            pending,
+            result: Ok(None),
+        }) => assert_eq!(pending.reply, "d1"),
+        other => panic!("expected the destruct done, got {other:?}"),
+    }
+    let error = WireError::ProcGone {
+        op: "group construct".into(),
+        rank: 3,
+        reason: "exited".into(),
+    };
+    match b.on_core_reply(&ServerMsg::Failed {
+        req: rc2,
+        error: error.clone(),
+    }) {
+        Some(Ended::Group {
+            pending,
+            result: Err(e),
+        }) => assert_eq!((pending.reply, e), ("c2", error)),
+        other => panic!("expected the construct failed, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_direct_modex_asks_the_owner_and_is_answered_once_or_failed_by_its_ranks_end() {
+    let mut b = book();
+    let alive = |_| None;
+    // Not a process of the namespace, a local one (the library serves those), a gone one.
+    assert_eq!(
+        b.on_dmodex(&p("other", Some(2)), "x", alive).unwrap_err().1,
+        Failure::NotFound
+    );
+    assert_eq!(
+        b.on_dmodex(&p("ns", Some(9)), "x", alive).unwrap_err().1,
+        Failure::NotFound
+    );
+    assert_eq!(
+        b.on_dmodex(&p("ns", None), "x", alive).unwrap_err().1,
+        Failure::NotFound
+    );
+    assert_eq!(
+        b.on_dmodex(&p("ns", Some(1)), "x", alive).unwrap_err().1,
+        Failure::NotFound
+    );
+    let gone = |r| (r == 3).then_some("exited with code 1");
+    assert_eq!(
+        b.on_dmodex(&p("ns", Some(3)), "x", gone),
+        Err(("x", Failure::ProcGone))
+    );
+    // Asked of node 1; answered once.
+    let Ok(Ask {
+        qid: q1,
+        node: 1,
+        rank: 2,
+    }) = b.on_dmodex(&p("ns", Some(2)), "q1", alive)
+    else {
+        panic!("expected a request to node 1");
+    };
+    assert_eq!(b.on_answered(q1), Some((2, "q1")));
+    assert_eq!(b.on_answered(q1), None);
+    // Timed out: the late answer finds nothing.
+    let Ok(Ask { qid: q2, .. }) = b.on_dmodex(&p("ns", Some(2)), "q2", alive) else {
+        panic!("expected a request");
+    };
+    assert_ne!(q1, q2);
+    assert_eq!(b.on_dmodex_timeout(q2), Some("q2"));
+    assert_eq!(b.on_dmodex_timeout(q2), None);
+    assert_eq!(b.on_answered(q2), None);
+    // Rank 2 ends: what waits on it fails; a request about rank 3 waits on.
+    let Ok(Ask { qid: q3, .. }) = b.on_dmodex(&p("ns", Some(2)), "q3", alive) else {
+        panic!("expected a request");
+    };
+    let Ok(Ask { qid: q4, .. }) = b.on_dmodex(&p("ns", Some(3)), "q4", alive) else {
+        panic!("expected a request");
+    };
+    // Node 1 and node 1 again ask about local rank 0 and 1.
+    b.on_serving(7, 1, 0);
+    b.on_serving(8, 1, 1);
+    let (failed, served) = b.on_rank_ended(2);
+    assert_eq!((failed, served), (vec!["q3"], Vec::new()));
+    assert_eq!(b.on_answered(q3), None);
+    let (failed, served) = b.on_rank_ended(0);
+    assert_eq!((failed, served), (Vec::new(), vec![(7, 1)]));
+    // The library's answer for the ended rank comes after: not answered twice.
+    assert!(!b.on_served(7));
+    assert!(b.on_served(8));
+    assert!(!b.on_served(8));
+    assert_eq!(b.on_answered(q4), Some((3, "q4")));
+}
+
+#[test]
+fn a_query_answers_the_keys_it_knows_and_refuses_when_it_knows_none() {
+    let sets = vec![("a".to_string(), vec![0, 1]), ("b".to_string(), vec![3])];
+    let key = |k: &str, pset: Option<&str>| QueryKey {
+        key: k.into(),
+        pset: pset.map(Into::into),
+    };
+    assert_eq!(
+        query_answers(&[key("pmix.qry.nodes", None)], &sets, "ns"),
+        Err(Failure::NotSupported)
+    );
+    let got = query_answers(
+        &[
+            key("pmix.qry.psets", None),
+            key("pmix.qry.nodes", None),
+            key("pmix.qry.psetnum", None),
+            key("pmix.qry.pmems", Some("b")),
+            key("pmix.qry.pmems", Some("nope")),
+        ],
+        &sets,
+        "ns",
+    );
+    assert_eq!(
+        got,
+        Ok(vec![
+            QueryAnswer::PsetNames(vec!["a".into(), "b".into()]),
+            QueryAnswer::NumPsets(2),
+            QueryAnswer::PsetMembers(vec![p("ns", Some(3))]),
+        ])
+    );
+}
