@@ -63,7 +63,7 @@ use matching::{matches, Body, TakeNone, Taker};
 use polled::{Handle, Kept};
 use requests::{Kind, Req, Requests};
 use sched::Scheds;
-pub(crate) use sched::{SchedRun, SCHED_BIT};
+pub(crate) use sched::{SchedRun, UserBufs, SCHED_BIT};
 use split::Cma;
 #[cfg(feature = "verbs")]
 use verbs::Reads;
