@@ -8,6 +8,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The library an application gets without the verbs feature (no rdma bindings) stays clean.
 cargo clippy -p weft -p weft-fabric -p weft-wireup --no-default-features --lib -- -D warnings
+ci/features.sh
 before=$(ls /dev/shm | grep -c '^weft-' || true)
 # Processes of this workspace's binaries (servers, launchers, ranks) still running.
 ours() { ps -eo pid=,args= | grep -E "^ *[0-9]+ $PWD/target/" || true; }

@@ -7,7 +7,7 @@
 //! split) and `runtime` (the launcher and the per-node servers, which also host MPICH
 //! programs over PMI-1). Depend on this crate and reach the layers through it.
 //!
-//! Cargo features: `verbs` and `collectives` are on by default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
+//! Cargo features: `shm`, `tcp`, `verbs` and `collectives` are on by default; `pmix` (the PMIx client backend: run under `mpirun` or `srun --mpi=pmix`;
 //! links libpmix) and `runtime` (the launcher and servers as a library; pulls tokio) are
 //! off. The `weft` command is the `weft-cli` package.
 //!
@@ -45,6 +45,7 @@ pub const TUNABLE_TABLES: &[(&str, &[weft_tunables::Tunable])] = &[
     ("the fabric (weft-fabric)", weft_fabric::TUNABLES),
     #[cfg(feature = "verbs")]
     ("verbs (weft-verbs)", weft_verbs::TUNABLES),
+    #[cfg(feature = "tcp")]
     ("TCP (weft-tcp)", weft_tcp::TUNABLES),
     #[cfg(feature = "collectives")]
     ("collectives (weft-collectives)", weft_collectives::TUNABLES),

@@ -30,6 +30,14 @@ pub(crate) type VerbsEndpoint = weft_verbs::Endpoint;
 /// values (the engine's `verbs` is then always `None`).
 #[cfg(not(feature = "verbs"))]
 pub(crate) type VerbsEndpoint = std::convert::Infallible;
+/// The TCP endpoint a process may have; in a build without TCP, a type with no values
+/// (the engine's `tcp` is then always `None`).
+#[cfg(feature = "tcp")]
+pub(crate) type TcpEndpoint = weft_tcp::Endpoint;
+/// The TCP endpoint a process may have; in a build without TCP, a type with no values
+/// (the engine's `tcp` is then always `None`).
+#[cfg(not(feature = "tcp"))]
+pub(crate) type TcpEndpoint = std::convert::Infallible;
 /// A send buffer's verbs registration (none can exist in a build without verbs).
 #[cfg(feature = "verbs")]
 pub(crate) type RemoteRegion = weft_verbs::RemoteRegion;
@@ -48,6 +56,7 @@ mod sched;
 mod send;
 mod shm;
 mod split;
+#[cfg(feature = "tcp")]
 mod tcp;
 #[cfg(feature = "verbs")]
 mod verbs;
@@ -63,14 +72,17 @@ use matching::{matches, Body, TakeNone, Taker};
 use polled::{Handle, Kept};
 use requests::{Kind, Req, Requests};
 use sched::Scheds;
-pub(crate) use sched::{SchedRun, SCHED_BIT};
+pub(crate) use sched::{SchedRun, UserBufs, SCHED_BIT};
 use split::Cma;
 #[cfg(feature = "verbs")]
 use verbs::Reads;
 pub(crate) use wire::Frame;
+/// The short header's size (what the connection adapters' inline limits leave out).
+#[cfg(any(feature = "tcp", feature = "verbs"))]
+pub(crate) use wire::SHORT_HDR;
 #[cfg(test)]
 pub(crate) use wire::{short_header, Envelope};
-pub(crate) use wire::{HDR, SHORT_HDR, SHORT_MAX};
+pub(crate) use wire::{HDR, SHORT_MAX};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.
@@ -172,7 +184,7 @@ struct State {
     #[cfg(feature = "verbs")]
     reads: Reads,
     /// The TCP endpoint, when the process has one.
-    tcp: Option<weft_tcp::Endpoint>,
+    tcp: Option<TcpEndpoint>,
     /// What a verbs or TCP poll kept for after it ([`polled`]).
     kept: Kept,
     /// The split single-copy rendezvous ([`split`]).
@@ -231,7 +243,7 @@ impl Engine {
         resolve: Resolver,
         gone: GoneCheck,
         verbs: Option<VerbsEndpoint>,
-        tcp: Option<weft_tcp::Endpoint>,
+        tcp: Option<TcpEndpoint>,
     ) -> Engine {
         let mut peers: Vec<Peer> = (0..size)
             .map(|_| Peer {
@@ -558,7 +570,7 @@ impl Engine {
             .get(id as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.result.is_none());
-        if still && matches!(self.st.peers[peer as usize].path, Path::Tcp(_)) {
+        if still && self.st.peers[peer as usize].path.is_tcp() {
             // Over TCP the connection's end (EOF or reset, at once when a process dies)
             // says that nothing more comes: what a peer wrote before it finalized may
             // still be in flight. A connection still up 2 s after the peer is reported
@@ -640,13 +652,7 @@ impl Engine {
                     )
                 })
                 .count()
-            + self.st.tcp.as_ref().map_or(0, |ep| {
-                self.st
-                    .peers
-                    .iter()
-                    .filter(|p| matches!(p.path, Path::Tcp(c) if ep.queued(c) > 0))
-                    .count()
-            })
+            + self.st.tcp_queued()
     }
 }
 
@@ -790,6 +796,7 @@ impl State {
             let more = match self.peers[dest as usize].path {
                 #[cfg(feature = "verbs")]
                 Path::Verbs(conn) => self.flush_verbs(dest, conn),
+                #[cfg(feature = "tcp")]
                 Path::Tcp(conn) => self.flush_tcp(dest, conn),
                 Path::Shm(_) => self.flush_shm(dest),
                 _ => false,
@@ -851,6 +858,57 @@ impl State {
             let rank = read.m.src;
             self.complete(read.m.id, Err(P2pError::Transport { rank, reason }));
         }
+    }
+}
+
+/// Without TCP there is never a TCP endpoint, connection or bulk transfer: nothing to
+/// progress, flush or fail, and an offer over TCP (RTS_TCP) cannot arrive.
+#[cfg(not(feature = "tcp"))]
+impl State {
+    fn progress_tcp(&mut self) -> usize {
+        0
+    }
+
+    fn progress_tcp_with<T: matching::TakeFrame>(&mut self, _take: &mut T) -> usize {
+        0
+    }
+
+    fn tcp_queued(&self) -> usize {
+        0
+    }
+
+    fn tcp_failed(&mut self, peer: u32, reason: &str) {
+        tracing::error!("rank {peer}: a TCP failure in a build without TCP: {reason}");
+    }
+
+    fn on_bulk_received(&mut self, peer: u32, _token: u64, _len: usize) {
+        tracing::error!("rank {peer}: a TCP bulk transfer in a build without TCP");
+    }
+
+    fn on_bulk_sent(&mut self, peer: u32, _token: u64) {
+        tracing::error!("rank {peer}: a TCP bulk transfer in a build without TCP");
+    }
+
+    /// A TCP offer (RTS_TCP) in a build without TCP: no connection could carry one, so
+    /// it is dropped, named in the log.
+    fn on_rts_tcp(&mut self, h: wire::Envelope, _sreq: u32, _len: u64) {
+        tracing::error!(
+            "dropping a TCP rendezvous offer from rank {} in a build without TCP",
+            h.src
+        );
+    }
+
+    /// A receive matched a TCP offer (none can be queued in a build without TCP): it
+    /// fails, naming why.
+    fn tcp_matched(&mut self, m: rendezvous::Matched) {
+        let reason = "a TCP rendezvous offer (RTS_TCP) in a build without TCP".into();
+        self.complete(
+            m.id,
+            Err(P2pError::Transport {
+                rank: m.src,
+                reason,
+            }),
+        );
     }
 }
 

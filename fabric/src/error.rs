@@ -102,6 +102,16 @@ pub enum InitError {
     #[cfg(not(feature = "verbs"))]
     #[error("fabric init: WEFT_TRANSPORTS asks for verbs only, but this build has no verbs transport (the `verbs` feature of weft-fabric is off)")]
     VerbsNotBuilt,
+    /// Shared memory was asked for alone (`WEFT_TRANSPORTS=shm`) but this build has no
+    /// shared-memory path (weft-fabric's `shm` feature is off).
+    #[cfg(not(feature = "shm"))]
+    #[error("fabric init: WEFT_TRANSPORTS asks for shm only, but this build has no shared-memory path (the `shm` feature of weft-fabric is off)")]
+    ShmNotBuilt,
+    /// TCP is the only way left to other processes (`WEFT_TRANSPORTS=tcp`, or no other
+    /// transport opened) but this build has none (weft-fabric's `tcp` feature is off).
+    #[cfg(not(feature = "tcp"))]
+    #[error("fabric init: TCP is the only way left to other processes, but this build has no TCP transport (the `tcp` feature of weft-fabric is off)")]
+    TcpNotBuilt,
     /// TCP is the only way to the other processes (`WEFT_TRANSPORTS=tcp`, or verbs did
     /// not open either) but the TCP transport cannot open.
     #[error(

@@ -21,7 +21,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::engine::SchedRun;
+use crate::engine::{SchedRun, UserBufs};
 use crate::{CommShared, Communicator, P2pError, Pod, RankMap, Request, RequestScope};
 
 /// The bit of a context id that marks collective traffic: a communicator's collective
@@ -433,10 +433,7 @@ impl Communicator {
         }
         let run = SchedRun::new(
             sched,
-            send.as_ptr(),
-            send.len(),
-            recv.as_mut_ptr(),
-            recv.len(),
+            UserBufs::new(send, recv),
             self.ctx | COLL_PLANE,
             self.map.clone(),
             self.size,

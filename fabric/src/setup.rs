@@ -135,11 +135,13 @@ pub(crate) const DEFAULT_TCP_EAGER_LIMIT: usize = 64 * 1024;
 const MAX_TCP_EAGER_LIMIT: usize = 1 << 20;
 
 /// The TCP endpoint's largest frame for an eager limit: the message and a full header.
+#[cfg(feature = "tcp")]
 fn tcp_max_frame(eager_limit: usize) -> usize {
     (eager_limit + engine::HDR).max(64 * 1024)
 }
 
 /// A 64-bit identity of the job for transport handshakes (FNV-1a of its namespace).
+#[cfg(feature = "tcp")]
 fn job_hash(nspace: &str) -> u64 {
     nspace.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -152,6 +154,8 @@ struct Transports {
     shm: bool,
     verbs: bool,
     tcp: bool,
+    /// Shm was asked for but this build has no shared-memory path (so `shm` is false).
+    shm_not_built: bool,
 }
 
 fn transports() -> Result<Transports, InitError> {
@@ -160,6 +164,7 @@ fn transports() -> Result<Transports, InitError> {
         shm: false,
         verbs: false,
         tcp: false,
+        shm_not_built: false,
     };
     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part {
@@ -181,6 +186,15 @@ fn transports() -> Result<Transports, InitError> {
             value,
             reason: "names no transport".into(),
         });
+    }
+    // Without the shm path, peers on the node use the other transports.
+    #[cfg(not(feature = "shm"))]
+    if t.shm {
+        t.shm = false;
+        t.shm_not_built = true;
+        if !t.verbs && !t.tcp {
+            return Err(InitError::ShmNotBuilt);
+        }
     }
     Ok(t)
 }
@@ -267,6 +281,7 @@ impl Fabric {
         // (verbs is preferred where both ends have it; TCP reaches the others).
         let want_tcp = t.tcp && size > 1 && (remote_peers || !t.shm);
         let mut tcp_down = None;
+        #[cfg(feature = "tcp")]
         let tcp = if want_tcp {
             let opened = match (wire.transport_secret(), wire.node_addr()) {
                 (Some(secret), addr) => {
@@ -300,6 +315,20 @@ impl Fabric {
                     None
                 }
             }
+        } else {
+            None
+        };
+        #[cfg(not(feature = "tcp"))]
+        let tcp: Option<crate::engine::TcpEndpoint> = if want_tcp {
+            if !t.shm && !verbs_open {
+                return Err(InitError::TcpNotBuilt);
+            }
+            let why = "this build has no TCP transport (the `tcp` feature of weft-fabric is off)";
+            // Peers wait for a card until it is committed: a string tells them at once
+            // why there is none.
+            wire.put(Scope::Global, TCP_CARD_KEY, why.to_string())?;
+            tcp_down = Some(why.to_string());
+            None
         } else {
             None
         };
@@ -401,6 +430,7 @@ impl Fabric {
                     (timeout, waited)
                 };
                 match w2.get(rank, TCP_CARD_KEY, timeout) {
+                    #[cfg(feature = "tcp")]
                     Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
                     Ok(Value::Str(down)) => {
                         why.push(format!("its TCP transport cannot open: {down}"))
@@ -409,7 +439,9 @@ impl Fabric {
                     Err(e) => why.push(no_card("TCP", &e, waited)),
                 }
             }
-            let place = if on_node {
+            let place = if on_node && t.shm_not_built {
+                "it runs on this node, and this build has no shared-memory path (the `shm` feature of weft-fabric is off)".to_string()
+            } else if on_node {
                 "it runs on this node, WEFT_TRANSPORTS excludes shm".to_string()
             } else {
                 format!("it runs on node {node}")

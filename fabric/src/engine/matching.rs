@@ -98,6 +98,7 @@ pub(super) enum Body {
         rkey: u32,
         len: u64,
     },
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     RtsTcp {
         sreq: u32,
         len: u64,

@@ -11,9 +11,21 @@ use crate::path::{Adapter, Deliver};
 /// A bulk transfer done or a connection failed, reported by a poll.
 #[derive(Debug)]
 pub(super) enum Event {
-    Received { peer: u32, token: u64, len: usize },
-    Sent { peer: u32, token: u64 },
-    Failed { peer: u32, reason: String },
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    Received {
+        peer: u32,
+        token: u64,
+        len: usize,
+    },
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    Sent {
+        peer: u32,
+        token: u64,
+    },
+    Failed {
+        peer: u32,
+        reason: String,
+    },
 }
 
 /// What a verbs or TCP poll kept for after it (buffers reused: no allocation in the
@@ -130,6 +142,7 @@ impl<T: TakeFrame> Deliver for Handle<'_, T> {
 pub(super) enum Polled {
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Verbs,
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     Tcp,
 }
 

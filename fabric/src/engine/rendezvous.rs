@@ -4,7 +4,7 @@
 
 use super::matching::{outcome, Body, Unexpected};
 use super::wire::{Envelope, Frame};
-use super::{Kind, Path, Req, SingleCopy, State};
+use super::{Kind, Req, SingleCopy, State};
 use crate::{P2pError, Status};
 
 /// A rendezvous offer (RTS, RTS_RDMA or RTS_TCP) matched to a posted receive: the
@@ -309,7 +309,8 @@ impl State {
             return;
         }
         let d = *dest;
-        if let Path::Tcp(conn) = self.peers[d as usize].path {
+        #[cfg(feature = "tcp")]
+        if let super::Path::Tcp(conn) = self.peers[d as usize].path {
             return self.tcp_send_bulk(id, conn, d, rreq);
         }
         *stream = Some((rreq, 0));

@@ -104,10 +104,8 @@ pub(crate) struct Scheds {
 /// A started schedule.
 pub(crate) struct SchedRun {
     pub(crate) sched: Schedule,
-    pub(crate) send: *const u8,
-    pub(crate) send_len: usize,
-    pub(crate) recv: *mut u8,
-    pub(crate) recv_len: usize,
+    /// The caller's buffers.
+    bufs: UserBufs,
     pub(crate) scratch: Vec<Vec<u128>>,
     /// The collective plane's context id.
     pub(crate) ctx: u64,
@@ -129,20 +127,38 @@ pub(crate) struct SchedRun {
     serial: u64,
 }
 
-// SAFETY: the raw pointers are the caller's buffers, borrowed (by the blocking call or
-// the scope of the `Request`) until the schedule completes; the engine that holds the run
-// is only touched under its lock, as for `Kind`.
+// SAFETY: the raw pointers (in `bufs`) are the caller's buffers, borrowed (by the
+// blocking call or the scope of the `Request`) until the schedule completes; the engine
+// that holds the run is only touched under its lock, as for `Kind`.
 unsafe impl Send for SchedRun {}
+
+/// A schedule's send and receive buffers: the caller's, borrowed until it completes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UserBufs {
+    send: *const u8,
+    send_len: usize,
+    recv: *mut u8,
+    recv_len: usize,
+}
+
+impl UserBufs {
+    /// The caller's `send` and `recv`, which it keeps borrowed until the schedule that
+    /// takes them completes.
+    pub(crate) fn new(send: &[u8], recv: &mut [u8]) -> UserBufs {
+        UserBufs {
+            send: send.as_ptr(),
+            send_len: send.len(),
+            recv: recv.as_mut_ptr(),
+            recv_len: recv.len(),
+        }
+    }
+}
 
 impl SchedRun {
     /// A run of `sched` over the given buffers (checked already).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         sched: Schedule,
-        send: *const u8,
-        send_len: usize,
-        recv: *mut u8,
-        recv_len: usize,
+        bufs: UserBufs,
         ctx: u64,
         map: Option<Arc<RankMap>>,
         size: u32,
@@ -154,10 +170,7 @@ impl SchedRun {
         let scratch = Vec::new();
         SchedRun {
             sched,
-            send,
-            send_len,
-            recv,
-            recv_len,
+            bufs,
             scratch,
             ctx,
             map,
@@ -183,8 +196,8 @@ impl SchedRun {
     fn ptr(&mut self, s: Slice) -> *mut u8 {
         match s.buf {
             // Only read through (sends); the cast keeps one pointer type.
-            Buf::Send => self.send.cast_mut().wrapping_add(s.off),
-            Buf::Recv => self.recv.wrapping_add(s.off),
+            Buf::Send => self.bufs.send.cast_mut().wrapping_add(s.off),
+            Buf::Recv => self.bufs.recv.wrapping_add(s.off),
             Buf::Scratch(n) => self.scratch[n as usize]
                 .as_mut_ptr()
                 .cast::<u8>()
@@ -194,20 +207,26 @@ impl SchedRun {
 
     /// Runs local step `i` (a copy or a closure) over the buffers.
     fn run_local(&mut self, i: usize) {
-        let send: &[u8] = if self.send_len == 0 {
+        let UserBufs {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } = self.bufs;
+        let send: &[u8] = if send_len == 0 {
             &[]
         } else {
             // SAFETY: the caller's send buffer, borrowed until the schedule completes;
             // only read.
-            unsafe { std::slice::from_raw_parts(self.send, self.send_len) }
+            unsafe { std::slice::from_raw_parts(send, send_len) }
         };
-        let recv: &mut [u8] = if self.recv_len == 0 {
+        let recv: &mut [u8] = if recv_len == 0 {
             &mut []
         } else {
             // SAFETY: the caller's receive buffer, borrowed mutably until the schedule
             // completes; local steps run between rounds, when none of the schedule's
             // messages is in flight, so nothing else touches it meanwhile.
-            unsafe { std::slice::from_raw_parts_mut(self.recv, self.recv_len) }
+            unsafe { std::slice::from_raw_parts_mut(recv, recv_len) }
         };
         let mut bufs = Bufs {
             send,
@@ -499,7 +518,7 @@ impl Engine {
                 run.result = Some(Ok(Status {
                     source: self.st.me,
                     tag: 0,
-                    count: run.recv_len,
+                    count: run.bufs.recv_len,
                 }));
                 return;
             }

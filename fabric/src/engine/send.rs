@@ -7,6 +7,7 @@ use super::wire::{short_header, Envelope, Frame};
 use super::RemoteRegion;
 use super::{Kind, Path, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
 use crate::path::loopback::Loopback;
+#[cfg(feature = "tcp")]
 use crate::path::tcp::TcpLink;
 #[cfg(feature = "verbs")]
 use crate::path::verbs::VerbsLink;
@@ -106,6 +107,7 @@ impl State {
             // It connected to us first: answer on that connection.
             peer.path = Path::Verbs(c);
         }
+        #[cfg(feature = "tcp")]
         if let (Path::Unresolved, Some(c)) = (
             &peer.path,
             self.tcp.as_ref().and_then(|ep| ep.conn_of(dest)),
@@ -124,6 +126,7 @@ impl State {
                         Err(e) => Path::Unreachable(format!("verbs connection failed: {e}")),
                     },
                 },
+                #[cfg(feature = "tcp")]
                 Resolved::TcpCard(card) => match &mut self.tcp {
                     None => Path::Unreachable("the TCP transport is not open".into()),
                     Some(ep) => match ep.connect(dest, &card) {
@@ -185,6 +188,7 @@ impl State {
                 ep: self.verbs.as_mut()?,
                 conn: *conn,
             })),
+            #[cfg(feature = "tcp")]
             Path::Tcp(conn) => Some(op.on(TcpLink {
                 ep: self.tcp.as_mut()?,
                 conn: *conn,
@@ -205,9 +209,7 @@ impl State {
             }
         }
         if self.peers[dest as usize].backlog.is_empty() {
-            if self.ends.failed.contains_key(&dest)
-                && matches!(self.peers[dest as usize].path, Path::Tcp(_))
-            {
+            if self.ends.failed.contains_key(&dest) && self.peers[dest as usize].path.is_tcp() {
                 // The connection is gone for good: what waits on it has failed.
                 tracing::debug!("dropping a frame to rank {dest}: its connection failed");
                 return;
@@ -338,7 +340,12 @@ impl State {
         }
         match caps.rndv {
             RndvKind::RdmaRead => self.send_rdma(buf, len, dest, ctx, tag).map(Some),
-            RndvKind::Bulk => Ok(Some(self.send_tcp_rts(buf, len, dest, ctx, tag))),
+            // The payload follows the receiver's CTS, straight from `buf`.
+            RndvKind::Bulk => Ok(Some(self.offer(
+                (buf, len, dest, ctx, tag),
+                None,
+                OfferVia::Bulk,
+            ))),
             RndvKind::Cma | RndvKind::None => {
                 // The receiver copies from our memory (address and pid).
                 let via = OfferVia::Cma {

@@ -12,7 +12,7 @@ use crate::path::tcp::TcpLink;
 
 use super::matching::{outcome, Body, TakeFrame, TakeNone, Unexpected};
 use super::polled::{poll_kept, Polled};
-use super::rendezvous::{Matched, OfferVia, RndvRecv};
+use super::rendezvous::{Matched, RndvRecv};
 use super::wire::Envelope;
 use super::{Kind, Path, Req, State};
 use crate::{P2pError, Status};
@@ -41,19 +41,6 @@ impl State {
         let frames = self.kept.frames() + taken;
         self.after_poll(Polled::Tcp);
         frames
-    }
-
-    /// A rendezvous send over TCP: offers the message (RTS_TCP); the payload follows the
-    /// receiver's CTS, straight from `buf`.
-    pub(super) fn send_tcp_rts(
-        &mut self,
-        buf: *const u8,
-        len: usize,
-        dest: u32,
-        ctx: u64,
-        tag: u32,
-    ) -> u32 {
-        self.offer((buf, len, dest, ctx, tag), None, OfferVia::Bulk)
     }
 
     /// An offer over TCP arrived: match it, or queue it as unexpected.
@@ -195,6 +182,16 @@ impl State {
                 }));
             }
         }
+    }
+
+    /// Peers reached over TCP with frames queued in the endpoint.
+    pub(super) fn tcp_queued(&self) -> usize {
+        self.tcp.as_ref().map_or(0, |ep| {
+            self.peers
+                .iter()
+                .filter(|p| matches!(p.path, Path::Tcp(c) if ep.queued(c) > 0))
+                .count()
+        })
     }
 
     /// Pushes `dest`'s backlog onto its connection as far as the endpoint takes it; true

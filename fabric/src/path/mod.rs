@@ -12,6 +12,7 @@
 
 pub(crate) mod loopback;
 pub(crate) mod shm;
+#[cfg(feature = "tcp")]
 pub(crate) mod tcp;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
@@ -34,9 +35,23 @@ pub(crate) enum Path {
     #[cfg(feature = "verbs")]
     Verbs(weft_verbs::ConnId),
     /// A peer reached over TCP: its connection.
+    #[cfg(feature = "tcp")]
     Tcp(weft_tcp::ConnId),
     /// No way to reach it, and why.
     Unreachable(String),
+}
+
+impl Path {
+    /// Whether the peer is reached over TCP (whose connection's end says that nothing
+    /// more comes from it).
+    #[inline]
+    pub(crate) fn is_tcp(&self) -> bool {
+        #[cfg(feature = "tcp")]
+        if let Path::Tcp(_) = self {
+            return true;
+        }
+        false
+    }
 }
 
 /// What the resolver finds for a peer on first contact.
@@ -48,6 +63,7 @@ pub(crate) enum Resolved {
     #[cfg(feature = "verbs")]
     VerbsCard(Vec<u8>),
     /// Its TCP card: the engine connects to it.
+    #[cfg(feature = "tcp")]
     TcpCard(Vec<u8>),
     /// No way to reach it, and why.
     Unreachable(String),
@@ -63,6 +79,7 @@ pub(crate) enum RndvKind {
     #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     RdmaRead,
     /// RTS_TCP, CTS, then a bulk transfer straight between the two buffers.
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     Bulk,
     /// None needed: every message is delivered whole (loopback).
     None,
@@ -110,8 +127,10 @@ pub(crate) trait Deliver {
     /// Frame `frame` arrived from job rank `from` (valid for the call only).
     fn frame(&mut self, from: u32, frame: &[u8]);
     /// The bulk transfer `token` from `peer` is in (`len`: its full length).
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     fn bulk_received(&mut self, peer: u32, token: u64, len: usize);
     /// The bulk transfer `token` to `peer` is written.
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     fn bulk_sent(&mut self, peer: u32, token: u64);
     /// The connection to `peer` failed, and why.
     fn failed(&mut self, peer: u32, reason: &str);
