@@ -23,6 +23,10 @@
  *              2 s (a process of this node, which might still put it), never a hang;
  * then a last fence and PMIx_Finalize.
  *
+ * `pmix_client osub`: every rank prints "rank R: oversubscribed yes|no" (whether the job
+ * info has PMIX_NODE_OVERSUBSCRIBED) and "rank R: OMPI_MCA_mpi_oversubscribe VALUE" (the
+ * variable Open MPI 4.1 reads instead, or "unset").
+ *
  * `pmix_client bench [ITERS] [KEYS] [BYTES]` (defaults 20, 32, 1024): every rank puts KEYS
  * keys of BYTES bytes, commits and joins a collecting fence, ITERS times (after one
  * warm-up fence); then times a PMIx_Get of every other rank's first key (the mean). Rank 0
@@ -397,6 +401,24 @@ static int run_bench(int iters, int keys, int bytes, const char *impl)
     return 0;
 }
 
+static int run_osub(void)
+{
+    pmix_proc_t wild;
+    PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
+    pmix_info_t opt;
+    PMIX_INFO_LOAD(&opt, PMIX_OPTIONAL, NULL, PMIX_BOOL);
+    pmix_value_t *val = NULL;
+    pmix_status_t rc = PMIx_Get(&wild, PMIX_NODE_OVERSUBSCRIBED, &opt, 1, &val);
+    printf("rank %u: oversubscribed %s\n", me.rank, rc == PMIX_SUCCESS ? "yes" : "no");
+    if (val != NULL) {
+        PMIX_VALUE_RELEASE(val);
+    }
+    const char *v = getenv("OMPI_MCA_mpi_oversubscribe");
+    printf("rank %u: OMPI_MCA_mpi_oversubscribe %s\n", me.rank, v != NULL ? v : "unset");
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     pmix_status_t rc = PMIx_Init(&me, NULL, 0);
@@ -408,6 +430,8 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         out = run_bench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? atoi(argv[3]) : 32,
                         argc > 4 ? atoi(argv[4]) : 1024, argc > 5 ? argv[5] : "pmix");
+    } else if (argc > 1 && !strcmp(argv[1], "osub")) {
+        out = run_osub();
     } else {
         out = run_test();
     }

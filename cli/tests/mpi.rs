@@ -24,7 +24,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{assert_clean, run, Done};
@@ -577,6 +577,45 @@ fn a_plain_pmix_client_passes_every_check_on_one_and_two_nodes() {
             .filter_map(|l| l.split(": group ctxid ").nth(1))
             .collect();
         assert_eq!(ctx.len(), 1, "{}", d.dump());
+        clean(&name, &d);
+    }
+}
+
+/// More processes on a host than CPUs for them: the job info says so
+/// (PMIX_NODE_OVERSUBSCRIBED) and Open MPI 4.1 is told in its own variable, so its ranks
+/// yield while they wait instead of spinning through each other's time slices. One CPU
+/// (`taskset -c 0`): 2 processes are oversubscribed, 1 is not; a user's own setting wins.
+#[test]
+fn an_oversubscribed_node_is_named_in_the_job_info_and_to_open_mpi() {
+    let Some(client) = pmix_client() else {
+        return;
+    };
+    let cases: [(&str, &[&str], &str, &str); 3] = [
+        ("2", &[], "yes", "1"),
+        ("1", &[], "no", "unset"),
+        ("2", &["-x", "OMPI_MCA_mpi_oversubscribe=0"], "yes", "0"),
+    ];
+    for (n, extra, osub, var) in cases {
+        let mut args = vec!["-n", n];
+        args.extend_from_slice(extra);
+        args.extend([client.as_str(), "osub"]);
+        let name = format!("osub-{n}-{}", extra.len());
+        let d = common::Job::start_as(&name, &["taskset", "-c", "0"], &args, Stdio::null())
+            .wait(Duration::from_secs(60));
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let ranks: usize = n.parse().expect("count");
+        assert_eq!(
+            d.lines_with(&format!("oversubscribed {osub}")),
+            ranks,
+            "-n {n} {extra:?} on one CPU\n{}",
+            d.dump()
+        );
+        assert_eq!(
+            d.lines_with(&format!("OMPI_MCA_mpi_oversubscribe {var}")),
+            ranks,
+            "-n {n} {extra:?} on one CPU\n{}",
+            d.dump()
+        );
         clean(&name, &d);
     }
 }

@@ -274,6 +274,9 @@ pub struct Nspace {
     pub locality_of: Vec<Option<String>>,
     /// The job's scratch directory (`PMIX_TMPDIR`, `PMIX_NSDIR`).
     pub tmpdir: String,
+    /// This node runs more of the job's processes than it has CPUs for them
+    /// (`PMIX_NODE_OVERSUBSCRIBED`: MPI libraries then yield while they wait).
+    pub oversubscribed: bool,
 }
 
 impl Nspace {

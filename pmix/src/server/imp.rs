@@ -686,6 +686,10 @@ impl Server {
         if let Some(h) = ns.hostnames.get(ns.node as usize) {
             info.push_string(sys::PMIX_HOSTNAME, h);
         }
+        if ns.oversubscribed {
+            // Present means oversubscribed (the key is a flag; PRRTE gives it no value).
+            info.push_bool(sys::PMIX_NODE_OVERSUBSCRIBED, true);
+        }
         // Every rank.
         for r in 0..size {
             let i = r as usize;
