@@ -27,6 +27,9 @@ else
   cargo test --workspace --no-fail-fast
 fi
 cargo test --workspace --doc
+# Unmodified outside programs: mpi4py's own test suite (Debian's build on Open MPI) under
+# weft run and mpirun at 1, 2 and 4 processes; every test mpirun passes must pass.
+ci/mpi4py.sh -n "1 2 4"
 # The one-shot form users and the acceptance checks run (ci/slurm.sh -- COMMAND): its own
 # cluster, COMMAND's status, no daemon left after.
 $SUDO ci/slurm.sh stop
