@@ -314,6 +314,10 @@ fn an_invitation_accepted_by_all_forms_the_group_here_once_a_member_is_local() {
     assert_eq!(b.on_invite_answer(DECLINED, 1, &[0]), vec![]);
     // A group of node 1's ranks only is not recorded here.
     assert_eq!(b.on_invite_complete("h", 2, vec![3, 2]), vec![]);
+    // A leader that completes without an invitee's answer waits for it no more.
+    b.on_invite(Some("m"), 1, &[1, 3], alive).expect("alive");
+    assert_eq!(b.on_invite_complete("m", 1, vec![1]).len(), 1);
+    assert_eq!(b.on_invitee_gone(3, "exited with status 0"), vec![]);
 }
 
 #[test]
