@@ -23,16 +23,17 @@
 //! connection, an abort's grace, a termination) and `pmix_book` (the PMIx front end's
 //! bookkeeping without libpmix: the core collective each library fence or group
 //! operation becomes, the operations under way, the direct modex requests and which a
-//! rank's end fails, query answers). `actions` hands them their inputs and carries out
-//! their actions.
+//! rank's end fails, the group invitations of OpenPMIx's `PMIx_Group_invite` (which wait
+//! for whom, what a decline or an end fails, the group one formed), query answers).
+//! `actions` hands them their inputs and carries out their actions.
 //!
 //! The rest is still an `impl State` or free functions in a submodule: `native` (the
 //! front end of Weft's native protocol: a process's connection and the dispatch of its
 //! requests), `pmi` and `pmi2` (the PMI-1 and PMI-2 wire protocols), `pmix` and
-//! `pmix_events` (the embedded PMIx server: the library's calls and replies, around
-//! `pmix_book`), `conns` (the other servers' connections, `PeerLinks`, and the dispatch
-//! of their messages), `spawn` (starting the processes) and `output` (forwarding their
-//! output).
+//! `pmix_events` (the embedded PMIx server: the library's calls and replies, and its
+//! events carried between nodes, around `pmix_book`), `conns` (the other servers'
+//! connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
+//! processes) and `output` (forwarding their output).
 
 use std::collections::{HashMap, HashSet};
 use std::io;

@@ -30,7 +30,7 @@ use weft_pmix::server::{
 };
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -149,16 +149,7 @@ pub(super) struct PmixFront {
     /// The operations under way and the direct modex requests (`pmix_book`), in a
     /// cell: the core's replies arrive through `send_client`, which borrows the state
     /// shared.
-    book: RefCell<PmixBook<ModexReply, GroupReply>>,
-    /// Group invites of this node's clients that are waiting for their invitees
-    /// (`pmix_events`), by group id.
-    pub(super) invites: HashMap<String, PendingInvite>,
-}
-
-/// A PMIx group invite of a local leader: the invitees that have not accepted yet.
-pub(super) struct PendingInvite {
-    pub(super) leader: Rank,
-    pub(super) waiting: BTreeSet<Rank>,
+    pub(super) book: RefCell<PmixBook<ModexReply, GroupReply>>,
 }
 
 impl PmixFront {
@@ -217,7 +208,6 @@ impl PmixFront {
                 node,
                 job.procs.iter().map(|p| p.node).collect(),
             )),
-            invites: HashMap::new(),
         })
     }
 

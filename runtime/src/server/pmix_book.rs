@@ -1,7 +1,9 @@
 //! The PMIx front end's bookkeeping, without FFI: which core collective a library
 //! fence or group operation becomes (and its sequence number), the operations under way
 //! and which one a core reply ends, the direct modex requests asked of and served for
-//! other nodes (and which of them a rank's end fails), and the answers to a query.
+//! other nodes (and which of them a rank's end fails), the group invitations of the
+//! node's leaders (`invites`: which wait for whom, what a decline or an end fails, the
+//! group one formed), and the answers to a query.
 //! Generic over the library's reply handles (`M` for data replies, `G` for group
 //! replies), so it is tested without libpmix (see `pmix_book/tests.rs`); the actor
 //! (`pmix`) hands it the library's requests and passes the replies it returns back to
@@ -14,6 +16,11 @@ use weft_pmix::server::{Failure, ProcName, QueryAnswer, QueryKey};
 use weft_wireup::Rank;
 
 use crate::wire::proto::{CollId, CollKind, GroupInfo, Procs, ServerMsg, WireError};
+
+mod invites;
+
+pub(crate) use invites::Action as InviteAction;
+use invites::Invites;
 
 /// A fence under way: its id and where the result goes.
 #[derive(Debug)]
@@ -80,6 +87,8 @@ pub(crate) struct PmixBook<M, G> {
     /// Other nodes' direct modex requests the library has not answered: (asker, rank).
     serving: HashMap<u64, (u32, Rank)>,
     next_qid: u64,
+    /// Group invitations of this node's leaders waiting for their invitees.
+    invites: Invites,
 }
 
 impl<M, G> PmixBook<M, G> {
@@ -98,6 +107,7 @@ impl<M, G> PmixBook<M, G> {
             asked: HashMap::new(),
             serving: HashMap::new(),
             next_qid: u64::from(node) << 48,
+            invites: Invites::default(),
         }
     }
 
@@ -299,6 +309,50 @@ impl<M, G> PmixBook<M, G> {
             self.serving.remove(qid);
         }
         (replies, served)
+    }
+
+    /// Local rank `leader` notified `PMIX_GROUP_INVITED` of group `id` to `members`;
+    /// `gone` says why a rank is gone. `Err`: the invitation names a gone rank and fails
+    /// at once (see [`Invites::on_invite`]).
+    pub(crate) fn on_invite<'a>(
+        &mut self,
+        id: Option<&str>,
+        leader: Rank,
+        members: &[Rank],
+        gone: impl Fn(Rank) -> Option<&'a str>,
+    ) -> Result<(), Failure> {
+        self.invites.on_invite(id, leader, members, gone)
+    }
+
+    /// Rank `invitee` (here or on another node) notified event `code` to `to`: what an
+    /// acceptance or a decline does to the invitations of the leaders among them.
+    pub(crate) fn on_invite_answer(
+        &mut self,
+        code: i32,
+        invitee: Rank,
+        to: &[Rank],
+    ) -> Vec<InviteAction> {
+        self.invites.on_answer(code, invitee, to)
+    }
+
+    /// Rank `leader` (here or on another node) notified `PMIX_GROUP_CONSTRUCT_COMPLETE`
+    /// of group `id` to `members`: its invitation is complete, and the group is Weft's
+    /// too on this node if some members live here.
+    pub(crate) fn on_invite_complete(
+        &mut self,
+        id: &str,
+        leader: Rank,
+        members: Vec<Rank>,
+    ) -> Vec<InviteAction> {
+        let (owners, node) = (&self.owners, self.node);
+        let local = |r: Rank| owners.get(r as usize) == Some(&node);
+        self.invites.on_complete(id, leader, members, local)
+    }
+
+    /// Rank `rank` ended (`reason`), finalized or not: the invitations it led are
+    /// forgotten, those waiting for its answer fail.
+    pub(crate) fn on_invitee_gone(&mut self, rank: Rank, reason: &str) -> Vec<InviteAction> {
+        self.invites.on_proc_gone(rank, reason)
     }
 }
 

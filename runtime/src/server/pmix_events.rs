@@ -18,14 +18,17 @@
 //! (its `PMIx_Group_invite` returns the error); one whose invitee ends or declines before
 //! accepting ends the leader as an abort would (status 1, the job told why), rather than
 //! leaving it waiting forever.
+//!
+//! Which invitations wait for whom, what fails them and the group one formed are
+//! `pmix_book`'s (`PmixBook::on_invite` and the other `on_invite*` methods); this file
+//! notifies through the library and carries out the actions they return.
 
 use weft_pmix::server::{codes, Failure, Notification, ProcName, Range};
-
-use super::pmix::PendingInvite;
 use weft_wireup::Rank;
 
+use super::pmix_book::InviteAction;
 use super::State;
-use crate::wire::proto::{GroupDirectives, GroupInfo, PeerMsg};
+use crate::wire::proto::PeerMsg;
 
 impl State {
     /// A local client's event for processes beyond this node.
@@ -52,53 +55,36 @@ impl State {
             },
             None => None,
         };
-        if n.code == codes::GROUP_INVITED {
-            let gone = targets
-                .iter()
-                .flatten()
-                .find_map(|r| self.procs.why_gone(*r).map(|why| (*r, why.to_owned())));
-            if let Some((r, why)) = gone {
-                tracing::warn!(
-                    "PMIx group invite {:?} of rank {source}: rank {r} {why}; the invite fails",
-                    n.group.as_deref().unwrap_or("")
-                );
-                return n.reply.fail(Failure::ProcGone);
-            }
-        }
         let all: Vec<u32> = (0..self.plan.job.nodes.len() as u32).collect();
         let nodes = match (n.range, &targets) {
             (Range::Local | Range::ProcLocal, _) => Vec::new(),
             (Range::Custom, Some(t)) => self.groups.nodes_of(t),
             _ => all,
         };
-        let members = targets.clone().unwrap_or_default();
-        match (&n.group, n.code) {
-            (Some(id), codes::GROUP_INVITED) => {
-                let waiting = members.iter().copied().filter(|&r| r != source).collect();
-                if let Some(px) = self.pmix.as_mut() {
-                    let inv = PendingInvite {
-                        leader: source,
-                        waiting,
-                    };
-                    px.invites.insert(id.clone(), inv);
-                }
+        let members = targets.unwrap_or_default();
+        if n.code == codes::GROUP_INVITED {
+            let Some(px) = self.pmix.as_mut() else {
+                return n.reply.fail(Failure::Other);
+            };
+            let procs = &self.procs;
+            let gone = |r: Rank| procs.why_gone(r);
+            let invited = px
+                .book
+                .get_mut()
+                .on_invite(n.group.as_deref(), source, &members, gone);
+            if let Err(why) = invited {
+                return n.reply.fail(why);
             }
-            (Some(id), codes::GROUP_CONSTRUCT_COMPLETE) => {
-                if let Some(px) = self.pmix.as_mut() {
-                    px.invites.remove(id);
-                }
-                self.pmix_group_formed(id, source, members.clone());
-            }
-            _ => self.pmix_invite_answered(n.code, source, &members),
+        } else {
+            self.pmix_invite_event(n.code, source, n.group.as_deref(), &members);
         }
-        let group = n.group.clone();
         let me = self.node;
         for node in nodes.into_iter().filter(|&x| x != me) {
             let m = PeerMsg::PmixEvent {
                 code: n.code,
                 source,
                 range: n.range.raw(),
-                group: group.clone(),
+                group: n.group.clone(),
                 members: members.clone(),
                 info: n.info.clone(),
             };
@@ -117,11 +103,8 @@ impl State {
         members: Vec<Rank>,
         info: Vec<u8>,
     ) {
-        match &group {
-            Some(id) if code == codes::GROUP_CONSTRUCT_COMPLETE => {
-                self.pmix_group_formed(id, source, members)
-            }
-            _ => self.pmix_invite_answered(code, source, &members),
+        if code != codes::GROUP_INVITED {
+            self.pmix_invite_event(code, source, group.as_deref(), &members);
         }
         let Some(px) = self.pmix.as_ref() else {
             return;
@@ -138,84 +121,47 @@ impl State {
         }
     }
 
-    /// An invitee's answer (`code`) to the invites of the leaders among `to`: an
-    /// acceptance is waited for no more; a decline means the invite cannot complete.
-    fn pmix_invite_answered(&mut self, code: i32, invitee: Rank, to: &[Rank]) {
-        let accepted = match code {
-            codes::GROUP_INVITE_ACCEPTED => true,
-            codes::GROUP_INVITE_DECLINED => false,
-            _ => return,
-        };
+    /// Event `code` of rank `source` (here or on another node) to `members`, other than
+    /// an invitation: a group constructed by invitation, or an invitee's answer.
+    fn pmix_invite_event(&mut self, code: i32, source: Rank, group: Option<&str>, to: &[Rank]) {
         let Some(px) = self.pmix.as_mut() else {
             return;
         };
-        let mut doomed = Vec::new();
-        for (id, inv) in px.invites.iter_mut() {
-            if to.contains(&inv.leader) && inv.waiting.remove(&invitee) && !accepted {
-                doomed.push(id.clone());
+        let book = px.book.get_mut();
+        let acts = match group {
+            Some(id) if code == codes::GROUP_CONSTRUCT_COMPLETE => {
+                book.on_invite_complete(id, source, to.to_vec())
             }
-        }
-        for id in doomed {
-            self.pmix_invite_failed(&id, invitee, "declined");
-        }
+            _ => book.on_invite_answer(code, source, to),
+        };
+        self.apply_invites(acts);
     }
 
-    /// Rank `rank` ended: the invites it led are forgotten, those still waiting for it
-    /// cannot complete.
+    /// Rank `rank` ended (`reason`): the invitations it led are forgotten, those still
+    /// waiting for it cannot complete.
     pub(super) fn pmix_invites_lose(&mut self, rank: Rank, reason: &str) {
         let Some(px) = self.pmix.as_mut() else {
             return;
         };
-        px.invites.retain(|_, inv| inv.leader != rank);
-        let doomed: Vec<String> = px
-            .invites
-            .iter()
-            .filter(|(_, inv)| inv.waiting.contains(&rank))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in doomed {
-            self.pmix_invite_failed(&id, rank, reason);
-        }
+        let acts = px.book.get_mut().on_invitee_gone(rank, reason);
+        self.apply_invites(acts);
     }
 
-    /// Invite `id` cannot complete: invitee `rank` `why`. Its leader's library would wait
-    /// forever; it is ended as an abort with status 1 would end it.
-    fn pmix_invite_failed(&mut self, id: &str, rank: Rank, why: &str) {
-        let Some(inv) = self.pmix.as_mut().and_then(|px| px.invites.remove(id)) else {
-            return;
-        };
-        let what = format!(
-            "is ended: its PMIx_Group_invite of {id:?} cannot complete (rank {rank} {why} \
-             before accepting; OpenPMIx's invite waits for every invitee, with no timeout)"
-        );
-        self.proc_aborted(inv.leader, 1, &what);
-    }
-
-    /// Group `id` that rank `leader` formed by invitation, with `members`: recorded
-    /// here when some of them run on this node.
-    fn pmix_group_formed(&mut self, id: &str, leader: Rank, mut members: Vec<Rank>) {
-        members.sort_unstable();
-        members.dedup();
-        if !members.iter().any(|r| self.procs.is_local(*r)) {
-            return;
-        }
-        let group = GroupInfo {
-            id: id.to_owned(),
-            members,
-            pgcid: None,
-            leader: Some(leader),
-            left_out: Vec::new(),
-            directives: GroupDirectives::default(),
-        };
-        tracing::debug!(
-            "PMIx group {id:?} formed by invitation: {:?}",
-            group.members
-        );
-        if let Some(old) = self.groups.record(group) {
-            tracing::warn!(
-                "PMIx group {id:?} formed again (it had members {:?})",
-                old.members
-            );
+    /// Carries out what the invitations' bookkeeping decided.
+    fn apply_invites(&mut self, acts: Vec<InviteAction>) {
+        for a in acts {
+            match a {
+                InviteAction::EndLeader { leader, what } => self.proc_aborted(leader, 1, &what),
+                InviteAction::Record(group) => {
+                    let id = group.id.clone();
+                    if let Some(old) = self.groups.record(group) {
+                        tracing::warn!(
+                            "PMIx group {id:?} formed again (it had members {:?})",
+                            old.members
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -1,11 +1,16 @@
 //! The PMIx front end's bookkeeping through its `on_*` methods, without libpmix: the
-//! library's reply handles are plain labels here.
+//! library's reply handles are plain labels here. The group invitations' tests are at
+//! the end.
 
 use std::time::Instant;
 
+use weft_pmix::server::codes::{
+    GROUP_CONSTRUCT_COMPLETE, GROUP_INVITED, GROUP_INVITE_ACCEPTED as ACCEPTED,
+    GROUP_INVITE_DECLINED as DECLINED,
+};
 use weft_pmix::server::{Failure, ProcName, QueryAnswer, QueryKey};
 
-use super::{query_answers, Ask, Ended, PmixBook};
+use super::{query_answers, Ask, Ended, InviteAction, PmixBook};
 use crate::wire::proto::{CollKind, GroupDirectives, GroupInfo, Procs, ServerMsg, WireError};
 
 /// Node 0's book of a 4-process namespace on 2 nodes (ranks 0, 1 here; 2, 3 on node 1).
@@ -267,4 +272,143 @@ fn a_query_answers_the_keys_it_knows_and_refuses_when_it_knows_none() {
             QueryAnswer::PsetMembers(vec![p("ns", Some(3))]),
         ])
     );
+}
+
+// Group invitations (OpenPMIx's `PMIx_Group_invite`, built from events).
+
+fn alive(_: u32) -> Option<&'static str> {
+    None
+}
+
+/// The leader that `acts` end and the text the job is told, or nothing.
+fn ended(acts: &[InviteAction]) -> Vec<(u32, String)> {
+    acts.iter()
+        .map(|a| match a {
+            InviteAction::EndLeader { leader, what } => (*leader, what.clone()),
+            other => panic!("not an end: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn an_invitation_accepted_by_all_forms_the_group_here_once_a_member_is_local() {
+    let mut b = book();
+    b.on_invite(Some("g"), 0, &[0, 1, 2], alive)
+        .expect("all alive");
+    assert_eq!(b.on_invite_answer(ACCEPTED, 1, &[0]), vec![]);
+    assert_eq!(b.on_invite_answer(ACCEPTED, 2, &[0]), vec![]);
+    let acts = b.on_invite_complete("g", 0, vec![2, 0, 1, 0]);
+    assert_eq!(
+        acts,
+        vec![InviteAction::Record(GroupInfo {
+            id: "g".into(),
+            members: vec![0, 1, 2],
+            pgcid: None,
+            leader: Some(0),
+            left_out: Vec::new(),
+            directives: GroupDirectives::default(),
+        })]
+    );
+    // Complete: a member's end or late decline fails nothing now.
+    assert_eq!(b.on_invitee_gone(2, "exited with status 0"), vec![]);
+    assert_eq!(b.on_invite_answer(DECLINED, 1, &[0]), vec![]);
+    // A group of node 1's ranks only is not recorded here.
+    assert_eq!(b.on_invite_complete("h", 2, vec![3, 2]), vec![]);
+    // A leader that completes without an invitee's answer waits for it no more.
+    b.on_invite(Some("m"), 1, &[1, 3], alive).expect("alive");
+    assert_eq!(b.on_invite_complete("m", 1, vec![1]).len(), 1);
+    assert_eq!(b.on_invitee_gone(3, "exited with status 0"), vec![]);
+}
+
+#[test]
+fn a_decline_ends_the_leader_once_and_only_that_leaders_invitation() {
+    let mut b = book();
+    b.on_invite(Some("g"), 0, &[0, 1, 2, 3], alive)
+        .expect("alive");
+    b.on_invite(Some("k"), 1, &[1, 3], alive).expect("alive");
+    assert_eq!(b.on_invite_answer(ACCEPTED, 1, &[0]), vec![]);
+    // Rank 3 declines leader 0's invitation only; leader 1's still waits for it.
+    let acts = ended(&b.on_invite_answer(DECLINED, 3, &[0]));
+    assert_eq!(acts.len(), 1, "{acts:?}");
+    assert_eq!(acts[0].0, 0);
+    assert!(
+        acts[0].1.contains("\"g\"") && acts[0].1.contains("rank 3 declined"),
+        "{}",
+        acts[0].1
+    );
+    // The invitation is over: another decline ends no one again.
+    assert_eq!(b.on_invite_answer(DECLINED, 2, &[0]), vec![]);
+    let acts = ended(&b.on_invite_answer(DECLINED, 3, &[1]));
+    assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![1]);
+    assert!(acts[0].1.contains("\"k\""), "{}", acts[0].1);
+}
+
+#[test]
+fn an_invitee_that_ends_before_answering_ends_every_leader_waiting_for_it() {
+    let mut b = book();
+    b.on_invite(Some("a"), 0, &[0, 2], alive).expect("alive");
+    b.on_invite(Some("b"), 1, &[1, 2, 3], alive).expect("alive");
+    b.on_invite(Some("c"), 0, &[3], alive).expect("alive");
+    let acts = ended(&b.on_invitee_gone(2, "was killed by signal 9"));
+    assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![0, 1]);
+    assert!(acts[0].1.contains("\"a\"") && acts[0].1.contains("rank 2 was killed by signal 9"));
+    assert!(acts[1].1.contains("\"b\""));
+    // Invitation "c" does not wait for rank 2; an invitee that accepted may end.
+    assert_eq!(b.on_invite_answer(ACCEPTED, 3, &[0]), vec![]);
+    assert_eq!(b.on_invitee_gone(3, "exited with status 0"), vec![]);
+    // A new invitation naming the ended rank fails at once and is not kept.
+    let gone = |r: u32| (r == 2).then_some("exited with status 1");
+    assert_eq!(
+        b.on_invite(Some("d"), 0, &[0, 2], gone),
+        Err(Failure::ProcGone)
+    );
+    assert_eq!(b.on_invite_answer(DECLINED, 1, &[0]), vec![]);
+    // An invitation without a group id is checked, not kept.
+    assert_eq!(b.on_invite(None, 0, &[0, 1], alive), Ok(()));
+    assert_eq!(b.on_invite_answer(DECLINED, 1, &[0]), vec![]);
+}
+
+#[test]
+fn a_leader_that_ends_leaves_nothing_to_fail() {
+    let mut b = book();
+    b.on_invite(Some("g"), 0, &[0, 2, 3], alive).expect("alive");
+    b.on_invite(Some("h"), 1, &[1, 2], alive).expect("alive");
+    assert_eq!(b.on_invitee_gone(0, "exited with status 2"), vec![]);
+    assert_eq!(b.on_invite_answer(DECLINED, 3, &[0]), vec![]);
+    // Leader 1's invitation is still waiting for rank 2.
+    let acts = ended(&b.on_invitee_gone(2, "exited with status 0"));
+    assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![1]);
+}
+
+#[test]
+fn a_second_answer_changes_nothing() {
+    let mut b = book();
+    b.on_invite(Some("g"), 0, &[0, 2, 3], alive).expect("alive");
+    assert_eq!(b.on_invite_answer(ACCEPTED, 2, &[0]), vec![]);
+    assert_eq!(b.on_invite_answer(ACCEPTED, 2, &[0]), vec![]);
+    // Declining after accepting does not undo the acceptance.
+    assert_eq!(b.on_invite_answer(DECLINED, 2, &[0]), vec![]);
+    // Rank 3 is still awaited.
+    let acts = ended(&b.on_invitee_gone(3, "exited with status 0"));
+    assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![0]);
+}
+
+#[test]
+fn an_answer_for_no_pending_invitation_changes_nothing() {
+    let mut b = book();
+    // No invitation at all.
+    assert_eq!(b.on_invite_answer(DECLINED, 2, &[0, 1]), vec![]);
+    b.on_invite(Some("g"), 0, &[0, 2], alive).expect("alive");
+    // To another leader, from a rank not invited, or an event that is no answer.
+    assert_eq!(b.on_invite_answer(DECLINED, 2, &[1]), vec![]);
+    assert_eq!(b.on_invite_answer(DECLINED, 3, &[0]), vec![]);
+    assert_eq!(b.on_invite_answer(GROUP_INVITED, 2, &[0]), vec![]);
+    assert_eq!(
+        b.on_invite_answer(GROUP_CONSTRUCT_COMPLETE, 2, &[0]),
+        vec![]
+    );
+    // Another leader's completion of the same id does not end leader 0's invitation.
+    assert_eq!(b.on_invite_complete("g", 3, vec![3]), vec![]);
+    let acts = ended(&b.on_invite_answer(DECLINED, 2, &[0]));
+    assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![0]);
 }
