@@ -378,11 +378,16 @@ impl Groups {
             .into_iter()
             .filter(|r| members.binary_search(r).is_err())
             .collect();
+        // A designated leader that was left out (an optional construct it never joined)
+        // leads nothing: the group starts without a leader, and a member may claim it.
+        let leader = directives
+            .leader
+            .filter(|l| members.binary_search(l).is_ok());
         let record = GroupInfo {
             id: id.name.clone(),
             members,
             pgcid,
-            leader: directives.leader,
+            leader,
             left_out,
             directives,
         };

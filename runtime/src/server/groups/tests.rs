@@ -595,6 +595,36 @@ fn a_member_dying_before_joining_fails_a_strict_construct_and_shrinks_a_tolerant
 }
 
 #[test]
+fn a_designated_leader_left_out_of_a_tolerant_construct_leads_nothing() {
+    // Rank 3, the designated leader, dies before it joins a notify-termination construct: the
+    // group forms without it and without a leader on every node, and a member may claim
+    // it (fuzz_groups found a node that kept the dead leader after a claim and a leave).
+    let mut w = World::new(&OWNERS);
+    let id = construct("g", Procs::All);
+    let d = GroupDirectives {
+        leader: Some(3),
+        ..notify()
+    };
+    for r in 0..3 {
+        w.request(r, 1, &id, &d);
+    }
+    w.kill(3);
+    w.settle();
+    for r in 0..3 {
+        let g = the_group(&w.replies(r));
+        assert_eq!((g.left_out, g.leader), (vec![3], None), "rank {r}");
+    }
+    for n in 0..2 {
+        assert_eq!(w.group(n, "g").map(|g| g.leader), Some(None), "node {n}");
+    }
+    w.claim(1, 2, "g");
+    w.settle();
+    for n in 0..2 {
+        assert_eq!(w.group(n, "g").map(|g| g.leader), Some(Some(1)), "node {n}");
+    }
+}
+
+#[test]
 fn a_member_dying_after_joining_is_an_event_only_where_termination_is_notified() {
     let mut w = World::new(&OWNERS);
     let plain = construct("plain", Procs::All);
