@@ -117,7 +117,7 @@ perf() { # TOOL ARGS...: server in the background, client against it at 127.0.0.
   local tool=$1; shift
   "$tool" -d rxe0 -x 1 "$@" >/dev/null 2>&1 &
   local srv=$!
-  sleep 1
+  sleep 3 # the server must listen first: under emulation it has taken over 1 s
   timeout 120 "$tool" -d rxe0 -x 1 "$@" 127.0.0.2 || bad "$tool"
   wait "$srv" || true
 }
