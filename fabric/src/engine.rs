@@ -44,6 +44,12 @@ pub(crate) type RemoteRegion = weft_verbs::RemoteRegion;
 /// A send buffer's verbs registration (none can exist in a build without verbs).
 #[cfg(not(feature = "verbs"))]
 pub(crate) type RemoteRegion = std::convert::Infallible;
+/// An RDMA read in flight (none can exist in a build without verbs).
+#[cfg(feature = "verbs")]
+pub(crate) type ReadToken = weft_verbs::ReadToken;
+/// An RDMA read in flight (none can exist in a build without verbs).
+#[cfg(not(feature = "verbs"))]
+pub(crate) type ReadToken = std::convert::Infallible;
 
 use crate::{P2pError, Status};
 
@@ -69,7 +75,7 @@ use copy::Copies;
 pub(crate) use copy::CopyJob;
 use matching::Matching;
 use matching::{matches, Body, TakeNone, Taker};
-use polled::{Handle, Kept};
+use polled::{Handle, Kept, Polled};
 use requests::{Kind, Req, Requests};
 use sched::Scheds;
 pub(crate) use sched::{SchedRun, UserBufs, SCHED_BIT};
@@ -297,10 +303,10 @@ impl Engine {
             None => 0,
         };
         if st.verbs.is_some() {
-            n += st.progress_verbs();
+            n += st.progress_net(Polled::Verbs, &mut TakeNone);
         }
         if st.tcp.is_some() {
-            n += st.progress_tcp();
+            n += st.progress_net(Polled::Tcp, &mut TakeNone);
         }
         if !st.cma.splits.is_empty() {
             st.check_splits();
@@ -360,10 +366,10 @@ impl Engine {
             blocked: false,
         };
         if st.verbs.is_some() {
-            st.progress_verbs_with(&mut taker);
+            st.progress_net(Polled::Verbs, &mut taker);
         }
         if st.tcp.is_some() {
-            st.progress_tcp_with(&mut taker);
+            st.progress_net(Polled::Tcp, &mut taker);
         }
         if let Some(shm) = &mut self.shm {
             shm.poll(&mut Handle {
@@ -812,12 +818,14 @@ impl State {
 /// progress, flush or fail.
 #[cfg(not(feature = "verbs"))]
 impl State {
-    fn progress_verbs(&mut self) -> usize {
-        0
+    fn reads_waiting(&self) -> bool {
+        false
     }
 
-    fn progress_verbs_with<T: matching::TakeFrame>(&mut self, _take: &mut T) -> usize {
-        0
+    fn start_reads(&mut self) {}
+
+    fn on_read_done(&mut self, token: ReadToken, _res: Result<(), String>) {
+        match token {}
     }
 
     fn verbs_failed(&mut self, peer: u32, reason: &str) {
@@ -836,20 +844,6 @@ impl State {
         false
     }
 
-    fn send_rdma(
-        &mut self,
-        _buf: *const u8,
-        _len: usize,
-        dest: u32,
-        _ctx: u64,
-        _tag: u32,
-    ) -> Result<u32, P2pError> {
-        Err(P2pError::NoPath {
-            rank: dest,
-            reason: "this build has no verbs transport".into(),
-        })
-    }
-
     /// A peer offered an RDMA read (it can only over a verbs connection, which this
     /// build never makes): the receive fails, naming why.
     fn rdma_matched(&mut self, m: rendezvous::Matched, _addr: u64, _rkey: u32) {
@@ -865,14 +859,6 @@ impl State {
 /// progress, flush or fail, and an offer over TCP (RTS_TCP) cannot arrive.
 #[cfg(not(feature = "tcp"))]
 impl State {
-    fn progress_tcp(&mut self) -> usize {
-        0
-    }
-
-    fn progress_tcp_with<T: matching::TakeFrame>(&mut self, _take: &mut T) -> usize {
-        0
-    }
-
     fn tcp_queued(&self) -> usize {
         0
     }

@@ -5,10 +5,10 @@
 //! ([`Handle`]). Both are the one [`Deliver`] shape every adapter's `poll` is generic over.
 
 use super::matching::TakeFrame;
-use super::State;
+use super::{ReadToken, State};
 use crate::path::{Adapter, Deliver};
 
-/// A bulk transfer done or a connection failed, reported by a poll.
+/// A bulk transfer or RDMA read done, or a connection failed, reported by a poll.
 #[derive(Debug)]
 pub(super) enum Event {
     #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
@@ -21,6 +21,11 @@ pub(super) enum Event {
     Sent {
         peer: u32,
         token: u64,
+    },
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    ReadDone {
+        token: ReadToken,
+        res: Result<(), String>,
     },
     Failed {
         peer: u32,
@@ -86,6 +91,10 @@ impl<T: TakeFrame> Deliver for Sink<'_, T> {
         self.kept.events.push(Event::Sent { peer, token });
     }
 
+    fn read_done(&mut self, token: ReadToken, res: Result<(), String>) {
+        self.kept.events.push(Event::ReadDone { token, res });
+    }
+
     fn failed(&mut self, peer: u32, reason: &str) {
         let reason = reason.to_string();
         self.kept.events.push(Event::Failed { peer, reason });
@@ -132,21 +141,50 @@ impl<T: TakeFrame> Deliver for Handle<'_, T> {
         self.st.on_bulk_sent(peer, token)
     }
 
+    fn read_done(&mut self, token: ReadToken, res: Result<(), String>) {
+        self.st.on_read_done(token, res)
+    }
+
     fn failed(&mut self, peer: u32, reason: &str) {
         tracing::error!("shared memory reported rank {peer} failed: {reason}");
     }
 }
 
-/// Which endpoint a poll was of (what a failure report means).
+/// Which endpoint a poll is of (what a failure report means).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Polled {
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Verbs,
-    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     Tcp,
 }
 
 impl State {
+    /// Polls the verbs or TCP endpoint (`of`), offering each frame to `take` first (a
+    /// direct receive: true when it consumed the frame); then handles what the poll kept:
+    /// frames, bulk transfers and RDMA reads done, failures. Returns the frames. One
+    /// function for both (and for a build without one: its endpoint has no values).
+    #[inline(always)]
+    pub(super) fn progress_net<T: TakeFrame>(&mut self, of: Polled, take: &mut T) -> usize {
+        // `kept` is empty between calls.
+        let taken = match of {
+            Polled::Verbs => match &mut self.verbs {
+                Some(ep) => poll_kept(ep, take, &mut self.kept),
+                None => return 0,
+            },
+            Polled::Tcp => match &mut self.tcp {
+                Some(ep) => poll_kept(ep, take, &mut self.kept),
+                None => return 0,
+            },
+        };
+        // The idle poll (and a frame taken straight into a receive) ends here: this runs
+        // in every spin of a wait.
+        if self.kept.is_empty() && !(of == Polled::Verbs && self.reads_waiting()) {
+            return taken;
+        }
+        let frames = self.kept.frames() + taken;
+        self.after_poll(of);
+        frames
+    }
+
     /// Handles what the poll of endpoint `of` kept: its frames, in order, then its
     /// reports; keeps the buffers for the next poll.
     pub(super) fn after_poll(&mut self, of: Polled) {
@@ -162,6 +200,7 @@ impl State {
             match ev {
                 Event::Received { peer, token, len } => self.on_bulk_received(peer, token, len),
                 Event::Sent { peer, token } => self.on_bulk_sent(peer, token),
+                Event::ReadDone { token, res } => self.on_read_done(token, res),
                 Event::Failed { peer, reason } => match of {
                     Polled::Tcp => self.tcp_failed(peer, &reason),
                     Polled::Verbs => self.verbs_failed(peer, &reason),
@@ -169,5 +208,9 @@ impl State {
             }
         }
         self.kept = kept;
+        if of == Polled::Verbs && self.reads_waiting() {
+            // Reads that waited for room on their connection (the poll made some).
+            self.start_reads();
+        }
     }
 }

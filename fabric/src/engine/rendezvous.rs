@@ -60,19 +60,6 @@ impl RndvRecv {
     }
 }
 
-/// How a rendezvous send offers its buffer: what the receiver needs to fetch it.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum OfferVia {
-    /// Shared memory (RTS): the receiver reads `addr` in process `pid` (single copy), or
-    /// asks for a stream through the rings (CTS).
-    Cma { addr: u64, pid: i32 },
-    /// Verbs (RTS_RDMA): the receiver RDMA-reads the registered region.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
-    RdmaRead { addr: u64, rkey: u32 },
-    /// TCP (RTS_TCP): the receiver answers CTS, the payload follows as a bulk transfer.
-    Bulk,
-}
-
 /// A rendezvous offer (RTS) from `src`: its send request, buffer, pid and length.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Offer {

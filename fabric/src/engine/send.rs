@@ -2,7 +2,6 @@
 //! TCP), waiting for a connection's handshake, the send fast paths, the choice between
 //! eager and rendezvous, and the per-peer backlog of frames that wait for room.
 
-use super::rendezvous::OfferVia;
 use super::wire::{short_header, Envelope, Frame};
 use super::RemoteRegion;
 use super::{Kind, Path, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
@@ -11,7 +10,7 @@ use crate::path::loopback::Loopback;
 use crate::path::tcp::TcpLink;
 #[cfg(feature = "verbs")]
 use crate::path::verbs::VerbsLink;
-use crate::path::{Caps, Link, RndvKind};
+use crate::path::{Caps, Link, OfferVia, RndvKind};
 use crate::P2pError;
 
 /// Something done on one connection, whatever its transport ([`State::on_link`]).
@@ -55,6 +54,21 @@ impl OnLink for TrySend<'_> {
     fn on<L: Link>(self, mut link: L) -> Self::Out {
         link.try_send(self.hdr, self.payload)
             .map_err(|e| (L::RNDV, e.to_string()))
+    }
+}
+
+/// The start of a rendezvous send: the buffer exposed for the receiver to fetch.
+struct Expose {
+    buf: *const u8,
+    len: usize,
+    pid: i32,
+}
+
+impl OnLink for Expose {
+    type Out = Result<(OfferVia, Option<RemoteRegion>), String>;
+    #[inline(always)]
+    fn on<L: Link>(self, mut link: L) -> Self::Out {
+        link.expose(self.buf, self.len, self.pid)
     }
 }
 
@@ -164,8 +178,8 @@ impl State {
     pub(super) fn wait_connected(&mut self, dest: u32) -> Result<(), P2pError> {
         let mut spins = 0u32;
         while !self.ready(dest)? {
-            self.progress_verbs();
-            self.progress_tcp();
+            self.progress_net(super::polled::Polled::Verbs, &mut super::matching::TakeNone);
+            self.progress_net(super::polled::Polled::Tcp, &mut super::matching::TakeNone);
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
                 if let Some(reason) = (self.wireup.gone)(dest) {
@@ -338,22 +352,18 @@ impl State {
             self.send_frame(dest, &Frame::Eager { env, data });
             return Ok(None);
         }
-        match caps.rndv {
-            RndvKind::RdmaRead => self.send_rdma(buf, len, dest, ctx, tag).map(Some),
-            // The payload follows the receiver's CTS, straight from `buf`.
-            RndvKind::Bulk => Ok(Some(self.offer(
-                (buf, len, dest, ctx, tag),
-                None,
-                OfferVia::Bulk,
-            ))),
-            RndvKind::Cma | RndvKind::None => {
-                // The receiver copies from our memory (address and pid).
-                let via = OfferVia::Cma {
-                    addr: buf as u64,
-                    pid: self.pid,
-                };
-                Ok(Some(self.offer((buf, len, dest, ctx, tag), None, via)))
+        // Rendezvous: the path exposes the buffer (registering it where it must), the
+        // offer says how the receiver fetches it.
+        let pid = self.pid;
+        match self.on_link(dest, Expose { buf, len, pid }) {
+            Some(Ok((via, region))) => {
+                Ok(Some(self.offer((buf, len, dest, ctx, tag), region, via)))
             }
+            Some(Err(reason)) => Err(P2pError::Transport { rank: dest, reason }),
+            None => Err(P2pError::NoPath {
+                rank: dest,
+                reason: "its transport is not open".into(),
+            }),
         }
     }
 

@@ -10,8 +10,7 @@ use weft_tcp::ConnId;
 
 use crate::path::tcp::TcpLink;
 
-use super::matching::{outcome, Body, TakeFrame, TakeNone, Unexpected};
-use super::polled::{poll_kept, Polled};
+use super::matching::{outcome, Body, Unexpected};
 use super::rendezvous::{Matched, RndvRecv};
 use super::wire::Envelope;
 use super::{Kind, Path, Req, State};
@@ -23,26 +22,6 @@ fn token(sreq: u32, rreq: u32) -> u64 {
 }
 
 impl State {
-    /// Polls the TCP endpoint: frames, bulk transfers done, failures.
-    pub(super) fn progress_tcp(&mut self) -> usize {
-        self.progress_tcp_with(&mut TakeNone)
-    }
-
-    /// [`State::progress_tcp`], offering each frame to `take` first (a direct receive).
-    #[inline]
-    pub(super) fn progress_tcp_with<T: TakeFrame>(&mut self, take: &mut T) -> usize {
-        let Some(ep) = &mut self.tcp else {
-            return 0;
-        };
-        let taken = poll_kept(ep, take, &mut self.kept);
-        if self.kept.is_empty() {
-            return taken;
-        }
-        let frames = self.kept.frames() + taken;
-        self.after_poll(Polled::Tcp);
-        frames
-    }
-
     /// An offer over TCP arrived: match it, or queue it as unexpected.
     pub(super) fn on_rts_tcp(&mut self, h: Envelope, sreq: u32, len: u64) {
         match self.match_posted(h.ctx, h.src, h.tag) {

@@ -2,9 +2,6 @@
 //! direct receive takes its frame on the spot), the RDMA-read rendezvous, connection
 //! waits and failures.
 
-use super::matching::{TakeFrame, TakeNone};
-use super::polled::{poll_kept, Polled};
-use super::rendezvous::OfferVia;
 use super::rendezvous::{Matched, RndvRecv};
 use super::{Path, State};
 use crate::path::verbs::VerbsLink;
@@ -31,36 +28,6 @@ pub(super) struct PendingRead {
 }
 
 impl State {
-    /// A rendezvous send over verbs: registers the buffer and offers it with RTS_RDMA;
-    /// the receiver reads it and answers FIN.
-    pub(super) fn send_rdma(
-        &mut self,
-        buf: *const u8,
-        len: usize,
-        dest: u32,
-        ctx: u64,
-        tag: u32,
-    ) -> Result<u32, P2pError> {
-        let Some(ep) = &mut self.verbs else {
-            return Err(P2pError::NoPath {
-                rank: dest,
-                reason: "the verbs transport is not open".into(),
-            });
-        };
-        // An empty message has nothing to read (and an empty buffer nothing to register).
-        let region = if len == 0 {
-            None
-        } else {
-            Some(ep.register(buf, len).map_err(|e| P2pError::Transport {
-                rank: dest,
-                reason: format!("registering the {len}-byte send buffer: {e}"),
-            })?)
-        };
-        let (addr, rkey) = region.map_or((0, 0), |r| (r.addr, r.rkey));
-        let via = OfferVia::RdmaRead { addr, rkey };
-        Ok(self.offer((buf, len, dest, ctx, tag), region, via))
-    }
-
     /// Ends one send's exposure of its registered region.
     pub(super) fn release_region(&mut self, region: RemoteRegion) {
         if let Some(ep) = &mut self.verbs {
@@ -163,40 +130,17 @@ impl State {
         }
     }
 
-    /// Polls the verbs endpoint: frames, finished reads, waiting reads.
-    pub(super) fn progress_verbs(&mut self) -> usize {
-        self.progress_verbs_with(&mut TakeNone)
+    /// Whether RDMA reads wait for room on their connections.
+    #[inline(always)]
+    pub(super) fn reads_waiting(&self) -> bool {
+        !self.reads.pending.is_empty()
     }
 
-    /// [`State::progress_verbs`], offering each frame to `take` first (a direct receive:
-    /// true when it consumed the frame).
-    #[inline(always)]
-    pub(super) fn progress_verbs_with<T: TakeFrame>(&mut self, take: &mut T) -> usize {
-        let Some(ep) = &mut self.verbs else {
-            return 0;
-        };
-        // `kept` is empty between calls.
-        let taken = poll_kept(ep, take, &mut self.kept);
-        // The idle poll (and a frame taken straight into a receive) ends here: this runs
-        // in every spin of a wait.
-        if self.kept.is_empty() && self.reads.inflight.is_empty() && self.reads.pending.is_empty() {
-            return taken;
+    /// The endpoint reported RDMA read `token` finished (or failed).
+    pub(super) fn on_read_done(&mut self, token: ReadToken, res: Result<(), String>) {
+        if let Some(r) = self.reads.inflight.remove(&token) {
+            self.read_done(r, res);
         }
-        let mut done = Vec::new();
-        if !self.reads.inflight.is_empty() {
-            ep.poll_reads(&mut |token, res| done.push((token, res.map_err(|e| e.to_string()))));
-        }
-        let frames = self.kept.frames() + taken;
-        self.after_poll(Polled::Verbs);
-        for (token, res) in done {
-            if let Some(r) = self.reads.inflight.remove(&token) {
-                self.read_done(r, res);
-            }
-        }
-        if !self.reads.pending.is_empty() {
-            self.start_reads();
-        }
-        frames
     }
 
     /// The verbs connection to `peer` failed: everything waiting on it fails, naming the

@@ -3,7 +3,8 @@
 //! buffered as unexpected), so a send to oneself never waits for its own receive, at any
 //! size.
 
-use super::{Caps, Link, RndvKind};
+use super::{Caps, Link, OfferVia, RndvKind};
+use crate::engine::RemoteRegion;
 
 /// What the loopback path can do: any message eagerly, no rendezvous.
 pub(crate) const CAPS: Caps = Caps {
@@ -42,5 +43,17 @@ impl Link for Loopback {
     #[inline(always)]
     fn try_send(&mut self, _: &[u8], _: &[u8]) -> Result<bool, Self::Error> {
         Ok(false)
+    }
+
+    /// Never asked (no rendezvous to oneself); were it, the message would be read where
+    /// it is, as on the node.
+    fn expose(
+        &mut self,
+        buf: *const u8,
+        _len: usize,
+        pid: i32,
+    ) -> Result<(OfferVia, Option<RemoteRegion>), String> {
+        let addr = buf as u64;
+        Ok((OfferVia::Cma { addr, pid }, None))
     }
 }

@@ -4,11 +4,15 @@
 //! everything that differs between transports from a path's [`Caps`] (as UCX chooses a
 //! protocol from a transport's capabilities) with one dispatch `match`, never `dyn`:
 //!
-//! - sending: a path's connection is a [`Link`] (`try_send`, readiness, capabilities);
-//!   the send fast path is one generic function over it (`engine/send.rs`);
+//! - sending: a path's connection is a [`Link`] (`try_send`, readiness, capabilities,
+//!   and the start of a rendezvous: `expose` says how the receiver fetches a large
+//!   message, registering it where the transport needs that); the send fast path is one
+//!   generic function over it (`engine/send.rs`);
 //! - receiving: a transport's receive side is an [`Adapter`] whose `poll<D: Deliver>` is
 //!   monomorphised for each [`Deliver`] the engine hands it (a direct receive's taker, the
-//!   queues, or the kept-frame sink), so no receive path calls through `dyn` per frame.
+//!   queues, or the kept-frame sink), so no receive path calls through `dyn` per frame;
+//!   what finishes a rendezvous on the receiving side (an RDMA read done, a bulk transfer
+//!   in) comes through the same `Deliver`.
 
 pub(crate) mod loopback;
 pub(crate) mod shm;
@@ -21,6 +25,8 @@ pub(crate) mod verbs;
 mod tests;
 
 use weft_shm::Outbox;
+
+use crate::engine::{ReadToken, RemoteRegion};
 
 /// The way to one peer (a closed set: no `dyn` on the hot path).
 #[derive(Debug)]
@@ -85,6 +91,21 @@ pub(crate) enum RndvKind {
     None,
 }
 
+/// How a rendezvous send offers its buffer: what the receiver needs to fetch it (what
+/// [`Link::expose`] returns, carried by the offer's frame).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OfferVia {
+    /// Shared memory (RTS): the receiver reads `addr` in process `pid` (single copy), or
+    /// asks for a stream through the rings (CTS).
+    Cma { addr: u64, pid: i32 },
+    /// Verbs (RTS_RDMA): the receiver RDMA-reads the registered region.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    RdmaRead { addr: u64, rkey: u32 },
+    /// TCP (RTS_TCP): the receiver answers CTS, the payload follows as a bulk transfer.
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    Bulk,
+}
+
 /// What a path can do: what the engine chooses its protocol by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Caps {
@@ -120,6 +141,15 @@ pub(crate) trait Link {
     /// Sends `header ++ payload` as one frame if there is room now (`Ok(false)`: queue
     /// it and try again later).
     fn try_send(&mut self, header: &[u8], payload: &[u8]) -> Result<bool, Self::Error>;
+    /// Starts a rendezvous: exposes the `len` bytes at `buf` (of process `pid`, this one)
+    /// for the receiver to fetch. Returns what the offer carries, and the registration the
+    /// send holds until the receiver's FIN (verbs), or why the buffer cannot be exposed.
+    fn expose(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        pid: i32,
+    ) -> Result<(OfferVia, Option<RemoteRegion>), String>;
 }
 
 /// What a transport's receive side hands what it polled to.
@@ -132,13 +162,24 @@ pub(crate) trait Deliver {
     /// The bulk transfer `token` to `peer` is written.
     #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     fn bulk_sent(&mut self, peer: u32, token: u64);
+    /// The RDMA read `token` (a rendezvous receive's fetch) finished, or failed and why.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    fn read_done(&mut self, token: ReadToken, res: Result<(), String>);
     /// The connection to `peer` failed, and why.
     fn failed(&mut self, peer: u32, reason: &str);
 }
 
 /// A transport's receive side.
 pub(crate) trait Adapter {
-    /// Delivers what arrived (frames in per-sender order, bulk transfers done, failed
-    /// connections) to `d`; returns the number of frames.
+    /// Delivers what arrived (frames in per-sender order, bulk transfers and RDMA reads
+    /// done, failed connections) to `d`; returns the number of frames.
     fn poll<D: Deliver>(&mut self, d: &mut D) -> usize;
+}
+
+/// The endpoint of a transport this build leaves out (a type with no values): the engine
+/// polls it like any other, and there is never one to poll.
+impl Adapter for std::convert::Infallible {
+    fn poll<D: Deliver>(&mut self, _: &mut D) -> usize {
+        match *self {}
+    }
 }

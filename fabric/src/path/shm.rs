@@ -5,7 +5,8 @@
 
 use weft_shm::{Inbox, Outbox};
 
-use super::{Adapter, Caps, Deliver, Link, RndvKind};
+use super::{Adapter, Caps, Deliver, Link, OfferVia, RndvKind};
+use crate::engine::RemoteRegion;
 use crate::engine::SHORT_MAX;
 
 impl Link for &mut Outbox {
@@ -37,6 +38,17 @@ impl Link for &mut Outbox {
     #[inline(always)]
     fn try_send(&mut self, header: &[u8], payload: &[u8]) -> Result<bool, Self::Error> {
         Ok(Outbox::try_send(self, header, payload))
+    }
+
+    /// The receiver reads the buffer where it is (CMA), or asks for it through the rings.
+    fn expose(
+        &mut self,
+        buf: *const u8,
+        _len: usize,
+        pid: i32,
+    ) -> Result<(OfferVia, Option<RemoteRegion>), String> {
+        let addr = buf as u64;
+        Ok((OfferVia::Cma { addr, pid }, None))
     }
 }
 

@@ -4,7 +4,8 @@
 
 use weft_tcp::{ConnId, Endpoint};
 
-use super::{Adapter, Caps, Deliver, Link, RndvKind};
+use super::{Adapter, Caps, Deliver, Link, OfferVia, RndvKind};
+use crate::engine::RemoteRegion;
 use crate::engine::SHORT_HDR;
 
 /// A TCP connection: the endpoint and the connection's id.
@@ -45,6 +46,17 @@ impl Link for TcpLink<'_> {
     #[inline(always)]
     fn try_send(&mut self, header: &[u8], payload: &[u8]) -> Result<bool, Self::Error> {
         self.ep.try_send(self.conn, header, payload)
+    }
+
+    /// Nothing to expose: the payload follows the receiver's CTS as a bulk transfer,
+    /// written straight from `buf`.
+    fn expose(
+        &mut self,
+        _buf: *const u8,
+        _len: usize,
+        _pid: i32,
+    ) -> Result<(OfferVia, Option<RemoteRegion>), String> {
+        Ok((OfferVia::Bulk, None))
     }
 }
 

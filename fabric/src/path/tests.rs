@@ -2,7 +2,9 @@
 //! its [`Adapter`] for receiving) against the same tests, beneath the engine: frames arrive
 //! whole, in order and named by their sender; short headers name the transport's sender;
 //! a full connection refuses (never loses) frames and takes them again once its receiver
-//! polls; the capabilities agree with what the connection does. The point-to-point
+//! polls; the capabilities agree with what the connection does; a large message goes by
+//! the path's rendezvous (the sender's link exposes it, the receiver fetches it the way
+//! the offer says, and the receiving adapter reports the fetch done). The point-to-point
 //! semantics above the adapters are `fabric/tests/conformance.rs`'s `suite!`, through the fabric.
 //!
 //! Shared memory and TCP (on 127.0.0.1) always run; verbs needs an RDMA device and is
@@ -16,7 +18,8 @@ use super::loopback::Loopback;
 use super::shm::ShmAdapter;
 use super::tcp::TcpLink;
 use super::verbs::VerbsLink;
-use super::{Adapter, Caps, Deliver, Link, RndvKind};
+use super::{Adapter, Caps, Deliver, Link, OfferVia, RndvKind};
+use crate::engine::ReadToken;
 use crate::engine::{short_header, Envelope, Frame, HDR, SHORT_HDR};
 
 /// How long a test waits for a handshake or a frame.
@@ -26,7 +29,19 @@ const WAIT: Duration = Duration::from_secs(20);
 #[derive(Debug, Default)]
 struct Got {
     frames: Vec<(u32, Vec<u8>)>,
+    /// Bulk transfers in: (peer, token, length).
+    received: Vec<(u32, u64, usize)>,
+    /// Bulk transfers written: (peer, token).
+    sent: Vec<(u32, u64)>,
+    reads: Vec<(ReadToken, Result<(), String>)>,
     failed: Vec<(u32, String)>,
+}
+
+impl Got {
+    /// Whether the poll delivered nothing but frames.
+    fn frames_only(&self) -> bool {
+        self.received.is_empty() && self.sent.is_empty() && self.reads.is_empty()
+    }
 }
 
 impl Deliver for Got {
@@ -34,12 +49,16 @@ impl Deliver for Got {
         self.frames.push((from, frame.to_vec()));
     }
 
-    fn bulk_received(&mut self, peer: u32, token: u64, _: usize) {
-        panic!("an unexpected bulk transfer {token} from rank {peer}");
+    fn bulk_received(&mut self, peer: u32, token: u64, len: usize) {
+        self.received.push((peer, token, len));
     }
 
     fn bulk_sent(&mut self, peer: u32, token: u64) {
-        panic!("an unexpected bulk transfer {token} to rank {peer}");
+        self.sent.push((peer, token));
+    }
+
+    fn read_done(&mut self, token: ReadToken, res: Result<(), String>) {
+        self.reads.push((token, res));
     }
 
     fn failed(&mut self, peer: u32, reason: &str) {
@@ -55,6 +74,20 @@ trait Pair {
     fn try_send(&mut self, header: &[u8], payload: &[u8]) -> Result<bool, String>;
     /// Polls both ends; what rank 1 receives goes to `got`.
     fn poll(&mut self, got: &mut Got) -> usize;
+    /// A rendezvous of `data` into `into`: rank 0's link exposes `data`, rank 1 fetches
+    /// it as the offer says, polling until its adapter reports the fetch done. Returns
+    /// what the offer carried.
+    fn rendezvous(&mut self, data: &[u8], into: &mut [u8]) -> OfferVia;
+}
+
+/// Polls `p` until `done(got)`, at most [`WAIT`].
+fn poll_until<P: Pair>(p: &mut P, got: &mut Got, what: &str, done: impl Fn(&Got) -> bool) {
+    let t = Instant::now();
+    while !done(got) {
+        p.poll(got);
+        assert!(t.elapsed() < WAIT, "{what} not done in {WAIT:?}: {got:?}");
+        assert!(got.failed.is_empty(), "{:?}", got.failed);
+    }
 }
 
 /// Shared memory: rank 1's inbox, rank 0's outbox into it.
@@ -98,6 +131,22 @@ impl Pair for ShmPair {
 
     fn poll(&mut self, got: &mut Got) -> usize {
         self.rx.poll(got)
+    }
+
+    fn rendezvous(&mut self, data: &[u8], into: &mut [u8]) -> OfferVia {
+        let mut link = &mut self.out;
+        let pid = std::process::id() as i32;
+        let (via, region) = link
+            .expose(data.as_ptr(), data.len(), pid)
+            .expect("exposed");
+        assert!(region.is_none(), "shared memory registers nothing");
+        let OfferVia::Cma { addr, pid: p } = via else {
+            panic!("shared memory offered {via:?}")
+        };
+        assert_eq!((addr, p), (data.as_ptr() as u64, pid));
+        // The receiver's single copy (here within one process, which CMA allows).
+        weft_shm::cma_read(p, addr as usize, into).expect("a CMA read");
+        via
     }
 }
 
@@ -154,11 +203,42 @@ impl Pair for TcpPair {
     }
 
     fn poll(&mut self, got: &mut Got) -> usize {
-        // Rank 0 receives nothing: its poll writes what it queued.
-        let mut none = Got::default();
-        Adapter::poll(&mut self.eps[0], &mut none);
-        assert!(none.frames.is_empty() && none.failed.is_empty(), "{none:?}");
+        // Rank 0 receives nothing: its poll writes what it queued (and reports bulk
+        // transfers written, kept in `got` too).
+        let mut zero = Got::default();
+        Adapter::poll(&mut self.eps[0], &mut zero);
+        assert!(zero.frames.is_empty() && zero.failed.is_empty(), "{zero:?}");
+        got.sent.extend(zero.sent);
         Adapter::poll(&mut self.eps[1], got)
+    }
+
+    fn rendezvous(&mut self, data: &[u8], into: &mut [u8]) -> OfferVia {
+        let mut link = TcpLink {
+            ep: &mut self.eps[0],
+            conn: self.conn,
+        };
+        let (via, region) = link.expose(data.as_ptr(), data.len(), 0).expect("exposed");
+        assert!(region.is_none(), "TCP registers nothing");
+        assert!(matches!(via, OfferVia::Bulk), "TCP offered {via:?}");
+        // The receiver names where the transfer lands (then answers CTS); the sender's
+        // endpoint writes it straight from `data`.
+        const TOKEN: u64 = (7 << 32) | 9;
+        let back = self.eps[1]
+            .conn_of(0)
+            .expect("rank 1's connection to rank 0");
+        // SAFETY: `into` outlives the transfer: this function polls until the endpoint
+        // reports it received.
+        unsafe { self.eps[1].expect_bulk(back, TOKEN, into.as_mut_ptr(), into.len()) };
+        // SAFETY: `data` outlives the transfer: polled until reported written.
+        unsafe { self.eps[0].send_bulk(self.conn, TOKEN, data.as_ptr(), data.len()) }
+            .expect("a bulk send");
+        let mut got = Got::default();
+        poll_until(self, &mut got, "the bulk transfer", |g| {
+            !g.received.is_empty() && !g.sent.is_empty()
+        });
+        assert_eq!(got.received, [(0, TOKEN, data.len())]);
+        assert_eq!(got.sent, [(1, TOKEN)]);
+        via
     }
 }
 
@@ -219,8 +299,45 @@ impl Pair for VerbsPair {
     fn poll(&mut self, got: &mut Got) -> usize {
         let mut none = Got::default();
         Adapter::poll(&mut self.eps[0], &mut none);
-        assert!(none.frames.is_empty() && none.failed.is_empty(), "{none:?}");
+        assert!(
+            none.frames.is_empty() && none.failed.is_empty() && none.frames_only(),
+            "{none:?}"
+        );
         Adapter::poll(&mut self.eps[1], got)
+    }
+
+    fn rendezvous(&mut self, data: &[u8], into: &mut [u8]) -> OfferVia {
+        let mut link = VerbsLink {
+            ep: &mut self.eps[0],
+            conn: self.conn,
+        };
+        let (via, region) = link.expose(data.as_ptr(), data.len(), 0).expect("exposed");
+        let OfferVia::RdmaRead { addr, rkey } = via else {
+            panic!("verbs offered {via:?}")
+        };
+        let region = region.expect("a registered region");
+        let back = self.eps[1]
+            .conn_of(0)
+            .expect("rank 1's connection to rank 0");
+        let t = Instant::now();
+        let token = loop {
+            // SAFETY: `into` outlives the read: this function polls until the adapter
+            // reports it done.
+            match unsafe { self.eps[1].rdma_read(back, into.as_mut_ptr(), into.len(), addr, rkey) }
+            {
+                Ok(Some(token)) => break token,
+                Ok(None) => {
+                    self.poll(&mut Got::default());
+                    assert!(t.elapsed() < WAIT, "no room for an RDMA read in {WAIT:?}");
+                }
+                Err(e) => panic!("an RDMA read: {e}"),
+            }
+        };
+        let mut got = Got::default();
+        poll_until(self, &mut got, "the RDMA read", |g| !g.reads.is_empty());
+        assert_eq!(got.reads, [(token, Ok(()))]);
+        self.eps[0].release(region);
+        via
     }
 }
 
@@ -376,6 +493,24 @@ fn capabilities_are_consistent<P: Pair, L: Link>(p: &mut P) {
     assert_eq!(caps.reads_remote, caps.rndv != RndvKind::Bulk, "{caps:?}");
 }
 
+/// A large message goes by the path's rendezvous: what the sender's link exposes is what
+/// the receiver fetches, whole, and the receiving side reports the fetch once. Its
+/// offer is of the path's rendezvous kind.
+fn a_large_message_goes_by_rendezvous<P: Pair, L: Link>(p: &mut P) {
+    for len in [1, 4096, 1 << 20, (4 << 20) + 13] {
+        let data = payload(len as u32, len);
+        let mut into = vec![0u8; len];
+        let via = p.rendezvous(&data, &mut into);
+        let kind = match via {
+            OfferVia::Cma { .. } => RndvKind::Cma,
+            OfferVia::RdmaRead { .. } => RndvKind::RdmaRead,
+            OfferVia::Bulk => RndvKind::Bulk,
+        };
+        assert_eq!(kind, L::RNDV, "{len} bytes offered as {via:?}");
+        assert!(into == data, "{len} bytes fetched by rendezvous differ");
+    }
+}
+
 macro_rules! adapter_suite {
     ($name:ident, $pair:ident, $link:ty) => {
         mod $name {
@@ -399,6 +534,13 @@ macro_rules! adapter_suite {
             fn a_full_connection_refuses_and_loses_nothing() {
                 if let Some(mut p) = $pair::new(concat!(stringify!($name), "-full")) {
                     super::a_full_connection_refuses_and_loses_nothing(&mut p);
+                }
+            }
+
+            #[test]
+            fn a_large_message_goes_by_rendezvous() {
+                if let Some(mut p) = $pair::new(concat!(stringify!($name), "-rndv")) {
+                    super::a_large_message_goes_by_rendezvous::<_, $link>(&mut p);
                 }
             }
 

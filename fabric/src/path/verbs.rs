@@ -3,7 +3,8 @@
 
 use weft_verbs::{ConnId, Endpoint};
 
-use super::{Adapter, Caps, Deliver, Link, RndvKind};
+use super::{Adapter, Caps, Deliver, Link, OfferVia, RndvKind};
+use crate::engine::RemoteRegion;
 use crate::engine::SHORT_HDR;
 
 /// A verbs connection: the endpoint and the connection's id.
@@ -44,6 +45,30 @@ impl Link for VerbsLink<'_> {
     fn try_send(&mut self, header: &[u8], payload: &[u8]) -> Result<bool, Self::Error> {
         self.ep.try_send(self.conn, header, payload)
     }
+
+    /// Registers the buffer (an empty one has nothing to read, nor to register): the
+    /// receiver RDMA-reads the region, the send holds it until FIN.
+    fn expose(
+        &mut self,
+        buf: *const u8,
+        len: usize,
+        _pid: i32,
+    ) -> Result<(OfferVia, Option<RemoteRegion>), String> {
+        if len == 0 {
+            return Ok((OfferVia::RdmaRead { addr: 0, rkey: 0 }, None));
+        }
+        let r = self
+            .ep
+            .register(buf, len)
+            .map_err(|e| format!("registering the {len}-byte send buffer: {e}"))?;
+        Ok((
+            OfferVia::RdmaRead {
+                addr: r.addr,
+                rkey: r.rkey,
+            },
+            Some(r),
+        ))
+    }
 }
 
 /// The endpoint's own delivery, forwarded (frames only: reads are polled apart).
@@ -58,16 +83,28 @@ impl<D: Deliver> weft_verbs::Deliver for Frames<'_, D> {
 
 impl Adapter for Endpoint {
     /// A completion error names its connection's peer, which `d` is told has failed.
+    /// RDMA reads the poll found finished are reported after the frames.
     #[inline(always)]
     fn poll<D: Deliver>(&mut self, d: &mut D) -> usize {
-        match self.poll_with(&mut Frames(d)) {
+        let n = match self.poll_with(&mut Frames(d)) {
             Ok(n) => n,
             Err(e) => {
                 polled_error(d, &e);
                 0
             }
+        };
+        if self.rdma_done_pending() {
+            reads_done(self, d);
         }
+        n
     }
+}
+
+#[inline(never)]
+fn reads_done<D: Deliver>(ep: &mut Endpoint, d: &mut D) {
+    ep.take_rdma_done(&mut |token, res: Result<(), weft_verbs::Error>| {
+        d.read_done(token, res.map_err(|e| e.to_string()))
+    });
 }
 
 #[cold]

@@ -381,6 +381,23 @@ impl Endpoint {
         if self.signaled_out > 0 {
             self.poll_send();
         }
+        self.take_rdma_done(done)
+    }
+
+    /// Whether finished RDMA operations wait to be reported (found by an earlier poll of
+    /// the completion queues, [`Endpoint::poll_with`]'s included): one load.
+    #[inline(always)]
+    pub fn rdma_done_pending(&self) -> bool {
+        !self.rdma.done.is_empty()
+    }
+
+    /// Reports the RDMA operations earlier polls found finished, as
+    /// [`Endpoint::poll_rdma`] does, without polling the completion queues again (for a
+    /// caller that has just run [`Endpoint::poll_with`]). Returns how many were reported.
+    pub fn take_rdma_done<F>(&mut self, done: &mut F) -> usize
+    where
+        F: FnMut(RdmaToken, Result<(), Error>) + ?Sized,
+    {
         let n = self.rdma.done.len();
         while let Some((t, r)) = self.rdma.done.pop_front() {
             if !self.rdma.lent.is_empty() {
