@@ -4,7 +4,8 @@
 #   1. ibv_devinfo and `weft info` (device, port, GIDs, MTU, inline, tunables);
 #   2. every weft-verbs test binary, with WEFT_VERBS_REQUIRE_DEVICE=1 (a missing device
 #      fails instead of skipping);
-#   3. the fabric's conformance suite over verbs (each test alone);
+#   3. the fabric's conformance suite over verbs (each test alone), and the verbs adapter's
+#      own suite (path::tests::verbs);
 #   4. multi-process jobs through `weft run` on 2 logical nodes, verbs between them: a ring
 #      with 1 MiB payloads, sessions_demo, sessions on 4 threads per process, peers
 #      killed mid-transfer (the survivor's error must name the peer within 2 s), and every
@@ -24,11 +25,12 @@ if [[ ${1:-} != --inside ]]; then
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
   tests -p weft-verbs >"$list"
   tests -p weft-fabric --test conformance >"$list.conformance"
+  tests -p weft-fabric --lib >"$list.adapters"
   # Jobs and benchmarks use the release build (what a user runs and measures).
   cargo build --release --workspace --bins --examples
   cargo build --release -p weft-verbs --example verbs_pingpong --example verbs_readbw
   echo "${CARGO_TARGET_DIR:-$PWD/target}/release" >"$list.release"
-  [[ -s $list && -s $list.conformance ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
+  [[ -s $list && -s $list.conformance && -s $list.adapters ]] || { echo "verbs-vm: no test binaries built" >&2; exit 1; }
   echo "verbs-vm: built in $(($(date +%s) - start)) s"
   rc=0
   ci/softroce.sh -t "${WEFT_VERBS_VM_TIMEOUT:-840}" -- ci/verbs-vm.sh --inside "$list" || rc=$?
@@ -68,6 +70,15 @@ for t in $("$conf" verbs --list 2>/dev/null | sed -n 's/: test$//p'); do
   fi
 done
 [[ $n -ge 20 ]] || bad "only $n conformance tests over verbs were found"
+
+step "the verbs adapter's suite (frames, a full connection, the RDMA-read rendezvous)"
+adapters=$(cat "$list.adapters")
+if out=$(timeout 300 "$adapters" path::tests::verbs --test-threads=1 2>&1); then
+  echo "$out" | grep -E "^test |test result"
+  [[ $(echo "$out" | grep -c "^test .* ok$") -ge 5 ]] || bad "only $(echo "$out" | grep -c "^test .* ok$") adapter tests over verbs passed"
+else
+  echo "$out" | tail -15; bad "the verbs adapter suite"
+fi
 
 step "multi-process jobs on 2 logical nodes, verbs between them"
 baseline=$(rdma resource show 2>/dev/null | tr -s ' ' | tr '\n' ' ')

@@ -34,6 +34,7 @@ mod handoff;
 pub mod job;
 #[doc(hidden)]
 pub mod marker;
+mod names;
 #[cfg(feature = "pmix")]
 mod pmix;
 #[doc(hidden)]
@@ -69,6 +70,7 @@ pub use cpulist::{CpuList, CpuListError};
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
+pub use names::{Names, NamesError, NsId, ProcId, ProcSel, MAX_NSPACE_LEN};
 pub use proto::{Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
 pub use value::{Scope, Value};
 
