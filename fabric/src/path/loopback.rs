@@ -45,15 +45,16 @@ impl Link for Loopback {
         Ok(false)
     }
 
-    /// Never asked (no rendezvous to oneself); were it, the message would be read where
-    /// it is, as on the node.
+    /// Never asked: a message to oneself is handed over whole (the capabilities say no
+    /// rendezvous), so there is nothing to expose.
     fn expose(
         &mut self,
-        buf: *const u8,
-        _len: usize,
-        pid: i32,
+        _buf: *const u8,
+        len: usize,
+        _pid: i32,
     ) -> Result<(OfferVia, Option<RemoteRegion>), String> {
-        let addr = buf as u64;
-        Ok((OfferVia::Cma { addr, pid }, None))
+        Err(format!(
+            "a {len}-byte message to oneself is delivered whole, never offered by rendezvous"
+        ))
     }
 }

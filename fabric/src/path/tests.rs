@@ -558,7 +558,7 @@ adapter_suite!(shm, ShmPair, &mut weft_shm::Outbox);
 adapter_suite!(tcp, TcpPair, TcpLink<'static>);
 adapter_suite!(verbs, VerbsPair, VerbsLink<'static>);
 
-/// Loopback carries no frames: its link refuses every one, and its capabilities say
+/// Loopback carries no frames: its link refuses every one (and exposes nothing), and its capabilities say
 /// that a message goes whole (no rendezvous, no frame limit).
 #[test]
 fn loopback_takes_no_frames() {
@@ -568,4 +568,8 @@ fn loopback_takes_no_frames() {
     assert_eq!(caps.rndv, RndvKind::None);
     assert_eq!(caps.max_frame, usize::MAX);
     assert!(l.is_ready());
+    let e = l
+        .expose([0u8; 8].as_ptr(), 8, 1)
+        .expect_err("nothing to expose");
+    assert!(e.contains("delivered whole"), "{e}");
 }
