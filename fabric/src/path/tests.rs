@@ -558,8 +558,8 @@ adapter_suite!(shm, ShmPair, &mut weft_shm::Outbox);
 adapter_suite!(tcp, TcpPair, TcpLink<'static>);
 adapter_suite!(verbs, VerbsPair, VerbsLink<'static>);
 
-/// Loopback carries no frames: its link refuses every one (and exposes nothing), and its capabilities say
-/// that a message goes whole (no rendezvous, no frame limit).
+/// Loopback carries no frames: its link refuses every one (and exposes nothing), and its
+/// capabilities say that a message goes whole (no rendezvous, no frame limit).
 #[test]
 fn loopback_takes_no_frames() {
     let mut l = Loopback;
