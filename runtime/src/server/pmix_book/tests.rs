@@ -412,3 +412,360 @@ fn an_answer_for_no_pending_invitation_changes_nothing() {
     let acts = ended(&b.on_invite_answer(DECLINED, 2, &[0]));
     assert_eq!(acts.iter().map(|a| a.0).collect::<Vec<_>>(), vec![0]);
 }
+
+/// What the fuzz model knows of a request it handed the book.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Op {
+    Fence,
+    Group,
+}
+
+/// Random library calls, core replies, direct modex traffic and rank ends against one
+/// book (reply handles are numbers), checked against a model: every handle the book
+/// gives back is one it holds, each exactly once (a reply the library gets twice, or
+/// never, is a crash or a hang in the real host); a core reply ends the operation it
+/// names, of the right kind, once; sequence numbers count up per participants; a direct
+/// modex is refused at once exactly when it must be (not of the job, gone, on this
+/// node) and otherwise asked of the rank's node; a rank's end hands back exactly the
+/// requests about it. After everything is answered or timed out, nothing is left.
+#[test]
+fn fuzz_pmix_book_hands_every_reply_back_exactly_once() {
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
+    use weft_fuzz::{run, Mutator};
+
+    const OWNERS: [u32; 6] = [0, 0, 1, 1, 2, 2];
+    let size = OWNERS.len() as u32;
+    let mut checked = 0usize;
+    run("pmix_book", 13, |m: &mut Mutator| {
+        let node = m.below(3) as u32;
+        let mut b: PmixBook<u64, u64> = PmixBook::new("ns".into(), node, OWNERS.to_vec());
+        let mut held: BTreeSet<u64> = BTreeSet::new();
+        let mut next_handle = 0u64;
+        let mut handle = |held: &mut BTreeSet<u64>| {
+            next_handle += 1;
+            held.insert(next_handle);
+            next_handle
+        };
+        let back = |held: &mut BTreeSet<u64>, h: u64, what: &str| {
+            assert!(
+                held.remove(&h),
+                "{what}: handle {h} came back twice or was never given"
+            );
+        };
+        // Core requests under way: req -> (kind, handle); and every req handed out.
+        let mut reqs: BTreeMap<u64, (Op, u64)> = BTreeMap::new();
+        let mut all_reqs: BTreeSet<u64> = BTreeSet::new();
+        let mut seqs: HashMap<(Op, Procs), u64> = HashMap::new();
+        // Direct modex asked of other nodes: qid -> (rank, handle).
+        let mut asked: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+        let mut all_qids: BTreeSet<u64> = BTreeSet::new();
+        // Other nodes' requests the library serves: qid -> rank.
+        let mut serving: BTreeMap<u64, u32> = BTreeMap::new();
+        let mut next_served = 1u64 << 60;
+        let mut gone: BTreeSet<u32> = BTreeSet::new();
+        let procs_of = |m: &mut Mutator| match m.below(3) {
+            0 => Procs::All,
+            _ => Procs::List((0..size).filter(|_| m.below(2) == 0).collect()).normalize(size),
+        };
+        for _ in 0..m.below(60) {
+            match m.below(9) {
+                0 | 1 => {
+                    let procs = procs_of(m);
+                    let (op, id) = if m.below(2) == 0 {
+                        (Op::Fence, b.fence_id(procs.clone()))
+                    } else {
+                        let name = format!("g{}", m.below(2));
+                        (Op::Group, b.group_id(true, procs.clone(), name))
+                    };
+                    // Groups count per name too: the model keys fences only.
+                    if op == Op::Fence {
+                        let seq = seqs.entry((op, procs)).or_insert(0);
+                        *seq += 1;
+                        assert_eq!(id.seq, *seq, "fence sequence numbers count up");
+                    }
+                    let h = handle(&mut held);
+                    let req = match op {
+                        Op::Fence => b.on_fence(id, m.below(2) == 0, h, Instant::now()),
+                        Op::Group => b.on_group(id, h),
+                    };
+                    assert!(all_reqs.insert(req), "request {req} handed out twice");
+                    reqs.insert(req, (op, h));
+                }
+                2 => {
+                    // A core reply: to a request under way, one ended, or none.
+                    let req = match m.below(3) {
+                        0 => m.below(1000) as u64 + 500,
+                        _ => match all_reqs.iter().nth(m.below(all_reqs.len().max(1))) {
+                            Some(&r) => r,
+                            None => continue,
+                        },
+                    };
+                    let msg = match m.below(3) {
+                        0 => ServerMsg::Done { req },
+                        1 => ServerMsg::Failed {
+                            req,
+                            error: WireError::Timeout {
+                                op: "fence".into(),
+                                missing: vec![1],
+                            },
+                        },
+                        _ => ServerMsg::Group {
+                            req,
+                            group: GroupInfo {
+                                id: "g0".into(),
+                                members: vec![0, 1],
+                                pgcid: Some(9),
+                                leader: None,
+                                left_out: Vec::new(),
+                                directives: GroupDirectives::default(),
+                            },
+                        },
+                    };
+                    match (b.on_core_reply(&msg), reqs.remove(&req)) {
+                        (None, None) => {}
+                        (Some(Ended::Fence { pending, error }), Some((Op::Fence, h))) => {
+                            assert_eq!(pending.reply, h);
+                            assert_eq!(error.is_some(), matches!(msg, ServerMsg::Failed { .. }));
+                            back(&mut held, h, "a fence's reply");
+                        }
+                        (Some(Ended::Group { pending, result }), Some((Op::Group, h))) => {
+                            assert_eq!(pending.reply, h);
+                            match (&msg, &result) {
+                                (ServerMsg::Failed { .. }, Err(_))
+                                | (ServerMsg::Done { .. }, Ok(None))
+                                | (ServerMsg::Group { .. }, Ok(Some(_))) => {}
+                                _ => panic!("{msg:?} ended a group as {result:?}"),
+                            }
+                            back(&mut held, h, "a group's reply");
+                        }
+                        (got, want) => panic!("core reply {msg:?}: {got:?}, expected {want:?}"),
+                    }
+                }
+                3 => {
+                    let rank = m.below(size as usize + 1) as u32;
+                    let nspace = if m.below(8) == 0 { "other" } else { "ns" };
+                    let wild = m.below(10) == 0;
+                    let proc = p(nspace, (!wild).then_some(rank));
+                    let h = handle(&mut held);
+                    let dead = |r: u32| gone.contains(&r).then_some("exited");
+                    match b.on_dmodex(&proc, h, dead) {
+                        Ok(Ask {
+                            qid,
+                            node: n,
+                            rank: r,
+                        }) => {
+                            assert!(nspace == "ns" && !wild && rank < size);
+                            assert!(!gone.contains(&rank), "a gone rank's data was asked for");
+                            assert_eq!((r, n), (rank, OWNERS[rank as usize]));
+                            assert_ne!(n, node, "this node's own data was asked of a peer");
+                            assert!(all_qids.insert(qid), "qid {qid} handed out twice");
+                            asked.insert(qid, (rank, h));
+                        }
+                        Err((reply, why)) => {
+                            assert_eq!(reply, h);
+                            let want = if nspace != "ns" || wild || rank >= size {
+                                Failure::NotFound
+                            } else if gone.contains(&rank) {
+                                Failure::ProcGone
+                            } else {
+                                assert_eq!(OWNERS[rank as usize], node, "refused: {why:?}");
+                                Failure::NotFound
+                            };
+                            assert_eq!(why, want);
+                            back(&mut held, h, "a refused direct modex");
+                        }
+                    }
+                }
+                4 | 5 => {
+                    // An answer or a timeout: to a qid asked, one done, or none.
+                    let qid = match all_qids.iter().nth(m.below(all_qids.len() + 1)) {
+                        Some(&q) => q,
+                        None => m.next_u64(),
+                    };
+                    let want = asked.remove(&qid);
+                    if m.below(2) == 0 {
+                        let got = b.on_answered(qid);
+                        assert_eq!(got, want, "answer to qid {qid}");
+                    } else {
+                        let got = b.on_dmodex_timeout(qid);
+                        assert_eq!(got, want.map(|(_, h)| h), "timeout of qid {qid}");
+                    }
+                    if let Some((_, h)) = want {
+                        back(&mut held, h, "a direct modex reply");
+                    }
+                }
+                6 => {
+                    // Another node asks for a local rank's data; the library answers.
+                    if m.below(2) == 0 {
+                        next_served += 1;
+                        let rank = m.below(size as usize) as u32;
+                        b.on_serving(next_served, m.below(3) as u32, rank);
+                        serving.insert(next_served, rank);
+                    } else {
+                        let qid = match serving.keys().nth(m.below(serving.len() + 1)) {
+                            Some(&q) => q,
+                            None => next_served + 1,
+                        };
+                        let want = serving.remove(&qid).is_some();
+                        assert_eq!(b.on_served(qid), want, "served qid {qid}");
+                    }
+                }
+                _ => {
+                    let rank = m.below(size as usize) as u32;
+                    gone.insert(rank);
+                    let (replies, served) = b.on_rank_ended(rank);
+                    let mut want: Vec<u64> = Vec::new();
+                    asked.retain(|_, (r, h)| {
+                        let keep = *r != rank;
+                        if !keep {
+                            want.push(*h);
+                        }
+                        keep
+                    });
+                    let mut got = replies.clone();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(got, want, "rank {rank}'s end: the replies about it");
+                    for h in replies {
+                        back(&mut held, h, "a direct modex failed by an end");
+                    }
+                    let mut want_served: Vec<u64> = Vec::new();
+                    serving.retain(|q, r| {
+                        let keep = *r != rank;
+                        if !keep {
+                            want_served.push(*q);
+                        }
+                        keep
+                    });
+                    let got_served: Vec<u64> = served.iter().map(|(q, _)| *q).collect();
+                    assert_eq!(got_served, want_served, "rank {rank}'s end: served");
+                }
+            }
+        }
+        // Everything ends: each request answered, each direct modex timed out.
+        for (req, (_, h)) in std::mem::take(&mut reqs) {
+            let ended = b
+                .on_core_reply(&ServerMsg::Done { req })
+                .expect("still under way");
+            let reply = match ended {
+                Ended::Fence { pending, .. } => pending.reply,
+                Ended::Group { pending, .. } => pending.reply,
+            };
+            assert_eq!(reply, h);
+            back(&mut held, h, "a reply at the end");
+        }
+        for (qid, (_, h)) in std::mem::take(&mut asked) {
+            assert_eq!(b.on_dmodex_timeout(qid), Some(h));
+            back(&mut held, h, "a timeout at the end");
+        }
+        assert!(held.is_empty(), "replies never handed back: {held:?}");
+        checked += 1;
+    });
+    assert!(checked > 0);
+}
+
+/// Random invitations, answers, completions and ends against the invitations' book:
+/// a leader is ended only for an invitation of its own that was still pending, never
+/// twice for one invitation, and only when an invitee it waited for declined or ended
+/// before accepting; a completed invitation ends no one; a group is recorded only with
+/// a local member.
+#[test]
+fn fuzz_pmix_invitations_end_a_leader_only_for_its_own_pending_invite() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use weft_fuzz::{run, Mutator};
+
+    const OWNERS: [u32; 6] = [0, 0, 1, 1, 2, 2];
+    let size = OWNERS.len();
+    run("pmix_invites", 17, |m: &mut Mutator| {
+        let mut b: PmixBook<u64, u64> = PmixBook::new("ns".into(), 0, OWNERS.to_vec());
+        // Model: group id -> (leader, waiting for).
+        let mut pending: BTreeMap<String, (u32, BTreeSet<u32>)> = BTreeMap::new();
+        let mut gone: BTreeSet<u32> = BTreeSet::new();
+        for _ in 0..m.below(50) {
+            let id = format!("g{}", m.below(3));
+            match m.below(5) {
+                0 | 1 => {
+                    let leader = m.below(2) as u32; // local
+                    let members: Vec<u32> = (0..size as u32).filter(|_| m.below(2) == 0).collect();
+                    let dead = |r: u32| gone.contains(&r).then_some("exited");
+                    let r = b.on_invite(Some(&id), leader, &members, dead);
+                    if members.iter().any(|r| gone.contains(r)) {
+                        assert_eq!(r, Err(Failure::ProcGone));
+                    } else {
+                        assert_eq!(r, Ok(()));
+                        let waiting = members.iter().copied().filter(|&r| r != leader).collect();
+                        pending.insert(id, (leader, waiting));
+                    }
+                }
+                2 => {
+                    let invitee = m.below(size) as u32;
+                    let accept = m.below(3) != 0;
+                    let code = if accept { ACCEPTED } else { DECLINED };
+                    let to: Vec<u32> = (0..size as u32).filter(|_| m.below(2) == 0).collect();
+                    let acts = b.on_invite_answer(code, invitee, &to);
+                    let mut want = Vec::new();
+                    for (gid, (leader, waiting)) in pending.iter_mut() {
+                        if to.contains(leader) && waiting.remove(&invitee) && !accept {
+                            want.push((gid.clone(), *leader));
+                        }
+                    }
+                    let ended: Vec<u32> = acts
+                        .iter()
+                        .map(|a| match a {
+                            InviteAction::EndLeader { leader, .. } => *leader,
+                            other => panic!("an answer did {other:?}"),
+                        })
+                        .collect();
+                    let want_leaders: Vec<u32> = want.iter().map(|(_, l)| *l).collect();
+                    assert_eq!(ended, want_leaders, "invitee {invitee} answered {code}");
+                    for (gid, _) in want {
+                        pending.remove(&gid);
+                    }
+                }
+                3 => {
+                    let leader = m.below(size) as u32;
+                    let members: Vec<u32> = (0..size as u32).filter(|_| m.below(2) == 0).collect();
+                    let acts = b.on_invite_complete(&id, leader, members.clone());
+                    if pending.get(&id).is_some_and(|(l, _)| *l == leader) {
+                        pending.remove(&id);
+                    }
+                    let local = members.iter().any(|&r| OWNERS[r as usize] == 0);
+                    match acts.as_slice() {
+                        [] => assert!(!local, "a group with a local member not recorded"),
+                        [InviteAction::Record(g)] => {
+                            assert!(local);
+                            assert_eq!((g.id.as_str(), g.leader), (id.as_str(), Some(leader)));
+                        }
+                        other => panic!("a completion did {other:?}"),
+                    }
+                }
+                _ => {
+                    let rank = m.below(size) as u32;
+                    gone.insert(rank);
+                    let acts = b.on_invitee_gone(rank, "exited");
+                    pending.retain(|_, (l, _)| *l != rank);
+                    let doomed: Vec<String> = pending
+                        .iter()
+                        .filter(|(_, (_, w))| w.contains(&rank))
+                        .map(|(g, _)| g.clone())
+                        .collect();
+                    let want: Vec<u32> = doomed.iter().map(|g| pending[g].0).collect();
+                    let ended: Vec<u32> = acts
+                        .iter()
+                        .map(|a| match a {
+                            InviteAction::EndLeader { leader, what } => {
+                                assert!(what.contains(&format!("rank {rank} exited")), "{what}");
+                                *leader
+                            }
+                            other => panic!("an end did {other:?}"),
+                        })
+                        .collect();
+                    assert_eq!(ended, want, "rank {rank}'s end");
+                    for g in doomed {
+                        pending.remove(&g);
+                    }
+                }
+            }
+        }
+    });
+}
