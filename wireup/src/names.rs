@@ -106,14 +106,44 @@ pub enum NamesError {
 }
 
 /// The runtime's namespaces: [`NsId`] to namespace string and back, append-only (an id
-/// is never reused, a name never renamed); lookups both ways in constant time.
+/// is never reused, a name never renamed); lookups both ways in constant time. On the
+/// wire only the tag and the names in id order: decoding rebuilds the lookup and refuses
+/// a table that breaks the rules (an invalid or repeated name).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "NamesWire", into = "NamesWire")]
 pub struct Names {
     /// Prefix of the names the runtime makes (`"{tag}.{id}"`).
     tag: String,
     /// Entry `i` is the name of `NsId(i + 1)`.
     by_id: Vec<String>,
     by_name: HashMap<String, NsId>,
+}
+
+/// What [`Names`] is on the wire.
+#[derive(Serialize, Deserialize)]
+struct NamesWire {
+    tag: String,
+    names: Vec<String>,
+}
+
+impl From<Names> for NamesWire {
+    fn from(n: Names) -> NamesWire {
+        NamesWire {
+            tag: n.tag,
+            names: n.by_id,
+        }
+    }
+}
+
+impl TryFrom<NamesWire> for Names {
+    type Error = NamesError;
+    fn try_from(w: NamesWire) -> Result<Names, NamesError> {
+        let mut n = Names::new(&w.tag);
+        for name in &w.names {
+            n.add(name)?;
+        }
+        Ok(n)
+    }
 }
 
 impl Names {
@@ -332,6 +362,14 @@ mod tests {
             let bytes = postcard::to_allocvec(&n).expect("encodes");
             let back: Names = postcard::from_bytes(&bytes).expect("decodes");
             prop_assert_eq!(back, n);
+            // A table whose names repeat does not decode.
+            if let Some(first) = seen.first() {
+                let mut dup = seen.clone();
+                dup.push(first.clone());
+                let bytes = postcard::to_allocvec(&NamesWire { tag: "t".into(), names: dup })
+                    .expect("encodes");
+                prop_assert!(postcard::from_bytes::<Names>(&bytes).is_err());
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 //! TCP), waiting for a connection's handshake, the send fast paths, the choice between
 //! eager and rendezvous, and the per-peer backlog of frames that wait for room.
 
+use super::matching::TakeNone;
+use super::polled::Polled;
 use super::wire::{short_header, Envelope, Frame};
 use super::RemoteRegion;
 use super::{Kind, Path, Resolved, State, HDR, TCP_BACKLOG_LIMIT};
@@ -178,8 +180,8 @@ impl State {
     pub(super) fn wait_connected(&mut self, dest: u32) -> Result<(), P2pError> {
         let mut spins = 0u32;
         while !self.ready(dest)? {
-            self.progress_net(super::polled::Polled::Verbs, &mut super::matching::TakeNone);
-            self.progress_net(super::polled::Polled::Tcp, &mut super::matching::TakeNone);
+            self.progress_net(Polled::Verbs, &mut TakeNone);
+            self.progress_net(Polled::Tcp, &mut TakeNone);
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
                 if let Some(reason) = (self.wireup.gone)(dest) {

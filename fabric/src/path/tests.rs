@@ -38,8 +38,8 @@ struct Got {
 }
 
 impl Got {
-    /// Whether the poll delivered nothing but frames.
-    fn frames_only(&self) -> bool {
+    /// Whether the poll reported no bulk transfer and no RDMA read.
+    fn no_transfers(&self) -> bool {
         self.received.is_empty() && self.sent.is_empty() && self.reads.is_empty()
     }
 }
@@ -300,7 +300,7 @@ impl Pair for VerbsPair {
         let mut none = Got::default();
         Adapter::poll(&mut self.eps[0], &mut none);
         assert!(
-            none.frames.is_empty() && none.failed.is_empty() && none.frames_only(),
+            none.frames.is_empty() && none.failed.is_empty() && none.no_transfers(),
             "{none:?}"
         );
         Adapter::poll(&mut self.eps[1], got)

@@ -455,7 +455,7 @@ fn fuzz_pmix_book_hands_every_reply_back_exactly_once() {
         // Core requests under way: req -> (kind, handle); and every req handed out.
         let mut reqs: BTreeMap<u64, (Op, u64)> = BTreeMap::new();
         let mut all_reqs: BTreeSet<u64> = BTreeSet::new();
-        let mut seqs: HashMap<(Op, Procs), u64> = HashMap::new();
+        let mut seqs: HashMap<(Op, Procs, String), u64> = HashMap::new();
         // Direct modex asked of other nodes: qid -> (rank, handle).
         let mut asked: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
         let mut all_qids: BTreeSet<u64> = BTreeSet::new();
@@ -471,18 +471,19 @@ fn fuzz_pmix_book_hands_every_reply_back_exactly_once() {
             match m.below(9) {
                 0 | 1 => {
                     let procs = procs_of(m);
-                    let (op, id) = if m.below(2) == 0 {
-                        (Op::Fence, b.fence_id(procs.clone()))
+                    let (op, name) = if m.below(2) == 0 {
+                        (Op::Fence, String::new())
                     } else {
-                        let name = format!("g{}", m.below(2));
-                        (Op::Group, b.group_id(true, procs.clone(), name))
+                        (Op::Group, format!("g{}", m.below(2)))
                     };
-                    // Groups count per name too: the model keys fences only.
-                    if op == Op::Fence {
-                        let seq = seqs.entry((op, procs)).or_insert(0);
-                        *seq += 1;
-                        assert_eq!(id.seq, *seq, "fence sequence numbers count up");
-                    }
+                    let id = match op {
+                        Op::Fence => b.fence_id(procs.clone()),
+                        Op::Group => b.group_id(true, procs.clone(), name.clone()),
+                    };
+                    // Per participants (and, for a group, per id): 1, 2, 3, ...
+                    let seq = seqs.entry((op, procs, name)).or_insert(0);
+                    *seq += 1;
+                    assert_eq!(id.seq, *seq, "{op:?} sequence numbers count up");
                     let h = handle(&mut held);
                     let req = match op {
                         Op::Fence => b.on_fence(id, m.below(2) == 0, h, Instant::now()),
