@@ -264,8 +264,29 @@ fn a_card_that_does_not_come_within_weft_card_timeout_names_it() {
 /// is lost and end within seconds instead of waiting for ever; the job leaves nothing.
 #[test]
 fn the_processes_of_a_killed_server_end() {
+    orphans_end("orphans", "recv");
+}
+
+/// As [`the_processes_of_a_killed_server_end`], the orphans waiting in a probe for a
+/// message from any source.
+#[test]
+fn the_processes_of_a_killed_server_end_from_a_probe() {
+    orphans_end("orphprobe", "probe");
+}
+
+/// As [`the_processes_of_a_killed_server_end`], one orphan waiting in the node's
+/// shared-memory part of a broadcast for the broadcast's root, the other orphan, which
+/// waits for a message instead and ends (its server lost) without a word to the first:
+/// its dead server can no longer say so (the chaos runs found such a rank waiting for
+/// ever).
+#[test]
+fn the_processes_of_a_killed_server_end_from_a_collective() {
+    orphans_end("orphbcast", "bcast");
+}
+
+fn orphans_end(name: &str, how: &str) {
     let p = probe("fabric_probe");
-    let job = Job::start("orphans", &["--nodes", "2", "-n", "4", &p, "wait-forever"]);
+    let job = Job::start(name, &["--nodes", "2", "-n", "4", &p, "wait-forever", how]);
     let name = job.name.clone();
     let ranks_of_node1 = || {
         pids_whose("environ", |e| {

@@ -397,13 +397,19 @@ impl Communicator {
             let (g, check) = self.inner.pause(e, &mut backoff);
             e = g;
             if check {
-                if let (Some(r), Some(w)) = (s, &self.inner.wire) {
-                    if let Some(reason) = w.gone_reason(r) {
-                        if let Some(st) = e.iprobe(self.ctx, s, Self::tag_sel(tag)) {
-                            return self.fix(Ok(st));
-                        }
-                        return self.fix(Err(P2pError::PeerGone { rank: r, reason }));
+                // As a receive: the source is gone (or, from any source, every other
+                // member is; both when this node's server is lost).
+                let gone = match s {
+                    Some(r) if r == self.inner.me => None,
+                    Some(r) => e.gone_reason(r).map(|why| (r, why)),
+                    None if self.size > 1 => self.all_others_gone(&e),
+                    None => None,
+                };
+                if let Some((rank, reason)) = gone {
+                    if let Some(st) = e.iprobe(self.ctx, s, Self::tag_sel(tag)) {
+                        return self.fix(Ok(st));
                     }
+                    return self.fix(Err(P2pError::PeerGone { rank, reason }));
                 }
             }
         }

@@ -515,24 +515,26 @@ impl Communicator {
     }
 
     /// A member that failed (died, or exited before finalize), as (communicator rank,
-    /// why), if one did; members that finalized cleanly do not count.
+    /// why), if one did; members that finalized cleanly do not count. When this node's
+    /// server is lost, every other member is unreachable (its death would never be told
+    /// here): the first of them, with that reason.
     pub fn failed_member(&self) -> Option<(u32, String)> {
         let w = self.inner.wire.as_ref()?;
-        (0..self.size).find_map(|r| {
-            let job = self.job_rank(r);
-            if job == self.inner.me {
-                return None;
-            }
-            w.gone_reason(job)
-                .filter(|why| why != weft_wireup::FINALIZED)
-                .map(|why| (r, why))
-        })
+        let others = || (0..self.size).filter(|&r| self.job_rank(r) != self.inner.me);
+        others()
+            .find_map(|r| {
+                w.gone_reason(self.job_rank(r))
+                    .filter(|why| why != weft_wireup::FINALIZED)
+                    .map(|why| (r, why))
+            })
+            .or_else(|| Some((others().next()?, w.server_lost()?)))
     }
 
     /// How member `r` (communicator rank) ended, if it did: died, or finalized (unlike
-    /// [`failed_member`](Self::failed_member), a clean finalize or exit counts). For a
-    /// library waiting on that member's part of an operation: a member that ended
-    /// without doing it never will. `None` for this process and outside the wire-up.
+    /// [`failed_member`](Self::failed_member), a clean finalize or exit counts), or why
+    /// it is unreachable when this node's server is lost. For a library waiting on that
+    /// member's part of an operation: a member that ended without doing it never will.
+    /// `None` for this process and outside the wire-up.
     pub fn member_gone(&self, r: u32) -> Option<String> {
         let w = self.inner.wire.as_ref()?;
         if r >= self.size {
@@ -542,7 +544,8 @@ impl Communicator {
         if job == self.inner.me {
             return None;
         }
-        w.gone_reason(job)
+        // Its end cannot reach this process once this node's server is lost.
+        w.gone_reason(job).or_else(|| w.server_lost())
     }
 
     /// When every member is on this node and reached through shared memory: the name

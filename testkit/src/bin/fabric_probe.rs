@@ -28,7 +28,7 @@ fn main() {
         "first-send-to-a-busy-peer" => first_send_to_a_busy_peer(),
         "slow-peer" => slow_peer(false),
         "busy-peer" => slow_peer(true),
-        "wait-forever" => wait_forever(),
+        "wait-forever" => wait_forever(std::env::args().nth(2).as_deref().unwrap_or("recv")),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -556,9 +556,12 @@ fn slow_peer(busy: bool) -> Res {
     Ok(())
 }
 
-/// Every rank waits for a message its node partner never sends (the test kills a
-/// server meanwhile: its ranks must notice and end).
-fn wait_forever() -> Res {
+/// Every rank waits for what never comes (the test kills a server meanwhile: its ranks
+/// must notice and end). `recv`: a message from its node partner; `probe`: a probe for a
+/// message from any source; `bcast`: a broadcast of the world from the first rank of
+/// the second node (two nodes, ranks mapped by slot), which never joins it but waits
+/// for a message instead: the rest of its node wait in shared memory for it.
+fn wait_forever(how: &str) -> Res {
     let f = Fabric::init()?;
     let w = f.world();
     let local = f.wire().local_peers().to_vec();
@@ -568,9 +571,27 @@ fn wait_forever() -> Res {
         .position(|&r| r == me)
         .ok_or("not a local peer")?;
     let partner = local[(pos + 1) % local.len()];
+    if how == "bcast" {
+        // The node's shared-memory collective is set up by the first collective.
+        w.barrier()?;
+    }
     println!("rank {me} waiting");
     std::io::stdout().flush()?;
     let mut x = [0u8];
-    w.recv(&mut x, Source::Rank(partner), Tag(77))?;
-    Err("a message nobody sent arrived".into())
+    match how {
+        "recv" => {
+            w.recv(&mut x, Source::Rank(partner), Tag(77))?;
+        }
+        "probe" => {
+            w.probe(Source::Any, Tag(77))?;
+        }
+        "bcast" if me == w.size() / 2 => {
+            w.recv(&mut x, Source::Rank(partner), Tag(77))?;
+        }
+        "bcast" => {
+            w.bcast(&mut x, w.size() / 2)?;
+        }
+        other => return Err(format!("unknown way to wait {other:?}").into()),
+    }
+    Err("what nobody sent arrived".into())
 }
