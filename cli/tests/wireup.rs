@@ -341,6 +341,18 @@ fn bad_connections_are_dropped_and_the_job_carries_on() {
         "{}",
         done.dump()
     );
+    // A version 3 hello does not decode as version 4; its version is still named.
+    assert!(
+        reply("version3").contains("client speaks protocol version 3, this server speaks 4"),
+        "{}",
+        done.dump()
+    );
+    assert!(
+        reply("foreign-ns")
+            .contains("namespace ns7 is not served here (this server serves ns1 only)"),
+        "{}",
+        done.dump()
+    );
     assert!(
         reply("wrong-token").contains("wrong token for rank 1"),
         "{}",
@@ -361,6 +373,8 @@ fn bad_connections_are_dropped_and_the_job_carries_on() {
         "connection closed in the middle of a frame (10 of 100 bytes)",
         "frame of 4294967295 bytes exceeds the limit",
         "client speaks protocol version 99",
+        "client speaks protocol version 3",
+        "namespace ns7 is not served here",
         "wrong token for rank 1",
     ] {
         assert!(

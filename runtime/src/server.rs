@@ -55,7 +55,7 @@ use crate::wire::proto::{
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
-use weft_wireup::Rank;
+use weft_wireup::{ProcId, Rank};
 
 mod actions;
 mod conns;
@@ -204,7 +204,8 @@ enum Event {
     },
     ClientHello {
         conn: ConnId,
-        rank: Rank,
+        /// Who the hello says the process is.
+        proc: ProcId,
         token: u64,
         tx: UnboundedSender<Out>,
     },
@@ -631,6 +632,19 @@ fn wire_to_text(e: &WireError) -> String {
 }
 
 impl State {
+    /// The rank of `p` in this server's job, or why it is not of it: the protocol names
+    /// processes by namespace and rank (issue 33), and a server serves one job so far.
+    pub(super) fn own_rank(&self, p: ProcId) -> Result<Rank, String> {
+        if p.ns == self.plan.ns {
+            Ok(p.rank)
+        } else {
+            Err(format!(
+                "namespace {} is not served here (this server serves {} only)",
+                p.ns, self.plan.ns
+            ))
+        }
+    }
+
     fn send_client(&self, conn: ConnId, msg: &ServerMsg) {
         if conn & pmi::PMI_CONN != 0 {
             return self.pmi_reply(conn, msg);
@@ -675,10 +689,10 @@ impl State {
             Event::PmiClosed { rank } => self.pmi_closed(rank),
             Event::ClientHello {
                 conn,
-                rank,
+                proc,
                 token,
                 tx,
-            } => self.on_hello(conn, rank, token, tx),
+            } => self.on_hello(conn, proc, token, tx),
             Event::Client { conn, msg } => self.on_client(conn, msg),
             Event::ClientGone { conn, reason } => {
                 let acts = self.modex.conn_closed(conn);

@@ -14,18 +14,19 @@ use weft_wireup::frame;
 use weft_wireup::proto::{
     ClientMsg, CollId, CollKind, FenceMode, GroupDirectives, Procs, MAGIC, PROTOCOL_VERSION,
 };
-use weft_wireup::Rank;
+use weft_wireup::{NsId, Rank};
 use weft_wireup::{Scope, Value};
 
 pub use weft_fuzz::Mutator;
 
-/// The hello frame of `rank` with `token`.
-pub fn hello(rank: Rank, token: u64) -> Vec<u8> {
+/// The hello frame of `rank` of namespace `ns` with `token`.
+pub fn hello(ns: NsId, rank: Rank, token: u64) -> Vec<u8> {
     frame::encode(&ClientMsg::Hello {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
         rank,
         token,
+        ns,
     })
 }
 

@@ -15,10 +15,11 @@ use crate::conn::{self, Conn, Progress};
 use crate::frame::{self, MAX_PEER_FRAME};
 use crate::job::{JobInfo, NodeNet};
 use crate::proto::{
-    ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION,
+    ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WelcomeHead, WireError, MAGIC,
+    PROTOCOL_VERSION,
 };
 use crate::value::{Scope, Value};
-use crate::{env, Rank};
+use crate::{env, NsId, ProcId, Rank};
 
 /// Largest key accepted by `put`.
 pub(crate) const MAX_KEY: usize = 1024;
@@ -151,6 +152,8 @@ pub(crate) fn ms(d: Option<Duration>) -> Option<u64> {
 #[derive(Debug)]
 pub struct Client {
     rank: Rank,
+    /// This process's namespace id (its job's).
+    ns: NsId,
     node: u32,
     job: JobInfo,
     local_peers: Vec<Rank>,
@@ -287,8 +290,10 @@ impl Client {
         let node = job.node_of(rank).ok_or_else(|| InitError::Pmix {
             reason: format!("rank {rank} is not in the job (size {})", job.size()),
         })?;
+        // The host's names are strings; the own job is the first this process knows.
         Ok(Client::assemble(
             rank,
+            NsId::FIRST,
             node,
             job,
             Backend::Pmix(link),
@@ -312,6 +317,7 @@ impl Client {
     /// starts empty.
     fn assemble(
         rank: Rank,
+        ns: NsId,
         node: u32,
         job: JobInfo,
         backend: Backend,
@@ -319,6 +325,7 @@ impl Client {
     ) -> Client {
         Client {
             rank,
+            ns,
             node,
             local_peers: job.ranks_on(node),
             job,
@@ -337,6 +344,16 @@ impl Client {
     fn connect_weft() -> Result<Client, InitError> {
         let rank: Rank = env_num(env::RANK)?;
         let token: u64 = env_num(env::TOKEN)?;
+        let ns = match env_num::<u32>(env::NSID)? {
+            0 => {
+                return Err(InitError::BadEnv {
+                    var: env::NSID,
+                    value: "0".into(),
+                    reason: "0 names no namespace".into(),
+                })
+            }
+            n => NsId(n),
+        };
         let path = PathBuf::from(env_var(env::SERVER_SOCKET)?);
         let stream = UnixStream::connect(&path).map_err(|source| InitError::Connect {
             path: path.clone(),
@@ -354,26 +371,48 @@ impl Client {
                 version: PROTOCOL_VERSION,
                 rank,
                 token,
+                ns,
             },
         )
         .map_err(|e| hs(format!("cannot send hello: {e}")))?;
         s.set_read_timeout(Some(crate::proto::HELLO_TIMEOUT))
             .map_err(|e| hs(e.to_string()))?;
-        let welcome: ServerMsg = frame::read_sync(&mut s, MAX_PEER_FRAME).map_err(|e| {
+        let welcome = frame::read_sync_bytes(&mut s, MAX_PEER_FRAME).map_err(|e| {
             hs(format!(
                 "no welcome from the server ({e}; it is waited for {} s, HELLO_TIMEOUT)",
                 crate::proto::HELLO_TIMEOUT.as_secs()
             ))
         })?;
+        let other_version = |version| {
+            hs(format!(
+                "server speaks protocol version {version}, this client {PROTOCOL_VERSION}"
+            ))
+        };
+        let welcome: ServerMsg = match frame::decode(&welcome) {
+            Ok(w) => w,
+            // Another version's welcome need not decode whole; its head says its version.
+            Err(e) => match frame::decode::<WelcomeHead>(&welcome) {
+                Ok(WelcomeHead::Welcome { version }) if version != PROTOCOL_VERSION => {
+                    return Err(other_version(version))
+                }
+                _ => return Err(hs(format!("undecodable welcome: {e}"))),
+            },
+        };
         let datastore = match welcome {
             ServerMsg::Welcome {
-                version, datastore, ..
-            } if version == PROTOCOL_VERSION => datastore,
-            ServerMsg::Welcome { version, .. } => {
-                return Err(hs(format!(
-                    "server speaks protocol version {version}, this client {PROTOCOL_VERSION}"
-                )))
+                version,
+                datastore,
+                ns: theirs,
+                ..
+            } if version == PROTOCOL_VERSION => {
+                if theirs != ns {
+                    return Err(hs(format!(
+                        "the server took this process into namespace {theirs}, its hello named {ns}"
+                    )));
+                }
+                datastore
             }
+            ServerMsg::Welcome { version, .. } => return Err(other_version(version)),
             ServerMsg::Refused { reason } => return Err(InitError::Refused { rank, reason }),
             other => return Err(hs(format!("unexpected reply {other:?}"))),
         };
@@ -408,6 +447,7 @@ impl Client {
         let conn = Conn::new(s, reader, Arc::clone(&progress));
         Ok(Client::assemble(
             rank,
+            ns,
             node,
             job,
             Backend::Native {
@@ -423,6 +463,15 @@ impl Client {
     /// This process's rank.
     pub fn rank(&self) -> Rank {
         self.rank
+    }
+    /// This process's namespace id: its job's, as its runtime numbers jobs (the first job
+    /// under a PMIx host, whose names are strings: see [`nspace`](Self::nspace)).
+    pub fn ns(&self) -> NsId {
+        self.ns
+    }
+    /// This process: its namespace id and rank.
+    pub fn me(&self) -> ProcId {
+        ProcId::new(self.ns, self.rank)
     }
     /// The job's size.
     pub fn size(&self) -> u32 {

@@ -84,6 +84,12 @@ fn read_full(r: &mut impl Read, buf: &mut [u8], want_total: usize) -> Result<(),
 
 /// Reads one frame from a blocking stream.
 pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> Result<T, FrameError> {
+    decode(&read_sync_bytes(r, max)?)
+}
+
+/// Reads one frame's payload from a blocking stream, undecoded (for a reader that decodes
+/// it more than one way, as a handshake does across protocol versions).
+pub fn read_sync_bytes(r: &mut impl Read, max: usize) -> Result<Vec<u8>, FrameError> {
     let mut len = [0u8; 4];
     read_full(r, &mut len, 0)?;
     let len = u32::from_le_bytes(len) as usize;
@@ -107,7 +113,7 @@ pub fn read_sync<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> Result<T
             want: len,
         });
     }
-    decode(&payload)
+    Ok(payload)
 }
 
 /// How much of a frame is allocated ahead of its bytes.

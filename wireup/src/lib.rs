@@ -91,6 +91,9 @@ pub mod env {
     pub const NODE: &str = "WEFT_NODE";
     /// The job's namespace.
     pub const NSPACE: &str = "WEFT_NSPACE";
+    /// The job's namespace id in its runtime (a number, 1 under a plain `weft run`): the
+    /// process's hello names it beside its rank.
+    pub const NSID: &str = "WEFT_NSID";
     /// Path of the node server's Unix socket.
     pub const SERVER_SOCKET: &str = "WEFT_SERVER_SOCKET";
     /// The per-process token that proves the process's identity to its server.

@@ -2,15 +2,22 @@
 //! launcher messages are the runtime's: `weft_runtime::wire::proto`).
 //!
 //! Every connection starts with a hello that carries a magic and a version; a peer
-//! speaking another version is refused with a message that says both versions.
+//! speaking another version is refused with a message that says both versions. The
+//! hello and the welcome keep their first fields in every version ([`HelloHead`],
+//! [`WelcomeHead`]): a frame of another version that does not decode whole still says
+//! its version, so the refusal names it instead of calling the frame undecodable.
+//!
+//! Version 4 (issue 33): the hello names the process's namespace ([`NsId`]) beside its
+//! rank, and the welcome the namespace the server took it into.
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::NsId;
 use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// How long either end of a new client connection waits for the other's first frame
@@ -191,12 +198,15 @@ pub enum WireError {
 /// Client to server.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientMsg {
-    /// Must be the first frame; never reorder: old and new versions must decode it.
+    /// Must be the first frame; never reorder: old and new versions must decode its
+    /// first fields ([`HelloHead`]).
     Hello {
         magic: [u8; 4],
         version: u32,
         rank: Rank,
         token: u64,
+        /// The process's namespace (its job), since version 4.
+        ns: NsId,
     },
     /// Not acknowledged: the server handles a connection's frames in order.
     Commit {
@@ -310,13 +320,33 @@ pub struct Event {
     pub reason: String,
 }
 
+/// The first fields of a [`ClientMsg::Hello`], the same in every protocol version (a
+/// postcard decode reads them and ignores the rest): what a server reads from a hello
+/// that does not decode whole, to refuse another version by its number.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum HelloHead {
+    Hello { magic: [u8; 4], version: u32 },
+}
+
+/// The first field of a [`ServerMsg::Welcome`], the same in every protocol version: what a
+/// client reads from a welcome that does not decode whole.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum WelcomeHead {
+    Welcome { version: u32 },
+}
+
 /// Server to client.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ServerMsg {
+    /// The first frame; never reorder: old and new versions must decode its first field
+    /// ([`WelcomeHead`]).
     Welcome {
         version: u32,
         datastore: String,
         nspace: String,
+        /// The namespace the process was taken into (the one its hello named), since
+        /// version 4.
+        ns: NsId,
     },
     Refused {
         reason: String,
@@ -406,9 +436,85 @@ mod tests {
             version: 7,
             rank: 1,
             token: 2,
+            ns: NsId(3),
         })
         .unwrap();
         assert_eq!(enc[0], 0);
         assert_eq!(&enc[1..5], b"WEFT");
+    }
+
+    /// A version 3 hello (no namespace) is not a version 4 one, but its head still says
+    /// version 3; the v4 hello's head says 4. Likewise the welcomes.
+    #[test]
+    fn the_heads_read_the_version_of_hellos_and_welcomes_of_either_version() {
+        #[derive(Serialize)]
+        enum V3Hello {
+            Hello {
+                magic: [u8; 4],
+                version: u32,
+                rank: Rank,
+                token: u64,
+            },
+        }
+        #[derive(Serialize)]
+        enum V3Welcome {
+            Welcome {
+                version: u32,
+                datastore: String,
+                nspace: String,
+            },
+        }
+        let v3 = postcard::to_stdvec(&V3Hello::Hello {
+            magic: MAGIC,
+            version: 3,
+            rank: 1,
+            token: u64::MAX,
+        })
+        .unwrap();
+        assert!(postcard::from_bytes::<ClientMsg>(&v3).is_err());
+        assert_eq!(
+            postcard::from_bytes::<HelloHead>(&v3).unwrap(),
+            HelloHead::Hello {
+                magic: MAGIC,
+                version: 3
+            }
+        );
+        let v4 = postcard::to_stdvec(&ClientMsg::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            rank: 1,
+            token: u64::MAX,
+            ns: NsId(9),
+        })
+        .unwrap();
+        assert_eq!(
+            postcard::from_bytes::<HelloHead>(&v4).unwrap(),
+            HelloHead::Hello {
+                magic: MAGIC,
+                version: 4
+            }
+        );
+        let w3 = postcard::to_stdvec(&V3Welcome::Welcome {
+            version: 3,
+            datastore: "/weft-x".into(),
+            nspace: "weft-x".into(),
+        })
+        .unwrap();
+        assert!(postcard::from_bytes::<ServerMsg>(&w3).is_err());
+        assert_eq!(
+            postcard::from_bytes::<WelcomeHead>(&w3).unwrap(),
+            WelcomeHead::Welcome { version: 3 }
+        );
+        let w4 = postcard::to_stdvec(&ServerMsg::Welcome {
+            version: PROTOCOL_VERSION,
+            datastore: "/weft-x".into(),
+            nspace: "weft-x".into(),
+            ns: NsId(9),
+        })
+        .unwrap();
+        assert_eq!(
+            postcard::from_bytes::<WelcomeHead>(&w4).unwrap(),
+            WelcomeHead::Welcome { version: 4 }
+        );
     }
 }

@@ -7,7 +7,7 @@ use weft_testkit::corpus::inputs::*;
 use weft_testkit::corpus::*;
 use weft_wireup::frame::{self, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use weft_wireup::proto::{ClientMsg, ServerMsg, WireError, PROTOCOL_VERSION};
-use weft_wireup::Value;
+use weft_wireup::{NsId, Value};
 
 fn server_msgs() -> Vec<ServerMsg> {
     vec![
@@ -15,6 +15,7 @@ fn server_msgs() -> Vec<ServerMsg> {
             version: PROTOCOL_VERSION,
             datastore: "/weft-x".into(),
             nspace: "n".into(),
+            ns: NsId(2),
         },
         ServerMsg::Refused { reason: "r".into() },
         ServerMsg::Done { req: 1 },
@@ -42,7 +43,7 @@ fn fuzz_frame_decoders() {
     // (weft-runtime's wire::fuzz).
     let client: Vec<Vec<u8>> = client_corpus(0, 4)
         .into_iter()
-        .chain([hello(0, 5)])
+        .chain([hello(NsId::FIRST, 0, 5), hello(NsId(7), 3, 5)])
         .chain(saved("client"))
         .collect();
     let server: Vec<Vec<u8>> = server_msgs().iter().map(frame::encode).collect();

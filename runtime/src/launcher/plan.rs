@@ -426,6 +426,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
     }
     Ok(JobPlan {
         job,
+        ns: weft_wireup::NsId::FIRST,
         apps: specs,
         tag_output: spec.tag_output,
         bind,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use weft_shm::StoreWriter;
-use weft_wireup::Rank;
+use weft_wireup::{NsId, ProcId, Rank};
 
 use super::{Event, Out, State};
 use crate::modex::ConnId;
@@ -61,7 +61,7 @@ impl Rig {
         let token = self.st.procs.token(rank).expect("a local rank");
         self.st.handle(Event::ClientHello {
             conn,
-            rank,
+            proc: ProcId::new(NsId::FIRST, rank),
             token,
             tx,
         });
@@ -113,6 +113,7 @@ fn a_second_hello_drops_the_client() {
             version: PROTOCOL_VERSION,
             rank,
             token,
+            ns: NsId::FIRST,
         },
     });
     let closed =

@@ -9,12 +9,14 @@ use std::io;
 
 use tokio::net::UnixStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use weft_wireup::Rank;
+use weft_wireup::ProcId;
 
 use super::{Event, Out, State};
 use crate::modex::{ConnId, GetFlags};
 use crate::wire::frame::{self, FrameError, MAX_CLIENT_FRAME};
-use crate::wire::proto::{ClientMsg, CollKind, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION};
+use crate::wire::proto::{
+    ClientMsg, CollKind, HelloHead, ServerMsg, WireError, MAGIC, PROTOCOL_VERSION,
+};
 
 pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: UnboundedSender<Event>) {
     match s.peer_cred() {
@@ -34,31 +36,49 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
     let (mut r, mut w) = s.into_split();
     let hello = tokio::time::timeout(
         crate::wire::proto::HELLO_TIMEOUT,
-        frame::read_async::<ClientMsg>(&mut r, MAX_CLIENT_FRAME),
+        frame::read_async_bytes(&mut r, MAX_CLIENT_FRAME),
     )
     .await;
 
-    let (rank, token) = match hello {
+    let other_version = |version| {
+        format!("client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}")
+    };
+    let hello = match hello {
         Err(_) => {
             let t = crate::wire::proto::HELLO_TIMEOUT.as_secs();
             return refuse(&mut w, format!("no hello within {t} s (HELLO_TIMEOUT)")).await;
         }
         Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,
-        Ok(Ok(ClientMsg::Hello {
+        Ok(Ok(bytes)) => match frame::decode::<ClientMsg>(&bytes) {
+            Ok(m) => m,
+            // Another version's hello need not decode whole; its head says its version.
+            Err(e) => match frame::decode::<HelloHead>(&bytes) {
+                Ok(HelloHead::Hello { magic, version })
+                    if magic == MAGIC && version != PROTOCOL_VERSION =>
+                {
+                    return refuse(&mut w, other_version(version)).await
+                }
+                _ => return refuse(&mut w, format!("bad hello: {e}")).await,
+            },
+        },
+    };
+    let (proc, token) = match hello {
+        ClientMsg::Hello {
             magic,
             version,
             rank,
             token,
-        })) => {
+            ns,
+        } => {
             if magic != MAGIC {
                 return refuse(&mut w, format!("bad magic {magic:?} in hello")).await;
             }
             if version != PROTOCOL_VERSION {
-                return refuse(&mut w, format!("client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}")).await;
+                return refuse(&mut w, other_version(version)).await;
             }
-            (rank, token)
+            (ProcId::new(ns, rank), token)
         }
-        Ok(Ok(other)) => {
+        other => {
             return refuse(
                 &mut w,
                 format!("first message is not a hello: {}", msg_name(&other)),
@@ -82,7 +102,7 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
     if ev
         .send(Event::ClientHello {
             conn,
-            rank,
+            proc,
             token,
             tx,
         })
@@ -104,7 +124,7 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
                         String::new()
                     }
                     e => {
-                        tracing::warn!("dropping client connection of rank {rank}: {e}");
+                        tracing::warn!("dropping client connection of rank {}: {e}", proc.rank);
                         e.to_string()
                     }
                 };
@@ -142,14 +162,21 @@ impl State {
     pub(super) fn on_hello(
         &mut self,
         conn: ConnId,
-        rank: Rank,
+        proc: ProcId,
         token: u64,
         tx: UnboundedSender<Out>,
     ) {
         let refuse = |reason: String| {
-            tracing::warn!("dropping client connection claiming rank {rank}: {reason}");
+            tracing::warn!(
+                "dropping client connection claiming rank {}: {reason}",
+                proc.rank
+            );
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Refused { reason })));
             let _ = tx.send(Out::Close);
+        };
+        let rank = match self.own_rank(proc) {
+            Ok(rank) => rank,
+            Err(reason) => return refuse(reason),
         };
         let early = match self.procs.on_hello(rank, token, conn) {
             Ok(early) => early,
@@ -159,6 +186,7 @@ impl State {
             version: PROTOCOL_VERSION,
             datastore: self.store.name().to_owned(),
             nspace: self.plan.job.nspace.clone(),
+            ns: self.plan.ns,
         })));
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));

@@ -22,6 +22,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .env(env::LOCAL_SIZE, st.procs.local_count().to_string())
         .env(env::NODE, st.node.to_string())
         .env(env::NSPACE, &plan.job.nspace)
+        .env(env::NSID, plan.ns.0.to_string())
         .env(env::SERVER_SOCKET, sock)
         .env(
             env::TOKEN,

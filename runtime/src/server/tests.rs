@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use weft_shm::StoreWriter;
-use weft_wireup::{Rank, Value};
+use weft_wireup::{NsId, ProcId, Rank, Value};
 
 use super::{Event, Out, State};
 use crate::modex::ConnId;
@@ -53,7 +53,7 @@ impl Node0 {
             let token = st.procs.token(rank).expect("a local rank");
             st.handle(Event::ClientHello {
                 conn,
-                rank,
+                proc: ProcId::new(NsId::FIRST, rank),
                 token,
                 tx,
             });

@@ -13,6 +13,15 @@ pub async fn read_async<T: DeserializeOwned>(
     r: &mut (impl AsyncRead + Unpin),
     max: usize,
 ) -> Result<T, FrameError> {
+    decode(&read_async_bytes(r, max).await?)
+}
+
+/// Reads one frame's payload from an async stream, undecoded (for a reader that decodes
+/// it more than one way, as a handshake does across protocol versions).
+pub async fn read_async_bytes(
+    r: &mut (impl AsyncRead + Unpin),
+    max: usize,
+) -> Result<Vec<u8>, FrameError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -33,7 +42,7 @@ pub async fn read_async<T: DeserializeOwned>(
             want: len,
         });
     }
-    decode(&payload)
+    Ok(payload)
 }
 
 /// Writes one pre-encoded frame to an async stream.

@@ -254,6 +254,9 @@ pub struct AppSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobPlan {
     pub job: JobInfo,
+    /// The job's namespace id in its runtime: its processes' hellos name it
+    /// (`NsId::FIRST`: a runtime of `weft run` runs one job).
+    pub ns: weft_wireup::NsId,
     pub apps: Vec<AppSpec>,
     pub tag_output: bool,
     /// Per rank, the CPUs to bind it to.

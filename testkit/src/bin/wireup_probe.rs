@@ -287,13 +287,17 @@ fn varint(mut v: u64, out: &mut Vec<u8>) {
     }
 }
 
-/// A hello as the client sends it (postcard: variant 0, magic, varint version/rank/token).
-fn hello(version: u32, rank: u32, token: u64) -> Vec<u8> {
+/// A hello as the client sends it (postcard: variant 0, magic, varint version/rank/token,
+/// since version 4 the varint namespace id; `ns` None: a version 3 hello, without it).
+fn hello(version: u32, rank: u32, token: u64, ns: Option<u32>) -> Vec<u8> {
     let mut p = vec![0u8];
     p.extend_from_slice(b"WEFT");
     varint(version.into(), &mut p);
     varint(rank.into(), &mut p);
     varint(token, &mut p);
+    if let Some(ns) = ns {
+        varint(ns.into(), &mut p);
+    }
     frame(&p)
 }
 
@@ -326,6 +330,7 @@ fn garbage() -> Res {
     w.commit()?;
     if r == 0 {
         let token: u64 = std::env::var("WEFT_TOKEN")?.parse()?;
+        let ns: u32 = std::env::var("WEFT_NSID")?.parse()?;
         let cases: Vec<(&str, Vec<u8>, bool)> = vec![
             (
                 "garbage",
@@ -342,20 +347,27 @@ fn garbage() -> Res {
                 true,
             ),
             ("4GiB", vec![0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4], false),
-            ("version99", hello(99, 0, token), false),
+            ("version99", hello(99, 0, token, Some(ns)), false),
+            // A version 3 client's hello: no namespace (it does not decode as version 4).
+            ("version3", hello(3, 0, token, None), false),
             (
                 "wrong-token",
-                hello(weft_wireup::PROTOCOL_VERSION, 1, token ^ 0x5555),
+                hello(weft_wireup::PROTOCOL_VERSION, 1, token ^ 0x5555, Some(ns)),
                 false,
             ),
             (
                 "duplicate",
-                hello(weft_wireup::PROTOCOL_VERSION, 0, token),
+                hello(weft_wireup::PROTOCOL_VERSION, 0, token, Some(ns)),
                 false,
             ),
             (
                 "foreign-rank",
-                hello(weft_wireup::PROTOCOL_VERSION, 999, 1),
+                hello(weft_wireup::PROTOCOL_VERSION, 999, 1, Some(ns)),
+                false,
+            ),
+            (
+                "foreign-ns",
+                hello(weft_wireup::PROTOCOL_VERSION, 0, token, Some(ns + 6)),
                 false,
             ),
         ];
@@ -784,7 +796,8 @@ fn fuzz_server() -> Res {
         use weft_testkit::corpus::{client_corpus, hello, is_client_request, Mutator};
         let token: u64 = std::env::var("WEFT_TOKEN")?.parse()?;
         let mut s = UnixStream::connect(std::env::var("WEFT_SERVER_SOCKET")?)?;
-        s.write_all(&hello(0, token))?;
+        let ns = weft_wireup::NsId(std::env::var("WEFT_NSID")?.parse()?);
+        s.write_all(&hello(ns, 0, token))?;
         // Replies and events are read and dropped, so the server never blocks on us.
         let mut rd = s.try_clone()?;
         let drain = std::thread::spawn(move || {
