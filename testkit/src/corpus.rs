@@ -14,7 +14,7 @@ use weft_wireup::frame;
 use weft_wireup::proto::{
     ClientMsg, CollId, CollKind, FenceMode, GroupDirectives, Procs, MAGIC, PROTOCOL_VERSION,
 };
-use weft_wireup::{NsId, Rank};
+use weft_wireup::{NsId, ProcId, Rank};
 use weft_wireup::{Scope, Value};
 
 pub use weft_fuzz::Mutator;
@@ -88,7 +88,7 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
         },
         ClientMsg::Get {
             req: 3,
-            rank: other,
+            proc: ProcId::new(NsId::FIRST, other),
             key: "k".into(),
             refresh: false,
             local_only: false,
@@ -97,7 +97,7 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
         },
         ClientMsg::Get {
             req: 4,
-            rank: size + 1,
+            proc: ProcId::new(NsId::FIRST, size + 1),
             key: "k".into(),
             refresh: true,
             local_only: true,
@@ -128,7 +128,7 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
         ClientMsg::PsetDefine {
             req: 10,
             name: "p".into(),
-            members: vec![rank, other],
+            members: vec![ProcId::new(NsId::FIRST, rank), ProcId::new(NsId(2), other)],
         },
         ClientMsg::PsetDelete {
             req: 11,
@@ -137,14 +137,14 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
         ClientMsg::GroupInvite {
             req: 12,
             id: "inv".into(),
-            procs: vec![other],
+            procs: vec![ProcId::new(NsId::FIRST, other)],
             directives: dirs,
             timeout_ms: Some(50),
         },
         ClientMsg::GroupJoin {
             req: 13,
             id: "inv".into(),
-            leader: other,
+            leader: ProcId::new(NsId::FIRST, other),
             accept: true,
         },
     ]

@@ -829,9 +829,10 @@ impl Client {
             }
         }
         let key_s = key.to_owned();
+        let proc = ProcId::new(self.ns, rank);
         let msg = |req| ClientMsg::Get {
             req,
-            rank,
+            proc,
             key: key_s,
             refresh: opts.refresh,
             local_only: opts.local_only,

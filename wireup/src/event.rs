@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::{lock, Backend, Client, ConnError};
 use crate::proto::{ClientMsg, Event, EventCode, ServerMsg, WireError};
-use crate::Rank;
+use crate::{ProcId, Rank};
 
 /// How many events without a handler are kept for handlers registered later.
 pub const EVENT_CACHE: usize = 1024;
@@ -293,7 +293,8 @@ impl Client {
     /// pset-defined event. [`Client::pset_members`] knows it on the caller's node once
     /// this returns, on the other nodes when their event arrives.
     pub fn define_pset(&self, name: &str, members: &[Rank]) -> Result<(), RequestError> {
-        let (n, m) = (name.to_owned(), members.to_vec());
+        let n = name.to_owned();
+        let m = members.iter().map(|&r| ProcId::new(self.ns(), r)).collect();
         self.simple_request("pset define", name, |req| ClientMsg::PsetDefine {
             req,
             name: n,

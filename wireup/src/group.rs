@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::client::Backend;
 use crate::client::{lock, ms, Client, ConnError};
 use crate::proto::{ClientMsg, CollKind, GroupDirectives, GroupInfo, Procs, ServerMsg, WireError};
-use crate::Rank;
+use crate::{ProcId, Rank};
 
 /// Errors of group operations. Each names the group.
 #[derive(Debug, thiserror::Error)]
@@ -400,7 +400,8 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<GroupInfo, GroupError> {
         let op = "group invite";
-        let (idc, procs, directives) = (id.to_owned(), procs.to_vec(), directives.clone());
+        let procs: Vec<ProcId> = procs.iter().map(|&r| ProcId::new(self.ns(), r)).collect();
+        let (idc, directives) = (id.to_owned(), directives.clone());
         let timeout_ms = ms(timeout);
         // The server answers by the timeout at the latest (then the late ones failed).
         let m = self.server(op).and_then(|c| {
@@ -445,7 +446,7 @@ impl Client {
                 |req| ClientMsg::GroupJoin {
                     req,
                     id: idc,
-                    leader,
+                    leader: ProcId::new(self.ns(), leader),
                     accept,
                 },
                 timeout,

@@ -8,11 +8,13 @@
 //! its version, so the refusal names it instead of calling the frame undecodable.
 //!
 //! Version 4 (issue 33): the hello names the process's namespace ([`NsId`]) beside its
-//! rank, and the welcome the namespace the server took it into.
+//! rank, and the welcome the namespace the server took it into; requests name other
+//! processes by [`ProcId`] (a get's owner, a process set's members, a group's invitees and
+//! leader). Replies, events and group records still name ranks of the one job.
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::NsId;
+use crate::names::{NsId, ProcId};
 use crate::value::{Scope, Value};
 use crate::Rank;
 
@@ -220,7 +222,8 @@ pub enum ClientMsg {
     },
     Get {
         req: u64,
-        rank: Rank,
+        /// Whose key (its namespace and rank; since version 4).
+        proc: ProcId,
         key: String,
         refresh: bool,
         local_only: bool,
@@ -251,7 +254,7 @@ pub enum ClientMsg {
     PsetDefine {
         req: u64,
         name: String,
-        members: Vec<Rank>,
+        members: Vec<ProcId>,
     },
     /// Delete a process set defined while the job runs.
     PsetDelete { req: u64, name: String },
@@ -260,7 +263,7 @@ pub enum ClientMsg {
     GroupInvite {
         req: u64,
         id: String,
-        procs: Vec<Rank>,
+        procs: Vec<ProcId>,
         directives: GroupDirectives,
         timeout_ms: Option<u64>,
     },
@@ -269,7 +272,7 @@ pub enum ClientMsg {
     GroupJoin {
         req: u64,
         id: String,
-        leader: Rank,
+        leader: ProcId,
         accept: bool,
     },
 }

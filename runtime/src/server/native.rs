@@ -9,7 +9,7 @@ use std::io;
 
 use tokio::net::UnixStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use weft_wireup::ProcId;
+use weft_wireup::{ProcId, Rank};
 
 use super::{Event, Out, State};
 use crate::modex::{ConnId, GetFlags};
@@ -242,6 +242,10 @@ impl State {
             }
             ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
             ClientMsg::PsetDefine { req, name, members } => {
+                let Some(members) = self.own_ranks_or_fail(conn, req, "pset define", &members)
+                else {
+                    return;
+                };
                 let acts = self.psets.on_request(conn, req, name, Some(members));
                 self.apply_psets(acts);
             }
@@ -255,37 +259,75 @@ impl State {
                 procs,
                 directives,
                 timeout_ms,
-            } => self.group_invite(rank, conn, req, id, procs, directives, timeout_ms),
+            } => {
+                let Some(procs) = self.own_ranks_or_fail(conn, req, "group invite", &procs) else {
+                    return;
+                };
+                self.group_invite(rank, conn, req, id, procs, directives, timeout_ms)
+            }
             ClientMsg::GroupJoin {
                 req,
                 id,
                 leader,
                 accept,
-            } => self.group_join(rank, conn, req, id, leader, accept),
+            } => {
+                let Some(leader) = self.own_rank_or_fail(conn, req, "group join", leader) else {
+                    return;
+                };
+                self.group_join(rank, conn, req, id, leader, accept)
+            }
             ClientMsg::Get {
                 req,
-                rank: target,
+                proc,
                 key,
                 refresh,
                 local_only,
                 immediate,
                 timeout_ms,
-            } => self.get(
-                conn,
-                req,
-                target,
-                key,
-                GetFlags {
+            } => {
+                let Some(target) = self.own_rank_or_fail(conn, req, "get", proc) else {
+                    return;
+                };
+                let flags = GetFlags {
                     refresh,
                     local_only,
                     immediate,
-                },
-                timeout_ms,
-            ),
+                };
+                self.get(conn, req, target, key, flags, timeout_ms)
+            }
             ClientMsg::Finalize { req, at_exit } => {
                 let acts = self.procs.on_finalize(rank, at_exit);
                 self.apply_procs(acts);
                 self.send_client(conn, &ServerMsg::Done { req });
+            }
+        }
+    }
+}
+
+impl State {
+    /// The rank of `p` in this server's job; if it is of another namespace, request `req`
+    /// fails (invalid, naming the namespace) and `None` is returned.
+    fn own_rank_or_fail(&self, conn: ConnId, req: u64, op: &str, p: ProcId) -> Option<Rank> {
+        self.own_ranks_or_fail(conn, req, op, &[p])?.pop()
+    }
+
+    /// [`own_rank_or_fail`](Self::own_rank_or_fail) for a list of processes.
+    fn own_ranks_or_fail(
+        &self,
+        conn: ConnId,
+        req: u64,
+        op: &str,
+        procs: &[ProcId],
+    ) -> Option<Vec<Rank>> {
+        match procs.iter().map(|&p| self.own_rank(p)).collect() {
+            Ok(ranks) => Some(ranks),
+            Err(reason) => {
+                let error = WireError::Invalid {
+                    op: op.to_owned(),
+                    reason,
+                };
+                self.send_client(conn, &ServerMsg::Failed { req, error });
+                None
             }
         }
     }

@@ -175,7 +175,7 @@ fn a_fence_releases_each_member_once_when_every_node_contributed() {
         0,
         ClientMsg::Get {
             req: 2,
-            rank: 2,
+            proc: own(2),
             key: "card".into(),
             refresh: false,
             local_only: false,
@@ -321,6 +321,73 @@ fn pset_events(msgs: &[ServerMsg]) -> Vec<(EventCode, String, Vec<Rank>)> {
         .collect()
 }
 
+/// Rank `r` of the job the test servers serve.
+fn own(r: Rank) -> ProcId {
+    ProcId::new(NsId::FIRST, r)
+}
+
+/// A request naming a process of a namespace the server does not serve fails at once,
+/// invalid, naming the namespace; nothing else happens (no pset defined, no peer
+/// message, no group, no get sent on).
+#[test]
+fn a_request_naming_another_namespace_fails_naming_it() {
+    let mut n = Node0::new("foreign-ns");
+    let other = ProcId::new(NsId(5), 1);
+    let requests = [
+        (
+            "get",
+            ClientMsg::Get {
+                req: 1,
+                proc: other,
+                key: "card".into(),
+                refresh: false,
+                local_only: false,
+                immediate: false,
+                timeout_ms: None,
+            },
+        ),
+        (
+            "pset define",
+            ClientMsg::PsetDefine {
+                req: 2,
+                name: "ice".into(),
+                members: vec![own(0), other],
+            },
+        ),
+        (
+            "group invite",
+            ClientMsg::GroupInvite {
+                req: 3,
+                id: "g".into(),
+                procs: vec![own(1), other],
+                directives: GroupDirectives::default(),
+                timeout_ms: None,
+            },
+        ),
+        (
+            "group join",
+            ClientMsg::GroupJoin {
+                req: 4,
+                id: "g".into(),
+                leader: other,
+                accept: true,
+            },
+        ),
+    ];
+    for (i, (what, msg)) in requests.into_iter().enumerate() {
+        n.client(0, msg);
+        let got = n.replies(0);
+        let want = i as u64 + 1;
+        assert!(
+            matches!(&got[..], [ServerMsg::Failed { req, error: WireError::Invalid { op, reason } }]
+                if *req == want && op == what && reason == "namespace ns5 is not served here (this server serves ns1 only)"),
+            "{what}: {got:?}"
+        );
+        assert!(n.replies(1).is_empty() && n.sent().is_empty(), "{what}");
+    }
+    assert!(n.st.psets.defined().is_empty());
+}
+
 #[test]
 fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice() {
     let mut n = Node0::new("pset");
@@ -329,7 +396,7 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         ClientMsg::PsetDefine {
             req: 1,
             name: "ice".into(),
-            members: vec![3, 1, 1],
+            members: vec![own(3), own(1), own(1)],
         },
     );
     let defined = (EventCode::PsetDefined, "ice".to_owned(), vec![1, 3]);
@@ -352,7 +419,7 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         ClientMsg::PsetDefine {
             req: 2,
             name: "ice".into(),
-            members: vec![0],
+            members: vec![own(0)],
         },
     );
     let got = n.replies(1);
