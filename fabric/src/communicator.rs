@@ -200,6 +200,18 @@ impl Communicator {
         }
     }
 
+    /// What a receive or probe from `src` (a job rank; `None`: any source) waits for in
+    /// vain: the source is gone, or, from any source, every other member is (both when
+    /// this node's server is lost), as (job rank, why).
+    fn source_gone(&self, e: &Engine, src: Option<u32>) -> Option<(u32, String)> {
+        match src {
+            Some(r) if r == self.inner.me => None,
+            Some(r) => e.gone_reason(r).map(|why| (r, why)),
+            None if self.size > 1 => self.all_others_gone(e),
+            None => None,
+        }
+    }
+
     fn tag_sel(tag: Tag) -> Option<u32> {
         (tag != Tag::ANY).then_some(tag.0)
     }
@@ -264,13 +276,7 @@ impl Communicator {
                 }
             };
             if check {
-                let gone = match s {
-                    Some(r) if r == self.inner.me => None,
-                    Some(r) => e.gone_reason(r).map(|why| (r, why)),
-                    None if self.size > 1 => self.all_others_gone(&e),
-                    None => None,
-                };
-                if let Some((rank, reason)) = gone {
+                if let Some((rank, reason)) = self.source_gone(&e, s) {
                     // One more pass: its last messages may have arrived before it died.
                     match e.recv_direct(p, n, self.ctx, s, t) {
                         Direct::Done(r) => return self.fix(r),
@@ -397,15 +403,7 @@ impl Communicator {
             let (g, check) = self.inner.pause(e, &mut backoff);
             e = g;
             if check {
-                // As a receive: the source is gone (or, from any source, every other
-                // member is; both when this node's server is lost).
-                let gone = match s {
-                    Some(r) if r == self.inner.me => None,
-                    Some(r) => e.gone_reason(r).map(|why| (r, why)),
-                    None if self.size > 1 => self.all_others_gone(&e),
-                    None => None,
-                };
-                if let Some((rank, reason)) = gone {
+                if let Some((rank, reason)) = self.source_gone(&e, s) {
                     if let Some(st) = e.iprobe(self.ctx, s, Self::tag_sel(tag)) {
                         return self.fix(Ok(st));
                     }
