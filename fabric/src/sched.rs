@@ -520,14 +520,15 @@ impl Communicator {
     /// here): the first of them, with that reason.
     pub fn failed_member(&self) -> Option<(u32, String)> {
         let w = self.inner.wire.as_ref()?;
-        let others = || (0..self.size).filter(|&r| self.job_rank(r) != self.inner.me);
-        others()
-            .find_map(|r| {
-                w.gone_reason(self.job_rank(r))
-                    .filter(|why| why != weft_wireup::FINALIZED)
-                    .map(|why| (r, why))
-            })
-            .or_else(|| Some((others().next()?, w.server_lost()?)))
+        (0..self.size).find_map(|r| {
+            let job = self.job_rank(r);
+            if job == self.inner.me {
+                return None;
+            }
+            w.unreachable(job)
+                .filter(|why| why != weft_wireup::FINALIZED)
+                .map(|why| (r, why))
+        })
     }
 
     /// How member `r` (communicator rank) ended, if it did: died, or finalized (unlike
@@ -544,8 +545,7 @@ impl Communicator {
         if job == self.inner.me {
             return None;
         }
-        // Its end cannot reach this process once this node's server is lost.
-        w.gone_reason(job).or_else(|| w.server_lost())
+        w.unreachable(job)
     }
 
     /// When every member is on this node and reached through shared memory: the name

@@ -451,7 +451,7 @@ impl Fabric {
         let w3 = wire.clone();
         // A peer is gone when its server says so, and every peer is when our own server
         // is (its datastore will never say so then).
-        let gone = Box::new(move |rank: u32| w3.gone_reason(rank).or_else(|| w3.server_lost()));
+        let gone = Box::new(move |rank: u32| w3.unreachable(rank));
         let shm_cfg = InboxConfig::from_env()?;
         let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
         if cfg.eager_limit > largest {

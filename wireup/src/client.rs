@@ -12,12 +12,8 @@ use weft_shm::StoreReader;
 pub(crate) use crate::conn::lock;
 pub(crate) use crate::conn::ConnError;
 use crate::conn::{self, Conn, Progress};
-use crate::frame::{self, MAX_PEER_FRAME};
 use crate::job::{JobInfo, NodeNet};
-use crate::proto::{
-    ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WelcomeHead, WireError, MAGIC,
-    PROTOCOL_VERSION,
-};
+use crate::proto::{ClientMsg, CollId, CollKind, FenceMode, Procs, ServerMsg, WireError};
 use crate::value::{Scope, Value};
 use crate::{env, NsId, ProcId, Rank};
 
@@ -82,6 +78,7 @@ pub mod keys {
 
 mod backend;
 mod errors;
+mod handshake;
 pub(crate) use backend::Backend;
 #[cfg(feature = "pmix")]
 use backend::NOT_UNDER_PMIX;
@@ -364,59 +361,7 @@ impl Client {
             reason,
         };
         let mut s = stream;
-        frame::write_sync(
-            &mut s,
-            &ClientMsg::Hello {
-                magic: MAGIC,
-                version: PROTOCOL_VERSION,
-                rank,
-                token,
-                ns,
-            },
-        )
-        .map_err(|e| hs(format!("cannot send hello: {e}")))?;
-        s.set_read_timeout(Some(crate::proto::HELLO_TIMEOUT))
-            .map_err(|e| hs(e.to_string()))?;
-        let welcome = frame::read_sync_bytes(&mut s, MAX_PEER_FRAME).map_err(|e| {
-            hs(format!(
-                "no welcome from the server ({e}; it is waited for {} s, HELLO_TIMEOUT)",
-                crate::proto::HELLO_TIMEOUT.as_secs()
-            ))
-        })?;
-        let other_version = |version| {
-            hs(format!(
-                "server speaks protocol version {version}, this client {PROTOCOL_VERSION}"
-            ))
-        };
-        let welcome: ServerMsg = match frame::decode(&welcome) {
-            Ok(w) => w,
-            // Another version's welcome need not decode whole; its head says its version.
-            Err(e) => match frame::decode::<WelcomeHead>(&welcome) {
-                Ok(WelcomeHead::Welcome { version }) if version != PROTOCOL_VERSION => {
-                    return Err(other_version(version))
-                }
-                _ => return Err(hs(format!("undecodable welcome: {e}"))),
-            },
-        };
-        let datastore = match welcome {
-            ServerMsg::Welcome {
-                version,
-                datastore,
-                ns: theirs,
-                ..
-            } if version == PROTOCOL_VERSION => {
-                if theirs != ns {
-                    return Err(hs(format!(
-                        "the server took this process into namespace {theirs}, its hello named {ns}"
-                    )));
-                }
-                datastore
-            }
-            ServerMsg::Welcome { version, .. } => return Err(other_version(version)),
-            ServerMsg::Refused { reason } => return Err(InitError::Refused { rank, reason }),
-            other => return Err(hs(format!("unexpected reply {other:?}"))),
-        };
-        s.set_read_timeout(None).map_err(|e| hs(e.to_string()))?;
+        let datastore = handshake::hello(&mut s, ProcId::new(ns, rank), token, hs)?;
         let store = StoreReader::open(&datastore)?;
         let job_bytes = store
             .get(keys::JOB_INFO)
@@ -561,6 +506,16 @@ impl Client {
             #[cfg(feature = "pmix")]
             Backend::Pmix(px) => px.gone(rank),
         }
+    }
+
+    /// Why `rank` cannot be reached, if it cannot: it is gone ([`gone_reason`]), or this
+    /// node's server is lost ([`server_lost`]: then no peer's end would ever be told here).
+    /// What a wait on a peer checks.
+    ///
+    /// [`gone_reason`]: Self::gone_reason
+    /// [`server_lost`]: Self::server_lost
+    pub fn unreachable(&self, rank: Rank) -> Option<String> {
+        self.gone_reason(rank).or_else(|| self.server_lost())
     }
 
     /// Why this node's server is lost, if it is: it died (this process's parent changed)

@@ -40,51 +40,39 @@ pub(super) async fn client_conn(s: UnixStream, conn: ConnId, uid: u32, ev: Unbou
     )
     .await;
 
-    let other_version = |version| {
-        format!("client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}")
-    };
-    let hello = match hello {
+    let bytes = match hello {
         Err(_) => {
             let t = crate::wire::proto::HELLO_TIMEOUT.as_secs();
             return refuse(&mut w, format!("no hello within {t} s (HELLO_TIMEOUT)")).await;
         }
         Ok(Err(e)) => return refuse(&mut w, format!("bad hello: {e}")).await,
-        Ok(Ok(bytes)) => match frame::decode::<ClientMsg>(&bytes) {
-            Ok(m) => m,
-            // Another version's hello need not decode whole; its head says its version.
-            Err(e) => match frame::decode::<HelloHead>(&bytes) {
-                Ok(HelloHead::Hello { magic, version })
-                    if magic == MAGIC && version != PROTOCOL_VERSION =>
-                {
-                    return refuse(&mut w, other_version(version)).await
-                }
-                _ => return refuse(&mut w, format!("bad hello: {e}")).await,
-            },
-        },
+        Ok(Ok(bytes)) => bytes,
     };
-    let (proc, token) = match hello {
-        ClientMsg::Hello {
-            magic,
-            version,
-            rank,
-            token,
-            ns,
-        } => {
-            if magic != MAGIC {
-                return refuse(&mut w, format!("bad magic {magic:?} in hello")).await;
-            }
-            if version != PROTOCOL_VERSION {
-                return refuse(&mut w, other_version(version)).await;
-            }
-            (ProcId::new(ns, rank), token)
+    // The fields every version's hello starts with first: a hello of another version
+    // need not decode whole, and is refused by its version.
+    if let Ok(HelloHead::Hello { magic, version }) = frame::decode(&bytes) {
+        if magic != MAGIC {
+            return refuse(&mut w, format!("bad magic {magic:?} in hello")).await;
         }
-        other => {
+        if version != PROTOCOL_VERSION {
+            let why = format!(
+                "client speaks protocol version {version}, this server speaks {PROTOCOL_VERSION}"
+            );
+            return refuse(&mut w, why).await;
+        }
+    }
+    let (proc, token) = match frame::decode::<ClientMsg>(&bytes) {
+        Ok(ClientMsg::Hello {
+            rank, token, ns, ..
+        }) => (ProcId::new(ns, rank), token),
+        Ok(other) => {
             return refuse(
                 &mut w,
                 format!("first message is not a hello: {}", msg_name(&other)),
             )
             .await
         }
+        Err(e) => return refuse(&mut w, format!("bad hello: {e}")).await,
     };
     let (tx, mut rx) = unbounded_channel::<Out>();
     tokio::spawn(async move {
