@@ -9,8 +9,10 @@
 //! All state lives in one actor task; connection tasks only parse frames and forward
 //! events to it, so the logic has no locks.
 //!
-//! This file holds the actor: its `State`, the event loop, and the execution of the
-//! actions its concerns decide. The concerns that are structs without IO, whose `on_*`
+//! This file holds the actor: its `State` (the node's links, PGCID allocator and PMIx
+//! server, and the job it serves: `job::Job`, which holds the job's plan, datastore,
+//! processes and the concerns below), the event loop, and the execution of the actions
+//! its concerns decide. The concerns that are structs without IO, whose `on_*`
 //! methods take an input and return actions (replies, peer messages, timers, datastore
 //! writes), each tested and fuzzed without sockets, tasks or time, beside the data
 //! concern (`crate::modex`): `fence` (collectives between servers, from arrival to the
@@ -47,7 +49,6 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_shm::StoreWriter;
 
-use crate::modex::Modex;
 use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{
     ClientMsg, CollId, Event as WireEvent, ExitKind, JobPlan, PeerMsg, ServerMsg, ToLauncher,
@@ -62,6 +63,7 @@ mod conns;
 mod fence;
 mod groups;
 mod invitations;
+mod job;
 mod leaders;
 mod native;
 mod output;
@@ -78,15 +80,11 @@ mod psets;
 mod spawn;
 
 use conns::{peer_reader, PeerLinks};
-use fence::{Contrib, Fences};
-use groups::Groups;
-use invitations::Invitations;
-use leaders::Leaders;
+use fence::Contrib;
+use job::Job;
 use native::client_conn;
 use output::OutputSink;
 use pgcids::Pgcids;
-use procs::Processes;
-use psets::Psets;
 use spawn::spawn_child;
 
 /// How long a server at its end waits for its killed processes to be reaped (and their
@@ -285,31 +283,15 @@ struct Links {
 
 struct State {
     node: u32,
-    plan: Arc<JobPlan>,
     /// The actor's channels out (`Links`).
     io: Links,
-    store: StoreWriter,
-    /// The node's processes and the job's ended ranks (`procs`).
-    procs: Processes,
-    /// Collectives between servers (`fence`).
-    fences: Fences,
-    /// Committed data, the cache of other nodes' data, and the gets waiting on them.
-    modex: Modex,
     done: bool,
-    /// Groups with members on this node (`groups`).
-    groups: Groups,
     /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
     pgcids: Pgcids,
-    /// Leader selection of groups whose leader failed (`leaders`).
-    leaders: Leaders,
-    /// Process sets defined while the job runs (`psets`).
-    psets: Psets,
-    /// Groups being formed by invitation (`invitations`).
-    invitations: Invitations,
-    /// The PMI-1 and PMI-2 front end: its connections and its keys (`pmi`).
-    pmi: pmi::PmiFront,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
+    /// The job this server serves (`job`).
+    job: Job,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -499,7 +481,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
             }
         }
     }
-    for r in st.procs.local_ranks() {
+    for r in st.job.procs.local_ranks() {
         spawn_child(&st, r, &sock_path, &ds_name, output);
     }
 
@@ -511,7 +493,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // once this server exits), remove the socket; the store unlinks on drop.
     st.kill_all(rustix::process::Signal::KILL);
     reap_children(&mut st, &mut ev_rx).await;
-    let job_id = st.plan.job_id.clone();
+    let job_id = st.job.plan.job_id.clone();
     // The children's output is written before the launcher connection closes (the
     // launcher may end this process then).
     output.flush();
@@ -530,16 +512,16 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
 /// once it is reaped and its output forwarded (or once it failed to start).
 async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
     let deadline = tokio::time::Instant::now() + CHILD_REAP_WAIT;
-    while !st.procs.unreaped().is_empty() {
+    while !st.job.procs.unreaped().is_empty() {
         match tokio::time::timeout_at(deadline, ev_rx.recv()).await {
             Ok(Some(Event::Spawned { rank, pid })) => {
-                let acts = st.procs.on_reap_spawned(rank, pid);
+                let acts = st.job.procs.on_reap_spawned(rank, pid);
                 st.apply_procs(acts);
             }
-            Ok(Some(Event::ChildExit { rank, .. })) => st.procs.on_reaped(rank),
+            Ok(Some(Event::ChildExit { rank, .. })) => st.job.procs.on_reaped(rank),
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
-                let left = st.procs.unreaped();
+                let left = st.job.procs.unreaped();
                 tracing::warn!(
                     "ranks {left:?} did not end within {} s of SIGKILL (CHILD_REAP_WAIT)",
                     CHILD_REAP_WAIT.as_secs()
@@ -561,38 +543,18 @@ impl State {
         peers: Vec<SocketAddr>,
         ctl_tx: UnboundedSender<Vec<u8>>,
     ) -> State {
-        let local = plan.job.ranks_on(node).into_iter();
-        let procs = Processes::new(
-            node,
-            plan.job.size() as usize,
-            local.map(|r| (r, random_u64())),
-        );
         State {
             node,
-            plan: plan.clone(),
             io: Links {
                 ev,
                 ctl: ctl_tx,
                 peers: PeerLinks::new(peers, secret),
                 clients: HashMap::new(),
             },
-            store,
-            procs,
-            pmi: pmi::PmiFront::default(),
             pmix: None,
-            fences: Fences::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
-            modex: Modex::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             done: false,
-            groups: Groups::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
             pgcids: Pgcids::new(plan.job.world_pgcid),
-            leaders: Leaders::new(node),
-            psets: Psets::new(
-                node,
-                plan.job.num_nodes(),
-                plan.job.size(),
-                plan.job.psets.iter().map(|p| p.name.clone()).collect(),
-            ),
-            invitations: Invitations::new(node, plan.job.procs.iter().map(|p| p.node).collect()),
+            job: Job::new(node, plan, store),
         }
     }
 }
@@ -601,12 +563,12 @@ impl State {
     /// Whether the job has ended (or is ending), so that a peer server's close is no
     /// loss: this server terminates, or every process of the job has ended.
     fn job_ended(&self, node: u32, reason: &str) -> bool {
-        if self.procs.terminating() || self.done {
+        if self.job.procs.terminating() || self.done {
             return true;
         }
         // At the end of a job a server may see another close before its own shutdown
         // arrives: with every process ended, nothing is lost.
-        if self.procs.all_gone() {
+        if self.job.procs.all_gone() {
             tracing::debug!("the server of node {node} closed after the job's end: {reason}");
             return true;
         }
@@ -635,12 +597,12 @@ impl State {
     /// The rank of `p` in this server's job, or why it is not of it: the protocol names
     /// processes by namespace and rank (issue 33), and a server serves one job so far.
     pub(super) fn own_rank(&self, p: ProcId) -> Result<Rank, String> {
-        if p.ns == self.plan.ns {
+        if p.ns == self.job.ns {
             Ok(p.rank)
         } else {
             Err(format!(
                 "namespace {} is not served here (this server serves {} only)",
-                p.ns, self.plan.ns
+                p.ns, self.job.ns
             ))
         }
     }
@@ -668,16 +630,16 @@ impl State {
     }
 
     fn store_put(&mut self, key: &[u8], value: &[u8]) {
-        if self.store.overflowed() {
+        if self.job.store.overflowed() {
             return;
         }
-        if self.store.insert(key, value).is_err() {
+        if self.job.store.insert(key, value).is_err() {
             tracing::warn!(
                 "node datastore {} is full ({} bytes used); further gets go through the server",
-                self.store.name(),
-                self.store.bytes_used()
+                self.job.store.name(),
+                self.job.store.bytes_used()
             );
-            self.store.set_overflowed();
+            self.job.store.set_overflowed();
         }
     }
 
@@ -695,15 +657,15 @@ impl State {
             } => self.on_hello(conn, proc, token, tx),
             Event::Client { conn, msg } => self.on_client(conn, msg),
             Event::ClientGone { conn, reason } => {
-                let acts = self.modex.conn_closed(conn);
+                let acts = self.job.modex.conn_closed(conn);
                 self.apply(acts);
                 if let Some((Some(rank), _)) = self.io.clients.remove(&conn) {
-                    let acts = self.procs.on_conn_closed(rank, &reason);
+                    let acts = self.job.procs.on_conn_closed(rank, &reason);
                     self.apply_procs(acts);
                 }
             }
             Event::ConnLostCheck { rank } => {
-                let acts = self.procs.on_conn_lost_check(rank);
+                let acts = self.job.procs.on_conn_lost_check(rank);
                 self.apply_procs(acts);
             }
             Event::Peer { msg } => self.on_peer(msg),
@@ -724,29 +686,29 @@ impl State {
                 tracing::error!("lost the server of node {node}: {reason}");
                 let why = format!("is unreachable (the server of node {node} was lost)");
                 // Gets waiting on a direct modex from that node can never be answered.
-                let acts = self.modex.node_lost(node, &why);
+                let acts = self.job.modex.node_lost(node, &why);
                 self.apply(acts);
-                for r in self.plan.job.ranks_on(node) {
+                for r in self.job.plan.job.ranks_on(node) {
                     self.proc_gone(r, why.clone(), HashSet::new(), false);
                 }
             }
             Event::Ctl(ToServer::Terminate { grace_ms }) => {
-                let acts = self.procs.on_terminate(Duration::from_millis(grace_ms));
+                let acts = self.job.procs.on_terminate(Duration::from_millis(grace_ms));
                 self.apply_procs(acts);
             }
             Event::KillNow => {
-                let acts = self.procs.on_kill_now();
+                let acts = self.job.procs.on_kill_now();
                 self.apply_procs(acts);
             }
             Event::AbortGraceOver { rank } => {
-                let acts = self.procs.on_abort_grace_over(rank);
+                let acts = self.job.procs.on_abort_grace_over(rank);
                 self.apply_procs(acts);
             }
             Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
-                if self.procs.live() > 0 {
+                if self.job.procs.live() > 0 {
                     tracing::error!("lost the launcher ({why}); killing this node's processes");
                 }
                 self.done = true;
@@ -761,47 +723,47 @@ impl State {
                 );
                 self.done = true;
             }
-            Event::Spawned { rank, pid } => self.procs.on_spawned(rank, pid),
+            Event::Spawned { rank, pid } => self.job.procs.on_spawned(rank, pid),
             Event::ChildExit { rank, how } => {
-                let acts = self.procs.on_child_exit(rank, how);
+                let acts = self.job.procs.on_child_exit(rank, how);
                 self.apply_procs(acts);
             }
             Event::CollTimeout { id } => {
                 let now = std::time::Instant::now();
-                let acts = self.fences.on_deadline(
+                let acts = self.job.fences.on_deadline(
                     id,
                     now,
                     Contrib {
-                        modex: &self.modex,
+                        modex: &self.job.modex,
                         pgcids: &mut self.pgcids,
                     },
                 );
                 self.apply_fences(acts);
             }
             Event::QueryTimeout { qid } => {
-                let acts = self.fences.on_query_timeout(qid);
+                let acts = self.job.fences.on_query_timeout(qid);
                 self.apply_fences(acts);
             }
             Event::InviteTimeout { id } => {
-                let acts = self.invitations.on_timeout(&id, &mut self.pgcids);
+                let acts = self.job.invitations.on_timeout(&id, &mut self.pgcids);
                 self.apply_invitations(acts);
             }
             Event::GetTimeout { rank, conn, req } => {
-                let acts = self.modex.get_timeout(rank, conn, req);
+                let acts = self.job.modex.get_timeout(rank, conn, req);
                 self.apply(acts);
             }
         }
     }
 
     fn kill_all(&mut self, sig: rustix::process::Signal) {
-        let acts = self.procs.kill_all(sig);
+        let acts = self.job.procs.kill_all(sig);
         self.apply_procs(acts);
     }
 
     /// Sends `event` to local process `rank`; one that has not connected yet gets it
     /// when it does (one that is gone, never).
     fn emit(&mut self, rank: Rank, event: &WireEvent) {
-        if let Some(conn) = self.procs.on_event(rank, event) {
+        if let Some(conn) = self.job.procs.on_event(rank, event) {
             self.send_client(conn, &ServerMsg::Event(event.clone()));
         }
     }

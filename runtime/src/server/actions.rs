@@ -45,11 +45,11 @@ impl State {
     /// An arrival at a collective, for the fences.
     fn arrive(&mut self, a: Arrival) {
         let now = std::time::Instant::now();
-        let acts = self.fences.on_arrive(
+        let acts = self.job.fences.on_arrive(
             a,
             now,
             Contrib {
-                modex: &self.modex,
+                modex: &self.job.modex,
                 pgcids: &mut self.pgcids,
             },
         );
@@ -59,11 +59,11 @@ impl State {
     /// A message of another server about a collective.
     pub(super) fn fence_peer(&mut self, msg: PeerMsg) {
         let now = std::time::Instant::now();
-        let acts = self.fences.on_peer(
+        let acts = self.job.fences.on_peer(
             msg,
             now,
             Contrib {
-                modex: &self.modex,
+                modex: &self.job.modex,
                 pgcids: &mut self.pgcids,
             },
         );
@@ -89,8 +89,9 @@ impl State {
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
                 fence::Action::GroupGathered { id, gathered } => {
-                    let ended = &self.procs;
+                    let ended = &self.job.procs;
                     let acts = self
+                        .job
                         .groups
                         .on_gathered(id, gathered, |r| ended.why_gone(r).map(str::to_owned));
                     self.apply_groups(acts);
@@ -109,7 +110,7 @@ impl State {
         directives: GroupDirectives,
         timeout_ms: Option<u64>,
     ) {
-        let busy = self.fences.construct_in_progress(&id);
+        let busy = self.job.fences.construct_in_progress(&id);
         let r = groups::Request {
             rank,
             conn,
@@ -118,20 +119,21 @@ impl State {
             directives,
             timeout_ms,
         };
-        let ended = &self.procs;
+        let ended = &self.job.procs;
         let cx = groups::Checks {
-            nspace: &self.plan.job.nspace,
+            nspace: &self.job.plan.job.nspace,
             busy,
             gone: &|r| ended.is_gone(r),
         };
-        let acts = self.groups.on_request(r, cx);
+        let acts = self.job.groups.on_request(r, cx);
         self.apply_groups(acts);
     }
 
     /// Local rank `rank` claims the leadership of group `id`.
     pub(super) fn leader_claim(&mut self, rank: Rank, conn: ConnId, req: u64, id: String) {
-        let ended = &self.procs;
+        let ended = &self.job.procs;
         let acts = self
+            .job
             .groups
             .on_leader_claim(rank, conn, req, id, |r| ended.is_gone(r));
         self.apply_groups(acts);
@@ -146,7 +148,7 @@ impl State {
                 groups::Action::Emit { rank, event } => self.emit(rank, &event),
                 groups::Action::Arrive(a) => self.arrive(a),
                 groups::Action::Learn(data) => self.learn_remote(data),
-                groups::Action::Finished { id, error } => self.fences.finish(id, error),
+                groups::Action::Finished { id, error } => self.job.fences.finish(id, error),
                 groups::Action::Claim {
                     id,
                     rank,
@@ -154,8 +156,9 @@ impl State {
                     req,
                     nodes,
                 } => {
-                    let ended = &self.procs;
+                    let ended = &self.job.procs;
                     let acts = self
+                        .job
                         .leaders
                         .on_claim(id, rank, (conn, req), nodes, |r| ended.is_gone(r));
                     self.apply_leaders(acts);
@@ -176,7 +179,7 @@ impl State {
         directives: GroupDirectives,
         timeout_ms: Option<u64>,
     ) {
-        let in_use = self.groups.in_use(&id);
+        let in_use = self.job.groups.in_use(&id);
         let inv = invitations::Invite {
             leader,
             conn,
@@ -186,11 +189,11 @@ impl State {
             directives,
             timeout_ms,
         };
-        let ended = &self.procs;
-        let acts = self.invitations.on_invite(
+        let ended = &self.job.procs;
+        let acts = self.job.invitations.on_invite(
             inv,
             in_use,
-            &self.plan.job.nspace,
+            &self.job.plan.job.nspace,
             |r| ended.why_gone(r).map(str::to_owned),
             &mut self.pgcids,
         );
@@ -207,9 +210,10 @@ impl State {
         leader: Rank,
         accept: bool,
     ) {
-        let acts = self
-            .invitations
-            .on_join(rank, conn, req, id, leader, accept, &mut self.pgcids);
+        let acts =
+            self.job
+                .invitations
+                .on_join(rank, conn, req, id, leader, accept, &mut self.pgcids);
         self.apply_invitations(acts);
     }
 
@@ -221,7 +225,7 @@ impl State {
                 psets::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 psets::Action::Store { key, value } => self.store_put(&key, &value),
                 psets::Action::Emit(e) => {
-                    for r in self.procs.local_ranks() {
+                    for r in self.job.procs.local_ranks() {
                         self.emit(r, &e);
                     }
                 }
@@ -240,7 +244,7 @@ impl State {
                     after(&self.io.ev, d, Event::InviteTimeout { id });
                 }
                 invitations::Action::Record(group) => {
-                    self.groups.record(group);
+                    self.job.groups.record(group);
                 }
             }
         }
@@ -248,7 +252,7 @@ impl State {
 
     /// A message of another server (or of this one) about invitations.
     pub(super) fn invitations_peer(&mut self, msg: PeerMsg) {
-        let acts = self.invitations.on_peer(msg, &mut self.pgcids);
+        let acts = self.job.invitations.on_peer(msg, &mut self.pgcids);
         self.apply_invitations(acts);
     }
 
@@ -259,8 +263,8 @@ impl State {
                 leaders::Action::Reply { conn, msg } => self.send_client(conn, &msg),
                 leaders::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 leaders::Action::Selected { id, rank } => {
-                    let gone = self.procs.is_gone(rank);
-                    let acts = self.groups.on_leader_selected(&id, rank, gone);
+                    let gone = self.job.procs.is_gone(rank);
+                    let acts = self.job.groups.on_leader_selected(&id, rank, gone);
                     self.apply_groups(acts);
                 }
             }
@@ -271,8 +275,8 @@ impl State {
     pub(super) fn learn_remote(&mut self, data: ProcData) {
         self.pmi_learn(&data);
         for (rank, gen, entries) in data {
-            if rank < self.plan.job.size() {
-                let acts = self.modex.learn(rank, gen, entries);
+            if rank < self.job.plan.job.size() {
+                let acts = self.job.modex.learn(rank, gen, entries);
                 self.apply(acts);
             }
         }
@@ -281,7 +285,7 @@ impl State {
 
 impl State {
     pub(super) fn commit(&mut self, rank: Rank, entries: Vec<(Scope, String, Value)>) {
-        let acts = self.modex.commit(rank, entries);
+        let acts = self.job.modex.commit(rank, entries);
         self.apply(acts);
     }
 
@@ -322,7 +326,7 @@ impl State {
         flags: GetFlags,
         timeout_ms: Option<u64>,
     ) {
-        let size = self.plan.job.size();
+        let size = self.job.plan.job.size();
         if target >= size {
             let error = WireError::Invalid {
                 op: "get".into(),
@@ -330,7 +334,10 @@ impl State {
             };
             return self.send_client(conn, &ServerMsg::Failed { req, error });
         }
-        let acts = self.modex.get(conn, req, target, key, flags, timeout_ms);
+        let acts = self
+            .job
+            .modex
+            .get(conn, req, target, key, flags, timeout_ms);
         self.apply(acts);
     }
 
@@ -339,7 +346,7 @@ impl State {
     /// ending the job like any failed rank.
     pub(super) fn proc_aborted(&mut self, rank: Rank, code: i32, what: &str) {
         tracing::warn!("rank {rank} {what}");
-        let acts = self.procs.on_abort(rank, code);
+        let acts = self.job.procs.on_abort(rank, code);
         self.apply_procs(acts);
     }
 
@@ -371,8 +378,8 @@ impl State {
     /// Local rank `rank` ended (`finalized`, or otherwise as `reason` says): tells the
     /// other servers and everything here that waits on it.
     pub(super) fn proc_gone_local(&mut self, rank: Rank, reason: String, finalized: bool) {
-        let joined = self.fences.joined(rank);
-        let (nodes, me) = (self.plan.job.num_nodes(), self.node);
+        let joined = self.job.fences.joined(rank);
+        let (nodes, me) = (self.job.plan.job.num_nodes(), self.node);
         for n in (0..nodes).filter(|&n| n != me) {
             self.send_peer(
                 n,
@@ -393,35 +400,36 @@ impl State {
         joined: HashSet<u64>,
         finalized: bool,
     ) {
-        if self.procs.is_gone(rank) {
+        if self.job.procs.is_gone(rank) {
             return;
         }
         // Gets waiting for keys it never committed (a no-op for other nodes' ranks).
-        let acts = self.modex.ended(rank, finalized, &reason);
+        let acts = self.job.modex.ended(rank, finalized, &reason);
         self.apply(acts);
         self.pmix_rank_ended(rank, &reason, finalized);
         // Published in the datastore so that clients waiting on this rank in a transport
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
         self.store_put(&gone_key, reason.as_bytes());
-        self.procs.on_ended(rank, &reason);
+        self.job.procs.on_ended(rank, &reason);
         // Collectives the rank never joined can no longer complete, except tolerant
         // groups, which go on without it.
         let now = std::time::Instant::now();
-        let acts = self.fences.on_proc_gone(
+        let acts = self.job.fences.on_proc_gone(
             rank,
             &reason,
             joined,
             now,
             Contrib {
-                modex: &self.modex,
+                modex: &self.job.modex,
                 pgcids: &mut self.pgcids,
             },
         );
         self.apply_fences(acts);
-        let acts = self.groups.on_proc_gone(rank, &reason);
+        let acts = self.job.groups.on_proc_gone(rank, &reason);
         self.apply_groups(acts);
         let acts = self
+            .job
             .invitations
             .on_proc_gone(rank, &reason, &mut self.pgcids);
         self.apply_invitations(acts);

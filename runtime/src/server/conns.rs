@@ -146,7 +146,7 @@ impl PeerLinks {
 
 impl State {
     pub(super) fn on_peer(&mut self, msg: PeerMsg) {
-        let size = self.plan.job.size();
+        let size = self.job.plan.job.size();
         let bad_id = match &msg {
             PeerMsg::Gather { id, .. }
             | PeerMsg::Abort { id, .. }
@@ -179,10 +179,10 @@ impl State {
                 key,
                 wait,
             } => {
-                let acts = self.modex.serve(qid, rank, key, wait);
+                let acts = self.job.modex.serve(qid, rank, key, wait);
                 self.apply(acts);
             }
-            PeerMsg::ModexCancel { qid } => self.modex.cancel(qid),
+            PeerMsg::ModexCancel { qid } => self.job.modex.cancel(qid),
             PeerMsg::PmixDmodexReq { qid, rank } => self.pmix_serve(qid, rank),
             PeerMsg::PmixDmodexResp { qid, result } => self.pmix_served(qid, result),
             PeerMsg::PmixEvent {
@@ -194,7 +194,7 @@ impl State {
                 info,
             } => self.pmix_event_arrived(code, source, range, group, members, info),
             PeerMsg::ModexResp { qid, rank, result } => {
-                let acts = self.modex.answer(qid, rank, result);
+                let acts = self.job.modex.answer(qid, rank, result);
                 self.apply(acts);
             }
             PeerMsg::ProcGone {
@@ -203,7 +203,7 @@ impl State {
                 joined,
             } => self.proc_gone(rank, reason, joined.into_iter().collect(), false),
             PeerMsg::GroupLeft { id, rank } => {
-                let acts = self.groups.on_member_left(&id, rank);
+                let acts = self.job.groups.on_member_left(&id, rank);
                 self.apply_groups(acts);
             }
             PeerMsg::LeaderClaim {
@@ -212,8 +212,9 @@ impl State {
                 from,
                 nodes,
             } => {
-                let ended = &self.procs;
+                let ended = &self.job.procs;
                 let acts = self
+                    .job
                     .leaders
                     .on_decide(id, rank, from, nodes, |r| ended.is_gone(r));
                 self.apply_leaders(acts);
@@ -223,12 +224,12 @@ impl State {
                 claimant,
                 winner,
             } => {
-                let acts = self.leaders.on_decision(id, claimant, winner);
+                let acts = self.job.leaders.on_decision(id, claimant, winner);
                 self.apply_leaders(acts);
             }
             PeerMsg::LeaderSelected { id, rank } => {
-                let gone = self.procs.is_gone(rank);
-                let acts = self.groups.on_leader_selected(&id, rank, gone);
+                let gone = self.job.procs.is_gone(rank);
+                let acts = self.job.groups.on_leader_selected(&id, rank, gone);
                 self.apply_groups(acts);
             }
             PeerMsg::PsetChange {
@@ -237,7 +238,7 @@ impl State {
                 from,
                 qid,
             } => {
-                let acts = self.psets.on_change(name, members, from, qid);
+                let acts = self.job.psets.on_change(name, members, from, qid);
                 self.apply_psets(acts);
             }
             msg @ (PeerMsg::Invite { .. }
@@ -254,7 +255,7 @@ impl State {
                 qid,
                 error,
             } => {
-                let acts = self.psets.on_changed(name, members, qid, error);
+                let acts = self.job.psets.on_changed(name, members, qid, error);
                 self.apply_psets(acts);
             }
         }

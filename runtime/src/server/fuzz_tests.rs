@@ -52,13 +52,13 @@ impl Rig {
         if let Some(&(c, _)) = self.live.iter().find(|(_, r)| *r == rank) {
             return Some(c);
         }
-        if self.st.procs.is_gone(rank) {
+        if self.st.job.procs.is_gone(rank) {
             return None;
         }
         let (tx, rx) = unbounded_channel();
         let conn = self.next_conn;
         self.next_conn += 1;
-        let token = self.st.procs.token(rank).expect("a local rank");
+        let token = self.st.job.procs.token(rank).expect("a local rank");
         self.st.handle(Event::ClientHello {
             conn,
             proc: ProcId::new(NsId::FIRST, rank),
@@ -105,7 +105,7 @@ fn a_second_hello_drops_the_client() {
     let mut rig = Rig::new(&plan, 1_000_000);
     let rank = plan.job.ranks_on(0)[0];
     let conn = rig.conn_of(rank).expect("connected");
-    let token = rig.st.procs.token(rank).expect("a local rank");
+    let token = rig.st.job.procs.token(rank).expect("a local rank");
     rig.st.handle(Event::Client {
         conn,
         msg: ClientMsg::Hello {
@@ -119,7 +119,7 @@ fn a_second_hello_drops_the_client() {
     let closed =
         std::iter::from_fn(|| rig.outs[0].try_recv().ok()).any(|o| matches!(o, Out::Close));
     assert!(closed, "the connection must be closed");
-    let why = rig.st.procs.why_gone(rank).map(str::to_owned);
+    let why = rig.st.job.procs.why_gone(rank).map(str::to_owned);
     assert_eq!(
         why.as_deref(),
         Some("was dropped by its server: it sent a second hello")
@@ -149,7 +149,7 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
     let mut handled = 0u64;
     let n = run("server-handlers", 2, |m: &mut Mutator| {
         // A fresh server now and then (and once every local rank was dropped).
-        if m.below(400) == 0 || local.iter().all(|r| rig.st.procs.is_gone(*r)) {
+        if m.below(400) == 0 || local.iter().all(|r| rig.st.job.procs.is_gone(*r)) {
             rigs += 1;
             rig = Rig::new(&plan, rigs);
         }

@@ -166,15 +166,15 @@ impl State {
             Ok(rank) => rank,
             Err(reason) => return refuse(reason),
         };
-        let early = match self.procs.on_hello(rank, token, conn) {
+        let early = match self.job.procs.on_hello(rank, token, conn) {
             Ok(early) => early,
             Err(reason) => return refuse(reason),
         };
         let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Welcome {
             version: PROTOCOL_VERSION,
-            datastore: self.store.name().to_owned(),
-            nspace: self.plan.job.nspace.clone(),
-            ns: self.plan.ns,
+            datastore: self.job.store.name().to_owned(),
+            nspace: self.job.plan.job.nspace.clone(),
+            ns: self.job.ns,
         })));
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
@@ -221,11 +221,11 @@ impl State {
                 timeout_ms,
             } => self.group_arrive(rank, conn, req, id, directives, timeout_ms),
             ClientMsg::GroupQuery { req } => {
-                let acts = self.groups.on_query(conn, req);
+                let acts = self.job.groups.on_query(conn, req);
                 self.apply_groups(acts);
             }
             ClientMsg::GroupLeave { req, id } => {
-                let acts = self.groups.on_leave(rank, conn, req, id);
+                let acts = self.job.groups.on_leave(rank, conn, req, id);
                 self.apply_groups(acts);
             }
             ClientMsg::LeaderClaim { req, id } => self.leader_claim(rank, conn, req, id),
@@ -234,11 +234,11 @@ impl State {
                 else {
                     return;
                 };
-                let acts = self.psets.on_request(conn, req, name, Some(members));
+                let acts = self.job.psets.on_request(conn, req, name, Some(members));
                 self.apply_psets(acts);
             }
             ClientMsg::PsetDelete { req, name } => {
-                let acts = self.psets.on_request(conn, req, name, None);
+                let acts = self.job.psets.on_request(conn, req, name, None);
                 self.apply_psets(acts);
             }
             ClientMsg::GroupInvite {
@@ -284,7 +284,7 @@ impl State {
                 self.get(conn, req, target, key, flags, timeout_ms)
             }
             ClientMsg::Finalize { req, at_exit } => {
-                let acts = self.procs.on_finalize(rank, at_exit);
+                let acts = self.job.procs.on_finalize(rank, at_exit);
                 self.apply_procs(acts);
                 self.send_client(conn, &ServerMsg::Done { req });
             }

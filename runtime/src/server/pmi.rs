@@ -210,7 +210,7 @@ pub(super) fn process_mapping(node_of_rank: &[u32]) -> String {
 
 impl State {
     pub(super) fn pmi_open(&mut self, rank: Rank, tx: UnboundedSender<Vec<u8>>) {
-        self.pmi.conns.insert(
+        self.job.pmi.conns.insert(
             rank,
             PmiConn {
                 tx,
@@ -224,19 +224,19 @@ impl State {
 
     pub(super) fn pmi_closed(&mut self, rank: Rank) {
         // The process's exit decides how it ended (as for a process that never spoke PMI).
-        self.pmi.conns.remove(&rank);
-        let acts = self.modex.conn_closed(PMI_CONN | ConnId::from(rank));
+        self.job.pmi.conns.remove(&rank);
+        let acts = self.job.modex.conn_closed(PMI_CONN | ConnId::from(rank));
         self.apply(acts);
     }
 
     pub(super) fn pmi_send(&self, rank: Rank, text: &str) {
-        if let Some(c) = self.pmi.conns.get(&rank) {
+        if let Some(c) = self.job.pmi.conns.get(&rank) {
             let _ = c.tx.send(format!("{text}\n").into_bytes());
         }
     }
 
     pub(super) fn pmi_req(&mut self, rank: Rank, wait: Wait) -> Option<u64> {
-        let c = self.pmi.conns.get_mut(&rank)?;
+        let c = self.job.pmi.conns.get_mut(&rank)?;
         c.next_req += 1;
         c.waiting.borrow_mut().insert(c.next_req, wait);
         Some(c.next_req)
@@ -245,7 +245,7 @@ impl State {
     /// Commits `key` = `value` for rank `rank` (PMI-1's `put`, PMI-2's `kvs-put`: they
     /// share keys) and records its owner.
     pub(super) fn pmi_put(&mut self, rank: Rank, key: &str, value: &str) {
-        self.pmi.keys.on_put(rank, key);
+        self.job.pmi.keys.on_put(rank, key);
         let entry = (
             Scope::Global,
             format!("{KEY_PREFIX}{key}"),
@@ -260,7 +260,7 @@ impl State {
         let Some(req) = self.pmi_req(rank, Wait::Barrier) else {
             return;
         };
-        let seq = self.pmi.conns.get_mut(&rank).map_or(0, |c| {
+        let seq = self.job.pmi.conns.get_mut(&rank).map_or(0, |c| {
             c.barriers += 1;
             c.barriers
         });
@@ -304,7 +304,7 @@ impl State {
                 "cmd=error rc=-1 msg=malformed_request_(expected_cmd=NAME_key=value...)",
             );
         };
-        let size = self.plan.job.size();
+        let size = self.job.plan.job.size();
         match cmd {
             "init" => {
                 let v = kv.get("pmi_version").copied().unwrap_or("1");
@@ -315,7 +315,7 @@ impl State {
                     ),
                     // The client's next commands are PMI-2's (`pmi2`).
                     "2" => {
-                        if let Some(c) = self.pmi.conns.get_mut(&rank) {
+                        if let Some(c) = self.job.pmi.conns.get_mut(&rank) {
                             c.v2 = true;
                         }
                         self.pmi_send(
@@ -334,11 +334,17 @@ impl State {
                 &format!("cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max={VALLEN_MAX}"),
             ),
             "get_appnum" => {
-                let app = self.plan.job.procs.get(rank as usize).map_or(0, |p| p.app);
+                let app = self
+                    .job
+                    .plan
+                    .job
+                    .procs
+                    .get(rank as usize)
+                    .map_or(0, |p| p.app);
                 self.pmi_send(rank, &format!("cmd=appnum rc=0 appnum={app}"));
             }
             "get_my_kvsname" => {
-                let name = msg(&self.plan.job.nspace);
+                let name = msg(&self.job.plan.job.nspace);
                 self.pmi_send(rank, &format!("cmd=my_kvsname rc=0 kvsname={name}"));
             }
             "get_universe_size" => {
@@ -362,12 +368,12 @@ impl State {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=get_needs_a_key");
                 };
                 if key == "PMI_process_mapping" {
-                    let nodes: Vec<u32> = self.plan.job.procs.iter().map(|p| p.node).collect();
+                    let nodes: Vec<u32> = self.job.plan.job.procs.iter().map(|p| p.node).collect();
                     let v = process_mapping(&nodes);
                     return self
                         .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
                 }
-                let Some(owner) = self.pmi.keys.owner(key) else {
+                let Some(owner) = self.job.pmi.keys.owner(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
                 self.pmi_get(rank, owner, key);
@@ -375,7 +381,7 @@ impl State {
             "barrier_in" => self.pmi_barrier(rank, "pmi1"),
             "finalize" => {
                 // As a native client's finalize at exit: its exit status decides.
-                self.procs.on_finalize_at_exit(rank);
+                self.job.procs.on_finalize_at_exit(rank);
                 self.pmi_send(rank, "cmd=finalize_ack rc=0");
             }
             "abort" => {
@@ -403,6 +409,7 @@ impl State {
             _ => return, // events and the rest: not part of PMI-1
         };
         let Some(wait) = self
+            .job
             .pmi
             .conns
             .get(&rank)
@@ -410,7 +417,7 @@ impl State {
         else {
             return;
         };
-        if self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
+        if self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             return self.pmi2_reply(rank, wait, text);
         }
         let line = match (wait, text) {
@@ -433,7 +440,7 @@ impl State {
 
     /// Records the owners of the PMI keys in data of other nodes' processes.
     pub(super) fn pmi_learn(&mut self, data: &ProcData) {
-        self.pmi.keys.on_learn(data);
+        self.job.pmi.keys.on_learn(data);
     }
 }
 

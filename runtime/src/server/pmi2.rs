@@ -94,7 +94,7 @@ fn truth(b: bool) -> String {
 
 impl State {
     fn pmi2_send(&self, rank: Rank, pairs: &[(&str, String)]) {
-        if let Some(c) = self.pmi.conns.get(&rank) {
+        if let Some(c) = self.job.pmi.conns.get(&rank) {
             let _ = c.tx.send(frame(pairs));
         }
     }
@@ -120,7 +120,7 @@ impl State {
                 return self.pmi2_error(rank, "error", &why);
             }
         };
-        if !self.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
+        if !self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
             tracing::warn!("rank {rank}: a PMI-2 command before init asked for version 2");
             return self.pmi2_error(rank, "error", "send cmd=init pmi_version=2 first");
         }
@@ -138,8 +138,14 @@ impl State {
         };
         let resp = |name: &str| ("cmd", format!("{name}-response"));
         let ok = || ("rc", "0".to_string());
-        let size = self.plan.job.size();
-        let app = self.plan.job.procs.get(rank as usize).map_or(0, |p| p.app);
+        let size = self.job.plan.job.size();
+        let app = self
+            .job
+            .plan
+            .job
+            .procs
+            .get(rank as usize)
+            .map_or(0, |p| p.app);
         match cmd {
             "fullinit" => {
                 if let Some(r) = get("pmirank") {
@@ -164,13 +170,14 @@ impl State {
                 );
             }
             "job-getid" => {
-                let id = msg(&self.plan.job.nspace);
+                let id = msg(&self.job.plan.job.nspace);
                 self.pmi2_send(rank, &[resp(cmd), ("jobid", id), ok()]);
             }
             "info-getjobattr" => {
                 let value = match get("key") {
                     Some("PMI_process_mapping") => {
-                        let nodes: Vec<u32> = self.plan.job.procs.iter().map(|p| p.node).collect();
+                        let nodes: Vec<u32> =
+                            self.job.plan.job.procs.iter().map(|p| p.node).collect();
                         Some(pmi::process_mapping(&nodes))
                     }
                     Some("universeSize") => Some(size.to_string()),
@@ -188,7 +195,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs key and value");
                 };
                 let (k, v) = (k.to_string(), v.to_string());
-                let waiting = self.pmi.keys.on_put_node_attr(k, v.clone());
+                let waiting = self.job.pmi.keys.on_put_node_attr(k, v.clone());
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
                 // Gets that waited for it.
                 for r in waiting {
@@ -208,7 +215,7 @@ impl State {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
                 let wait = get("wait") == Some("TRUE");
-                match self.pmi.keys.on_get_node_attr(rank, k, wait) {
+                match self.job.pmi.keys.on_get_node_attr(rank, k, wait) {
                     NodeAttr::Found(v) => {
                         self.pmi2_send(
                             rank,
@@ -237,14 +244,14 @@ impl State {
                 let Some(key) = get("key") else {
                     return self.pmi2_error(rank, cmd, "needs a key");
                 };
-                let Some(owner) = self.pmi.keys.owner(key) else {
+                let Some(owner) = self.job.pmi.keys.owner(key) else {
                     return self.pmi2_send(rank, &[resp(cmd), ("found", truth(false)), ok()]);
                 };
                 let (key, owner) = (key.to_string(), owner);
                 self.pmi_get(rank, owner, &key);
             }
             "finalize" => {
-                self.procs.on_finalize_at_exit(rank);
+                self.job.procs.on_finalize_at_exit(rank);
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
             "abort" => {

@@ -333,7 +333,7 @@ impl State {
             PmixEv::Connected(rank) => tracing::debug!("rank {rank}: PMIx client connected"),
             PmixEv::Finalized(rank) => {
                 // As a native client's finalize at exit: its exit status decides.
-                self.procs.on_finalize_at_exit(rank);
+                self.job.procs.on_finalize_at_exit(rank);
             }
             PmixEv::Abort {
                 rank,
@@ -398,7 +398,7 @@ impl State {
             return f.reply.fail(Failure::Other);
         };
         let id = px.book.get_mut().fence_id(procs);
-        let mut locals = self.procs.local_ranks();
+        let mut locals = self.job.procs.local_ranks();
         locals.retain(|&r| id.procs.contains(r));
         self.pmix_check_alive(&locals);
         let Some(&first) = locals.first() else {
@@ -439,10 +439,10 @@ impl State {
     /// status has not reached this server yet.
     fn pmix_check_alive(&mut self, locals: &[Rank]) {
         for &r in locals {
-            if self.procs.is_gone(r) {
+            if self.job.procs.is_gone(r) {
                 continue;
             }
-            if let Some(how) = self.procs.pid(r).and_then(ended_now) {
+            if let Some(how) = self.job.procs.pid(r).and_then(ended_now) {
                 self.proc_gone_local(r, how, false);
             }
         }
@@ -469,7 +469,7 @@ impl State {
             assign_context_id: g.assign_context_id,
             no_data: false,
         };
-        let mut locals = self.procs.local_ranks();
+        let mut locals = self.job.procs.local_ranks();
         locals.retain(|&r| id.procs.contains(r));
         let Some(&first) = locals.first() else {
             tracing::warn!("PMIx group {:?} has no member on node {}", g.id, self.node);
@@ -505,13 +505,14 @@ impl State {
             return q.reply.fail(Failure::Other);
         };
         let mut sets: Vec<(String, Vec<Rank>)> = self
+            .job
             .plan
             .job
             .psets
             .iter()
             .map(|p| (p.name.clone(), p.members.clone()))
             .collect();
-        for (name, members) in self.psets.defined() {
+        for (name, members) in self.job.psets.defined() {
             if !sets.iter().any(|(n, _)| n == name) {
                 sets.push((name.clone(), members.clone()));
             }
@@ -549,12 +550,12 @@ impl State {
                 let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
                 for &r in &group.members {
                     firsts
-                        .entry(self.plan.job.procs[r as usize].node)
+                        .entry(self.job.plan.job.procs[r as usize].node)
                         .or_insert(r);
                 }
                 let mut all = Vec::new();
                 for (_, r) in firsts {
-                    if let Some(Value::Bytes(b)) = self.modex.value(r, &group_key(&group.id)) {
+                    if let Some(Value::Bytes(b)) = self.job.modex.value(r, &group_key(&group.id)) {
                         all.extend_from_slice(b);
                     }
                 }
@@ -577,13 +578,13 @@ impl State {
                 // Every node's contribution, in node order: the key of its lowest
                 // participant.
                 let mut firsts: BTreeMap<u32, Rank> = BTreeMap::new();
-                for r in f.id.procs.ranks(self.plan.job.size()) {
-                    let node = self.plan.job.procs[r as usize].node;
+                for r in f.id.procs.ranks(self.job.plan.job.size()) {
+                    let node = self.job.plan.job.procs[r as usize].node;
                     firsts.entry(node).or_insert(r);
                 }
                 let mut all = Vec::new();
                 for (node, r) in firsts {
-                    match self.modex.value(r, FENCE_KEY) {
+                    match self.job.modex.value(r, FENCE_KEY) {
                         Some(Value::Bytes(b)) => all.extend_from_slice(b),
                         _ => {
                             tracing::warn!("PMIx fence: no contribution of node {node} (rank {r})");
@@ -600,7 +601,7 @@ impl State {
         let Some(px) = self.pmix.as_mut() else {
             return d.reply.fail(Failure::Other);
         };
-        let ended = &self.procs;
+        let ended = &self.job.procs;
         let asked = px
             .book
             .get_mut()
@@ -627,11 +628,11 @@ impl State {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
             return self.send_peer(from, &m);
         };
-        if !self.procs.is_local(rank) {
+        if !self.job.procs.is_local(rank) {
             let m = refuse(format!("rank {rank} does not run on node {}", self.node));
             return self.send_peer(from, &m);
         }
-        if let Some(why) = self.procs.why_gone(rank) {
+        if let Some(why) = self.job.procs.why_gone(rank) {
             let m = PeerMsg::PmixDmodexResp {
                 qid,
                 result: Err(DmodexFailure::ProcGone(why.to_owned())),

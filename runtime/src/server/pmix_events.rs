@@ -33,7 +33,7 @@ use crate::wire::proto::PeerMsg;
 impl State {
     /// A local client's event for processes beyond this node.
     pub(super) fn pmix_notify(&mut self, n: Notification) {
-        let size = self.plan.job.size();
+        let size = self.job.plan.job.size();
         let Some(px) = self.pmix.as_ref() else {
             return n.reply.fail(Failure::Other);
         };
@@ -55,10 +55,10 @@ impl State {
             },
             None => None,
         };
-        let all: Vec<u32> = (0..self.plan.job.nodes.len() as u32).collect();
+        let all: Vec<u32> = (0..self.job.plan.job.nodes.len() as u32).collect();
         let nodes = match (n.range, &targets) {
             (Range::Local | Range::ProcLocal, _) => Vec::new(),
-            (Range::Custom, Some(t)) => self.groups.nodes_of(t),
+            (Range::Custom, Some(t)) => self.job.groups.nodes_of(t),
             _ => all,
         };
         let members = targets.unwrap_or_default();
@@ -66,7 +66,7 @@ impl State {
             let Some(px) = self.pmix.as_mut() else {
                 return n.reply.fail(Failure::Other);
             };
-            let procs = &self.procs;
+            let procs = &self.job.procs;
             let gone = |r: Rank| procs.why_gone(r);
             let invited = px
                 .book
@@ -154,7 +154,7 @@ impl State {
                 InviteAction::EndLeader { leader, what } => self.proc_aborted(leader, 1, &what),
                 InviteAction::Record(group) => {
                     let id = group.id.clone();
-                    if let Some(old) = self.groups.record(group) {
+                    if let Some(old) = self.job.groups.record(group) {
                         tracing::warn!(
                             "PMIx group {id:?} formed again (it had members {:?})",
                             old.members

@@ -63,7 +63,7 @@ impl State {
                 LogChannel::Stderr | LogChannel::Stdout => {
                     let is_err = *channel == LogChannel::Stderr;
                     let stream = if is_err { "stderr" } else { "stdout" };
-                    let tag = rank.and_then(|r| output::output_tag(&self.plan, r, stream));
+                    let tag = rank.and_then(|r| output::output_tag(&self.job.plan, r, stream));
                     if !text.is_empty() {
                         let lines = log_lines(text, stamp.as_deref(), tag.as_deref(), stream);
                         let _ = px.output.send(Chunk::Data(is_err, lines));

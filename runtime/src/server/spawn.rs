@@ -11,7 +11,7 @@ use super::output::{self, forward, OutputSink};
 use super::{pmi, Event, State};
 
 pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
-    let plan = &st.plan;
+    let plan = &st.job.plan;
     let info = &plan.job.procs[rank as usize];
     let app: &AppSpec = &plan.apps[info.app as usize];
     let mut cmd = tokio::process::Command::new(&app.program);
@@ -19,14 +19,14 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .env(env::RANK, rank.to_string())
         .env(env::SIZE, plan.job.size().to_string())
         .env(env::LOCAL_RANK, info.local_rank.to_string())
-        .env(env::LOCAL_SIZE, st.procs.local_count().to_string())
+        .env(env::LOCAL_SIZE, st.job.procs.local_count().to_string())
         .env(env::NODE, st.node.to_string())
         .env(env::NSPACE, &plan.job.nspace)
         .env(env::NSID, plan.ns.0.to_string())
         .env(env::SERVER_SOCKET, sock)
         .env(
             env::TOKEN,
-            st.procs.token(rank).expect("a local rank").to_string(),
+            st.job.procs.token(rank).expect("a local rank").to_string(),
         )
         .env(env::DATASTORE, ds)
         .env(env::APPNUM, info.app.to_string())

@@ -50,7 +50,7 @@ impl Node0 {
         let mut clients = BTreeMap::new();
         for (conn, rank) in [(10, 0), (11, 1)] {
             let (tx, rx) = unbounded_channel();
-            let token = st.procs.token(rank).expect("a local rank");
+            let token = st.job.procs.token(rank).expect("a local rank");
             st.handle(Event::ClientHello {
                 conn,
                 proc: ProcId::new(NsId::FIRST, rank),
@@ -269,7 +269,7 @@ fn group_of(msgs: &[ServerMsg], want: u64) -> GroupInfo {
 #[test]
 fn a_node_local_group_construct_gives_every_member_one_group_and_a_fresh_pgcid() {
     let mut n = Node0::new("group");
-    let world = n.st.plan.job.world_pgcid;
+    let world = n.st.job.plan.job.world_pgcid;
     let directives = GroupDirectives {
         local_only: true,
         assign_context_id: true,
@@ -309,7 +309,7 @@ fn a_node_local_group_construct_gives_every_member_one_group_and_a_fresh_pgcid()
         assert_eq!((e.group.as_deref(), e.rank), (Some(g), Some(1)));
         assert_eq!(e.members, vec![0]);
     }
-    assert_eq!(n.st.groups.get("g1").expect("g1").members, vec![0]);
+    assert_eq!(n.st.job.groups.get("g1").expect("g1").members, vec![0]);
 }
 
 fn pset_events(msgs: &[ServerMsg]) -> Vec<(EventCode, String, Vec<Rank>)> {
@@ -385,7 +385,7 @@ fn a_request_naming_another_namespace_fails_naming_it() {
         );
         assert!(n.replies(1).is_empty() && n.sent().is_empty(), "{what}");
     }
-    assert!(n.st.psets.defined().is_empty());
+    assert!(n.st.job.psets.defined().is_empty());
 }
 
 #[test]
@@ -428,7 +428,7 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         "{got:?}"
     );
     assert!(n.replies(0).is_empty() && n.sent().is_empty());
-    assert_eq!(n.st.psets.defined()["ice"], vec![1, 3]);
+    assert_eq!(n.st.job.psets.defined()["ice"], vec![1, 3]);
     // Deleted, then deleted again.
     n.client(
         0,
@@ -455,5 +455,5 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
         n.replies(0)[..],
         [ServerMsg::Failed { req: 4, .. }]
     ));
-    assert!(n.st.psets.defined().is_empty());
+    assert!(n.st.job.psets.defined().is_empty());
 }
