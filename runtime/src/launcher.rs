@@ -21,7 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 pub use crate::jobdir::user_dir;
 use crate::jobdir::{format_secret, random_u64};
 use crate::wire::frame::{self, MAX_PEER_FRAME};
-use crate::wire::proto::{JobPlan, ToLauncher, ToServer, MAGIC, PROTOCOL_VERSION};
+use crate::wire::proto::{JobPlan, ToLauncher, ToServer, MAGIC, RUNTIME_PROTOCOL_VERSION};
 
 mod job;
 mod launch;
@@ -141,7 +141,7 @@ async fn run_in(spec: &LaunchSpec, plan: &JobPlan, job_dir: &Path) -> Result<i32
     let servers = start_servers(spec, plan.job.num_nodes(), addr, job_dir, secret, &ev_tx).await?;
     watch_signals(&ev_tx);
     let mut run = Executor {
-        launch: Launch::new(plan.job.clone(), spec.ending.clone()),
+        launch: Launch::new(plan.ns, plan.job.clone(), spec.ending.clone()),
         servers,
         txs: HashMap::new(),
         plan_frame: frame::encode(&ToServer::Plan(Box::new(plan.clone()))),
@@ -191,9 +191,9 @@ async fn serve_connection(s: TcpStream, secret: [u64; 2], ev: UnboundedSender<Ev
             version,
             secret: s2,
             node,
-        }) if magic == MAGIC && version == PROTOCOL_VERSION && s2 == secret => node,
-        Ok(ToLauncher::Hello { version, .. }) if version != PROTOCOL_VERSION => {
-            tracing::warn!("dropping a server that speaks protocol version {version} (this launcher: {PROTOCOL_VERSION})");
+        }) if magic == MAGIC && version == RUNTIME_PROTOCOL_VERSION && s2 == secret => node,
+        Ok(ToLauncher::Hello { version, .. }) if version != RUNTIME_PROTOCOL_VERSION => {
+            tracing::warn!("dropping a server that speaks protocol version {version} (this launcher: {RUNTIME_PROTOCOL_VERSION})");
             return;
         }
         _ => {
@@ -360,7 +360,7 @@ impl Executor {
             }
             Ev::Msg { node, msg } => match msg {
                 ToLauncher::Ready { peer_addr } => launch.on_ready(node, peer_addr),
-                ToLauncher::ProcExit { rank, how } => launch.on_proc_exit(rank, how),
+                ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
                 ToLauncher::Hello { .. } => Vec::new(),
             },

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use crate::wire::proto::{ModexData, PeerMsg, WireError};
+use crate::wire::proto::{JobMsg, ModexData, WireError};
 use weft_wireup::keys;
 use weft_wireup::marker::{encode_marker, local_only_reason};
 use weft_wireup::{Rank, Scope, Value};
@@ -64,7 +64,7 @@ pub(crate) enum Action {
     /// Write into the node's datastore segment.
     Store { key: Vec<u8>, value: Vec<u8> },
     /// Send to the server of `node`.
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Call [`Modex::get_timeout`] with these after `ms` milliseconds.
     GetTimer {
         rank: Rank,
@@ -352,7 +352,7 @@ impl Modex {
                 }
                 out.push(Action::Peer {
                     node: self.owner(rank),
-                    msg: PeerMsg::ModexReq {
+                    msg: JobMsg::ModexReq {
                         qid,
                         rank,
                         key: key.clone(),
@@ -569,7 +569,7 @@ impl Modex {
             self.unpend(qid, &ask);
             out.push(Action::Peer {
                 node: self.owner(ask.rank),
-                msg: PeerMsg::ModexCancel { qid },
+                msg: JobMsg::ModexCancel { qid },
             });
         }
         (removed, out)
@@ -588,7 +588,7 @@ fn replies_to(waiters: Vec<(ConnId, u64)>, answer: Answer) -> impl Iterator<Item
 fn resp(node: u32, qid: u64, rank: Rank, result: Result<ModexData, WireError>) -> Action {
     Action::Peer {
         node,
-        msg: PeerMsg::ModexResp { qid, rank, result },
+        msg: JobMsg::ModexResp { qid, rank, result },
     }
 }
 

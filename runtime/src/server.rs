@@ -51,8 +51,8 @@ use weft_shm::StoreWriter;
 
 use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{
-    ClientMsg, CollId, Event as WireEvent, ExitKind, JobPlan, PeerMsg, ServerMsg, ToLauncher,
-    ToServer, WireError, MAGIC, PROTOCOL_VERSION,
+    ClientMsg, CollId, Event as WireEvent, ExitKind, JobMsg, JobPlan, PeerMsg, ServerMsg,
+    ToLauncher, ToServer, WireError, MAGIC, RUNTIME_PROTOCOL_VERSION,
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
@@ -323,7 +323,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     let (mut ctl_r, mut ctl_w) = ctl.into_split();
     let hello = ToLauncher::Hello {
         magic: MAGIC,
-        version: PROTOCOL_VERSION,
+        version: RUNTIME_PROTOCOL_VERSION,
         secret: args.secret,
         node,
     };
@@ -619,10 +619,10 @@ impl State {
         }
     }
 
-    fn send_peer(&mut self, node: u32, msg: &PeerMsg) {
-        self.io
-            .peers
-            .send(self.node, node, frame::encode(msg), &self.io.ev);
+    /// Sends `msg` to the server of `node`, in this server's job's envelope.
+    fn send_peer(&mut self, node: u32, msg: &JobMsg) {
+        let f = PeerMsg::encode_job(self.job.ns, msg);
+        self.io.peers.send(self.node, node, f, &self.io.ev);
     }
 
     fn to_launcher(&self, msg: &ToLauncher) {

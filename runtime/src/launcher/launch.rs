@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use weft_wireup::job::JobInfo;
-use weft_wireup::Rank;
+use weft_wireup::{NsId, ProcId};
 
 use super::job::{Action, Job, Order, Timer};
 use super::nodes::{Loss, Nodes};
@@ -21,14 +21,17 @@ pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) struct Launch {
     /// The runtime's part: the servers.
     nodes: Nodes,
+    /// The job's namespace (its servers' reports name it).
+    ns: NsId,
     /// The job's part.
     job: Job,
 }
 
 impl Launch {
-    pub(super) fn new(info: JobInfo, policy: EndPolicy) -> Launch {
+    pub(super) fn new(ns: NsId, info: JobInfo, policy: EndPolicy) -> Launch {
         Launch {
             nodes: Nodes::new(info.num_nodes()),
+            ns,
             job: Job::new(info, policy),
         }
     }
@@ -59,8 +62,18 @@ impl Launch {
     }
 
     /// Process `rank` ended as `how`.
-    pub(super) fn on_proc_exit(&mut self, rank: Rank, how: ExitKind) -> Vec<Action> {
-        self.job.on_proc_exit(rank, how)
+    /// A server reported how process `proc` ended; a process of another namespace than
+    /// the job's is no process of this launch (logged and ignored).
+    pub(super) fn on_proc_exit(&mut self, proc: ProcId, how: ExitKind) -> Vec<Action> {
+        if proc.ns != self.ns {
+            tracing::error!(
+                "a server reported the end of {proc}, of a namespace this launch does not \
+                 run (it runs {}); ignored",
+                self.ns
+            );
+            return Vec::new();
+        }
+        self.job.on_proc_exit(proc.rank, how)
     }
 
     /// The server of `node` reported that it failed.
@@ -125,6 +138,7 @@ mod tests {
 
     fn launch(nodes: u32, n: u32) -> Launch {
         Launch::new(
+            NsId::FIRST,
             info(nodes, n),
             EndPolicy {
                 timeout: None,
@@ -132,6 +146,11 @@ mod tests {
                 grace: Duration::from_millis(100),
             },
         )
+    }
+
+    /// Rank `r` of the launch's job.
+    fn own(r: u32) -> ProcId {
+        ProcId::new(NsId::FIRST, r)
     }
 
     fn addr(port: u16) -> SocketAddr {
@@ -164,9 +183,12 @@ mod tests {
         );
         assert!(l.started());
         assert_eq!(l.on_timer(Timer::StartupTimeout), vec![]);
-        assert_eq!(l.on_proc_exit(0, ExitKind::Code(0)), vec![]);
+        assert_eq!(l.on_proc_exit(own(0), ExitKind::Code(0)), vec![]);
+        // Rank 1 of another namespace is not the job's rank 1: the job goes on.
+        let other = ProcId::new(NsId(2), 1);
+        assert_eq!(l.on_proc_exit(other, ExitKind::Code(0)), vec![]);
         assert_eq!(
-            l.on_proc_exit(1, ExitKind::Code(0)),
+            l.on_proc_exit(own(1), ExitKind::Code(0)),
             vec![Action::SendAll(Order::Shutdown)]
         );
         // The servers then end: each reports twice (connection, process), silently.
@@ -227,8 +249,8 @@ mod tests {
     fn a_server_lost_after_the_start_ends_its_ranks_and_the_job_ends_when_the_rest_have() {
         let mut l = launch(2, 4);
         start(&mut l, 2);
-        l.on_proc_exit(0, ExitKind::Code(0));
-        l.on_proc_exit(1, ExitKind::Code(0));
+        l.on_proc_exit(own(0), ExitKind::Code(0));
+        l.on_proc_exit(own(1), ExitKind::Code(0));
         let a = l.on_server_lost(1, "connection reset");
         // Node 1's ranks (2, 3) count as ended: every process has, so shut down now.
         assert!(a.contains(&Action::SendAll(Order::Shutdown)), "{a:?}");

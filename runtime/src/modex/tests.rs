@@ -31,14 +31,14 @@ fn deliver(acts: &[Action], to: &mut Modex) -> Vec<Action> {
         if let Action::Peer { node, msg } = a {
             assert_eq!(*node, to.node, "a message for another node");
             out.extend(match msg.clone() {
-                PeerMsg::ModexReq {
+                JobMsg::ModexReq {
                     qid,
                     rank,
                     key,
                     wait,
                 } => to.serve(qid, rank, key, wait),
-                PeerMsg::ModexResp { qid, rank, result } => to.answer(qid, rank, result),
-                PeerMsg::ModexCancel { qid } => {
+                JobMsg::ModexResp { qid, rank, result } => to.answer(qid, rank, result),
+                JobMsg::ModexCancel { qid } => {
                     to.cancel(qid);
                     Vec::new()
                 }
@@ -263,7 +263,7 @@ fn fuzz_random_operations_answer_every_get_once() {
         let mut nodes = [a, b];
         let node_of = |r: Rank| (r / 2) as usize;
         let keys = ["a", "b", "c"];
-        let mut flight: Vec<(usize, PeerMsg)> = Vec::new();
+        let mut flight: Vec<(usize, JobMsg)> = Vec::new();
         // (node, conn, req) -> (rank, key, answers, abandoned)
         let mut gets = Gets::new();
         let mut values: Vec<(Rank, String, Scope, Value)> = Vec::new();
@@ -271,7 +271,7 @@ fn fuzz_random_operations_answer_every_get_once() {
         let mut next_req = 1u64;
         let apply = |node: usize,
                      acts: Vec<Action>,
-                     flight: &mut Vec<(usize, PeerMsg)>,
+                     flight: &mut Vec<(usize, JobMsg)>,
                      gets: &mut Gets,
                      values: &Vec<(Rank, String, Scope, Value)>| {
             for act in acts {
@@ -304,16 +304,16 @@ fn fuzz_random_operations_answer_every_get_once() {
                 }
             }
         };
-        let deliver = |nodes: &mut [Modex; 2], to: usize, msg: PeerMsg| -> Vec<Action> {
+        let deliver = |nodes: &mut [Modex; 2], to: usize, msg: JobMsg| -> Vec<Action> {
             match msg {
-                PeerMsg::ModexReq {
+                JobMsg::ModexReq {
                     qid,
                     rank,
                     key,
                     wait,
                 } => nodes[to].serve(qid, rank, key, wait),
-                PeerMsg::ModexResp { qid, rank, result } => nodes[to].answer(qid, rank, result),
-                PeerMsg::ModexCancel { qid } => {
+                JobMsg::ModexResp { qid, rank, result } => nodes[to].answer(qid, rank, result),
+                JobMsg::ModexCancel { qid } => {
                     nodes[to].cancel(qid);
                     Vec::new()
                 }
@@ -463,7 +463,7 @@ fn replies_to_conn(acts: &[Action], conn: ConnId) -> Vec<(u64, Answer)> {
         .collect()
 }
 
-fn peer_msgs(acts: &[Action]) -> Vec<&PeerMsg> {
+fn peer_msgs(acts: &[Action]) -> Vec<&JobMsg> {
     acts.iter()
         .filter_map(|a| match a {
             Action::Peer { msg, .. } => Some(msg),
@@ -581,7 +581,7 @@ fn a_cancelled_wait_is_not_answered() {
     let ask = n0.get(1, 2, 2, "card".into(), GetFlags::default(), Some(10));
     deliver(&ask, &mut n1);
     let t = n0.get_timeout(2, 1, 2);
-    assert!(matches!(peer_msgs(&t)[..], [PeerMsg::ModexCancel { .. }]));
+    assert!(matches!(peer_msgs(&t)[..], [JobMsg::ModexCancel { .. }]));
     deliver(&t, &mut n1);
     let commit = n1.commit(2, put("card", 1));
     assert!(replies(&commit).is_empty(), "{commit:?}");
@@ -615,7 +615,7 @@ fn a_closed_connections_waits_are_dropped_and_the_others_answered() {
     let closed = n0.conn_closed(3);
     assert!(matches!(
         peer_msgs(&closed)[..],
-        [PeerMsg::ModexCancel { .. }]
+        [JobMsg::ModexCancel { .. }]
     ));
     deliver(&closed, &mut n1);
     assert!(n1.serving.is_empty());

@@ -7,11 +7,11 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::wire::proto::{
-    CollId, FenceMode, GroupDirectives, GroupSpec, PeerMsg, ProcData, ServerMsg, ToLauncher,
+    CollId, FenceMode, GroupDirectives, GroupSpec, JobMsg, ProcData, ServerMsg, ToLauncher,
     WireError,
 };
 use tokio::time::Instant;
-use weft_wireup::{keys, Rank, Scope, Value};
+use weft_wireup::{keys, ProcId, Rank, Scope, Value};
 
 use super::fence::{self, Arrival, Contrib};
 use super::{after, groups, invitations, leaders, procs, psets, Event, State};
@@ -57,7 +57,7 @@ impl State {
     }
 
     /// A message of another server about a collective.
-    pub(super) fn fence_peer(&mut self, msg: PeerMsg) {
+    pub(super) fn fence_peer(&mut self, msg: JobMsg) {
         let now = std::time::Instant::now();
         let acts = self.job.fences.on_peer(
             msg,
@@ -251,7 +251,7 @@ impl State {
     }
 
     /// A message of another server (or of this one) about invitations.
-    pub(super) fn invitations_peer(&mut self, msg: PeerMsg) {
+    pub(super) fn invitations_peer(&mut self, msg: JobMsg) {
         let acts = self.job.invitations.on_peer(msg, &mut self.pgcids);
         self.apply_invitations(acts);
     }
@@ -369,7 +369,10 @@ impl State {
                     after(&self.io.ev, d, e);
                 }
                 procs::Action::Report { rank, how } => {
-                    self.to_launcher(&ToLauncher::ProcExit { rank, how });
+                    self.to_launcher(&ToLauncher::ProcExit {
+                        proc: ProcId::new(self.job.ns, rank),
+                        how,
+                    });
                 }
             }
         }
@@ -383,7 +386,7 @@ impl State {
         for n in (0..nodes).filter(|&n| n != me) {
             self.send_peer(
                 n,
-                &PeerMsg::ProcGone {
+                &JobMsg::ProcGone {
                     rank,
                     reason: reason.clone(),
                     joined: joined.clone(),

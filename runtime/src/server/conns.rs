@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::wire::frame::{self, MAX_PEER_FRAME};
-use crate::wire::proto::{PeerMsg, Procs, MAGIC, PROTOCOL_VERSION};
+use crate::wire::proto::{JobMsg, PeerMsg, Procs, MAGIC, RUNTIME_PROTOCOL_VERSION};
 
 use super::{Event, State};
 
@@ -22,9 +22,9 @@ pub(super) async fn peer_reader(s: TcpStream, secret: [u64; 2], ev: UnboundedSen
             version,
             secret: s2,
             node,
-        }) if magic == MAGIC && version == PROTOCOL_VERSION && s2 == secret => node,
-        Ok(PeerMsg::Hello { version, .. }) if version != PROTOCOL_VERSION => {
-            tracing::warn!("dropping peer connection: it speaks protocol version {version}, this server {PROTOCOL_VERSION}");
+        }) if magic == MAGIC && version == RUNTIME_PROTOCOL_VERSION && s2 == secret => node,
+        Ok(PeerMsg::Hello { version, .. }) if version != RUNTIME_PROTOCOL_VERSION => {
+            tracing::warn!("dropping peer connection: it speaks protocol version {version}, this server {RUNTIME_PROTOCOL_VERSION}");
             return;
         }
         Ok(_) => {
@@ -123,7 +123,7 @@ impl PeerLinks {
         let (tx, rx) = unbounded_channel();
         let hello = frame::encode(&PeerMsg::Hello {
             magic: MAGIC,
-            version: PROTOCOL_VERSION,
+            version: RUNTIME_PROTOCOL_VERSION,
             secret: self.secret,
             node: me,
         });
@@ -145,20 +145,34 @@ impl PeerLinks {
 }
 
 impl State {
+    /// A message of another server: about one job (today, the one this server serves).
     pub(super) fn on_peer(&mut self, msg: PeerMsg) {
+        match msg {
+            PeerMsg::Hello { .. } => {}
+            PeerMsg::Job { ns, msg } if ns == self.job.ns => self.on_job_msg(msg),
+            PeerMsg::Job { ns, msg } => tracing::error!(
+                "ignoring a message from another server about namespace {ns}, which this \
+                 server does not serve (it serves {}): {msg:?}",
+                self.job.ns
+            ),
+        }
+    }
+
+    /// A message between the servers of this server's job.
+    fn on_job_msg(&mut self, msg: JobMsg) {
         let size = self.job.plan.job.size();
         let bad_id = match &msg {
-            PeerMsg::Gather { id, .. }
-            | PeerMsg::Abort { id, .. }
-            | PeerMsg::ArrivalQuery { id, .. } => match &id.procs {
+            JobMsg::Gather { id, .. }
+            | JobMsg::Abort { id, .. }
+            | JobMsg::ArrivalQuery { id, .. } => match &id.procs {
                 Procs::List(v) => {
                     v.iter().any(|&r| r >= size) || v.windows(2).any(|w| w[0] >= w[1])
                 }
                 Procs::All => false,
             },
-            PeerMsg::ModexReq { rank, .. }
-            | PeerMsg::ModexResp { rank, .. }
-            | PeerMsg::ProcGone { rank, .. } => *rank >= size,
+            JobMsg::ModexReq { rank, .. }
+            | JobMsg::ModexResp { rank, .. }
+            | JobMsg::ProcGone { rank, .. } => *rank >= size,
             _ => false,
         };
         if bad_id {
@@ -166,14 +180,13 @@ impl State {
             return;
         }
         match msg {
-            PeerMsg::Hello { .. } => {}
-            msg @ (PeerMsg::Gather { .. }
-            | PeerMsg::Abort { .. }
-            | PeerMsg::ArrivalQuery { .. }
-            | PeerMsg::ArrivalReply { .. }) => self.fence_peer(msg),
+            msg @ (JobMsg::Gather { .. }
+            | JobMsg::Abort { .. }
+            | JobMsg::ArrivalQuery { .. }
+            | JobMsg::ArrivalReply { .. }) => self.fence_peer(msg),
             // The owner answers when the rank commits (or dies); each waiter's own
             // timeout is enforced here, so a late answer still serves the waiters left.
-            PeerMsg::ModexReq {
+            JobMsg::ModexReq {
                 qid,
                 rank,
                 key,
@@ -182,10 +195,10 @@ impl State {
                 let acts = self.job.modex.serve(qid, rank, key, wait);
                 self.apply(acts);
             }
-            PeerMsg::ModexCancel { qid } => self.job.modex.cancel(qid),
-            PeerMsg::PmixDmodexReq { qid, rank } => self.pmix_serve(qid, rank),
-            PeerMsg::PmixDmodexResp { qid, result } => self.pmix_served(qid, result),
-            PeerMsg::PmixEvent {
+            JobMsg::ModexCancel { qid } => self.job.modex.cancel(qid),
+            JobMsg::PmixDmodexReq { qid, rank } => self.pmix_serve(qid, rank),
+            JobMsg::PmixDmodexResp { qid, result } => self.pmix_served(qid, result),
+            JobMsg::PmixEvent {
                 code,
                 source,
                 range,
@@ -193,20 +206,20 @@ impl State {
                 members,
                 info,
             } => self.pmix_event_arrived(code, source, range, group, members, info),
-            PeerMsg::ModexResp { qid, rank, result } => {
+            JobMsg::ModexResp { qid, rank, result } => {
                 let acts = self.job.modex.answer(qid, rank, result);
                 self.apply(acts);
             }
-            PeerMsg::ProcGone {
+            JobMsg::ProcGone {
                 rank,
                 reason,
                 joined,
             } => self.proc_gone(rank, reason, joined.into_iter().collect(), false),
-            PeerMsg::GroupLeft { id, rank } => {
+            JobMsg::GroupLeft { id, rank } => {
                 let acts = self.job.groups.on_member_left(&id, rank);
                 self.apply_groups(acts);
             }
-            PeerMsg::LeaderClaim {
+            JobMsg::LeaderClaim {
                 id,
                 rank,
                 from,
@@ -219,7 +232,7 @@ impl State {
                     .on_decide(id, rank, from, nodes, |r| ended.is_gone(r));
                 self.apply_leaders(acts);
             }
-            PeerMsg::LeaderDecision {
+            JobMsg::LeaderDecision {
                 id,
                 claimant,
                 winner,
@@ -227,12 +240,12 @@ impl State {
                 let acts = self.job.leaders.on_decision(id, claimant, winner);
                 self.apply_leaders(acts);
             }
-            PeerMsg::LeaderSelected { id, rank } => {
+            JobMsg::LeaderSelected { id, rank } => {
                 let gone = self.job.procs.is_gone(rank);
                 let acts = self.job.groups.on_leader_selected(&id, rank, gone);
                 self.apply_groups(acts);
             }
-            PeerMsg::PsetChange {
+            JobMsg::PsetChange {
                 name,
                 members,
                 from,
@@ -241,15 +254,15 @@ impl State {
                 let acts = self.job.psets.on_change(name, members, from, qid);
                 self.apply_psets(acts);
             }
-            msg @ (PeerMsg::Invite { .. }
-            | PeerMsg::InviteReply { .. }
-            | PeerMsg::PgcidResp { .. }
-            | PeerMsg::GroupFormed { .. }) => self.invitations_peer(msg),
-            PeerMsg::PgcidReq { qid, from } => {
+            msg @ (JobMsg::Invite { .. }
+            | JobMsg::InviteReply { .. }
+            | JobMsg::PgcidResp { .. }
+            | JobMsg::GroupFormed { .. }) => self.invitations_peer(msg),
+            JobMsg::PgcidReq { qid, from } => {
                 let pgcid = self.pgcids.take();
-                self.send_peer(from, &PeerMsg::PgcidResp { qid, pgcid });
+                self.send_peer(from, &JobMsg::PgcidResp { qid, pgcid });
             }
-            PeerMsg::PsetChanged {
+            JobMsg::PsetChanged {
                 name,
                 members,
                 qid,

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::wire::proto::{
-    CollId, CollKind, FenceMode, GroupBlock, GroupSpec, PeerMsg, ProcData, Procs, ServerMsg,
+    CollId, CollKind, FenceMode, GroupBlock, GroupSpec, JobMsg, ProcData, Procs, ServerMsg,
     WireError,
 };
 use weft_wireup::Rank;
@@ -45,7 +45,7 @@ pub(crate) enum Action {
     /// Send `msg` to the client connection `conn`.
     Reply { conn: ConnId, msg: ServerMsg },
     /// Send to the server of `node`.
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Call [`Fences::on_deadline`] with `id` at `at`.
     Deadline { id: CollId, at: Instant },
     /// Call [`Fences::on_query_timeout`] with `qid` after `after`.
@@ -397,10 +397,10 @@ impl Fences {
     /// A message of another server about a collective (`Gather`, `Abort`,
     /// `ArrivalQuery`, `ArrivalReply`); other messages are not the fences' and are
     /// ignored.
-    pub(crate) fn on_peer(&mut self, msg: PeerMsg, now: Instant, mut cx: Contrib) -> Vec<Action> {
+    pub(crate) fn on_peer(&mut self, msg: JobMsg, now: Instant, mut cx: Contrib) -> Vec<Action> {
         let mut acts = Vec::new();
         match msg {
-            PeerMsg::Gather {
+            JobMsg::Gather {
                 id,
                 mode,
                 step,
@@ -459,14 +459,14 @@ impl Fences {
                 }
                 self.advance(&id, now, &mut acts);
             }
-            PeerMsg::Abort { id, error } => {
+            JobMsg::Abort { id, error } => {
                 if self.colls.contains_key(&id) {
                     acts = self.fail(&id, error, false);
                 } else if !self.finished.contains_key(&id) {
                     self.finish(id, Some(error));
                 }
             }
-            PeerMsg::ArrivalQuery { id, qid } => {
+            JobMsg::ArrivalQuery { id, qid } => {
                 let missing = match (self.colls.get(&id), self.finished.contains_key(&id)) {
                     (Some(c), _) => c.local_expected.difference(&c.arrived).copied().collect(),
                     (None, true) => Vec::new(),
@@ -479,10 +479,10 @@ impl Fences {
                 let node = self.node;
                 acts.push(Action::Peer {
                     node: asker,
-                    msg: PeerMsg::ArrivalReply { qid, node, missing },
+                    msg: JobMsg::ArrivalReply { qid, node, missing },
                 });
             }
-            PeerMsg::ArrivalReply { qid, node, missing } => {
+            JobMsg::ArrivalReply { qid, node, missing } => {
                 if let Some(q) = self.queries.get_mut(&qid) {
                     q.missing.extend(missing);
                     q.waiting.remove(&node);
@@ -577,7 +577,7 @@ impl Fences {
         for &n in &others {
             acts.push(Action::Peer {
                 node: n,
-                msg: PeerMsg::ArrivalQuery {
+                msg: JobMsg::ArrivalQuery {
                     id: id.clone(),
                     qid,
                 },
@@ -733,7 +733,7 @@ impl Fences {
                         u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
                     }),
                 });
-                let msg = PeerMsg::Gather {
+                let msg = JobMsg::Gather {
                     id: id.clone(),
                     mode,
                     step: c.step,
@@ -826,7 +826,7 @@ impl Fences {
         if broadcast {
             let me = self.node;
             for n in nodes.into_iter().filter(|&n| n != me) {
-                let msg = PeerMsg::Abort {
+                let msg = JobMsg::Abort {
                     id: id.clone(),
                     error: error.clone(),
                 };

@@ -20,7 +20,7 @@ use super::fence::{Arrival, Gathered};
 use crate::modex::ConnId;
 use crate::wire::proto::{
     CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupBlock, GroupDirectives,
-    GroupInfo, GroupSpec, PeerMsg, ProcData, ServerMsg, WireError,
+    GroupInfo, GroupSpec, JobMsg, ProcData, ServerMsg, WireError,
 };
 
 /// What the server must do.
@@ -29,7 +29,7 @@ pub(crate) enum Action {
     /// Send `msg` to the client connection `conn`.
     Reply { conn: ConnId, msg: ServerMsg },
     /// Send to the server of `node`.
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Send `event` to local process `rank`.
     Emit { rank: Rank, event: WireEvent },
     /// A checked request joins its collective (the fence concern's `on_arrive`).
@@ -478,7 +478,7 @@ impl Groups {
             .filter(|&n| n != me)
             .map(|node| Action::Peer {
                 node,
-                msg: PeerMsg::GroupLeft {
+                msg: JobMsg::GroupLeft {
                     id: id.clone(),
                     rank,
                 },

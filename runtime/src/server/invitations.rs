@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::wire::proto::{
-    Event, EventCode, GroupDirectives, GroupInfo, PeerMsg, ServerMsg, WireError,
+    Event, EventCode, GroupDirectives, GroupInfo, JobMsg, ServerMsg, WireError,
 };
 use weft_wireup::Rank;
 
@@ -23,7 +23,7 @@ pub(crate) enum Action {
     /// Send `msg` to the client connection `conn`.
     Reply { conn: ConnId, msg: ServerMsg },
     /// Send to the server of `node` (never this one).
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Send `event` to local process `rank`.
     Emit { rank: Rank, event: Event },
     /// Call [`Invitations::on_timeout`] with `id` after `after`.
@@ -122,7 +122,7 @@ impl Invitations {
     }
 
     /// Sends `msg` to the server of `node`, or handles it here when that is this one.
-    fn send(&mut self, node: u32, msg: PeerMsg, pgcids: &mut Pgcids, acts: &mut Vec<Action>) {
+    fn send(&mut self, node: u32, msg: JobMsg, pgcids: &mut Pgcids, acts: &mut Vec<Action>) {
         if node != self.node {
             return acts.push(Action::Peer { node, msg });
         }
@@ -131,24 +131,24 @@ impl Invitations {
 
     /// A message of another server (or of this one) about invitations: `Invite`,
     /// `InviteReply`, `PgcidResp` and `GroupFormed`; others are ignored.
-    pub(crate) fn on_peer(&mut self, msg: PeerMsg, pgcids: &mut Pgcids) -> Vec<Action> {
+    pub(crate) fn on_peer(&mut self, msg: JobMsg, pgcids: &mut Pgcids) -> Vec<Action> {
         let mut acts = Vec::new();
         match msg {
-            PeerMsg::Invite {
+            JobMsg::Invite {
                 id,
                 leader,
                 rank,
                 procs,
             } => self.invite_arrived(id, leader, rank, procs, &mut acts),
-            PeerMsg::InviteReply { id, rank, accept } => {
+            JobMsg::InviteReply { id, rank, accept } => {
                 self.invite_reply(&id, rank, accept, pgcids, &mut acts)
             }
-            PeerMsg::PgcidResp { qid, pgcid } => {
+            JobMsg::PgcidResp { qid, pgcid } => {
                 if let Some(id) = self.pgcid_waiters.remove(&qid) {
                     self.form(&id, Some(pgcid), pgcids, &mut acts);
                 }
             }
-            PeerMsg::GroupFormed { group } => self.formed(group, &mut acts),
+            JobMsg::GroupFormed { group } => self.formed(group, &mut acts),
             other => tracing::error!("not a message about invitations: {other:?}"),
         }
         acts
@@ -220,7 +220,7 @@ impl Invitations {
                 continue;
             }
             let node = self.node_of(r);
-            let msg = PeerMsg::Invite {
+            let msg = JobMsg::Invite {
                 id: id.clone(),
                 leader,
                 rank: r,
@@ -282,7 +282,7 @@ impl Invitations {
         let node = self.node_of(leader);
         self.send(
             node,
-            PeerMsg::InviteReply { id, rank, accept },
+            JobMsg::InviteReply { id, rank, accept },
             pgcids,
             &mut acts,
         );
@@ -391,7 +391,7 @@ impl Invitations {
         let from = self.node;
         acts.push(Action::Peer {
             node: 0,
-            msg: PeerMsg::PgcidReq { qid, from },
+            msg: JobMsg::PgcidReq { qid, from },
         });
     }
 
@@ -424,7 +424,7 @@ impl Invitations {
         nodes.sort_unstable();
         nodes.dedup();
         for n in nodes {
-            let msg = PeerMsg::GroupFormed {
+            let msg = JobMsg::GroupFormed {
                 group: group.clone(),
             };
             self.send(n, msg, pgcids, acts);

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::wire::proto::{PeerMsg, ServerMsg, WireError};
+use crate::wire::proto::{JobMsg, ServerMsg, WireError};
 use weft_wireup::Rank;
 
 use crate::modex::ConnId;
@@ -17,7 +17,7 @@ pub(crate) enum Action {
     /// Send `msg` to the client connection `conn`.
     Reply { conn: ConnId, msg: ServerMsg },
     /// Send to the server of `node`.
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Rank `rank` now leads group `id` here (the groups concern records it and tells
     /// the local members).
     Selected { id: String, rank: Rank },
@@ -60,7 +60,7 @@ impl Leaders {
         if self.node == 0 {
             return self.on_decide(id, rank, 0, nodes, gone);
         }
-        let msg = PeerMsg::LeaderClaim {
+        let msg = JobMsg::LeaderClaim {
             id,
             rank,
             from: self.node,
@@ -94,7 +94,7 @@ impl Leaders {
                         rank,
                     });
                 } else {
-                    let msg = PeerMsg::LeaderSelected {
+                    let msg = JobMsg::LeaderSelected {
                         id: id.clone(),
                         rank,
                     };
@@ -105,7 +105,7 @@ impl Leaders {
         if from == self.node {
             acts.extend(self.on_decision(id, rank, winner));
         } else {
-            let msg = PeerMsg::LeaderDecision {
+            let msg = JobMsg::LeaderDecision {
                 id,
                 claimant: rank,
                 winner,

@@ -42,7 +42,7 @@ use super::pmix_book::{query_answers, Ask, Ended, PmixBook};
 use super::{after, ompi_shm_dir, wire_to_text, Event, State};
 use crate::modex::{ConnId, Modex};
 use crate::wire::proto::{
-    ExitKind, FenceMode, GroupDirectives, JobPlan, PeerMsg, Procs, ServerMsg, WireError,
+    ExitKind, FenceMode, GroupDirectives, JobMsg, JobPlan, Procs, ServerMsg, WireError,
 };
 
 /// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
@@ -366,7 +366,7 @@ impl State {
                         "the PMIx server library failed it ({other:?})"
                     )),
                 });
-                self.send_peer(to, &PeerMsg::PmixDmodexResp { qid, result });
+                self.send_peer(to, &JobMsg::PmixDmodexResp { qid, result });
             }
             PmixEv::DmodexTimeout { qid } => {
                 let reply = self
@@ -612,7 +612,7 @@ impl State {
                 if let Some(t) = d.timeout {
                     after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
                 }
-                self.send_peer(node, &PeerMsg::PmixDmodexReq { qid, rank });
+                self.send_peer(node, &JobMsg::PmixDmodexReq { qid, rank });
             }
         }
     }
@@ -620,7 +620,7 @@ impl State {
     /// Another node's direct modex for local rank `rank`.
     pub(super) fn pmix_serve(&mut self, qid: u64, rank: Rank) {
         let from = Modex::asker_of(qid);
-        let refuse = |why: String| PeerMsg::PmixDmodexResp {
+        let refuse = |why: String| JobMsg::PmixDmodexResp {
             qid,
             result: Err(DmodexFailure::Other(why)),
         };
@@ -633,7 +633,7 @@ impl State {
             return self.send_peer(from, &m);
         }
         if let Some(why) = self.job.procs.why_gone(rank) {
-            let m = PeerMsg::PmixDmodexResp {
+            let m = JobMsg::PmixDmodexResp {
                 qid,
                 result: Err(DmodexFailure::ProcGone(why.to_owned())),
             };
@@ -696,7 +696,7 @@ impl State {
             reply.fail(Failure::ProcGone);
         }
         for (qid, from) in served {
-            let m = PeerMsg::PmixDmodexResp {
+            let m = JobMsg::PmixDmodexResp {
                 qid,
                 result: Err(DmodexFailure::ProcGone(reason.to_string())),
             };

@@ -1,6 +1,6 @@
 //! Events of the node's PMIx clients that reach beyond the node (the library's
 //! `notify_event` upcall): carried to the servers of the nodes they are for
-//! (`PeerMsg::PmixEvent`, the infos as the library packed them), whose libraries deliver
+//! (`JobMsg::PmixEvent`, the infos as the library packed them), whose libraries deliver
 //! them to their clients.
 //!
 //! OpenPMIx 4.2 builds `PMIx_Group_invite` and `PMIx_Group_join` from events alone:
@@ -28,7 +28,7 @@ use weft_wireup::Rank;
 
 use super::pmix_book::InviteAction;
 use super::State;
-use crate::wire::proto::PeerMsg;
+use crate::wire::proto::JobMsg;
 
 impl State {
     /// A local client's event for processes beyond this node.
@@ -80,7 +80,7 @@ impl State {
         }
         let me = self.node;
         for node in nodes.into_iter().filter(|&x| x != me) {
-            let m = PeerMsg::PmixEvent {
+            let m = JobMsg::PmixEvent {
                 code: n.code,
                 source,
                 range: n.range.raw(),

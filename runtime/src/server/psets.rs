@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::wire::proto::{Event, EventCode, PeerMsg, ServerMsg, WireError};
+use crate::wire::proto::{Event, EventCode, JobMsg, ServerMsg, WireError};
 use weft_wireup::keys;
 use weft_wireup::Rank;
 
@@ -17,7 +17,7 @@ pub(crate) enum Action {
     /// Send `msg` to the client connection `conn`.
     Reply { conn: ConnId, msg: ServerMsg },
     /// Send to the server of `node`.
-    Peer { node: u32, msg: PeerMsg },
+    Peer { node: u32, msg: JobMsg },
     /// Write into the node's datastore segment.
     Store { key: Vec<u8>, value: Vec<u8> },
     /// Tell every local process.
@@ -77,7 +77,7 @@ impl Psets {
         if self.node == 0 {
             return self.on_change(name, members, from, qid);
         }
-        let msg = PeerMsg::PsetChange {
+        let msg = JobMsg::PsetChange {
             name,
             members,
             from,
@@ -130,7 +130,7 @@ impl Psets {
             if n == self.node {
                 acts.extend(self.on_changed(name.clone(), members.clone(), qid, error.clone()));
             } else {
-                let msg = PeerMsg::PsetChanged {
+                let msg = JobMsg::PsetChanged {
                     name: name.clone(),
                     members: members.clone(),
                     qid,

@@ -5,14 +5,14 @@ use std::collections::{BTreeMap, VecDeque};
 
 use weft_fuzz::Mutator;
 
-use crate::wire::proto::PeerMsg;
+use crate::wire::proto::JobMsg;
 
 /// Takes the oldest message of a link chosen by `m` among those with one waiting:
 /// (to, message), or `None` when nothing is in flight.
 pub(super) fn pop_any(
-    links: &mut BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+    links: &mut BTreeMap<(u32, u32), VecDeque<JobMsg>>,
     m: &mut Mutator,
-) -> Option<(u32, PeerMsg)> {
+) -> Option<(u32, JobMsg)> {
     let busy: Vec<(u32, u32)> = links
         .iter()
         .filter(|(_, q)| !q.is_empty())

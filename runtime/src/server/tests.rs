@@ -16,8 +16,8 @@ use crate::modex::ConnId;
 use crate::wire::frame::{self, MAX_CLIENT_FRAME, MAX_PEER_FRAME};
 use crate::wire::proto::GroupDirectives;
 use crate::wire::proto::{
-    ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupInfo, PeerMsg,
-    ProcData, Procs, ServerMsg, WireError,
+    ClientMsg, CollId, CollKind, Event as WireEvent, EventCode, FenceMode, GroupInfo, JobMsg,
+    PeerMsg, ProcData, Procs, ServerMsg, WireError,
 };
 
 /// The server of node 0 of a 4-process job on 2 nodes: ranks 0 and 1 here (connected),
@@ -77,9 +77,16 @@ impl Node0 {
         self.st.handle(Event::Client { conn, msg });
     }
 
-    /// The server of node 1 sends `msg`.
-    fn peer(&mut self, msg: PeerMsg) {
-        self.st.handle(Event::Peer { msg });
+    /// The server of node 1 sends `msg` (about the job, namespace 1).
+    fn peer(&mut self, msg: JobMsg) {
+        self.peer_about(NsId::FIRST, msg);
+    }
+
+    /// The server of node 1 sends `msg` about namespace `ns`.
+    fn peer_about(&mut self, ns: NsId, msg: JobMsg) {
+        self.st.handle(Event::Peer {
+            msg: PeerMsg::Job { ns, msg },
+        });
     }
 
     /// What local rank `rank` was sent since the last call.
@@ -94,9 +101,15 @@ impl Node0 {
     }
 
     /// What the server of node 1 was sent since the last call.
-    fn sent(&mut self) -> Vec<PeerMsg> {
+    /// Each is in the envelope of the job's namespace.
+    fn sent(&mut self) -> Vec<JobMsg> {
         std::iter::from_fn(|| self.to_node1.try_recv().ok())
-            .map(|f| frame::read_sync(&mut &f[..], MAX_PEER_FRAME).expect("a frame"))
+            .map(
+                |f| match frame::read_sync(&mut &f[..], MAX_PEER_FRAME).expect("a frame") {
+                    PeerMsg::Job { ns, msg } if ns == NsId::FIRST => msg,
+                    other => panic!("not a message of namespace 1: {other:?}"),
+                },
+            )
             .collect()
     }
 }
@@ -121,10 +134,10 @@ fn fence(req: u64, id: &CollId, mode: FenceMode) -> ClientMsg {
 
 /// Node 1's part of fence `id` (step 0 of the 2-node all-gather): ranks 2 and 3 at
 /// generation 1, rank 2 with its card.
-fn node1_gather(id: &CollId, mode: FenceMode) -> PeerMsg {
+fn node1_gather(id: &CollId, mode: FenceMode) -> JobMsg {
     let card = vec![("card".to_owned(), Value::U64(22))];
     let data: ProcData = vec![(2, 1, Some(card)), (3, 1, Some(Vec::new()))];
-    PeerMsg::Gather {
+    JobMsg::Gather {
         id: id.clone(),
         mode,
         step: 0,
@@ -154,7 +167,7 @@ fn a_fence_releases_each_member_once_when_every_node_contributed() {
     );
     n.client(1, fence(7, &id, FenceMode::Full));
     match &n.sent()[..] {
-        [PeerMsg::Gather {
+        [JobMsg::Gather {
             id: sent,
             step: 0,
             blocks,
@@ -199,7 +212,7 @@ fn a_member_gone_before_joining_fails_the_fence_for_the_others() {
     let id = fence_id(1);
     n.client(0, fence(1, &id, FenceMode::SyncOnly));
     let reason = "exited with code 3 before finalize";
-    n.peer(PeerMsg::ProcGone {
+    n.peer(JobMsg::ProcGone {
         rank: 2,
         reason: reason.into(),
         joined: Vec::new(),
@@ -227,12 +240,43 @@ fn a_member_gone_before_joining_fails_the_fence_for_the_others() {
 }
 
 #[test]
+fn a_peer_message_about_another_namespace_changes_nothing_here() {
+    let mut n = Node0::new("peer-other-ns");
+    let id = fence_id(1);
+    n.client(0, fence(1, &id, FenceMode::SyncOnly));
+    // Rank 2 of namespace 2 is not rank 2 of this job: its end must not fail the fence.
+    n.peer_about(
+        NsId(2),
+        JobMsg::ProcGone {
+            rank: 2,
+            reason: "exited with code 3 before finalize".into(),
+            joined: Vec::new(),
+        },
+    );
+    assert!(n.replies(0).is_empty());
+    assert!(n.sent().is_empty());
+    // The same message about this job's namespace fails it.
+    n.peer(JobMsg::ProcGone {
+        rank: 2,
+        reason: "exited with code 3 before finalize".into(),
+        joined: Vec::new(),
+    });
+    assert!(matches!(
+        n.replies(0)[..],
+        [ServerMsg::Failed {
+            req: 1,
+            error: WireError::ProcGone { rank: 2, .. }
+        }]
+    ));
+}
+
+#[test]
 fn a_member_that_joined_before_it_ended_does_not_fail_the_fence() {
     let mut n = Node0::new("fence-joined");
     let id = fence_id(2);
     n.client(0, fence(1, &id, FenceMode::SyncOnly));
     // Rank 2 joined the fence at node 1, then finalized.
-    n.peer(PeerMsg::ProcGone {
+    n.peer(JobMsg::ProcGone {
         rank: 2,
         reason: weft_wireup::FINALIZED.into(),
         joined: vec![id.digest()],
@@ -405,7 +449,7 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
     assert_eq!(pset_events(&got), vec![defined.clone()]);
     assert_eq!(pset_events(&n.replies(1)), vec![defined]);
     match &n.sent()[..] {
-        [PeerMsg::PsetChanged {
+        [JobMsg::PsetChanged {
             name,
             members: Some(m),
             error: None,

@@ -6,12 +6,37 @@ use weft_testkit::corpus::inputs::id;
 use weft_wireup::Value;
 
 use super::proto::{
-    CollId, CollKind, FenceMode, GroupDirectives, GroupInfo, GroupSpec, ModexData, PeerMsg, Procs,
-    WireError, MAGIC, PROTOCOL_VERSION,
+    CollId, CollKind, FenceMode, GroupDirectives, GroupInfo, GroupSpec, JobMsg, ModexData, PeerMsg,
+    Procs, WireError, MAGIC, RUNTIME_PROTOCOL_VERSION,
 };
+use weft_wireup::NsId;
 
-/// One of every peer message, for mutation.
+/// One of every peer message, for mutation: the hello, and every job message in the
+/// envelope of the first namespace (and one in another namespace's).
 pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
+    let hello = PeerMsg::Hello {
+        magic: MAGIC,
+        version: RUNTIME_PROTOCOL_VERSION,
+        secret: [1, 2],
+        node: 1,
+    };
+    let jobs = job_msgs();
+    let other = PeerMsg::Job {
+        ns: NsId(2),
+        msg: jobs[0].clone(),
+    };
+    let first = jobs.into_iter().map(|msg| PeerMsg::Job {
+        ns: NsId::FIRST,
+        msg,
+    });
+    std::iter::once(hello)
+        .chain(first)
+        .chain(std::iter::once(other))
+        .collect()
+}
+
+/// One of every message between the servers of a job.
+fn job_msgs() -> Vec<JobMsg> {
     let err = WireError::ProcGone {
         op: "get".into(),
         rank: 1,
@@ -30,20 +55,14 @@ pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
     )])
     .unwrap();
     vec![
-        PeerMsg::Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
-            secret: [1, 2],
-            node: 1,
-        },
-        PeerMsg::Gather {
+        JobMsg::Gather {
             id: id(),
             mode: FenceMode::Full,
             step: 0,
             blocks: vec![(1, block.clone())],
             group: None,
         },
-        PeerMsg::Gather {
+        JobMsg::Gather {
             id: gid.clone(),
             mode: FenceMode::Full,
             step: 0,
@@ -53,26 +72,26 @@ pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
                 timeout_ms: Some(20),
             }),
         },
-        PeerMsg::Abort {
+        JobMsg::Abort {
             id: id(),
             error: err.clone(),
         },
-        PeerMsg::ArrivalQuery {
+        JobMsg::ArrivalQuery {
             id: id(),
             qid: 1 << 48,
         },
-        PeerMsg::ArrivalReply {
+        JobMsg::ArrivalReply {
             qid: 5,
             node: 1,
             missing: vec![1],
         },
-        PeerMsg::ModexReq {
+        JobMsg::ModexReq {
             qid: 1 << 48,
             rank: 0,
             key: "k".into(),
             wait: true,
         },
-        PeerMsg::ModexResp {
+        JobMsg::ModexResp {
             qid: (1 << 47) | 1,
             rank: 2,
             result: Ok(ModexData {
@@ -81,56 +100,56 @@ pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
                 finalized: false,
             }),
         },
-        PeerMsg::ModexResp {
+        JobMsg::ModexResp {
             qid: 3,
             rank: 2,
             result: Err(err),
         },
-        PeerMsg::ModexCancel { qid: 1 << 48 },
-        PeerMsg::ProcGone {
+        JobMsg::ModexCancel { qid: 1 << 48 },
+        JobMsg::ProcGone {
             rank: 3,
             reason: "r".into(),
             joined: vec![1, 2],
         },
-        PeerMsg::GroupLeft {
+        JobMsg::GroupLeft {
             id: "g".into(),
             rank: 2,
         },
-        PeerMsg::LeaderClaim {
+        JobMsg::LeaderClaim {
             id: "g".into(),
             rank: 2,
             from: 1,
             nodes: vec![0, 1],
         },
-        PeerMsg::LeaderDecision {
+        JobMsg::LeaderDecision {
             id: "g".into(),
             claimant: 0,
             winner: 2,
         },
-        PeerMsg::LeaderSelected {
+        JobMsg::LeaderSelected {
             id: "g".into(),
             rank: 2,
         },
-        PeerMsg::PsetChange {
+        JobMsg::PsetChange {
             name: "p".into(),
             members: Some(vec![0, 3]),
             from: 1,
             qid: 9,
         },
-        PeerMsg::Invite {
+        JobMsg::Invite {
             id: "i".into(),
             leader: 2,
             rank: 0,
             procs: vec![0, 1],
         },
-        PeerMsg::InviteReply {
+        JobMsg::InviteReply {
             id: "i".into(),
             rank: 2,
             accept: true,
         },
-        PeerMsg::PgcidReq { qid: 4, from: 1 },
-        PeerMsg::PgcidResp { qid: 4, pgcid: 77 },
-        PeerMsg::GroupFormed {
+        JobMsg::PgcidReq { qid: 4, from: 1 },
+        JobMsg::PgcidResp { qid: 4, pgcid: 77 },
+        JobMsg::GroupFormed {
             group: GroupInfo {
                 id: "i".into(),
                 members: vec![0, 2],
@@ -140,7 +159,7 @@ pub(crate) fn peer_msgs() -> Vec<PeerMsg> {
                 directives: GroupDirectives::default(),
             },
         },
-        PeerMsg::PsetChanged {
+        JobMsg::PsetChanged {
             name: "p".into(),
             members: None,
             qid: 9,
@@ -165,7 +184,7 @@ mod tests {
                     peer_addr: "127.0.0.1:4000".parse().unwrap(),
                 },
                 ToLauncher::ProcExit {
-                    rank: 1,
+                    proc: weft_wireup::ProcId::new(NsId::FIRST, 1),
                     how: ExitKind::Signal(9),
                 },
                 ToLauncher::Failed { reason: "f".into() },

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use weft_wireup::job::JobInfo;
-use weft_wireup::{CpuList, Rank, Value};
+use weft_wireup::{CpuList, NsId, Rank, Value};
 
 pub use weft_wireup::proto::*;
 
@@ -47,7 +47,16 @@ pub struct ModexData {
     pub finalized: bool,
 }
 
-/// Server to server (TCP).
+/// The version of the runtime's own protocol (server <-> server, launcher <-> server),
+/// which the hellos of those connections carry: it changes with `PeerMsg`, `JobMsg`,
+/// `ToServer` and `ToLauncher`, independently of the client protocol
+/// (`PROTOCOL_VERSION`), so a change between servers does not refuse an application built
+/// against the same client protocol. Version 5 puts every message between servers in a
+/// job's envelope (`PeerMsg::Job`); before it the runtime used the client protocol's
+/// number (4).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 5;
+
+/// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum PeerMsg {
     Hello {
@@ -56,6 +65,28 @@ pub enum PeerMsg {
         secret: [u64; 2],
         node: u32,
     },
+    /// A message between the servers of job `ns` (a server may serve several jobs).
+    Job { ns: NsId, msg: JobMsg },
+}
+
+/// [`PeerMsg::Job`] borrowed, for encoding a job's message without copying it: encodes
+/// exactly as the owned envelope does (a unit test pins that).
+#[derive(Serialize)]
+enum PeerMsgRef<'a> {
+    _Hello,
+    Job { ns: NsId, msg: &'a JobMsg },
+}
+
+impl PeerMsg {
+    /// The frame body of [`PeerMsg::Job`] with `ns` and `msg`, without copying `msg`.
+    pub fn encode_job(ns: NsId, msg: &JobMsg) -> Vec<u8> {
+        super::frame::encode(&PeerMsgRef::Job { ns, msg })
+    }
+}
+
+/// What the servers of one job tell each other, inside [`PeerMsg::Job`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum JobMsg {
     /// One step of the Bruck all-gather of collective `id`: blocks keyed by node id.
     Gather {
         id: CollId,
@@ -283,8 +314,9 @@ pub enum ToLauncher {
     Ready {
         peer_addr: SocketAddr,
     },
+    /// How process `proc` ended.
     ProcExit {
-        rank: Rank,
+        proc: weft_wireup::ProcId,
         how: ExitKind,
     },
     Failed {
@@ -299,4 +331,36 @@ pub enum ToServer {
     Start { peers: Vec<SocketAddr> },
     Terminate { grace_ms: u64 },
     Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_job_message_encodes_as_the_owned_envelope() {
+        let msg = JobMsg::ModexReq {
+            qid: 7,
+            rank: 3,
+            key: "card".into(),
+            wait: true,
+        };
+        let owned = super::super::frame::encode(&PeerMsg::Job {
+            ns: NsId(300),
+            msg: msg.clone(),
+        });
+        assert_eq!(PeerMsg::encode_job(NsId(300), &msg), owned);
+        let back = super::super::frame::read_sync::<PeerMsg>(&mut &owned[..], 1 << 20).unwrap();
+        assert!(matches!(
+            back,
+            PeerMsg::Job {
+                ns: NsId(300),
+                msg: JobMsg::ModexReq {
+                    qid: 7,
+                    rank: 3,
+                    ..
+                }
+            }
+        ));
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::wire::proto::{
-    CollId, CollKind, FenceMode, GroupBlock, GroupDirectives, GroupSpec, PeerMsg, Procs, ServerMsg,
+    CollId, CollKind, FenceMode, GroupBlock, GroupDirectives, GroupSpec, JobMsg, Procs, ServerMsg,
     WireError,
 };
 use weft_fuzz::{run, Mutator};
@@ -40,7 +40,7 @@ impl Server {
         self.fences.on_arrive(a, now, cx)
     }
 
-    fn peer(&mut self, msg: PeerMsg, now: Instant) -> Vec<Action> {
+    fn peer(&mut self, msg: JobMsg, now: Instant) -> Vec<Action> {
         let cx = Contrib {
             modex: &self.modex,
             pgcids: &mut self.pgcids,
@@ -110,7 +110,7 @@ fn replies(acts: &[Action]) -> Vec<(ConnId, ServerMsg)> {
 }
 
 /// The peer messages among `acts`, as (node, message).
-fn sent(acts: &[Action]) -> Vec<(u32, PeerMsg)> {
+fn sent(acts: &[Action]) -> Vec<(u32, JobMsg)> {
     acts.iter()
         .filter_map(|a| match a {
             Action::Peer { node, msg } => Some((*node, msg.clone())),
@@ -172,7 +172,7 @@ fn a_fence_completes_once_every_node_contributed_and_carries_the_data() {
     let a0 = s0.arrive(arrival(1, 3, &id, FenceMode::Full), now);
     assert!(matches!(
         &sent(&a0)[..],
-        [(1, PeerMsg::Gather { step: 0, .. })]
+        [(1, JobMsg::Gather { step: 0, .. })]
     ));
     let a1 = s1.arrive(arrival(3, 4, &id, FenceMode::Full), now);
     let mut servers = [s0, s1];
@@ -339,7 +339,7 @@ fn a_timeout_names_the_missing_members_everywhere() {
     let qid = match &acts[..] {
         [Action::Peer {
             node: 1,
-            msg: PeerMsg::ArrivalQuery { qid, .. },
+            msg: JobMsg::ArrivalQuery { qid, .. },
         }, Action::QueryTimer { qid: q2, after }]
             if q2 == qid && *after == ARRIVAL_QUERY_WAIT =>
         {
@@ -349,7 +349,7 @@ fn a_timeout_names_the_missing_members_everywhere() {
     };
     // Node 1 has not heard of the fence: all its participants are missing.
     let reply = s1.peer(
-        PeerMsg::ArrivalQuery {
+        JobMsg::ArrivalQuery {
             id: id.clone(),
             qid,
         },
@@ -445,7 +445,7 @@ fn an_unanswered_arrival_query_counts_the_silent_nodes_participants_missing() {
         other => panic!("expected a timeout, got {other:?}"),
     }
     // Node 1 is told to abort its part.
-    assert!(matches!(&sent(&acts)[..], [(1, PeerMsg::Abort { .. })]));
+    assert!(matches!(&sent(&acts)[..], [(1, JobMsg::Abort { .. })]));
     // A member arriving after the failure gets the same error.
     let got = replies(&s0.arrive(arrival(1, 2, &id, FenceMode::SyncOnly), t0));
     assert!(
@@ -472,7 +472,7 @@ fn members_that_disagree_on_the_mode_fail_the_fence_on_every_node() {
     // Two local members that disagree: failed here, and the other node is told.
     let acts = s0.arrive(arrival(1, 2, &id, FenceMode::SyncOnly), now);
     assert_eq!(replies(&acts).len(), 2, "{acts:?}");
-    assert!(matches!(&sent(&acts)[..], [(1, PeerMsg::Abort { .. })]));
+    assert!(matches!(&sent(&acts)[..], [(1, JobMsg::Abort { .. })]));
     // Across nodes: node 1's gather in another mode than node 0's.
     let id = fence_id(2);
     s0.arrive(arrival(0, 3, &id, FenceMode::Full), now);
@@ -511,7 +511,7 @@ fn a_gather_after_every_local_participant_died_without_joining_fails_at_once() {
     s1.arrive(arrival(2, 1, &id, FenceMode::SyncOnly), now);
     let gather = s1.arrive(arrival(3, 2, &id, FenceMode::SyncOnly), now);
     let msg = match &sent(&gather)[..] {
-        [(0, m @ PeerMsg::Gather { .. })] => m.clone(),
+        [(0, m @ JobMsg::Gather { .. })] => m.clone(),
         other => panic!("expected node 1's gather, got {other:?}"),
     };
     // Node 0's ranks die without joining, before the gather reaches it.
@@ -620,7 +620,7 @@ fn fuzz_fences_answer_every_request_once_and_agree() {
         let t0 = Instant::now();
         let mut now = t0;
         // Links between servers are FIFO, as TCP connections are.
-        let mut links: BTreeMap<(u32, u32), VecDeque<PeerMsg>> = BTreeMap::new();
+        let mut links: BTreeMap<(u32, u32), VecDeque<JobMsg>> = BTreeMap::new();
         let mut gone_msgs: Vec<(u32, Rank, String, HashSet<u64>)> = Vec::new();
         let mut deadlines: Vec<(u32, CollId, Instant)> = Vec::new();
         let mut query_timers: Vec<(u32, u64)> = Vec::new();
@@ -660,7 +660,7 @@ fn fuzz_fences_answer_every_request_once_and_agree() {
         let mut next_req = 1u64;
         let exec = |node: u32,
                     acts: Vec<Action>,
-                    links: &mut BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+                    links: &mut BTreeMap<(u32, u32), VecDeque<JobMsg>>,
                     deadlines: &mut Vec<(u32, CollId, Instant)>,
                     query_timers: &mut Vec<(u32, u64)>,
                     asked: &mut HashMap<(u32, ConnId, u64), Asked>| {

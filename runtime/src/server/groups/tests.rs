@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Instant;
 
 use crate::wire::proto::{
-    CollId, CollKind, Event as WireEvent, EventCode, GroupDirectives, GroupInfo, PeerMsg, Procs,
+    CollId, CollKind, Event as WireEvent, EventCode, GroupDirectives, GroupInfo, JobMsg, Procs,
     ServerMsg, WireError,
 };
 use weft_fuzz::Mutator;
@@ -46,7 +46,7 @@ pub(crate) enum Got {
 pub(crate) struct World {
     pub(crate) owners: Vec<u32>,
     nodes: Vec<Node>,
-    pub(crate) links: BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+    pub(crate) links: BTreeMap<(u32, u32), VecDeque<JobMsg>>,
     /// What reached the processes, by node, in order.
     pub(crate) got: Vec<(u32, Got)>,
     now: Instant,
@@ -83,7 +83,7 @@ impl World {
         self.nodes[node as usize].groups.get(id)
     }
 
-    fn send(&mut self, from: u32, to: u32, msg: PeerMsg) {
+    fn send(&mut self, from: u32, to: u32, msg: JobMsg) {
         assert_ne!(from, to, "a server sent itself {msg:?}");
         self.links.entry((from, to)).or_default().push_back(msg);
     }
@@ -232,7 +232,7 @@ impl World {
         let joined = self.nodes[n as usize].fences.joined(rank);
         let reason = "exited with code 1 before finalize".to_string();
         for to in (0..self.nodes.len() as u32).filter(|&to| to != n) {
-            let msg = PeerMsg::ProcGone {
+            let msg = JobMsg::ProcGone {
                 rank,
                 reason: reason.clone(),
                 joined: joined.clone(),
@@ -258,13 +258,13 @@ impl World {
     }
 
     /// Delivers `msg` to the server of `to`.
-    pub(crate) fn deliver(&mut self, to: u32, msg: PeerMsg) {
+    pub(crate) fn deliver(&mut self, to: u32, msg: JobMsg) {
         let now = self.now;
         match msg {
-            msg @ (PeerMsg::Gather { .. }
-            | PeerMsg::Abort { .. }
-            | PeerMsg::ArrivalQuery { .. }
-            | PeerMsg::ArrivalReply { .. }) => {
+            msg @ (JobMsg::Gather { .. }
+            | JobMsg::Abort { .. }
+            | JobMsg::ArrivalQuery { .. }
+            | JobMsg::ArrivalReply { .. }) => {
                 let s = &mut self.nodes[to as usize];
                 let cx = Contrib {
                     modex: &s.modex,
@@ -273,16 +273,16 @@ impl World {
                 let acts = s.fences.on_peer(msg, now, cx);
                 self.run_fences(to, acts);
             }
-            PeerMsg::ProcGone {
+            JobMsg::ProcGone {
                 rank,
                 reason,
                 joined,
             } => self.gone_at(to, rank, &reason, joined.into_iter().collect()),
-            PeerMsg::GroupLeft { id, rank } => {
+            JobMsg::GroupLeft { id, rank } => {
                 let acts = self.nodes[to as usize].groups.on_member_left(&id, rank);
                 self.run(to, acts);
             }
-            PeerMsg::LeaderClaim {
+            JobMsg::LeaderClaim {
                 id,
                 rank,
                 from,
@@ -295,7 +295,7 @@ impl World {
                     .on_decide(id, rank, from, nodes, |r| gone.contains(&r));
                 self.run_leaders(to, acts);
             }
-            PeerMsg::LeaderDecision {
+            JobMsg::LeaderDecision {
                 id,
                 claimant,
                 winner,
@@ -305,7 +305,7 @@ impl World {
                     .on_decision(id, claimant, winner);
                 self.run_leaders(to, acts);
             }
-            PeerMsg::LeaderSelected { id, rank } => {
+            JobMsg::LeaderSelected { id, rank } => {
                 let s = &mut self.nodes[to as usize];
                 let gone = s.gone.contains(&rank);
                 let acts = s.groups.on_leader_selected(&id, rank, gone);
@@ -841,7 +841,7 @@ fn a_death_or_leave_learned_before_the_construct_completes_here_applies_when_it_
     the_group(&w.replies(0));
     w.deliver(
         1,
-        PeerMsg::GroupLeft {
+        JobMsg::GroupLeft {
             id: "h".into(),
             rank: 0,
         },

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use crate::wire::proto::{EventCode, GroupDirectives, GroupInfo, PeerMsg, ServerMsg, WireError};
+use crate::wire::proto::{EventCode, GroupDirectives, GroupInfo, JobMsg, ServerMsg, WireError};
 use weft_fuzz::{run, Mutator};
 use weft_wireup::Rank;
 
@@ -31,13 +31,13 @@ impl Cluster {
     }
 
     /// Delivers `msg` to server `to` (the root answers PGCID requests itself).
-    fn deliver(&mut self, to: u32, msg: PeerMsg) -> Vec<Action> {
+    fn deliver(&mut self, to: u32, msg: JobMsg) -> Vec<Action> {
         let t = to as usize;
         match msg {
-            PeerMsg::PgcidReq { qid, from } => {
+            JobMsg::PgcidReq { qid, from } => {
                 assert_eq!(to, 0, "PGCIDs come from the root");
                 let pgcid = self.pgcids[0].take();
-                let msg = PeerMsg::PgcidResp { qid, pgcid };
+                let msg = JobMsg::PgcidResp { qid, pgcid };
                 vec![Action::Peer { node: from, msg }]
             }
             msg => self.s[t].on_peer(msg, &mut self.pgcids[t]),
@@ -333,7 +333,7 @@ fn bad_invites_and_joins_without_an_invitation_are_refused() {
 fn fuzz_invitations_answer_once_and_every_living_leader_gets_its_group() {
     run("invitations", 17, |m: &mut Mutator| {
         let mut c = Cluster::new();
-        let mut links: BTreeMap<(u32, u32), VecDeque<PeerMsg>> = BTreeMap::new();
+        let mut links: BTreeMap<(u32, u32), VecDeque<JobMsg>> = BTreeMap::new();
         let mut answers: HashMap<(ConnId, u64), usize> = HashMap::new();
         let mut invites: Vec<(Rank, u64, Vec<Rank>)> = Vec::new();
         let mut timers: Vec<(u32, String)> = Vec::new();
@@ -344,14 +344,14 @@ fn fuzz_invitations_answer_once_and_every_living_leader_gets_its_group() {
         let mut exec = |at: u32,
                         acts: Vec<Action>,
                         c: &mut Cluster,
-                        links: &mut BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+                        links: &mut BTreeMap<(u32, u32), VecDeque<JobMsg>>,
                         timers: &mut Vec<(u32, String)>| {
             let mut queue: VecDeque<Action> = acts.into();
             while let Some(a) = queue.pop_front() {
                 match a {
                     Action::Peer {
                         node,
-                        msg: PeerMsg::PgcidReq { qid, from },
+                        msg: JobMsg::PgcidReq { qid, from },
                     } => {
                         assert_eq!(node, 0);
                         // The root answers at once (its PGCIDs are its own).
@@ -359,7 +359,7 @@ fn fuzz_invitations_answer_once_and_every_living_leader_gets_its_group() {
                         links
                             .entry((0, from))
                             .or_default()
-                            .push_back(PeerMsg::PgcidResp { qid, pgcid });
+                            .push_back(JobMsg::PgcidResp { qid, pgcid });
                     }
                     Action::Peer { node, msg } => {
                         assert_ne!(node, at);

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use crate::wire::proto::{PeerMsg, ServerMsg, WireError};
+use crate::wire::proto::{JobMsg, ServerMsg, WireError};
 use weft_fuzz::{run, Mutator};
 use weft_wireup::Rank;
 
@@ -18,9 +18,9 @@ fn node_of(r: Rank) -> u32 {
 }
 
 /// Delivers a peer message to server `to`; `gone` as the root sees it.
-fn deliver(s: &mut [Leaders], to: u32, msg: PeerMsg, gone: &BTreeSet<Rank>) -> Vec<Action> {
+fn deliver(s: &mut [Leaders], to: u32, msg: JobMsg, gone: &BTreeSet<Rank>) -> Vec<Action> {
     match msg {
-        PeerMsg::LeaderClaim {
+        JobMsg::LeaderClaim {
             id,
             rank,
             from,
@@ -29,12 +29,12 @@ fn deliver(s: &mut [Leaders], to: u32, msg: PeerMsg, gone: &BTreeSet<Rank>) -> V
             assert_eq!(to, 0, "claims go to the root server");
             s[0].on_decide(id, rank, from, nodes, |r| gone.contains(&r))
         }
-        PeerMsg::LeaderDecision {
+        JobMsg::LeaderDecision {
             id,
             claimant,
             winner,
         } => s[to as usize].on_decision(id, claimant, winner),
-        PeerMsg::LeaderSelected { id, rank } => vec![Action::Selected { id, rank }],
+        JobMsg::LeaderSelected { id, rank } => vec![Action::Selected { id, rank }],
         other => panic!("not a leader message: {other:?}"),
     }
 }
@@ -158,19 +158,19 @@ fn fuzz_leaders_each_claim_answered_once_and_every_node_ends_with_the_roots_choi
     run("leaders", 13, |m: &mut Mutator| {
         let mut s = servers();
         let mut gone: BTreeSet<Rank> = BTreeSet::new();
-        let mut links: BTreeMap<(u32, u32), VecDeque<PeerMsg>> = BTreeMap::new();
+        let mut links: BTreeMap<(u32, u32), VecDeque<JobMsg>> = BTreeMap::new();
         let mut asked: HashMap<(ConnId, u64), Option<bool>> = HashMap::new();
         let mut last: HashMap<u32, Rank> = HashMap::new();
         let mut root_choice: Option<Rank> = None;
         let mut next_req = 1;
         let mut exec = |at: u32,
                         acts: Vec<Action>,
-                        links: &mut BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+                        links: &mut BTreeMap<(u32, u32), VecDeque<JobMsg>>,
                         asked: &mut HashMap<(ConnId, u64), Option<bool>>| {
             for a in acts {
                 match a {
                     Action::Peer { node, msg } => {
-                        if let PeerMsg::LeaderSelected { rank, .. } = &msg {
+                        if let JobMsg::LeaderSelected { rank, .. } = &msg {
                             root_choice = Some(*rank);
                         }
                         links.entry((at, node)).or_default().push_back(msg)

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::wire::proto::{EventCode, PeerMsg, ServerMsg, WireError};
+use crate::wire::proto::{EventCode, JobMsg, ServerMsg, WireError};
 use weft_fuzz::{run, Mutator};
 use weft_wireup::{keys, Rank};
 
@@ -19,9 +19,9 @@ fn servers() -> Vec<Psets> {
 }
 
 /// Delivers a peer message to the server it is for.
-fn deliver(s: &mut [Psets], node: u32, msg: PeerMsg) -> Vec<Action> {
+fn deliver(s: &mut [Psets], node: u32, msg: JobMsg) -> Vec<Action> {
     match msg {
-        PeerMsg::PsetChange {
+        JobMsg::PsetChange {
             name,
             members,
             from,
@@ -30,7 +30,7 @@ fn deliver(s: &mut [Psets], node: u32, msg: PeerMsg) -> Vec<Action> {
             assert_eq!(node, 0, "a change goes to the root server");
             s[0].on_change(name, members, from, qid)
         }
-        PeerMsg::PsetChanged {
+        JobMsg::PsetChanged {
             name,
             members,
             qid,
@@ -74,7 +74,7 @@ fn a_pset_defined_on_any_node_is_decided_at_the_root_and_announced_everywhere() 
             &acts[..],
             [Action::Peer {
                 node: 0,
-                msg: PeerMsg::PsetChange { from: 2, .. }
+                msg: JobMsg::PsetChange { from: 2, .. }
             }]
         ),
         "{acts:?}"
@@ -171,14 +171,14 @@ fn s_req(s: &mut [Psets], node: u32, name: &str, members: Option<Vec<Rank>>) -> 
 fn fuzz_psets_every_request_answered_once_and_every_server_agrees() {
     run("psets", 11, |m: &mut Mutator| {
         let mut s = servers();
-        let mut links: BTreeMap<(u32, u32), VecDeque<PeerMsg>> = BTreeMap::new();
+        let mut links: BTreeMap<(u32, u32), VecDeque<JobMsg>> = BTreeMap::new();
         let mut answers: HashMap<(u32, u64), usize> = HashMap::new();
         let mut listed: HashMap<u32, Vec<String>> = HashMap::new();
         let mut next_req = 1;
         let names = ["a", "b", "c", "", "launch-set"];
         let mut exec = |at: u32,
                         acts: Vec<Action>,
-                        links: &mut BTreeMap<(u32, u32), VecDeque<PeerMsg>>,
+                        links: &mut BTreeMap<(u32, u32), VecDeque<JobMsg>>,
                         answers: &mut HashMap<(u32, u64), usize>| {
             for a in acts {
                 match a {
