@@ -56,7 +56,7 @@ use crate::wire::proto::{
 };
 use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::keys;
-use weft_wireup::{ProcId, Rank};
+use weft_wireup::{NsId, ProcId, Rank};
 
 mod actions;
 mod conns;
@@ -180,25 +180,10 @@ enum Out {
 }
 
 enum Event {
-    /// A process's PMI-1 connection is up (`pmi`).
-    PmiOpen {
-        rank: Rank,
-        tx: UnboundedSender<Vec<u8>>,
-    },
-    /// A PMI-1 request line (or why the connection failed).
-    Pmi {
-        rank: Rank,
-        line: Result<String, String>,
-    },
-    /// A PMI-2 command (or why the connection failed), after an init that asked for
-    /// version 2 (`pmi2`).
-    Pmi2 {
-        rank: Rank,
-        cmd: Result<String, String>,
-    },
-    /// A process's PMI-1 connection closed.
-    PmiClosed {
-        rank: Rank,
+    /// An event of job `ns`: its processes, their PMI connections, the job's timers.
+    Job {
+        ns: NsId,
+        ev: JobEvent,
     },
     ClientHello {
         conn: ConnId,
@@ -232,6 +217,33 @@ enum Event {
     CtlLost(String),
     /// This server received signal N (SIGINT, SIGTERM or SIGHUP).
     Signal(i32),
+    /// What the PMIx server library asked (`pmix`).
+    Pmix(pmix::PmixEv),
+}
+
+/// What happens to one job on this node (inside [`Event::Job`]).
+#[derive(Debug)]
+enum JobEvent {
+    /// A process's PMI-1 connection is up (`pmi`).
+    PmiOpen {
+        rank: Rank,
+        tx: UnboundedSender<Vec<u8>>,
+    },
+    /// A PMI-1 request line (or why the connection failed).
+    Pmi {
+        rank: Rank,
+        line: Result<String, String>,
+    },
+    /// A PMI-2 command (or why the connection failed), after an init that asked for
+    /// version 2 (`pmi2`).
+    Pmi2 {
+        rank: Rank,
+        cmd: Result<String, String>,
+    },
+    /// A process's PMI-1 connection closed.
+    PmiClosed {
+        rank: Rank,
+    },
     Spawned {
         rank: Rank,
         pid: Option<u32>,
@@ -264,8 +276,21 @@ enum Event {
     AbortGraceOver {
         rank: Rank,
     },
-    /// What the PMIx server library asked (`pmix`).
-    Pmix(pmix::PmixEv),
+}
+
+/// A sender of one job's events to the actor (for the tasks and threads of its
+/// processes).
+#[derive(Clone)]
+struct JobEvents {
+    ns: NsId,
+    tx: UnboundedSender<Event>,
+}
+
+impl JobEvents {
+    /// Sends `ev`; false once the actor is gone.
+    fn send(&self, ev: JobEvent) -> bool {
+        self.tx.send(Event::Job { ns: self.ns, ev }).is_ok()
+    }
 }
 
 /// The actor's channels out: back to itself (timers and tasks report there), to the
@@ -514,11 +539,17 @@ async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
     let deadline = tokio::time::Instant::now() + CHILD_REAP_WAIT;
     while !st.job.procs.unreaped().is_empty() {
         match tokio::time::timeout_at(deadline, ev_rx.recv()).await {
-            Ok(Some(Event::Spawned { rank, pid })) => {
+            Ok(Some(Event::Job {
+                ev: JobEvent::Spawned { rank, pid },
+                ..
+            })) => {
                 let acts = st.job.procs.on_reap_spawned(rank, pid);
                 st.apply_procs(acts);
             }
-            Ok(Some(Event::ChildExit { rank, .. })) => st.job.procs.on_reaped(rank),
+            Ok(Some(Event::Job {
+                ev: JobEvent::ChildExit { rank, .. },
+                ..
+            })) => st.job.procs.on_reaped(rank),
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
                 let left = st.job.procs.unreaped();
@@ -573,6 +604,29 @@ impl State {
             return true;
         }
         false
+    }
+}
+
+impl State {
+    /// `ev` as an event of this server's job.
+    fn job_event(&self, ev: JobEvent) -> Event {
+        Event::Job {
+            ns: self.job.ns,
+            ev,
+        }
+    }
+
+    /// A sender of this server's job's events.
+    fn job_events(&self) -> JobEvents {
+        JobEvents {
+            ns: self.job.ns,
+            tx: self.io.ev.clone(),
+        }
+    }
+
+    /// Sends `ev`, an event of this server's job, to the actor after `d`.
+    fn after_job(&self, d: Duration, ev: JobEvent) {
+        after(&self.io.ev, d, self.job_event(ev));
     }
 }
 
@@ -645,10 +699,17 @@ impl State {
 
     fn handle(&mut self, ev: Event) {
         match ev {
-            Event::PmiOpen { rank, tx } => self.pmi_open(rank, tx),
-            Event::Pmi { rank, line } => self.on_pmi(rank, line),
-            Event::Pmi2 { rank, cmd } => self.on_pmi2(rank, cmd),
-            Event::PmiClosed { rank } => self.pmi_closed(rank),
+            Event::Job { ns, ev } => {
+                if ns == self.job.ns {
+                    self.handle_job(ev);
+                } else {
+                    tracing::error!(
+                        "ignoring an event of namespace {ns}, which this server does not \
+                         serve (it serves {}): {ev:?}",
+                        self.job.ns
+                    );
+                }
+            }
             Event::ClientHello {
                 conn,
                 proc,
@@ -663,10 +724,6 @@ impl State {
                     let acts = self.job.procs.on_conn_closed(rank, &reason);
                     self.apply_procs(acts);
                 }
-            }
-            Event::ConnLostCheck { rank } => {
-                let acts = self.job.procs.on_conn_lost_check(rank);
-                self.apply_procs(acts);
             }
             Event::Peer { msg } => self.on_peer(msg),
             Event::PeerLost { node, reason } => {
@@ -696,14 +753,6 @@ impl State {
                 let acts = self.job.procs.on_terminate(Duration::from_millis(grace_ms));
                 self.apply_procs(acts);
             }
-            Event::KillNow => {
-                let acts = self.job.procs.on_kill_now();
-                self.apply_procs(acts);
-            }
-            Event::AbortGraceOver { rank } => {
-                let acts = self.job.procs.on_abort_grace_over(rank);
-                self.apply_procs(acts);
-            }
             Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
@@ -723,12 +772,34 @@ impl State {
                 );
                 self.done = true;
             }
-            Event::Spawned { rank, pid } => self.job.procs.on_spawned(rank, pid),
-            Event::ChildExit { rank, how } => {
+        }
+    }
+
+    /// An event of this server's job.
+    fn handle_job(&mut self, ev: JobEvent) {
+        match ev {
+            JobEvent::PmiOpen { rank, tx } => self.pmi_open(rank, tx),
+            JobEvent::Pmi { rank, line } => self.on_pmi(rank, line),
+            JobEvent::Pmi2 { rank, cmd } => self.on_pmi2(rank, cmd),
+            JobEvent::PmiClosed { rank } => self.pmi_closed(rank),
+            JobEvent::ConnLostCheck { rank } => {
+                let acts = self.job.procs.on_conn_lost_check(rank);
+                self.apply_procs(acts);
+            }
+            JobEvent::KillNow => {
+                let acts = self.job.procs.on_kill_now();
+                self.apply_procs(acts);
+            }
+            JobEvent::AbortGraceOver { rank } => {
+                let acts = self.job.procs.on_abort_grace_over(rank);
+                self.apply_procs(acts);
+            }
+            JobEvent::Spawned { rank, pid } => self.job.procs.on_spawned(rank, pid),
+            JobEvent::ChildExit { rank, how } => {
                 let acts = self.job.procs.on_child_exit(rank, how);
                 self.apply_procs(acts);
             }
-            Event::CollTimeout { id } => {
+            JobEvent::CollTimeout { id } => {
                 let now = std::time::Instant::now();
                 let acts = self.job.fences.on_deadline(
                     id,
@@ -740,15 +811,15 @@ impl State {
                 );
                 self.apply_fences(acts);
             }
-            Event::QueryTimeout { qid } => {
+            JobEvent::QueryTimeout { qid } => {
                 let acts = self.job.fences.on_query_timeout(qid);
                 self.apply_fences(acts);
             }
-            Event::InviteTimeout { id } => {
+            JobEvent::InviteTimeout { id } => {
                 let acts = self.job.invitations.on_timeout(&id, &mut self.pgcids);
                 self.apply_invitations(acts);
             }
-            Event::GetTimeout { rank, conn, req } => {
+            JobEvent::GetTimeout { rank, conn, req } => {
                 let acts = self.job.modex.get_timeout(rank, conn, req);
                 self.apply(acts);
             }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use weft_wireup::{keys, ProcId, Rank, Scope, Value};
 
 use super::fence::{self, Arrival, Contrib};
-use super::{after, groups, invitations, leaders, procs, psets, Event, State};
+use super::{groups, invitations, leaders, procs, psets, JobEvent, State};
 use crate::modex::{self, Answer, ConnId, GetFlags};
 
 impl State {
@@ -79,13 +79,14 @@ impl State {
                 fence::Action::Deadline { id, at } => {
                     let ev = self.io.ev.clone();
                     let at = Instant::from_std(at);
+                    let e = self.job_event(JobEvent::CollTimeout { id });
                     tokio::spawn(async move {
                         tokio::time::sleep_until(at).await;
-                        let _ = ev.send(Event::CollTimeout { id });
+                        let _ = ev.send(e);
                     });
                 }
                 fence::Action::QueryTimer { qid, after: d } => {
-                    after(&self.io.ev, d, Event::QueryTimeout { qid });
+                    self.after_job(d, JobEvent::QueryTimeout { qid });
                 }
                 fence::Action::Learn(data) => self.learn_remote(data),
                 fence::Action::GroupGathered { id, gathered } => {
@@ -241,7 +242,7 @@ impl State {
                 invitations::Action::Peer { node, msg } => self.send_peer(node, &msg),
                 invitations::Action::Emit { rank, event } => self.emit(rank, &event),
                 invitations::Action::Timer { id, after: d } => {
-                    after(&self.io.ev, d, Event::InviteTimeout { id });
+                    self.after_job(d, JobEvent::InviteTimeout { id });
                 }
                 invitations::Action::Record(group) => {
                     self.job.groups.record(group);
@@ -308,10 +309,9 @@ impl State {
                     conn,
                     req,
                     ms,
-                } => after(
-                    &self.io.ev,
+                } => self.after_job(
                     Duration::from_millis(ms),
-                    Event::GetTimeout { rank, conn, req },
+                    JobEvent::GetTimeout { rank, conn, req },
                 ),
             }
         }
@@ -362,11 +362,11 @@ impl State {
                 procs::Action::Kill { pid, sig } => crate::process::kill(pid, sig),
                 procs::Action::Timer { after: d, timer } => {
                     let e = match timer {
-                        procs::Timer::ConnLost(rank) => Event::ConnLostCheck { rank },
-                        procs::Timer::AbortGrace(rank) => Event::AbortGraceOver { rank },
-                        procs::Timer::KillNow => Event::KillNow,
+                        procs::Timer::ConnLost(rank) => JobEvent::ConnLostCheck { rank },
+                        procs::Timer::AbortGrace(rank) => JobEvent::AbortGraceOver { rank },
+                        procs::Timer::KillNow => JobEvent::KillNow,
                     };
-                    after(&self.io.ev, d, e);
+                    self.after_job(d, e);
                 }
                 procs::Action::Report { rank, how } => {
                     self.to_launcher(&ToLauncher::ProcExit {

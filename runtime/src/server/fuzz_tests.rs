@@ -9,7 +9,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use weft_shm::StoreWriter;
 use weft_wireup::{NsId, ProcId, Rank};
 
-use super::{Event, Out, State};
+use super::{Event, JobEvent, Out, State};
 use crate::modex::ConnId;
 use crate::wire::frame;
 use crate::wire::fuzz::peer_msgs;
@@ -202,24 +202,31 @@ fn fuzz_server_handlers_with_hostile_client_and_peer_messages() {
             }
             _ => {
                 let rank = m.below(6) as Rank;
+                // Mostly the job's own namespace; now and then another, which changes nothing.
+                let ns = if m.below(8) == 0 {
+                    NsId(2)
+                } else {
+                    NsId::FIRST
+                };
+                let job = |ev| Event::Job { ns, ev };
                 let ev = match m.below(5) {
-                    0 => Event::ChildExit {
+                    0 => job(JobEvent::ChildExit {
                         rank,
                         how: ExitKind::Code(m.below(3) as i32),
-                    },
-                    1 => Event::GetTimeout {
+                    }),
+                    1 => job(JobEvent::GetTimeout {
                         rank,
                         conn: m.below(4) as ConnId,
                         req: m.below(16) as u64,
-                    },
+                    }),
                     2 => Event::PeerLost {
                         node: m.below(3) as u32,
                         reason: "fuzz".into(),
                     },
-                    3 => Event::ConnLostCheck { rank },
-                    _ => Event::QueryTimeout {
+                    3 => job(JobEvent::ConnLostCheck { rank }),
+                    _ => job(JobEvent::QueryTimeout {
                         qid: (m.next_u64() % 8) | (1 << 48),
-                    },
+                    }),
                 };
                 rig.st.handle(ev);
             }

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use weft_wireup::{Rank, Scope, Value};
 
-use super::{pmi2, wire_to_text, Event, State};
+use super::{pmi2, wire_to_text, JobEvent, JobEvents, State};
 use crate::modex::{ConnId, GetFlags};
 use crate::wire::proto::{CollId, CollKind, FenceMode, ProcData, Procs, ServerMsg};
 
@@ -93,9 +93,9 @@ pub(super) fn prepare(
 
 /// Serves the server's end of rank `rank`'s PMI connection: lines to the actor, replies
 /// back.
-pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: UnboundedSender<Event>) {
+pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: JobEvents) {
     let (tx, mut rx) = unbounded_channel::<Vec<u8>>();
-    let _ = ev.send(Event::PmiOpen { rank, tx });
+    ev.send(JobEvent::PmiOpen { rank, tx });
     let writer = match ours.try_clone() {
         Ok(w) => w,
         Err(e) => {
@@ -118,7 +118,7 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: Unboun
                 Ok(b) if b[0].is_ascii_digit() => {
                     let cmd = pmi2::read_command(&mut r, MAX_LINE);
                     let stop = cmd.is_err();
-                    if evr.send(Event::Pmi2 { rank, cmd }).is_err() || stop {
+                    if !evr.send(JobEvent::Pmi2 { rank, cmd }) || stop {
                         break;
                     }
                     continue;
@@ -132,7 +132,7 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: Unboun
             {
                 Ok(0) | Err(_) => break,
                 Ok(_) if line.len() > MAX_LINE => {
-                    let _ = evr.send(Event::Pmi {
+                    evr.send(JobEvent::Pmi {
                         rank,
                         line: Err(format!("a request line longer than {MAX_LINE} bytes")),
                     });
@@ -141,19 +141,17 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: Unboun
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line).trim().to_string();
                     if !text.is_empty()
-                        && evr
-                            .send(Event::Pmi {
-                                rank,
-                                line: Ok(text),
-                            })
-                            .is_err()
+                        && !evr.send(JobEvent::Pmi {
+                            rank,
+                            line: Ok(text),
+                        })
                     {
                         break;
                     }
                 }
             }
         }
-        let _ = evr.send(Event::PmiClosed { rank });
+        evr.send(JobEvent::PmiClosed { rank });
     });
     std::thread::spawn(move || {
         use std::io::Write;

@@ -8,7 +8,7 @@ use crate::wire::proto::{AppSpec, ExitKind};
 use weft_wireup::{env, Rank};
 
 use super::output::{self, forward, OutputSink};
-use super::{pmi, Event, State};
+use super::{pmi, JobEvent, State};
 
 pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
     let plan = &st.job.plan;
@@ -74,19 +74,19 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             })
         }
     };
-    let ev = st.io.ev.clone();
+    let ev = st.job_events();
     // The child has its end (or failed to start): the server keeps only its own.
     let pmi = pmi.map(|(ours, _theirs)| ours);
     match spawned {
         Err(reason) => {
             tracing::error!("rank {rank}: {reason}");
-            let _ = ev.send(Event::ChildExit {
+            ev.send(JobEvent::ChildExit {
                 rank,
                 how: ExitKind::SpawnFailed(reason),
             });
         }
         Ok(mut child) => {
-            let _ = ev.send(Event::Spawned {
+            ev.send(JobEvent::Spawned {
                 rank,
                 pid: child.id(),
             });
@@ -118,7 +118,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
                     }
                     Err(e) => ExitKind::SpawnFailed(format!("wait failed: {e}")),
                 };
-                let _ = ev.send(Event::ChildExit { rank, how });
+                ev.send(JobEvent::ChildExit { rank, how });
             });
         }
     }
