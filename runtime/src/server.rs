@@ -37,7 +37,7 @@
 //! connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
 //! processes) and `output` (forwarding their output).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -302,8 +302,8 @@ struct Links {
     ctl: UnboundedSender<Vec<u8>>,
     /// The other servers' connections (`conns`).
     peers: PeerLinks,
-    /// The native clients' connections: the rank of each that said hello, its writer.
-    clients: HashMap<ConnId, (Option<Rank>, UnboundedSender<Out>)>,
+    /// The native clients' connections: the process each that said hello is, its writer.
+    clients: HashMap<ConnId, (Option<ProcId>, UnboundedSender<Out>)>,
 }
 
 struct State {
@@ -315,8 +315,11 @@ struct State {
     pgcids: Pgcids,
     /// The PMIx front end, when the job serves PMIx (`pmix`).
     pmix: Option<pmix::PmixFront>,
-    /// The job this server serves (`job`).
+    /// The job the event at hand is about (`job`): every handler of a job's event works
+    /// on `self.job`, which [`State::focus`] makes the right one first.
     job: Job,
+    /// The node's other jobs, while another is `job`.
+    parked: BTreeMap<NsId, Job>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -518,7 +521,8 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // once this server exits), remove the socket; the store unlinks on drop.
     st.kill_all(rustix::process::Signal::KILL);
     reap_children(&mut st, &mut ev_rx).await;
-    let job_id = st.job.plan.job_id.clone();
+    let mut job_ids = Vec::new();
+    st.each_job(|st| job_ids.push(st.job.plan.job_id.clone()));
     // The children's output is written before the launcher connection closes (the
     // launcher may end this process then).
     output.flush();
@@ -526,7 +530,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         px.stop();
     }
     drop(st);
-    unlink_segments(&segment_prefix(&job_id, node));
+    for job_id in job_ids {
+        unlink_segments(&segment_prefix(&job_id, node));
+    }
     let _ = std::fs::remove_file(&sock_path);
     let _ = std::fs::remove_dir(&args.job_dir);
     Ok(())
@@ -537,26 +543,32 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
 /// once it is reaped and its output forwarded (or once it failed to start).
 async fn reap_children(st: &mut State, ev_rx: &mut UnboundedReceiver<Event>) {
     let deadline = tokio::time::Instant::now() + CHILD_REAP_WAIT;
-    while !st.job.procs.unreaped().is_empty() {
+    while st.any_job(|j| !j.procs.unreaped().is_empty()) {
         match tokio::time::timeout_at(deadline, ev_rx.recv()).await {
             Ok(Some(Event::Job {
+                ns,
                 ev: JobEvent::Spawned { rank, pid },
-                ..
-            })) => {
+            })) if st.focus(ns) => {
                 let acts = st.job.procs.on_reap_spawned(rank, pid);
                 st.apply_procs(acts);
             }
             Ok(Some(Event::Job {
+                ns,
                 ev: JobEvent::ChildExit { rank, .. },
-                ..
-            })) => st.job.procs.on_reaped(rank),
+            })) if st.focus(ns) => st.job.procs.on_reaped(rank),
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
-                let left = st.job.procs.unreaped();
-                tracing::warn!(
-                    "ranks {left:?} did not end within {} s of SIGKILL (CHILD_REAP_WAIT)",
-                    CHILD_REAP_WAIT.as_secs()
-                );
+                st.each_job(|st| {
+                    let left = st.job.procs.unreaped();
+                    if !left.is_empty() {
+                        tracing::warn!(
+                            "ranks {left:?} of {} did not end within {} s of SIGKILL \
+                             (CHILD_REAP_WAIT)",
+                            st.job.ns,
+                            CHILD_REAP_WAIT.as_secs()
+                        );
+                    }
+                });
                 break;
             }
         }
@@ -586,7 +598,45 @@ impl State {
             done: false,
             pgcids: Pgcids::new(plan.job.world_pgcid),
             job: Job::new(node, plan, store),
+            parked: BTreeMap::new(),
         }
+    }
+
+    /// Makes job `ns` `self.job` (parking the one that was); false when this server
+    /// serves no such job. A job's handlers run on `self.job`, so every event of a job
+    /// focuses it first.
+    fn focus(&mut self, ns: NsId) -> bool {
+        if self.job.ns == ns {
+            return true;
+        }
+        let Some(next) = self.parked.remove(&ns) else {
+            return false;
+        };
+        let prev = std::mem::replace(&mut self.job, next);
+        self.parked.insert(prev.ns, prev);
+        true
+    }
+
+    /// The namespaces of the jobs this server serves, in order.
+    fn namespaces(&self) -> Vec<NsId> {
+        let mut v: Vec<NsId> = self.parked.keys().copied().collect();
+        v.push(self.job.ns);
+        v.sort();
+        v
+    }
+
+    /// Runs `f` on each job in turn (focused).
+    fn each_job(&mut self, mut f: impl FnMut(&mut State)) {
+        for ns in self.namespaces() {
+            if self.focus(ns) {
+                f(self);
+            }
+        }
+    }
+
+    /// Whether any job satisfies `f`.
+    fn any_job(&self, f: impl Fn(&Job) -> bool) -> bool {
+        f(&self.job) || self.parked.values().any(f)
     }
 }
 
@@ -594,12 +644,12 @@ impl State {
     /// Whether the job has ended (or is ending), so that a peer server's close is no
     /// loss: this server terminates, or every process of the job has ended.
     fn job_ended(&self, node: u32, reason: &str) -> bool {
-        if self.job.procs.terminating() || self.done {
+        if self.any_job(|j| j.procs.terminating()) || self.done {
             return true;
         }
         // At the end of a job a server may see another close before its own shutdown
         // arrives: with every process ended, nothing is lost.
-        if self.job.procs.all_gone() {
+        if !self.any_job(|j| !j.procs.all_gone()) {
             tracing::debug!("the server of node {node} closed after the job's end: {reason}");
             return true;
         }
@@ -652,13 +702,15 @@ impl State {
     /// processes by namespace and rank (issue 33), and a server serves one job so far.
     pub(super) fn own_rank(&self, p: ProcId) -> Result<Rank, String> {
         if p.ns == self.job.ns {
-            Ok(p.rank)
-        } else {
-            Err(format!(
-                "namespace {} is not served here (this server serves {} only)",
-                p.ns, self.job.ns
-            ))
+            return Ok(p.rank);
         }
+        let served: Vec<String> = self.namespaces().iter().map(|n| n.to_string()).collect();
+        let only = if served.len() == 1 { " only" } else { "" };
+        Err(format!(
+            "namespace {} is not served here (this server serves {}{only})",
+            p.ns,
+            served.join(", ")
+        ))
     }
 
     fn send_client(&self, conn: ConnId, msg: &ServerMsg) {
@@ -700,13 +752,13 @@ impl State {
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Job { ns, ev } => {
-                if ns == self.job.ns {
+                if self.focus(ns) {
                     self.handle_job(ev);
                 } else {
                     tracing::error!(
                         "ignoring an event of namespace {ns}, which this server does not \
-                         serve (it serves {}): {ev:?}",
-                        self.job.ns
+                         serve (it serves {:?}): {ev:?}",
+                        self.namespaces()
                     );
                 }
             }
@@ -715,14 +767,26 @@ impl State {
                 proc,
                 token,
                 tx,
-            } => self.on_hello(conn, proc, token, tx),
-            Event::Client { conn, msg } => self.on_client(conn, msg),
+            } => {
+                // Another namespace's hello is refused by `on_hello` (naming the served).
+                self.focus(proc.ns);
+                self.on_hello(conn, proc, token, tx)
+            }
+            Event::Client { conn, msg } => {
+                if let Some(proc) = self.io.clients.get(&conn).and_then(|(p, _)| *p) {
+                    if self.focus(proc.ns) {
+                        self.on_client(conn, proc.rank, msg);
+                    }
+                }
+            }
             Event::ClientGone { conn, reason } => {
-                let acts = self.job.modex.conn_closed(conn);
-                self.apply(acts);
-                if let Some((Some(rank), _)) = self.io.clients.remove(&conn) {
-                    let acts = self.job.procs.on_conn_closed(rank, &reason);
-                    self.apply_procs(acts);
+                if let Some((Some(proc), _)) = self.io.clients.remove(&conn) {
+                    if self.focus(proc.ns) {
+                        let acts = self.job.modex.conn_closed(conn);
+                        self.apply(acts);
+                        let acts = self.job.procs.on_conn_closed(proc.rank, &reason);
+                        self.apply_procs(acts);
+                    }
                 }
             }
             Event::Peer { msg } => self.on_peer(msg),
@@ -742,22 +806,30 @@ impl State {
                 }
                 tracing::error!("lost the server of node {node}: {reason}");
                 let why = format!("is unreachable (the server of node {node} was lost)");
-                // Gets waiting on a direct modex from that node can never be answered.
-                let acts = self.job.modex.node_lost(node, &why);
-                self.apply(acts);
-                for r in self.job.plan.job.ranks_on(node) {
-                    self.proc_gone(r, why.clone(), HashSet::new(), false);
+                self.each_job(|st| {
+                    // Gets waiting on a direct modex from that node can never be answered.
+                    let acts = st.job.modex.node_lost(node, &why);
+                    st.apply(acts);
+                    for r in st.job.plan.job.ranks_on(node) {
+                        st.proc_gone(r, why.clone(), HashSet::new(), false);
+                    }
+                });
+            }
+            Event::Ctl(ToServer::Terminate { grace_ms }) => self.each_job(|st| {
+                let acts = st.job.procs.on_terminate(Duration::from_millis(grace_ms));
+                st.apply_procs(acts);
+            }),
+            Event::Pmix(e) => {
+                // The PMIx server serves the job it started with.
+                if let Some(ns) = self.pmix.as_ref().map(|px| px.ns) {
+                    self.focus(ns);
                 }
+                self.on_pmix(e)
             }
-            Event::Ctl(ToServer::Terminate { grace_ms }) => {
-                let acts = self.job.procs.on_terminate(Duration::from_millis(grace_ms));
-                self.apply_procs(acts);
-            }
-            Event::Pmix(e) => self.on_pmix(e),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
-                if self.job.procs.live() > 0 {
+                if self.any_job(|j| j.procs.live() > 0) {
                     tracing::error!("lost the launcher ({why}); killing this node's processes");
                 }
                 self.done = true;
@@ -826,9 +898,12 @@ impl State {
         }
     }
 
+    /// Sends `sig` to every process of every job on this node.
     fn kill_all(&mut self, sig: rustix::process::Signal) {
-        let acts = self.job.procs.kill_all(sig);
-        self.apply_procs(acts);
+        self.each_job(|st| {
+            let acts = st.job.procs.kill_all(sig);
+            st.apply_procs(acts);
+        });
     }
 
     /// Sends `event` to local process `rank`; one that has not connected yet gets it

@@ -179,13 +179,11 @@ impl State {
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));
         }
-        self.io.clients.insert(conn, (Some(rank), tx));
+        self.io.clients.insert(conn, (Some(proc), tx));
     }
 
-    pub(super) fn on_client(&mut self, conn: ConnId, msg: ClientMsg) {
-        let Some(rank) = self.io.clients.get(&conn).and_then(|(r, _)| *r) else {
-            return;
-        };
+    /// Request `msg` of local rank `rank` of the focused job, on connection `conn`.
+    pub(super) fn on_client(&mut self, conn: ConnId, rank: Rank, msg: ClientMsg) {
         match msg {
             ClientMsg::Hello { .. } => {
                 // A protocol violation like an undecodable frame: drop this client.

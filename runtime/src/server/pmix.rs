@@ -138,6 +138,8 @@ fn group_key(id: &str) -> String {
 pub(super) struct PmixFront {
     pub(super) server: weft_pmix::server::Server,
     pub(super) nspace: String,
+    /// The namespace of the job it serves (`nspace` is its name).
+    pub(super) ns: weft_wireup::NsId,
     /// Where the node's output goes (`PMIx_Log` to stdout and stderr joins it).
     pub(super) output: std::sync::mpsc::Sender<Chunk>,
     /// The library's directory (removed at the end).
@@ -199,6 +201,7 @@ impl PmixFront {
         Ok(PmixFront {
             server,
             nspace: job.nspace.clone(),
+            ns: plan.ns,
             output,
             dir,
             vader_dir,
