@@ -23,6 +23,7 @@ use crate::jobdir::{format_secret, random_u64};
 use crate::wire::frame::{self, MAX_PEER_FRAME};
 use crate::wire::proto::{JobPlan, ToLauncher, ToServer, MAGIC, RUNTIME_PROTOCOL_VERSION};
 
+mod children;
 mod job;
 mod launch;
 mod nodes;
@@ -67,6 +68,8 @@ enum Ev {
     },
     Signal(i32),
     Timer(Timer),
+    /// A timer of spawned job `NsId`.
+    JobTimer(weft_wireup::NsId, Timer),
 }
 
 /// Runs a job to its end and returns the exit status `weft run` should exit with:
@@ -141,7 +144,7 @@ async fn run_in(spec: &LaunchSpec, plan: &JobPlan, job_dir: &Path) -> Result<i32
     let servers = start_servers(spec, plan.job.num_nodes(), addr, job_dir, secret, &ev_tx).await?;
     watch_signals(&ev_tx);
     let mut run = Executor {
-        launch: Launch::new(plan.ns, plan.job.clone(), spec.ending.clone()),
+        launch: Launch::new(plan.clone(), spec.ending.clone()),
         servers,
         txs: HashMap::new(),
         plan_frame: frame::encode(&ToServer::Plan(Box::new(plan.clone()))),
@@ -362,6 +365,8 @@ impl Executor {
                 ToLauncher::Ready { peer_addr } => launch.on_ready(node, peer_addr),
                 ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
+                ToLauncher::Spawn { qid, from, apps } => launch.on_spawn(node, qid, from, &apps),
+                ToLauncher::Launched { ns, error } => launch.on_launched(node, ns, error),
                 ToLauncher::Hello { .. } => Vec::new(),
             },
             Ev::Lost { node, reason }
@@ -374,6 +379,7 @@ impl Executor {
             }
             Ev::Signal(sig) => launch.on_signal(sig),
             Ev::Timer(t) => launch.on_timer(t),
+            Ev::JobTimer(ns, t) => launch.on_job_timer(ns, t),
         }
     }
 
@@ -400,6 +406,18 @@ impl Executor {
                     });
                 }
                 Action::KillServers => self.servers.kill_all(),
+                Action::ArmJob(ns, timer, after) => {
+                    let ev = self.ev_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let _ = ev.send(Ev::JobTimer(ns, timer));
+                    });
+                }
+                Action::SpawnDone { node, qid, result } => {
+                    if let Some(tx) = self.txs.get(&node) {
+                        let _ = tx.send(frame::encode(&ToServer::SpawnDone { qid, result }));
+                    }
+                }
             }
         }
     }

@@ -37,7 +37,7 @@
 //! connections, `PeerLinks`, and the dispatch of their messages), `spawn` (starting the
 //! processes) and `output` (forwarding their output).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -55,7 +55,6 @@ use crate::wire::proto::{
     ToLauncher, ToServer, WireError, MAGIC, RUNTIME_PROTOCOL_VERSION,
 };
 use weft_wireup::job::{transport_secret, NodeNet};
-use weft_wireup::keys;
 use weft_wireup::{NsId, ProcId, Rank};
 
 mod actions;
@@ -64,6 +63,7 @@ mod fence;
 mod groups;
 mod invitations;
 mod job;
+mod jobs;
 mod leaders;
 mod native;
 mod output;
@@ -82,6 +82,7 @@ mod spawn;
 use conns::{peer_reader, PeerLinks};
 use fence::Contrib;
 use job::Job;
+use jobs::{Spawns, Starter};
 use native::client_conn;
 use output::OutputSink;
 use pgcids::Pgcids;
@@ -293,6 +294,24 @@ impl JobEvents {
     }
 }
 
+impl Links {
+    /// The channels of a server whose peers' addresses are `peers` (by node), in a job
+    /// of `secret`, before any native client connected.
+    fn new(
+        ev: UnboundedSender<Event>,
+        ctl: UnboundedSender<Vec<u8>>,
+        peers: Vec<SocketAddr>,
+        secret: [u64; 2],
+    ) -> Links {
+        Links {
+            ev,
+            ctl,
+            peers: PeerLinks::new(peers, secret),
+            clients: HashMap::new(),
+        }
+    }
+}
+
 /// The actor's channels out: back to itself (timers and tasks report there), to the
 /// launcher, to the other servers and to the native clients.
 struct Links {
@@ -320,6 +339,12 @@ struct State {
     job: Job,
     /// The node's other jobs, while another is `job`.
     parked: BTreeMap<NsId, Job>,
+    /// What starting a job's processes needs (`jobs`).
+    starter: Starter,
+    /// The spawns local processes asked for, waiting for the launcher (`jobs`).
+    spawns: Spawns,
+    /// The jobs that ended here: what still arrives about them is late, not wrong.
+    ended: BTreeSet<NsId>,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -365,33 +390,15 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     };
 
     // 2. Datastore with the job info, Unix socket, peer listener.
-    let ds_name = datastore_name(&plan.job_id, node);
-    let _ = weft_shm::unlink(&ds_name);
-    let mut store = StoreWriter::create(&ds_name, plan.datastore_bytes as usize, 1 << 16)
-        .map_err(|source| ServerError::Datastore { node, source })?;
-    let job_bytes = postcard::to_stdvec(&plan.job).expect("postcard encoding into a Vec");
-    store
-        .insert(keys::JOB_INFO, &job_bytes)
-        .map_err(|_| ServerError::Setup {
-            node,
-            what: "datastore".into(),
-            source: io::Error::other(format!(
-                "job info of {} bytes does not fit the datastore",
-                job_bytes.len()
-            )),
-        })?;
     let net = NodeNet {
         addr: bind_ip,
         transport_secret: transport_secret(args.secret),
     };
-    let net_bytes = postcard::to_stdvec(&net).expect("postcard encoding into a Vec");
-    store
-        .insert(keys::NODE_NET, &net_bytes)
-        .map_err(|_| ServerError::Setup {
-            node,
-            what: "datastore".into(),
-            source: io::Error::other("the node's network record does not fit the datastore"),
-        })?;
+    let store = jobs::create_store(&plan, node, &net).map_err(|e| ServerError::Setup {
+        node,
+        what: "datastore".into(),
+        source: io::Error::other(e),
+    })?;
     std::fs::create_dir_all(&args.job_dir).map_err(|e| setup("job directory", e))?;
     std::fs::set_permissions(&args.job_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| setup("job directory mode", e))?;
@@ -488,11 +495,13 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     let mut st = State::new(
         node,
         plan.clone(),
-        args.secret,
-        ev_tx.clone(),
         store,
-        peers,
-        ctl_tx,
+        Links::new(ev_tx.clone(), ctl_tx, peers, args.secret),
+        Starter {
+            sock: sock_path.clone(),
+            net,
+            out: output.tx.clone(),
+        },
     );
     // 3. The PMIx server (Open MPI programs' way in), then the node's processes.
     // A build without libpmix has none to offer (`weft info` says so).
@@ -510,7 +519,8 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         }
     }
     for r in st.job.procs.local_ranks() {
-        spawn_child(&st, r, &sock_path, &ds_name, output);
+        // A process that cannot start is reported as its end (`SpawnFailed`).
+        let _ = spawn_child(&st, r);
     }
 
     while !st.done {
@@ -580,25 +590,21 @@ impl State {
     fn new(
         node: u32,
         plan: Arc<JobPlan>,
-        secret: [u64; 2],
-        ev: UnboundedSender<Event>,
         store: StoreWriter,
-        peers: Vec<SocketAddr>,
-        ctl_tx: UnboundedSender<Vec<u8>>,
+        io: Links,
+        starter: Starter,
     ) -> State {
         State {
             node,
-            io: Links {
-                ev,
-                ctl: ctl_tx,
-                peers: PeerLinks::new(peers, secret),
-                clients: HashMap::new(),
-            },
+            io,
             pmix: None,
             done: false,
             pgcids: Pgcids::new(plan.job.world_pgcid),
             job: Job::new(node, plan, store),
             parked: BTreeMap::new(),
+            starter,
+            spawns: Spawns::default(),
+            ended: BTreeSet::new(),
         }
     }
 
@@ -754,6 +760,8 @@ impl State {
             Event::Job { ns, ev } => {
                 if self.focus(ns) {
                     self.handle_job(ev);
+                } else if self.ended.contains(&ns) {
+                    tracing::debug!("an event of {ns}, which ended here: {ev:?}");
                 } else {
                     tracing::error!(
                         "ignoring an event of namespace {ns}, which this server does not \
@@ -827,6 +835,15 @@ impl State {
                 self.on_pmix(e)
             }
             Event::Ctl(ToServer::Shutdown) => self.done = true,
+            Event::Ctl(ToServer::Launch(plan)) => self.launch_job(*plan),
+            Event::Ctl(ToServer::TerminateJob { ns, grace_ms }) => {
+                if self.focus(ns) {
+                    let acts = self.job.procs.on_terminate(Duration::from_millis(grace_ms));
+                    self.apply_procs(acts);
+                }
+            }
+            Event::Ctl(ToServer::EndJob { ns }) => self.end_job(ns),
+            Event::Ctl(ToServer::SpawnDone { qid, result }) => self.spawn_done(qid, result),
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
                 if self.any_job(|j| j.procs.live() > 0) {

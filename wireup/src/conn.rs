@@ -228,7 +228,8 @@ impl Conn {
                     | ServerMsg::Missing { req, .. }
                     | ServerMsg::Failed { req, .. }
                     | ServerMsg::Group { req, .. }
-                    | ServerMsg::Groups { req, .. } => *req,
+                    | ServerMsg::Groups { req, .. }
+                    | ServerMsg::Spawned { req, .. } => *req,
                     other => {
                         rx.broken = Some(format!("unexpected message from the server: {other:?}"));
                         self.cv.notify_all();

@@ -39,6 +39,7 @@ mod names;
 mod pmix;
 #[doc(hidden)]
 pub mod proto;
+mod spawn;
 mod value;
 
 /// Tunables of the wire-up client, listed by `weft info`.
@@ -71,7 +72,10 @@ pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EV
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use names::{Names, NamesError, NsId, ProcId, ProcSel, MAX_NSPACE_LEN};
-pub use proto::{Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, PROTOCOL_VERSION};
+pub use proto::{
+    Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, SpawnApp, PROTOCOL_VERSION,
+};
+pub use spawn::{SpawnError, Spawned};
 pub use value::{Scope, Value};
 
 /// A process's rank within its job (its namespace).

@@ -10,7 +10,8 @@
 //! Version 4 (issue 33): the hello names the process's namespace ([`NsId`]) beside its
 //! rank, and the welcome the namespace the server took it into; requests name other
 //! processes by [`ProcId`] (a get's owner, a process set's members, a group's invitees and
-//! leader). Replies, events and group records still name ranks of the one job.
+//! leader). Replies, events and group records still name ranks of the one job. Version 5
+//! adds `Spawn` (a new job in the caller's runtime) and its answer `Spawned`.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +20,7 @@ use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// How long either end of a new client connection waits for the other's first frame
@@ -275,6 +276,25 @@ pub enum ClientMsg {
         leader: ProcId,
         accept: bool,
     },
+    /// Start a new job of `apps` in the caller's runtime (since version 5); answered with
+    /// [`ServerMsg::Spawned`] once every process of it was started.
+    Spawn { req: u64, apps: Vec<SpawnApp> },
+}
+
+/// One app context of a spawned job: `np` copies of `program` with `args`, `env` added
+/// to the parent job's environment, in `cwd` (else the server's working directory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnApp {
+    /// The program (a path, or a name looked up in `PATH`).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// How many processes.
+    pub np: u32,
+    /// Variables set for them on top of the job's environment.
+    pub env: Vec<(String, String)>,
+    /// Their working directory.
+    pub cwd: Option<String>,
 }
 
 /// What an event is about (PMIx event codes of groups and process sets).
@@ -382,6 +402,12 @@ pub enum ServerMsg {
     },
     /// An event (unsolicited).
     Event(Event),
+    /// A spawn's new job: its namespace id and name (since version 5).
+    Spawned {
+        req: u64,
+        ns: NsId,
+        nspace: String,
+    },
 }
 
 #[cfg(test)]
@@ -494,7 +520,7 @@ mod tests {
             postcard::from_bytes::<HelloHead>(&v4).unwrap(),
             HelloHead::Hello {
                 magic: MAGIC,
-                version: 4
+                version: PROTOCOL_VERSION
             }
         );
         let w3 = postcard::to_stdvec(&V3Welcome::Welcome {
@@ -517,7 +543,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             postcard::from_bytes::<WelcomeHead>(&w4).unwrap(),
-            WelcomeHead::Welcome { version: 4 }
+            WelcomeHead::Welcome {
+                version: PROTOCOL_VERSION
+            }
         );
     }
 }

@@ -9,11 +9,11 @@
 use std::time::Duration;
 
 use weft_wireup::job::JobInfo;
-use weft_wireup::Rank;
+use weft_wireup::{NsId, Rank};
 
 use super::plan::EndPolicy;
 use super::{EXIT_LAUNCH_FAILED, EXIT_TIMEOUT};
-use crate::wire::proto::{signal_name, ExitKind, ToServer};
+use crate::wire::proto::{signal_name, ExitKind, JobPlan, ToServer};
 use std::net::SocketAddr;
 
 /// How long terminated processes get between SIGTERM and SIGKILL.
@@ -34,6 +34,14 @@ pub(super) enum Action {
     Arm(Timer, Duration),
     /// Kill every server process (SIGKILL).
     KillServers,
+    /// Have a timer of spawned job `NsId` fire after this long.
+    ArmJob(NsId, Timer, Duration),
+    /// Answer the spawn request `qid` of the server of `node`.
+    SpawnDone {
+        node: u32,
+        qid: u64,
+        result: Result<(NsId, String), String>,
+    },
 }
 
 /// What the launcher tells every server (a [`ToServer`] message).
@@ -51,6 +59,20 @@ pub(super) enum Order {
     },
     /// Every process ended: end the servers.
     Shutdown,
+    /// Set up a spawned job and start its processes.
+    Launch(Box<JobPlan>),
+    /// Terminate the processes of spawned job `ns` only.
+    TerminateJob {
+        /// The job.
+        ns: NsId,
+        /// Milliseconds between SIGTERM and SIGKILL.
+        grace_ms: u64,
+    },
+    /// Spawned job `ns` is over: the servers forget it.
+    EndJob {
+        /// The job.
+        ns: NsId,
+    },
 }
 
 impl From<Order> for ToServer {
@@ -59,6 +81,9 @@ impl From<Order> for ToServer {
             Order::Start { peers } => ToServer::Start { peers },
             Order::Terminate { grace_ms } => ToServer::Terminate { grace_ms },
             Order::Shutdown => ToServer::Shutdown,
+            Order::Launch(plan) => ToServer::Launch(plan),
+            Order::TerminateJob { ns, grace_ms } => ToServer::TerminateJob { ns, grace_ms },
+            Order::EndJob { ns } => ToServer::EndJob { ns },
         }
     }
 }
@@ -147,6 +172,32 @@ impl Job {
             self.shut_down = true;
             out.push(Action::SendAll(Order::Shutdown));
         }
+    }
+
+    /// Marks the job as being terminated by someone else (its parent's end, a signal, the
+    /// time limit): its processes' ends are no failures to report.
+    pub(super) fn mark_terminating(&mut self) {
+        self.terminating = true;
+    }
+
+    /// Whether the job is being terminated.
+    pub(super) fn is_terminating(&self) -> bool {
+        self.terminating
+    }
+
+    /// The job's time limit (`--timeout`), if any.
+    pub(super) fn timeout(&self) -> Option<Duration> {
+        self.policy.timeout
+    }
+
+    /// Whether every process of the job has ended.
+    pub(super) fn is_over(&self) -> bool {
+        self.shut_down
+    }
+
+    /// The job's information.
+    pub(super) fn info(&self) -> &JobInfo {
+        &self.info
     }
 
     /// The job was started on every server: a termination asked for before the start (a

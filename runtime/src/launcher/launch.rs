@@ -5,35 +5,117 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use weft_wireup::job::JobInfo;
-use weft_wireup::{NsId, ProcId};
+use weft_wireup::{NsId, ProcId, SpawnApp};
 
+use super::children::Children;
 use super::job::{Action, Job, Order, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::ExitKind;
+use crate::wire::proto::{ExitKind, JobPlan};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The servers of a launch and the job they run.
+/// The servers of a launch, the job they run and the jobs its processes spawn.
 #[derive(Debug)]
 pub(super) struct Launch {
     /// The runtime's part: the servers.
     nodes: Nodes,
-    /// The job's namespace (its servers' reports name it).
-    ns: NsId,
+    /// The job's plan (spawned jobs take its nodes, environment and sizes).
+    plan: JobPlan,
     /// The job's part.
     job: Job,
+    /// The jobs its processes spawned.
+    children: Children,
+    /// Every process of the job ended while spawned ones still ran: the servers are
+    /// told to shut down once those have ended too.
+    first_over: bool,
+    /// The time limit ended the launch after its first job had ended.
+    timed_out: bool,
 }
 
 impl Launch {
-    pub(super) fn new(ns: NsId, info: JobInfo, policy: EndPolicy) -> Launch {
+    pub(super) fn new(plan: JobPlan, policy: EndPolicy) -> Launch {
         Launch {
-            nodes: Nodes::new(info.num_nodes()),
-            ns,
-            job: Job::new(info, policy),
+            nodes: Nodes::new(plan.job.num_nodes()),
+            job: Job::new(plan.job.clone(), policy),
+            plan,
+            children: Children::new(),
+            first_over: false,
+            timed_out: false,
         }
+    }
+
+    /// The first job's actions: its end shuts the servers down only once every spawned
+    /// job has ended, and its termination is theirs too.
+    fn first(&mut self, acts: Vec<Action>) -> Vec<Action> {
+        let mut out = Vec::with_capacity(acts.len());
+        for a in acts {
+            match a {
+                Action::SendAll(Order::Shutdown) => {
+                    self.first_over = true;
+                    if self.children.all_over() {
+                        out.push(a);
+                    }
+                }
+                Action::SendAll(Order::Terminate { .. }) => {
+                    self.children.mark_terminating();
+                    out.push(a);
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    /// A spawned job's actions: once it and every other job have ended, the servers are
+    /// told to shut down.
+    fn child(&mut self, mut acts: Vec<Action>) -> Vec<Action> {
+        if self.first_over
+            && acts
+                .iter()
+                .any(|a| matches!(a, Action::SendAll(Order::EndJob { .. })))
+            && self.children.all_over()
+        {
+            acts.push(Action::SendAll(Order::Shutdown));
+        }
+        acts
+    }
+
+    /// Process `from`, on the server of `node`, asks for a new job of `apps` (request
+    /// `qid` of that server).
+    pub(super) fn on_spawn(
+        &mut self,
+        node: u32,
+        qid: u64,
+        from: ProcId,
+        apps: &[SpawnApp],
+    ) -> Vec<Action> {
+        if self.first_over || self.job.is_terminating() || !self.nodes.started() {
+            return vec![Action::SpawnDone {
+                node,
+                qid,
+                result: Err("the runtime is ending; it starts no new job".into()),
+            }];
+        }
+        let n = self.nodes.num_nodes();
+        self.children.on_spawn(&self.plan, n, node, qid, from, apps)
+    }
+
+    /// The server of `node` set spawned job `ns` up (or failed to).
+    pub(super) fn on_launched(
+        &mut self,
+        node: u32,
+        ns: NsId,
+        error: Option<String>,
+    ) -> Vec<Action> {
+        self.children.on_launched(node, ns, error)
+    }
+
+    /// A timer of spawned job `ns` fired.
+    pub(super) fn on_job_timer(&mut self, ns: NsId, timer: Timer) -> Vec<Action> {
+        let acts = self.children.on_timer(ns, timer);
+        self.child(acts)
     }
 
     /// The timers to arm as the servers are started.
@@ -54,46 +136,77 @@ impl Launch {
         match self.nodes.on_ready(node, peer_addr) {
             Some(peers) => {
                 let mut out = vec![Action::SendAll(Order::Start { peers })];
-                out.extend(self.job.on_started());
+                let acts = self.job.on_started();
+                out.extend(self.first(acts));
                 out
             }
             None => Vec::new(),
         }
     }
 
-    /// Process `rank` ended as `how`.
-    /// A server reported how process `proc` ended; a process of another namespace than
-    /// the job's is no process of this launch (logged and ignored).
+    /// A server reported how process `proc` ended; a process of a namespace this launch
+    /// does not run is logged and ignored.
     pub(super) fn on_proc_exit(&mut self, proc: ProcId, how: ExitKind) -> Vec<Action> {
-        if proc.ns != self.ns {
+        if proc.ns == self.plan.ns {
+            let acts = self.job.on_proc_exit(proc.rank, how);
+            return self.first(acts);
+        }
+        if !self.children.has(proc.ns) {
             tracing::error!(
                 "a server reported the end of {proc}, of a namespace this launch does not \
-                 run (it runs {}); ignored",
-                self.ns
+                 run; ignored"
             );
             return Vec::new();
         }
-        self.job.on_proc_exit(proc.rank, how)
+        let acts = self.children.on_proc_exit(proc.ns, proc.rank, how);
+        self.child(acts)
     }
 
     /// The server of `node` reported that it failed.
     pub(super) fn on_server_failed(&mut self, node: u32, reason: &str) -> Vec<Action> {
-        self.job.on_server_failed(node, reason)
+        let acts = self.job.on_server_failed(node, reason);
+        self.first(acts)
     }
 
     /// The server of `node` ended: its connection was lost or its process exited (both
     /// are reported; the second report changes nothing).
     pub(super) fn on_server_lost(&mut self, node: u32, reason: &str) -> Vec<Action> {
         match self.nodes.on_lost(node) {
-            Loss::First => self.job.on_server_lost(node, reason),
+            Loss::First => {
+                let mut acts = self.job.on_server_lost(node, reason);
+                acts.extend(self.children.on_server_lost(node, reason));
+                let acts = self.first(acts);
+                self.child(acts)
+            }
             Loss::Again => Vec::new(),
         }
     }
 
     /// A timer fired.
     pub(super) fn on_timer(&mut self, timer: Timer) -> Vec<Action> {
+        if timer == Timer::Timeout && self.first_over {
+            // The job ended; what it spawned runs on past the time limit.
+            let live = self.children.live();
+            if live == 0 || self.timed_out {
+                return Vec::new();
+            }
+            self.timed_out = true;
+            self.children.mark_terminating();
+            return vec![
+                Action::Report(format!(
+                    "weft run: job timed out after {:.1} s; terminating the processes its \
+                     processes spawned",
+                    self.job.timeout().unwrap_or_default().as_secs_f64()
+                )),
+                Action::SendAll(Order::Terminate {
+                    grace_ms: super::job::KILL_AFTER.as_millis() as u64,
+                }),
+                Action::Arm(Timer::ForceKill, super::job::FORCE_KILL_AFTER),
+            ];
+        }
         if timer != Timer::StartupTimeout {
-            return self.job.on_timer(timer);
+            let acts = self.job.on_timer(timer);
+            return self.first(acts);
         }
         let Some(ready) = self.nodes.on_startup_timeout() else {
             return Vec::new();
@@ -112,7 +225,9 @@ impl Launch {
 
     /// The launcher received signal `sig`.
     pub(super) fn on_signal(&mut self, sig: i32) -> Vec<Action> {
-        self.job.on_signal(sig)
+        let acts = self.job.on_signal(sig);
+        self.children.mark_terminating();
+        self.first(acts)
     }
 
     /// Whether the job was started on every server.
@@ -127,6 +242,9 @@ impl Launch {
 
     /// The status `weft run` exits with (see [`Job::exit_code`]).
     pub(super) fn exit_code(&self) -> i32 {
+        if self.timed_out {
+            return super::EXIT_TIMEOUT;
+        }
         self.job.exit_code()
     }
 }
@@ -136,10 +254,24 @@ mod tests {
     use super::*;
     use crate::launcher::job::tests::info;
 
+    /// The plan of a job of `n` processes on `nodes` nodes.
+    pub(crate) fn plan(nodes: u32, n: u32) -> JobPlan {
+        JobPlan {
+            job: info(nodes, n),
+            ns: NsId::FIRST,
+            apps: Vec::new(),
+            tag_output: false,
+            bind: vec![None; n as usize],
+            datastore_bytes: 1 << 20,
+            job_id: "t".into(),
+            env: Vec::new(),
+            pmix: false,
+        }
+    }
+
     fn launch(nodes: u32, n: u32) -> Launch {
         Launch::new(
-            NsId::FIRST,
-            info(nodes, n),
+            plan(nodes, n),
             EndPolicy {
                 timeout: None,
                 keep_going: false,

@@ -480,6 +480,7 @@ fn place(
             cwd: std::env::current_dir()
                 .ok()
                 .map(|d| d.display().to_string()),
+            env: Vec::new(),
         });
         for _ in 0..app.n {
             let node = node_of(rank);

@@ -145,15 +145,20 @@ impl PeerLinks {
 }
 
 impl State {
-    /// A message of another server: about one job (today, the one this server serves).
+    /// A message of another server: about one job, which is made the one at hand.
     pub(super) fn on_peer(&mut self, msg: PeerMsg) {
         match msg {
             PeerMsg::Hello { .. } => {}
-            PeerMsg::Job { ns, msg } if ns == self.job.ns => self.on_job_msg(msg),
+            PeerMsg::Job { ns, msg } if self.focus(ns) => self.on_job_msg(msg),
+            PeerMsg::Job { ns, msg } if self.ended.contains(&ns) => {
+                tracing::debug!(
+                    "a message from another server about {ns}, which ended here: {msg:?}"
+                );
+            }
             PeerMsg::Job { ns, msg } => tracing::error!(
                 "ignoring a message from another server about namespace {ns}, which this \
-                 server does not serve (it serves {}): {msg:?}",
-                self.job.ns
+                 server does not serve (it serves {:?}): {msg:?}",
+                self.namespaces()
             ),
         }
     }

@@ -37,7 +37,13 @@ impl Rig {
         let (ev, ev_rx) = unbounded_channel();
         let (ctl_tx, _) = unbounded_channel();
         let dead: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let st = State::new(0, plan.clone(), [1, 2], ev, store, vec![dead, dead], ctl_tx);
+        let st = State::new(
+            0,
+            plan.clone(),
+            store,
+            super::Links::new(ev, ctl_tx, vec![dead, dead], [1, 2]),
+            super::jobs::Starter::for_tests(),
+        );
         Rig {
             st,
             ev_rx,

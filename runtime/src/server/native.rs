@@ -143,6 +143,7 @@ pub(super) fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::PsetDelete { .. } => "pset delete",
         ClientMsg::GroupInvite { .. } => "group invite",
         ClientMsg::GroupJoin { .. } => "group join",
+        ClientMsg::Spawn { .. } => "spawn",
     }
 }
 
@@ -281,6 +282,7 @@ impl State {
                 };
                 self.get(conn, req, target, key, flags, timeout_ms)
             }
+            ClientMsg::Spawn { req, apps } => self.spawn_request(rank, conn, req, apps),
             ClientMsg::Finalize { req, at_exit } => {
                 let acts = self.job.procs.on_finalize(rank, at_exit);
                 self.apply_procs(acts);

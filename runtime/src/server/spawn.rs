@@ -1,17 +1,20 @@
 //! Starting the node's processes.
 
-use std::path::Path;
 use std::process::Stdio;
 
 use crate::topology;
 use crate::wire::proto::{AppSpec, ExitKind};
 use weft_wireup::{env, Rank};
 
-use super::output::{self, forward, OutputSink};
+use super::output::{self, forward};
 use super::{pmi, JobEvent, State};
 
-pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output: &OutputSink) {
+/// Starts local rank `rank` of the focused job; an error says why it could not be (it is
+/// also reported as the process's end, `SpawnFailed`).
+pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
     let plan = &st.job.plan;
+    let sock = &st.starter.sock;
+    let ds = st.job.store.name();
     let info = &plan.job.procs[rank as usize];
     let app: &AppSpec = &plan.apps[info.app as usize];
     let mut cmd = tokio::process::Command::new(&app.program);
@@ -41,12 +44,12 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     // Open MPI's way in (PMIx: the library's contact for this rank; `pmix`).
-    if let Some(px) = &st.pmix {
+    if let Some(px) = st.pmix.as_ref().filter(|px| px.ns == st.job.ns) {
         for (k, v) in px.env_of(rank) {
             cmd.env(k, v);
         }
     }
-    for (k, v) in &plan.env {
+    for (k, v) in plan.env.iter().chain(&app.env) {
         cmd.env(k, v);
     }
     if let Some(cwd) = &app.cwd {
@@ -82,8 +85,9 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             tracing::error!("rank {rank}: {reason}");
             ev.send(JobEvent::ChildExit {
                 rank,
-                how: ExitKind::SpawnFailed(reason),
+                how: ExitKind::SpawnFailed(reason.clone()),
             });
+            Err(reason)
         }
         Ok(mut child) => {
             ev.send(JobEvent::Spawned {
@@ -97,11 +101,11 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
             let out = child
                 .stdout
                 .take()
-                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), output.tx.clone())));
+                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), st.starter.out.clone())));
             let err = child
                 .stderr
                 .take()
-                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), output.tx.clone())));
+                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), st.starter.out.clone())));
             tokio::spawn(async move {
                 let status = child.wait().await;
                 for t in [out, err].into_iter().flatten() {
@@ -120,6 +124,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank, sock: &Path, ds: &str, output:
                 };
                 ev.send(JobEvent::ChildExit { rank, how });
             });
+            Ok(())
         }
     }
 }

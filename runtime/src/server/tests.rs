@@ -44,7 +44,13 @@ impl Node0 {
         let (ev, ev_rx) = unbounded_channel();
         let (ctl_tx, _) = unbounded_channel();
         let nowhere: SocketAddr = "127.0.0.1:1".parse().expect("address");
-        let mut st = State::new(0, plan, [1, 2], ev, store, vec![nowhere; 2], ctl_tx);
+        let mut st = State::new(
+            0,
+            plan,
+            store,
+            super::Links::new(ev, ctl_tx, vec![nowhere; 2], [1, 2]),
+            super::jobs::Starter::for_tests(),
+        );
         let (peer_tx, to_node1) = unbounded_channel();
         st.io.peers.connected(1, peer_tx);
         let mut clients = BTreeMap::new();

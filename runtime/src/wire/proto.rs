@@ -274,15 +274,17 @@ pub fn signal_name(s: i32) -> &'static str {
 }
 
 /// What a server runs for one app context.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppSpec {
     pub program: String,
     pub args: Vec<String>,
     pub cwd: Option<String>,
+    /// Variables for this app's processes, after the job's (a spawned app's own).
+    pub env: Vec<(String, String)>,
 }
 
 /// What the launcher tells every server.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobPlan {
     pub job: JobInfo,
     /// The job's namespace id in its runtime: its processes' hellos name it
@@ -322,15 +324,50 @@ pub enum ToLauncher {
     Failed {
         reason: String,
     },
+    /// Process `from` asks for a new job of `apps` (`Client::spawn`); the answer is
+    /// [`ToServer::SpawnDone`] with the same `qid`.
+    Spawn {
+        qid: u64,
+        from: weft_wireup::ProcId,
+        apps: Vec<SpawnApp>,
+    },
+    /// Job `ns` was set up on this server and its processes here started, or why not.
+    Launched {
+        ns: NsId,
+        error: Option<String>,
+    },
 }
 
 /// Launcher to server (TCP).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToServer {
     Plan(Box<JobPlan>),
-    Start { peers: Vec<SocketAddr> },
-    Terminate { grace_ms: u64 },
+    Start {
+        peers: Vec<SocketAddr>,
+    },
+    /// Terminate every process of every job.
+    Terminate {
+        grace_ms: u64,
+    },
     Shutdown,
+    /// Set up another job (a spawned one) and start its processes on this node; answered
+    /// with [`ToLauncher::Launched`].
+    Launch(Box<JobPlan>),
+    /// Terminate the processes of job `ns` only.
+    TerminateJob {
+        ns: NsId,
+        grace_ms: u64,
+    },
+    /// Job `ns` is over (every process of it ended): forget it, remove its segments.
+    EndJob {
+        ns: NsId,
+    },
+    /// The answer to the [`ToLauncher::Spawn`] of `qid`: the new job's namespace id and
+    /// name, or why there is none.
+    SpawnDone {
+        qid: u64,
+        result: Result<(NsId, String), String>,
+    },
 }
 
 #[cfg(test)]

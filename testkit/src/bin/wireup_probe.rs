@@ -7,7 +7,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use weft_wireup::{Client, FenceError, FenceMode, GetError, GetOpts, Procs, Scope, Value};
+use weft_wireup::{
+    Client, FenceError, FenceMode, GetError, GetOpts, Procs, Scope, SpawnApp, Value,
+};
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
@@ -32,6 +34,8 @@ fn main() {
         "late-commits" => late_commits(),
         "fuzz-server" => fuzz_server(),
         "pieces" => pieces(),
+        "spawn" => spawn(&args),
+        "spawn-child" => spawn_child(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -892,5 +896,67 @@ fn pieces() -> Res {
             }
         }
     }
+    Ok(())
+}
+
+/// `spawn N [PROGRAM ARGS...]`: spawns N processes of PROGRAM (by default this probe as
+/// `spawn-child`) and prints the new job (or why there is none); the children get
+/// `WEFT_PROBE_PARENT` = this job's nspace.
+fn spawn(args: &[String]) -> Res {
+    let w = Client::init()?;
+    let np: u32 = args.get(1).ok_or("spawn N [PROGRAM ARGS...]")?.parse()?;
+    let (program, pargs) = match args.get(2) {
+        Some(p) => (p.clone(), args[3..].to_vec()),
+        None => (
+            std::env::current_exe()?.display().to_string(),
+            vec!["spawn-child".to_owned()],
+        ),
+    };
+    let app = SpawnApp {
+        program,
+        args: pargs,
+        np,
+        env: vec![("WEFT_PROBE_PARENT".into(), w.nspace().to_owned())],
+        cwd: None,
+    };
+    match w.spawn(&[app]) {
+        Ok(s) => println!(
+            "parent {} of {}: spawned {} ({})",
+            w.rank(),
+            w.nspace(),
+            s.nspace,
+            s.ns
+        ),
+        Err(e) => println!("parent {} of {}: {e}", w.rank(), w.nspace()),
+    }
+    std::io::stdout().flush()?;
+    w.finalize()?;
+    Ok(())
+}
+
+/// A spawned process: it outlives its parent (300 ms), fences with its job (Full, with
+/// a key of each), reads a sibling's key, and prints who it is.
+fn spawn_child() -> Res {
+    let w = Client::init()?;
+    std::thread::sleep(Duration::from_millis(300));
+    w.put(
+        Scope::Global,
+        "who",
+        Value::Str(format!("child {}", w.rank())),
+    )?;
+    w.commit()?;
+    w.fence(Procs::All, FenceMode::Full, t(30))?;
+    let next = (w.rank() + 1) % w.size();
+    let got = w.get(next, "who", GetOpts::default())?;
+    println!(
+        "child {} of {} in {} ({}), parent {}, read {got:?} from rank {next}",
+        w.rank(),
+        w.size(),
+        w.nspace(),
+        w.ns(),
+        std::env::var("WEFT_PROBE_PARENT").unwrap_or_default()
+    );
+    std::io::stdout().flush()?;
+    w.finalize()?;
     Ok(())
 }

@@ -1,0 +1,163 @@
+//! A server's jobs over their life: the datastore segment a job starts with, a spawn a
+//! local process asks for (relayed to the launcher, answered when it answers), another
+//! job the launcher sets up on this node (`ToServer::Launch`), and a job's end.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use weft_shm::StoreWriter;
+use weft_wireup::job::NodeNet;
+use weft_wireup::{keys, NsId, ProcId, Rank, SpawnApp};
+
+use super::output::Chunk;
+use super::spawn::spawn_child;
+use super::{Job, State};
+use crate::jobdir::{datastore_name, segment_prefix, unlink_segments};
+use crate::modex::ConnId;
+use crate::wire::proto::{JobPlan, ServerMsg, ToLauncher, WireError};
+
+/// What a server needs to start a job's processes on its node, whichever job.
+pub(super) struct Starter {
+    /// The server's socket, which every job's processes connect to.
+    pub(super) sock: PathBuf,
+    /// The node's network record, written into every job's datastore.
+    pub(super) net: NodeNet,
+    /// Where the processes' output goes.
+    pub(super) out: std::sync::mpsc::Sender<Chunk>,
+}
+
+#[cfg(test)]
+impl Starter {
+    /// A starter for a server under test: no socket, loopback, output dropped.
+    pub(super) fn for_tests() -> Starter {
+        Starter {
+            sock: PathBuf::from("/nonexistent/weft-test.sock"),
+            net: NodeNet {
+                addr: std::net::Ipv4Addr::LOCALHOST.into(),
+                transport_secret: [0; 2],
+            },
+            out: std::sync::mpsc::channel().0,
+        }
+    }
+}
+
+/// The spawns local processes asked for, waiting for the launcher.
+#[derive(Default)]
+pub(super) struct Spawns {
+    /// Per request id: the asking job, connection and request.
+    waiting: std::collections::HashMap<u64, (NsId, ConnId, u64)>,
+    next: u64,
+}
+
+/// Creates the datastore segment of job `plan` on `node` with the job's information and
+/// the node's network record.
+pub(super) fn create_store(
+    plan: &JobPlan,
+    node: u32,
+    net: &NodeNet,
+) -> Result<StoreWriter, String> {
+    let name = datastore_name(&plan.job_id, node);
+    let _ = weft_shm::unlink(&name);
+    let mut store = StoreWriter::create(&name, plan.datastore_bytes as usize, 1 << 16)
+        .map_err(|e| format!("datastore {name}: {e}"))?;
+    let job_bytes = postcard::to_stdvec(&plan.job).expect("postcard encoding into a Vec");
+    store.insert(keys::JOB_INFO, &job_bytes).map_err(|_| {
+        format!(
+            "job info of {} bytes does not fit the datastore",
+            job_bytes.len()
+        )
+    })?;
+    let net_bytes = postcard::to_stdvec(net).expect("postcard encoding into a Vec");
+    store
+        .insert(keys::NODE_NET, &net_bytes)
+        .map_err(|_| "the node's network record does not fit the datastore".to_owned())?;
+    Ok(store)
+}
+
+impl State {
+    /// Local rank `rank` of the focused job asks for a new job of `apps` (request `req` on
+    /// connection `conn`): the launcher plans and starts it.
+    pub(super) fn spawn_request(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        apps: Vec<SpawnApp>,
+    ) {
+        let qid = self.spawns.next;
+        self.spawns.next += 1;
+        self.spawns.waiting.insert(qid, (self.job.ns, conn, req));
+        self.to_launcher(&ToLauncher::Spawn {
+            qid,
+            from: ProcId::new(self.job.ns, rank),
+            apps,
+        });
+    }
+
+    /// The launcher answered spawn `qid`.
+    pub(super) fn spawn_done(&mut self, qid: u64, result: Result<(NsId, String), String>) {
+        let Some((ns, conn, req)) = self.spawns.waiting.remove(&qid) else {
+            tracing::warn!("the launcher answered spawn {qid}, which nobody here asked for");
+            return;
+        };
+        if !self.focus(ns) {
+            return;
+        }
+        let msg = match result {
+            Ok((ns, nspace)) => ServerMsg::Spawned { req, ns, nspace },
+            Err(reason) => ServerMsg::Failed {
+                req,
+                error: WireError::Invalid {
+                    op: "spawn".into(),
+                    reason,
+                },
+            },
+        };
+        self.send_client(conn, &msg);
+    }
+
+    /// The launcher sets job `plan` up on this node: its datastore, its state, its
+    /// processes here. Answered with `Launched` (the first process that could not be
+    /// started fails it).
+    pub(super) fn launch_job(&mut self, plan: JobPlan) {
+        let ns = plan.ns;
+        let error = if self.namespaces().contains(&ns) {
+            Some(format!("{ns} runs here already"))
+        } else {
+            match create_store(&plan, self.node, &self.starter.net) {
+                Err(e) => Some(e),
+                Ok(store) => {
+                    let job = Job::new(self.node, Arc::new(plan), store);
+                    let prev = std::mem::replace(&mut self.job, job);
+                    self.parked.insert(prev.ns, prev);
+                    let mut error = None;
+                    for r in self.job.procs.local_ranks() {
+                        if let Err(e) = spawn_child(self, r) {
+                            error.get_or_insert(format!("rank {r}: {e}"));
+                        }
+                    }
+                    error
+                }
+            }
+        };
+        self.to_launcher(&ToLauncher::Launched { ns, error });
+    }
+
+    /// Job `ns` is over: its state goes, and its segments with it (the datastore unlinks
+    /// when dropped). The server's last job stays until the server ends.
+    pub(super) fn end_job(&mut self, ns: NsId) {
+        if self.parked.is_empty() || !self.namespaces().contains(&ns) {
+            return;
+        }
+        if self.job.ns == ns {
+            let other = *self.parked.keys().next().expect("checked above");
+            self.focus(other);
+        }
+        if let Some(job) = self.parked.remove(&ns) {
+            self.ended.insert(ns);
+            let prefix = segment_prefix(&job.plan.job_id, self.node);
+            drop(job);
+            unlink_segments(&prefix);
+        }
+    }
+}
