@@ -147,6 +147,16 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
             leader: ProcId::new(NsId::FIRST, other),
             accept: true,
         },
+        ClientMsg::Spawn {
+            req: 14,
+            apps: vec![weft_wireup::SpawnApp {
+                program: "/bin/true".into(),
+                args: vec!["a".into()],
+                np: 2,
+                env: vec![("K".into(), "V".into())],
+                cwd: None,
+            }],
+        },
     ]
 }
 

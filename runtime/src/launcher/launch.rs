@@ -388,4 +388,207 @@ mod tests {
         assert!(a.contains(&Action::SendAll(Order::Shutdown)), "{a:?}");
         assert_eq!(l.exit_code(), crate::launcher::EXIT_LAUNCH_FAILED);
     }
+
+    /// Spawn `np` processes of `prog` from rank 0 of the launch's job on `node`.
+    fn spawn(l: &mut Launch, node: u32, qid: u64, prog: &str, np: u32) -> Vec<Action> {
+        let app = SpawnApp {
+            program: prog.into(),
+            args: vec!["x".into()],
+            np,
+            env: vec![("K".into(), "V".into())],
+            cwd: None,
+        };
+        l.on_spawn(node, qid, own(0), &[app])
+    }
+
+    /// The plan the actions send to every server.
+    fn launched_plan(acts: &[Action]) -> JobPlan {
+        match acts {
+            [Action::SendAll(Order::Launch(p))] => (**p).clone(),
+            other => panic!("expected one launch order, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_spawn_is_planned_sent_to_every_server_and_answered_once_all_set_it_up() {
+        let mut l = launch(2, 2);
+        start(&mut l, 2);
+        let p = launched_plan(&spawn(&mut l, 1, 7, "/bin/child", 3));
+        assert_eq!(p.ns, NsId(2));
+        assert_eq!(p.job.nspace, format!("{}.2", l.plan.job.nspace));
+        assert_eq!(p.job_id, "t-j2");
+        assert_eq!(p.job.size(), 3);
+        assert_eq!(p.job.nodes, l.plan.job.nodes, "every node of the runtime");
+        assert!(
+            p.job.procs.iter().all(|pr| pr.node == 1),
+            "on the asker's node"
+        );
+        assert_eq!(
+            p.job
+                .procs
+                .iter()
+                .map(|pr| pr.local_rank)
+                .collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert_eq!(p.apps[0].env, vec![("K".to_owned(), "V".to_owned())]);
+        assert_ne!(p.job.world_pgcid, l.plan.job.world_pgcid);
+        // A second spawn gets the next namespace and its own world.
+        let q = launched_plan(&spawn(&mut l, 0, 8, "/bin/other", 1));
+        assert_eq!(q.ns, NsId(3));
+        assert_ne!(q.job.world_pgcid, p.job.world_pgcid);
+        // Answered once both servers said so, to the asker's server only.
+        assert_eq!(l.on_launched(0, NsId(2), None), vec![]);
+        assert_eq!(
+            l.on_launched(1, NsId(2), None),
+            vec![Action::SpawnDone {
+                node: 1,
+                qid: 7,
+                result: Ok((NsId(2), p.job.nspace.clone())),
+            }]
+        );
+        assert_eq!(l.on_launched(1, NsId(2), None), vec![], "answered once");
+    }
+
+    #[test]
+    fn a_spawn_a_server_could_not_set_up_fails_naming_it_and_its_job_is_terminated() {
+        let mut l = launch(2, 2);
+        start(&mut l, 2);
+        spawn(&mut l, 0, 4, "/nope", 2);
+        assert_eq!(
+            l.on_launched(1, NsId(2), Some("rank 0: cannot start /nope".into())),
+            vec![]
+        );
+        assert_eq!(
+            l.on_launched(0, NsId(2), None),
+            vec![
+                Action::SendAll(Order::TerminateJob {
+                    ns: NsId(2),
+                    grace_ms: 0
+                }),
+                Action::SpawnDone {
+                    node: 0,
+                    qid: 4,
+                    result: Err("node 1: rank 0: cannot start /nope".into()),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_spawns_are_refused_at_once() {
+        let mut l = launch(1, 1);
+        let refused = |a: &[Action]| matches!(a, [Action::SpawnDone { result: Err(_), .. }]);
+        // Before the job started, no spawn.
+        assert!(refused(&spawn(&mut l, 0, 1, "/bin/true", 1)));
+        start(&mut l, 1);
+        assert!(refused(&spawn(&mut l, 0, 2, "/bin/true", 0)));
+        assert!(refused(&spawn(&mut l, 0, 3, "", 1)));
+        assert!(refused(&l.on_spawn(0, 4, own(0), &[])));
+        assert!(refused(&spawn(&mut l, 0, 5, "/bin/true", u32::MAX)));
+        // Nothing was planned: the next good spawn is namespace 2.
+        assert_eq!(
+            launched_plan(&spawn(&mut l, 0, 6, "/bin/true", 1)).ns,
+            NsId(2)
+        );
+    }
+
+    #[test]
+    fn the_servers_shut_down_once_the_job_and_what_it_spawned_have_ended() {
+        let mut l = launch(1, 2);
+        start(&mut l, 1);
+        spawn(&mut l, 0, 1, "/bin/child", 2);
+        l.on_launched(0, NsId(2), None);
+        assert_eq!(l.on_proc_exit(own(0), ExitKind::Code(0)), vec![]);
+        // The job ends first: the servers stay for its children.
+        assert_eq!(l.on_proc_exit(own(1), ExitKind::Code(0)), vec![]);
+        let child = |r| ProcId::new(NsId(2), r);
+        assert_eq!(l.on_proc_exit(child(0), ExitKind::Code(0)), vec![]);
+        assert_eq!(
+            l.on_proc_exit(child(1), ExitKind::Code(0)),
+            vec![
+                Action::SendAll(Order::EndJob { ns: NsId(2) }),
+                Action::SendAll(Order::Shutdown)
+            ]
+        );
+        assert_eq!(l.exit_code(), 0);
+        // No spawn once the job has ended.
+        assert!(matches!(
+            &spawn(&mut l, 0, 2, "/bin/true", 1)[..],
+            [Action::SpawnDone { result: Err(_), .. }]
+        ));
+    }
+
+    #[test]
+    fn a_spawned_job_that_fails_is_terminated_alone_and_the_exit_status_stays_the_jobs() {
+        let mut l = launch(1, 1);
+        start(&mut l, 1);
+        spawn(&mut l, 0, 1, "/bin/child", 2);
+        l.on_launched(0, NsId(2), None);
+        let a = l.on_proc_exit(ProcId::new(NsId(2), 1), ExitKind::Code(3));
+        assert!(
+            matches!(&a[0], Action::Report(s) if s.starts_with("weft run: spawned job ")
+                && s.contains(".2: rank 1 (node 0") && s.contains("exited with code 3")),
+            "{a:?}"
+        );
+        assert!(a.contains(&Action::ArmJob(
+            NsId(2),
+            Timer::GraceOver,
+            Duration::from_secs(1)
+        )));
+        // Its grace ends: only it is terminated.
+        assert_eq!(
+            l.on_job_timer(NsId(2), Timer::GraceOver),
+            vec![
+                Action::SendAll(Order::TerminateJob {
+                    ns: NsId(2),
+                    grace_ms: 500
+                }),
+                Action::ArmJob(
+                    NsId(2),
+                    Timer::ForceKill,
+                    super::super::job::FORCE_KILL_AFTER
+                )
+            ]
+        );
+        // Its force-kill backstop kills no server.
+        assert_eq!(l.on_job_timer(NsId(2), Timer::ForceKill), vec![]);
+        l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Signal(15));
+        assert_eq!(
+            l.on_proc_exit(own(0), ExitKind::Code(0)),
+            vec![Action::SendAll(Order::Shutdown)]
+        );
+        assert_eq!(l.exit_code(), 0, "the first job's status");
+    }
+
+    #[test]
+    fn the_time_limit_ends_what_the_job_spawned_after_the_job_ended() {
+        let mut l = Launch::new(
+            plan(1, 1),
+            EndPolicy {
+                timeout: Some(Duration::from_secs(5)),
+                keep_going: false,
+                grace: Duration::from_millis(100),
+            },
+        );
+        start(&mut l, 1);
+        spawn(&mut l, 0, 1, "/bin/sleeper", 1);
+        l.on_launched(0, NsId(2), None);
+        assert_eq!(l.on_proc_exit(own(0), ExitKind::Code(0)), vec![]);
+        let a = l.on_timer(Timer::Timeout);
+        assert!(
+            matches!(&a[0], Action::Report(s) if s.contains("timed out")),
+            "{a:?}"
+        );
+        assert!(a.contains(&Action::SendAll(Order::Terminate { grace_ms: 500 })));
+        // Its end after the terminate is no failure of its own.
+        assert_eq!(
+            l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Signal(15)),
+            vec![
+                Action::SendAll(Order::EndJob { ns: NsId(2) }),
+                Action::SendAll(Order::Shutdown)
+            ]
+        );
+        assert_eq!(l.exit_code(), crate::launcher::EXIT_TIMEOUT);
+    }
 }

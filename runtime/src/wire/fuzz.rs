@@ -188,6 +188,21 @@ mod tests {
                     how: ExitKind::Signal(9),
                 },
                 ToLauncher::Failed { reason: "f".into() },
+                ToLauncher::Spawn {
+                    qid: 3,
+                    from: weft_wireup::ProcId::new(NsId::FIRST, 0),
+                    apps: vec![weft_wireup::SpawnApp {
+                        program: "p".into(),
+                        args: vec!["a".into()],
+                        np: 2,
+                        env: vec![("K".into(), "V".into())],
+                        cwd: Some("/".into()),
+                    }],
+                },
+                ToLauncher::Launched {
+                    ns: NsId(2),
+                    error: Some("e".into()),
+                },
             ],
             vec![
                 ToServer::Start {
@@ -195,6 +210,15 @@ mod tests {
                 },
                 ToServer::Terminate { grace_ms: 10 },
                 ToServer::Shutdown,
+                ToServer::TerminateJob {
+                    ns: NsId(2),
+                    grace_ms: 10,
+                },
+                ToServer::EndJob { ns: NsId(2) },
+                ToServer::SpawnDone {
+                    qid: 3,
+                    result: Ok((NsId(2), "n.2".into())),
+                },
             ],
         )
     }

@@ -1,0 +1,172 @@
+//! Spawning a job from a running one (`Client::spawn`) through the real launcher and
+//! servers: the new job's processes wire up among themselves, `weft run` waits for them,
+//! a failure stays in the spawned job, nothing is left behind (each `wait` checks the
+//! job's segments and files, the spawned job's included: they carry the job's name).
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{alive, probe, Job};
+
+const T: Duration = Duration::from_secs(60);
+
+/// The lines of `out` that start with `prefix`.
+fn lines<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[test]
+fn a_spawned_job_wires_up_on_its_own_and_weft_run_waits_for_it() {
+    let p = probe("wireup_probe");
+    let job = Job::start("spawn3", &["-n", "1", &p, "spawn", "3"]);
+    let name = job.name.clone();
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let parent = lines(&done.stdout, "parent ");
+    assert_eq!(
+        parent,
+        [format!(
+            "parent 0 of weft-{name}: spawned weft-{name}.2 (ns2)"
+        )],
+        "{}",
+        done.dump()
+    );
+    // Each child sleeps 300 ms after its parent has finalized, then fences with its job
+    // and reads the next child's key: weft run waited for them.
+    let children = lines(&done.stdout, "child ");
+    assert_eq!(children.len(), 3, "{}", done.dump());
+    for r in 0..3 {
+        let next = (r + 1) % 3;
+        let want = format!(
+            "child {r} of 3 in weft-{name}.2 (ns2), parent weft-{name}, \
+             read Str(\"child {next}\") from rank {next}"
+        );
+        assert!(children.contains(&want.as_str()), "{want}\n{}", done.dump());
+    }
+    assert!(
+        done.elapsed >= Duration::from_millis(300),
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn processes_on_two_nodes_spawn_at_once_and_each_gets_its_own_job() {
+    let p = probe("wireup_probe");
+    let job = Job::start(
+        "spawn2n",
+        &[
+            "--nodes", "2", "--map-by", "node", "-n", "2", &p, "spawn", "2",
+        ],
+    );
+    let name = job.name.clone();
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let mut spawned: Vec<String> = lines(&done.stdout, "parent ")
+        .iter()
+        .map(|l| l.rsplit_once(": spawned ").expect("a spawn").1.to_owned())
+        .collect();
+    spawned.sort();
+    assert_eq!(
+        spawned,
+        [
+            format!("weft-{name}.2 (ns2)"),
+            format!("weft-{name}.3 (ns3)")
+        ],
+        "{}",
+        done.dump()
+    );
+    for ns in [2, 3] {
+        let of_job = lines(&done.stdout, "child ")
+            .into_iter()
+            .filter(|l| l.contains(&format!(" of 2 in weft-{name}.{ns} (ns{ns}),")))
+            .count();
+        assert_eq!(of_job, 2, "job {ns}\n{}", done.dump());
+    }
+}
+
+#[test]
+fn a_program_that_cannot_start_fails_the_spawn_naming_it() {
+    let p = probe("wireup_probe");
+    let done = Job::start(
+        "spawnbad",
+        &["-n", "1", &p, "spawn", "2", "/nonexistent/weft-prog"],
+    )
+    .wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let parent = lines(&done.stdout, "parent ");
+    assert_eq!(parent.len(), 1, "{}", done.dump());
+    assert!(
+        parent[0].contains(
+            "spawn refused: node 0: rank 0: cannot start /nonexistent/weft-prog: No such file"
+        ),
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn a_failing_spawned_process_ends_its_job_only_and_the_status_stays_the_parents() {
+    let p = probe("wireup_probe");
+    // Rank 0 of the spawned job exits 3 at once; rank 1 would sleep 20 s.
+    let job = Job::start(
+        "spawnfail",
+        &["-n", "1", &p, "spawn", "2", &p, "exit", "0", "3"],
+    );
+    let name = job.name.clone();
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        done.stderr.contains(&format!(
+            "weft run: spawned job weft-{name}.2: rank 0 (node 0, "
+        )) && done
+            .stderr
+            .contains("exited with code 3; terminating the job"),
+        "{}",
+        done.dump()
+    );
+    assert!(done.elapsed < Duration::from_secs(15), "{}", done.dump());
+    assert!(
+        !done.stdout.contains("finished its sleep"),
+        "{}",
+        done.dump()
+    );
+}
+
+#[test]
+fn the_time_limit_ends_what_was_spawned_after_the_job_ended() {
+    let p = probe("wireup_probe");
+    let job = Job::start(
+        "spawntime",
+        &[
+            "--timeout",
+            "2",
+            "-n",
+            "1",
+            &p,
+            "spawn",
+            "1",
+            &p,
+            "sleep",
+            "30000",
+        ],
+    );
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(124), "{}", done.dump());
+    assert!(done.stderr.contains("timed out"), "{}", done.dump());
+    let pid: u32 = done
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rank 0 pid ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("the spawned process started");
+    assert!(!alive(pid), "the spawned process {pid} outlived weft run");
+    assert!(done.elapsed < Duration::from_secs(20), "{}", done.dump());
+}
