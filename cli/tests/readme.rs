@@ -428,6 +428,25 @@ fn readme_wireup_client_and_groups_run() {
 }
 
 #[test]
+fn readme_spawn_runs() {
+    let done = run("rd-spawn", &["-n", "1", &example("readme_spawn")], T);
+    assert_eq!(done.code(), Some(0), "readme_spawn: {}", done.dump());
+    let mut got: Vec<String> = done.stdout.lines().map(str::to_owned).collect();
+    got.sort();
+    let nspace = got
+        .iter()
+        .find_map(|l| l.strip_prefix("started ")?.strip_suffix(" (ns2)"))
+        .unwrap_or_else(|| panic!("no job started: {}", done.dump()))
+        .to_owned();
+    let mut want: Vec<String> = (0..4)
+        .map(|r| format!("worker {r} of 4 in {nspace}: mode fast, part 2"))
+        .collect();
+    want.push(format!("started {nspace} (ns2)"));
+    want.sort();
+    expect(&got, &want, "readme_spawn");
+}
+
+#[test]
 fn readme_messaging_runs() {
     for (name, args) in [
         ("rd-msg1", &["-n", "4"][..]),
