@@ -12,6 +12,7 @@
 //! | `fence`   | put + commit + fence in Full, Sparse and SyncOnly modes; `get` latency  |
 //! | `group`   | group construct with a PGCID; communicator creation from a group        |
 //! | `limit`   | the floor: cache-line ping-pong one-way time, single-core memcpy        |
+//! | `spawn`   | `Client::spawn` of N processes: until it returns, until all initialized |
 //!
 //! `latency`, `bw`, `bibw`, `mr` and `limit` run between two processes: started alone they
 //! launch themselves as a job of two (bound to different cores when there are two), under
@@ -27,6 +28,7 @@ mod group;
 mod limit;
 mod osu;
 mod p2p;
+mod spawn;
 mod stats;
 
 use p2p::Bench;
@@ -52,6 +54,10 @@ const BENCHES: &[(&str, &str)] = &[
     (
         "limit",
         "this machine's floor: cache-line ping-pong and single-core memcpy",
+    ),
+    (
+        "spawn",
+        "Client::spawn of N processes: until it returns, until they all initialized",
     ),
 ];
 
@@ -80,6 +86,7 @@ pub fn main(args: &[String]) -> i32 {
         Some("coll") => coll::main(&args[1..]),
         Some("fence") => fence::main(&args[1..]),
         Some("group") => group::main(&args[1..]),
+        Some("spawn") => spawn::main(&args[1..]),
         Some("limit") => limit::main(&args[1..]),
         None => {
             eprint!("{}", usage());

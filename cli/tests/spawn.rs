@@ -170,3 +170,47 @@ fn the_time_limit_ends_what_was_spawned_after_the_job_ended() {
     assert!(!alive(pid), "the spawned process {pid} outlived weft run");
     assert!(done.elapsed < Duration::from_secs(20), "{}", done.dump());
 }
+
+#[test]
+fn bench_spawn_prints_both_times_in_json() {
+    let tmp = std::env::temp_dir().join(format!("weft-tests/bench-spawn-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = std::process::Command::new(common::weft())
+        .args([
+            "bench", "spawn", "--procs", "2", "--iters", "3", "--warmup", "1", "--json",
+        ])
+        .env("TMPDIR", &tmp)
+        .output()
+        .expect("run weft bench spawn");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    let median = |what: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no {what} row: {stdout}"));
+        assert_eq!(r["bench"], "spawn");
+        assert_eq!(r["procs"], 2);
+        assert_eq!(r["samples"], 3);
+        r["median_us"].as_f64().unwrap()
+    };
+    let (started, inited) = (median("started"), median("initialized"));
+    assert!(started > 0.0 && inited >= started, "{stdout}");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("weft-bench-spawn"))
+        .collect();
+    assert!(left.is_empty(), "the benchmark left {left:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
