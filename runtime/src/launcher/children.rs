@@ -176,10 +176,21 @@ impl Children {
     }
 
     /// The server of `node` is gone: the spawned jobs' processes there count as ended
-    /// (the launch's own job reports the loss; theirs would say the same).
+    /// (the launch's own job reports the loss; theirs would say the same), and a spawn
+    /// waiting for that server's answer fails.
     pub(super) fn on_server_lost(&mut self, node: u32, reason: &str) -> Vec<Action> {
         let ids: Vec<NsId> = self.jobs.keys().copied().collect();
         let mut out = Vec::new();
+        for &ns in &ids {
+            let waits = self.jobs[&ns]
+                .starting
+                .as_ref()
+                .is_some_and(|st| st.waiting.contains(&node));
+            if waits {
+                let why = format!("the server of node {node} was lost: {reason}");
+                out.extend(self.on_launched(node, ns, Some(why)));
+            }
+        }
         for ns in ids {
             let acts = self.on_job(ns, |j| j.on_server_lost(node, reason));
             out.extend(acts.into_iter().filter(|a| !matches!(a, Action::Report(_))));

@@ -591,4 +591,26 @@ mod tests {
         );
         assert_eq!(l.exit_code(), crate::launcher::EXIT_TIMEOUT);
     }
+
+    #[test]
+    fn a_spawn_waiting_for_a_lost_server_fails_naming_it() {
+        let mut l = launch(2, 2);
+        start(&mut l, 2);
+        spawn(&mut l, 0, 9, "/bin/child", 1);
+        assert_eq!(l.on_launched(0, NsId(2), None), vec![]);
+        let a = l.on_server_lost(1, "eof");
+        let done = a.iter().find_map(|a| match a {
+            Action::SpawnDone {
+                node: 0,
+                qid: 9,
+                result,
+            } => Some(result.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            done,
+            Some(Err("node 1: the server of node 1 was lost: eof".into())),
+            "{a:?}"
+        );
+    }
 }
