@@ -214,3 +214,48 @@ fn bench_spawn_prints_both_times_in_json() {
     assert!(left.is_empty(), "the benchmark left {left:?}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn a_spawned_process_killed_with_its_fabric_open_leaves_no_segment() {
+    // The spawned job's rank 1 opens the fabric (its shared-memory inbox) and kills
+    // itself; its server removes the job's segments when the job ends (Job::wait checks
+    // that none of `weft-<name>.2-...` is left).
+    let w = probe("wireup_probe");
+    let f = probe("fabric_probe");
+    // The parent looks 3 s later, while the runtime still runs: the job has ended by then.
+    let job = Job::start(
+        "spawnkill",
+        &[
+            "-x",
+            "WEFT_PROBE_WAIT_MS=3000",
+            "-n",
+            "1",
+            &w,
+            "spawn",
+            "2",
+            &f,
+            "dead-peer",
+        ],
+    );
+    let name = job.name.clone();
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert!(
+        done.stdout
+            .contains(&format!("parent 0: segments of weft-{name}.2 left: []")),
+        "{}",
+        done.dump()
+    );
+    assert!(
+        done.stdout.contains("rank 1 killing itself"),
+        "{}",
+        done.dump()
+    );
+    assert!(
+        done.stderr.contains(&format!(
+            "weft run: spawned job weft-{name}.2: rank 1 (node 0, "
+        )) && done.stderr.contains("was killed by signal 9"),
+        "{}",
+        done.dump()
+    );
+}

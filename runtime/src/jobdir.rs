@@ -84,5 +84,7 @@ pub(crate) fn remove_job(job_id: &str, job_dir: &Path, nodes: u32) {
         // A server that was killed leaves its PMIx library's directory behind.
         let _ = std::fs::remove_dir_all(pmix_dir(job_dir, n));
     }
+    // The jobs its processes spawned (`<job_id>.<id>`), crash or not.
+    unlink_segments(&format!("/weft-{job_id}."));
     let _ = std::fs::remove_dir(job_dir);
 }

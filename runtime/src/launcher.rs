@@ -366,7 +366,9 @@ impl Executor {
                 ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
                 ToLauncher::Spawn { qid, from, apps } => launch.on_spawn(node, qid, from, &apps),
-                ToLauncher::Launched { ns, error } => launch.on_launched(node, ns, error),
+                ToLauncher::Launched { ns, error, set_up } => {
+                    launch.on_launched(node, ns, error, set_up)
+                }
                 ToLauncher::Hello { .. } => Vec::new(),
             },
             Ev::Lost { node, reason }

@@ -647,10 +647,10 @@ impl State {
 }
 
 impl State {
-    /// Whether the job has ended (or is ending), so that a peer server's close is no
-    /// loss: this server terminates, or every process of the job has ended.
+    /// Whether the jobs have ended (or are ending), so that a peer server's close is no
+    /// loss: this server terminates, or every job is being terminated or has ended.
     fn job_ended(&self, node: u32, reason: &str) -> bool {
-        if self.any_job(|j| j.procs.terminating()) || self.done {
+        if self.done {
             return true;
         }
         // At the end of a job a server may see another close before its own shutdown
@@ -659,7 +659,9 @@ impl State {
             tracing::debug!("the server of node {node} closed after the job's end: {reason}");
             return true;
         }
-        false
+        // One job's termination (a spawned job's failure) is no reason to miss another's
+        // loss.
+        !self.any_job(|j| !j.procs.terminating() && !j.procs.all_gone())
     }
 }
 
@@ -829,10 +831,10 @@ impl State {
             }),
             Event::Pmix(e) => {
                 // The PMIx server serves the job it started with.
-                if let Some(ns) = self.pmix.as_ref().map(|px| px.ns) {
-                    self.focus(ns);
+                match self.pmix.as_ref().map(|px| px.ns) {
+                    Some(ns) if self.focus(ns) => self.on_pmix(e),
+                    _ => tracing::error!("a PMIx call for a job this server no longer serves"),
                 }
-                self.on_pmix(e)
             }
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(ToServer::Launch(plan)) => self.launch_job(*plan),

@@ -272,13 +272,17 @@ fn join_within(h: Option<std::thread::JoinHandle<String>>, limit: Duration) -> S
     }
 }
 
-/// Shared-memory segments of job `name` still in /dev/shm.
+/// Shared-memory segments of job `name` (and of the jobs it spawned, `name.N`) still in
+/// /dev/shm.
 pub fn segments_of(name: &str) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|f| f.starts_with(&format!("weft-{name}-")))
+                .filter(|f| {
+                    f.starts_with(&format!("weft-{name}-"))
+                        || f.starts_with(&format!("weft-{name}."))
+                })
                 .collect()
         })
         .unwrap_or_default()

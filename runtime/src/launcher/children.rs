@@ -121,29 +121,36 @@ impl Children {
     }
 
     /// The server of `node` set job `ns` up (or failed to: `error`); once every server
-    /// answered, the spawn is answered, and a failed job is terminated.
+    /// answered, the spawn is answered, and a failed job is terminated. A server that did
+    /// not set the job up (`!set_up`) starts none of its processes there: they count as
+    /// ended.
     pub(super) fn on_launched(
         &mut self,
         node: u32,
         ns: NsId,
         error: Option<String>,
+        set_up: bool,
     ) -> Vec<Action> {
+        let mut out = if set_up {
+            Vec::new()
+        } else {
+            self.on_job(ns, |j| j.on_node_not_started(node))
+        };
         let Some(child) = self.jobs.get_mut(&ns) else {
             tracing::warn!("the server of node {node} launched {ns}, which is no spawned job");
-            return Vec::new();
+            return out;
         };
         let Some(st) = child.starting.as_mut() else {
-            return Vec::new();
+            return out;
         };
         st.waiting.remove(&node);
         if let Some(e) = error {
             st.error.get_or_insert(format!("node {node}: {e}"));
         }
         if !st.waiting.is_empty() {
-            return Vec::new();
+            return out;
         }
         let st = child.starting.take().expect("checked above");
-        let mut out = Vec::new();
         let result = match st.error {
             None => Ok((ns, child.nspace.clone())),
             Some(e) => {
@@ -157,10 +164,22 @@ impl Children {
             qid: st.qid,
             result,
         });
+        self.prune(ns);
         out
     }
 
-    /// Whether `ns` is a spawned job.
+    /// Forgets job `ns` once it has ended and its spawn was answered.
+    fn prune(&mut self, ns: NsId) {
+        if self
+            .jobs
+            .get(&ns)
+            .is_some_and(|c| c.job.is_over() && c.starting.is_none())
+        {
+            self.jobs.remove(&ns);
+        }
+    }
+
+    /// Whether `ns` is a spawned job that has not ended.
     pub(super) fn has(&self, ns: NsId) -> bool {
         self.jobs.contains_key(&ns)
     }
@@ -188,7 +207,7 @@ impl Children {
                 .is_some_and(|st| st.waiting.contains(&node));
             if waits {
                 let why = format!("the server of node {node} was lost: {reason}");
-                out.extend(self.on_launched(node, ns, Some(why)));
+                out.extend(self.on_launched(node, ns, Some(why), true));
             }
         }
         for ns in ids {
@@ -227,6 +246,7 @@ impl Children {
         };
         let acts = f(&mut child.job);
         let nspace = child.nspace.clone();
+        self.prune(ns);
         acts.into_iter()
             .filter_map(|a| match a {
                 Action::Report(line) => {
@@ -308,7 +328,10 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, apps: &[SpawnApp])
         tag_output: base.tag_output,
         bind: vec![None; total as usize],
         datastore_bytes: base.datastore_bytes,
-        job_id: format!("{}-j{}", base.job_id, ns.0),
+        // The processes name their segments from the nspace (`weft-<job_id>...`), the
+        // servers from the job id: both `<job_id>.<id>` (a `.` no job id of `weft run`
+        // has, so no job's names are another's).
+        job_id: format!("{}.{}", base.job_id, ns.0),
         env: base.env.clone(),
         pmix: false,
     }

@@ -280,6 +280,17 @@ impl Job {
         out
     }
 
+    /// The server of `node` could not set the job up: none of its processes there
+    /// started, so they count as ended (the failure itself is reported by whoever asked).
+    pub(super) fn on_node_not_started(&mut self, node: u32) -> Vec<Action> {
+        let mut out = Vec::new();
+        for r in self.info.ranks_on(node) {
+            self.mark_exited(r);
+        }
+        self.shut_down_if_all_ended(&mut out);
+        out
+    }
+
     /// The launch failed before the job started (the servers did not all start).
     pub(super) fn on_launch_failed(&mut self) {
         self.status_override.get_or_insert(EXIT_LAUNCH_FAILED);

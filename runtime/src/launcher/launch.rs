@@ -102,14 +102,17 @@ impl Launch {
         self.children.on_spawn(&self.plan, n, node, qid, from, apps)
     }
 
-    /// The server of `node` set spawned job `ns` up (or failed to).
+    /// The server of `node` set spawned job `ns` up (or failed to; `set_up`: the job
+    /// exists there all the same).
     pub(super) fn on_launched(
         &mut self,
         node: u32,
         ns: NsId,
         error: Option<String>,
+        set_up: bool,
     ) -> Vec<Action> {
-        self.children.on_launched(node, ns, error)
+        let acts = self.children.on_launched(node, ns, error, set_up);
+        self.child(acts)
     }
 
     /// A timer of spawned job `ns` fired.
@@ -416,7 +419,12 @@ mod tests {
         let p = launched_plan(&spawn(&mut l, 1, 7, "/bin/child", 3));
         assert_eq!(p.ns, NsId(2));
         assert_eq!(p.job.nspace, format!("{}.2", l.plan.job.nspace));
-        assert_eq!(p.job_id, "t-j2");
+        assert_eq!(p.job_id, "t.2");
+        assert_eq!(
+            p.job.nspace,
+            format!("weft-{}", p.job_id),
+            "segments named alike"
+        );
         assert_eq!(p.job.size(), 3);
         assert_eq!(p.job.nodes, l.plan.job.nodes, "every node of the runtime");
         assert!(
@@ -438,16 +446,20 @@ mod tests {
         assert_eq!(q.ns, NsId(3));
         assert_ne!(q.job.world_pgcid, p.job.world_pgcid);
         // Answered once both servers said so, to the asker's server only.
-        assert_eq!(l.on_launched(0, NsId(2), None), vec![]);
+        assert_eq!(l.on_launched(0, NsId(2), None, true), vec![]);
         assert_eq!(
-            l.on_launched(1, NsId(2), None),
+            l.on_launched(1, NsId(2), None, true),
             vec![Action::SpawnDone {
                 node: 1,
                 qid: 7,
                 result: Ok((NsId(2), p.job.nspace.clone())),
             }]
         );
-        assert_eq!(l.on_launched(1, NsId(2), None), vec![], "answered once");
+        assert_eq!(
+            l.on_launched(1, NsId(2), None, true),
+            vec![],
+            "answered once"
+        );
     }
 
     #[test]
@@ -456,11 +468,11 @@ mod tests {
         start(&mut l, 2);
         spawn(&mut l, 0, 4, "/nope", 2);
         assert_eq!(
-            l.on_launched(1, NsId(2), Some("rank 0: cannot start /nope".into())),
+            l.on_launched(1, NsId(2), Some("rank 0: cannot start /nope".into()), true),
             vec![]
         );
         assert_eq!(
-            l.on_launched(0, NsId(2), None),
+            l.on_launched(0, NsId(2), None, true),
             vec![
                 Action::SendAll(Order::TerminateJob {
                     ns: NsId(2),
@@ -498,7 +510,7 @@ mod tests {
         let mut l = launch(1, 2);
         start(&mut l, 1);
         spawn(&mut l, 0, 1, "/bin/child", 2);
-        l.on_launched(0, NsId(2), None);
+        l.on_launched(0, NsId(2), None, true);
         assert_eq!(l.on_proc_exit(own(0), ExitKind::Code(0)), vec![]);
         // The job ends first: the servers stay for its children.
         assert_eq!(l.on_proc_exit(own(1), ExitKind::Code(0)), vec![]);
@@ -524,7 +536,7 @@ mod tests {
         let mut l = launch(1, 1);
         start(&mut l, 1);
         spawn(&mut l, 0, 1, "/bin/child", 2);
-        l.on_launched(0, NsId(2), None);
+        l.on_launched(0, NsId(2), None, true);
         let a = l.on_proc_exit(ProcId::new(NsId(2), 1), ExitKind::Code(3));
         assert!(
             matches!(&a[0], Action::Report(s) if s.starts_with("weft run: spawned job ")
@@ -573,7 +585,7 @@ mod tests {
         );
         start(&mut l, 1);
         spawn(&mut l, 0, 1, "/bin/sleeper", 1);
-        l.on_launched(0, NsId(2), None);
+        l.on_launched(0, NsId(2), None, true);
         assert_eq!(l.on_proc_exit(own(0), ExitKind::Code(0)), vec![]);
         let a = l.on_timer(Timer::Timeout);
         assert!(
@@ -597,7 +609,7 @@ mod tests {
         let mut l = launch(2, 2);
         start(&mut l, 2);
         spawn(&mut l, 0, 9, "/bin/child", 1);
-        assert_eq!(l.on_launched(0, NsId(2), None), vec![]);
+        assert_eq!(l.on_launched(0, NsId(2), None, true), vec![]);
         let a = l.on_server_lost(1, "eof");
         let done = a.iter().find_map(|a| match a {
             Action::SpawnDone {
@@ -611,6 +623,37 @@ mod tests {
             done,
             Some(Err("node 1: the server of node 1 was lost: eof".into())),
             "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_spawned_job_no_server_could_set_up_ends_and_lets_the_runtime_end() {
+        let mut l = launch(1, 1);
+        start(&mut l, 1);
+        spawn(&mut l, 0, 3, "/bin/child", 2);
+        // The datastore could not be made: no process of the job started.
+        let a = l.on_launched(0, NsId(2), Some("datastore full".into()), false);
+        assert!(
+            a.contains(&Action::SpawnDone {
+                node: 0,
+                qid: 3,
+                result: Err("node 0: datastore full".into()),
+            }),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(&Action::SendAll(Order::EndJob { ns: NsId(2) })),
+            "{a:?}"
+        );
+        // The job's end is not held back by it.
+        assert_eq!(
+            l.on_proc_exit(own(0), ExitKind::Code(0)),
+            vec![Action::SendAll(Order::Shutdown)]
+        );
+        // Nor does a late report of it count.
+        assert_eq!(
+            l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Code(0)),
+            vec![]
         );
     }
 }

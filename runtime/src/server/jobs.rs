@@ -121,11 +121,11 @@ impl State {
     /// started fails it).
     pub(super) fn launch_job(&mut self, plan: JobPlan) {
         let ns = plan.ns;
-        let error = if self.namespaces().contains(&ns) {
-            Some(format!("{ns} runs here already"))
+        let (error, set_up) = if self.namespaces().contains(&ns) {
+            (Some(format!("{ns} runs here already")), false)
         } else {
             match create_store(&plan, self.node, &self.starter.net) {
-                Err(e) => Some(e),
+                Err(e) => (Some(e), false),
                 Ok(store) => {
                     let job = Job::new(self.node, Arc::new(plan), store);
                     let prev = std::mem::replace(&mut self.job, job);
@@ -136,11 +136,11 @@ impl State {
                             error.get_or_insert(format!("rank {r}: {e}"));
                         }
                     }
-                    error
+                    (error, true)
                 }
             }
         };
-        self.to_launcher(&ToLauncher::Launched { ns, error });
+        self.to_launcher(&ToLauncher::Launched { ns, error, set_up });
     }
 
     /// Job `ns` is over: its state goes, and its segments with it (the datastore unlinks

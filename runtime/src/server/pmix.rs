@@ -138,7 +138,10 @@ fn group_key(id: &str) -> String {
 pub(super) struct PmixFront {
     pub(super) server: weft_pmix::server::Server,
     pub(super) nspace: String,
-    /// The namespace of the job it serves (`nspace` is its name).
+    /// The namespace of the job it serves (`nspace` is its name). It serves that job
+    /// only: every entry of the front end acts when that job is the one at hand
+    /// (`self.pmix.as_mut().filter(|px| px.ns == self.job.ns)`), so the end of another
+    /// job's rank 3 is never told to this job's rank 3.
     pub(super) ns: weft_wireup::NsId,
     /// Where the node's output goes (`PMIx_Log` to stdout and stderr joins it).
     pub(super) output: std::sync::mpsc::Sender<Chunk>,
@@ -386,7 +389,7 @@ impl State {
     /// The participants a PMIx collective names (`op`), as the core's
     /// (`PmixBook::procs`).
     pub(super) fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
-        match self.pmix.as_ref() {
+        match self.pmix.as_ref().filter(|px| px.ns == self.job.ns) {
             Some(px) => px.book.borrow().procs(op, procs),
             None => Err(Failure::Other),
         }
@@ -397,7 +400,7 @@ impl State {
             Ok(p) => p,
             Err(why) => return f.reply.fail(why),
         };
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return f.reply.fail(Failure::Other);
         };
         let id = px.book.get_mut().fence_id(procs);
@@ -414,7 +417,7 @@ impl State {
         } else {
             FenceMode::SyncOnly
         };
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return f.reply.fail(Failure::Other);
         };
         let now = std::time::Instant::now();
@@ -459,7 +462,7 @@ impl State {
             Ok(p) => p,
             Err(why) => return g.reply.fail(why),
         };
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return g.reply.fail(Failure::Other);
         };
         let id = px.book.get_mut().group_id(g.construct, procs, g.id.clone());
@@ -483,7 +486,7 @@ impl State {
             let entry = (Scope::Global, group_key(&g.id), Value::Bytes(g.endpt));
             self.commit(first, vec![entry]);
         }
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return g.reply.fail(Failure::Other);
         };
         let req = px.book.get_mut().on_group(id.clone(), g.reply);
@@ -504,7 +507,7 @@ impl State {
     /// by name, their number, one's members. Keys this host does not know are left out;
     /// none known: not supported; an unknown set: not found.
     fn pmix_query(&mut self, q: Query) {
-        let Some(px) = self.pmix.as_ref() else {
+        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
             return q.reply.fail(Failure::Other);
         };
         let mut sets: Vec<(String, Vec<Rank>)> = self
@@ -601,7 +604,7 @@ impl State {
     }
 
     fn pmix_dmodex(&mut self, d: DirectModex) {
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return d.reply.fail(Failure::Other);
         };
         let ended = &self.job.procs;
@@ -627,7 +630,7 @@ impl State {
             qid,
             result: Err(DmodexFailure::Other(why)),
         };
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
             return self.send_peer(from, &m);
         };
@@ -688,7 +691,7 @@ impl State {
         if finalized {
             return;
         }
-        let Some(px) = self.pmix.as_mut() else {
+        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
             return;
         };
         // The node's clients hear of it (Open MPI's default handler ends the process;

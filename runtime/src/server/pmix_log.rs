@@ -45,7 +45,7 @@ impl State {
     /// when every channel took its message (with `PMIX_LOG_ONCE`, when one did), else
     /// not supported.
     pub(super) fn pmix_log(&mut self, log: Log) {
-        let Some(px) = self.pmix.as_ref() else {
+        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
             return log.reply.fail(Failure::Other);
         };
         let stamp = log.timestamp.map(log_time).or_else(|| {

@@ -202,6 +202,7 @@ mod tests {
                 ToLauncher::Launched {
                     ns: NsId(2),
                     error: Some("e".into()),
+                    set_up: false,
                 },
             ],
             vec![

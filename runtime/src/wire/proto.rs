@@ -331,10 +331,13 @@ pub enum ToLauncher {
         from: weft_wireup::ProcId,
         apps: Vec<SpawnApp>,
     },
-    /// Job `ns` was set up on this server and its processes here started, or why not.
+    /// Job `ns` was set up on this server and its processes here started, or why not;
+    /// `set_up`: the job exists here, so the ends of its processes here will be reported
+    /// (false: none of them was started).
     Launched {
         ns: NsId,
         error: Option<String>,
+        set_up: bool,
     },
 }
 

@@ -901,7 +901,8 @@ fn pieces() -> Res {
 
 /// `spawn N [PROGRAM ARGS...]`: spawns N processes of PROGRAM (by default this probe as
 /// `spawn-child`) and prints the new job (or why there is none); the children get
-/// `WEFT_PROBE_PARENT` = this job's nspace.
+/// `WEFT_PROBE_PARENT` = this job's nspace. With `WEFT_PROBE_WAIT_MS` set, it then waits
+/// that long and prints the new job's shared-memory segments still in /dev/shm.
 fn spawn(args: &[String]) -> Res {
     let w = Client::init()?;
     let np: u32 = args.get(1).ok_or("spawn N [PROGRAM ARGS...]")?.parse()?;
@@ -920,13 +921,29 @@ fn spawn(args: &[String]) -> Res {
         cwd: None,
     };
     match w.spawn(&[app]) {
-        Ok(s) => println!(
-            "parent {} of {}: spawned {} ({})",
-            w.rank(),
-            w.nspace(),
-            s.nspace,
-            s.ns
-        ),
+        Ok(s) => {
+            println!(
+                "parent {} of {}: spawned {} ({})",
+                w.rank(),
+                w.nspace(),
+                s.nspace,
+                s.ns
+            );
+            if let Ok(ms) = std::env::var("WEFT_PROBE_WAIT_MS") {
+                std::thread::sleep(Duration::from_millis(ms.parse()?));
+                let mut left: Vec<String> = std::fs::read_dir("/dev/shm")?
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("{}-", s.nspace)))
+                    .collect();
+                left.sort();
+                println!(
+                    "parent {}: segments of {} left: {left:?}",
+                    w.rank(),
+                    s.nspace
+                );
+            }
+        }
         Err(e) => println!("parent {} of {}: {e}", w.rank(), w.nspace()),
     }
     std::io::stdout().flush()?;
