@@ -167,25 +167,13 @@ fn communicators_from_groups_agreed_over_the_fabric() {
 #[test]
 fn bench_group_prints_one_json_row_per_operation_and_job() {
     let tmp = std::env::temp_dir().join(format!("weft-tests/bench-group-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let out = std::process::Command::new(common::weft())
-        .args([
+    let (rows, stdout) = common::bench_json(
+        &[
             "bench", "group", "-n", "4", "--nodes", "1,2", "--iters", "3", "--warmup", "1",
             "--json",
-        ])
-        .env("TMPDIR", &tmp)
-        .output()
-        .expect("run weft bench group");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &tmp,
     );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
     assert_eq!(rows.len(), 8, "{stdout}");
     for nodes in [1, 2] {
         for op in [

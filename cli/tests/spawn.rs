@@ -174,24 +174,12 @@ fn the_time_limit_ends_what_was_spawned_after_the_job_ended() {
 #[test]
 fn bench_spawn_prints_both_times_in_json() {
     let tmp = std::env::temp_dir().join(format!("weft-tests/bench-spawn-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let out = std::process::Command::new(common::weft())
-        .args([
+    let (rows, stdout) = common::bench_json(
+        &[
             "bench", "spawn", "--procs", "2", "--iters", "3", "--warmup", "1", "--json",
-        ])
-        .env("TMPDIR", &tmp)
-        .output()
-        .expect("run weft bench spawn");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &tmp,
     );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
     assert_eq!(rows.len(), 2, "{stdout}");
     let median = |what: &str| {
         let r = rows

@@ -233,7 +233,7 @@ fn gets_after_each_fence_see_what_was_committed_before_it() {
         assert_eq!(done.code(), Some(0), "{}", done.dump());
         assert_eq!(
             done.lines_with(" ok"),
-            n.parse().unwrap(),
+            n.parse::<usize>().unwrap(),
             "{}",
             done.dump()
         );

@@ -272,6 +272,28 @@ fn join_within(h: Option<std::thread::JoinHandle<String>>, limit: Duration) -> S
     }
 }
 
+/// Runs `weft ARGS` (a benchmark with `--json`) with a TMPDIR of its own (`tmp`), expecting
+/// success; returns its JSON rows and its stdout.
+pub fn bench_json(args: &[&str], tmp: &Path) -> (Vec<serde_json::Value>, String) {
+    std::fs::create_dir_all(tmp).unwrap();
+    let out = Command::new(weft())
+        .args(args)
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap_or_else(|e| panic!("run weft {args:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    (rows, stdout)
+}
+
 /// Shared-memory segments of job `name` (and of the jobs it spawned, `name.N`) still in
 /// /dev/shm.
 pub fn segments_of(name: &str) -> Vec<String> {

@@ -45,6 +45,11 @@ pub(super) struct Job {
 }
 
 impl Job {
+    /// The app context of rank `rank` (0 for a rank not in the job).
+    pub(super) fn app_of(&self, rank: weft_wireup::Rank) -> u32 {
+        self.plan.job.procs.get(rank as usize).map_or(0, |p| p.app)
+    }
+
     /// The job of `plan` as the server of `node` starts it, before any event.
     pub(super) fn new(node: u32, plan: Arc<JobPlan>, store: StoreWriter) -> Job {
         let nodes = || plan.job.procs.iter().map(|p| p.node).collect();

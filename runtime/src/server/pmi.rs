@@ -332,13 +332,7 @@ impl State {
                 &format!("cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max={VALLEN_MAX}"),
             ),
             "get_appnum" => {
-                let app = self
-                    .job
-                    .plan
-                    .job
-                    .procs
-                    .get(rank as usize)
-                    .map_or(0, |p| p.app);
+                let app = self.job.app_of(rank);
                 self.pmi_send(rank, &format!("cmd=appnum rc=0 appnum={app}"));
             }
             "get_my_kvsname" => {

@@ -139,13 +139,7 @@ impl State {
         let resp = |name: &str| ("cmd", format!("{name}-response"));
         let ok = || ("rc", "0".to_string());
         let size = self.job.plan.job.size();
-        let app = self
-            .job
-            .plan
-            .job
-            .procs
-            .get(rank as usize)
-            .map_or(0, |p| p.app);
+        let app = self.job.app_of(rank);
         match cmd {
             "fullinit" => {
                 if let Some(r) = get("pmirank") {
