@@ -39,7 +39,15 @@ struct Seen {
     cmdline: String,
 }
 
-/// Every descendant of `root` now: pid -> what it is.
+/// The command line of `pid` (empty once it is gone).
+fn cmdline_of(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Every descendant of `root` now: pid -> what it is. A process seen before is seen
+/// again: one first seen between its fork and its exec had its parent's command line.
 fn descendants(root: u32, into: &mut HashMap<u32, Seen>) {
     let table: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
         .unwrap()
@@ -47,15 +55,21 @@ fn descendants(root: u32, into: &mut HashMap<u32, Seen>) {
         .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
         .filter_map(|pid| stat_of(pid).map(|(ppid, _, start)| (pid, ppid, start)))
         .collect();
+    for &(pid, _, starttime) in &table {
+        if let Some(seen) = into.get_mut(&pid) {
+            let now = cmdline_of(pid);
+            if seen.starttime == starttime && !now.is_empty() {
+                seen.cmdline = now;
+            }
+        }
+    }
     let mut parents = vec![root];
     parents.extend(into.keys().copied());
     loop {
         let mut grew = false;
         for &(pid, ppid, starttime) in &table {
             if parents.contains(&ppid) && !parents.contains(&pid) {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-                    .unwrap_or_default();
+                let cmdline = cmdline_of(pid);
                 into.insert(pid, Seen { starttime, cmdline });
                 parents.push(pid);
                 grew = true;
