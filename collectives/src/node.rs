@@ -269,16 +269,22 @@ impl Run<'_> {
         self.base + STAGES
     }
 
-    /// Whether member `r` passed stage `s` (an error when it gave up).
+    /// Whether member `r` passed stage `s` (an error when it gave up before it). A
+    /// member that gave up in a later operation had passed `s` (its word keeps the stage
+    /// it reached under the abort mark): a member still finishing this operation must
+    /// not fail it because another failed the next one.
     fn passed(&self, r: usize, s: u64) -> Result<bool, CollError> {
         if s == 0 {
             return Ok(true);
         }
         let v = self.nc.seg.seq(r, parity(s));
+        if v & !CollSegment::ABORTED >= s {
+            return Ok(true);
+        }
         if v & CollSegment::ABORTED != 0 {
             return Err(self.gave_up(r));
         }
-        Ok(v >= s)
+        Ok(false)
     }
 
     /// The error for member `r`, which marked its words aborted.
@@ -468,12 +474,16 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Whether tree word `v` of member `r` reached stage `s` (an error when it gave up).
+    /// Whether tree word `v` of member `r` reached stage `s` (an error when it gave up
+    /// before it; see [`passed`](Self::passed)).
     fn tree_passed(&self, r: usize, v: u64, s: u64) -> Result<bool, CollError> {
+        if v & !CollSegment::ABORTED >= s {
+            return Ok(true);
+        }
         if v & CollSegment::ABORTED != 0 {
             return Err(self.gave_up(r));
         }
-        Ok(v >= s)
+        Ok(false)
     }
 
     /// Waits until every member entered stage `s` over the segment's release/gather
