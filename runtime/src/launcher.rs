@@ -395,7 +395,7 @@ impl Executor {
                     }
                 }
                 Action::SendAll(m) => {
-                    let f = frame::encode(&ToServer::from(m));
+                    let f = frame::encode(&m);
                     for tx in self.txs.values() {
                         let _ = tx.send(f.clone());
                     }

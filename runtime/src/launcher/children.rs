@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use weft_wireup::job::{AppInfo, JobInfo, ProcInfo, Pset, PSET_WORLD};
 use weft_wireup::{NsId, ProcId, SpawnApp};
 
-use super::job::{Action, Job, Order, Timer};
+use super::job::{Action, Job, Timer};
 use super::plan::EndPolicy;
-use crate::wire::proto::{AppSpec, ExitKind, JobPlan};
+use crate::wire::proto::{AppSpec, ExitKind, JobPlan, ToServer};
 
 /// World PGCIDs of spawned jobs: this plus the namespace id, above the PGCIDs the root
 /// server hands out (counted from 2; below 2^22 they start derived id families), so no
@@ -117,7 +117,7 @@ impl Children {
                 }),
             },
         );
-        vec![Action::SendAll(Order::Launch(Box::new(plan)))]
+        vec![Action::SendAll(ToServer::Launch(Box::new(plan)))]
     }
 
     /// The server of `node` set job `ns` up (or failed to: `error`); once every server
@@ -155,7 +155,7 @@ impl Children {
             None => Ok((ns, child.nspace.clone())),
             Some(e) => {
                 child.job.mark_terminating();
-                out.push(Action::SendAll(Order::TerminateJob { ns, grace_ms: 0 }));
+                out.push(Action::SendAll(ToServer::TerminateJob { ns, grace_ms: 0 }));
                 Err(e)
             }
         };
@@ -255,10 +255,12 @@ impl Children {
                         None => line,
                     }))
                 }
-                Action::SendAll(Order::Terminate { grace_ms }) => {
-                    Some(Action::SendAll(Order::TerminateJob { ns, grace_ms }))
+                Action::SendAll(ToServer::Terminate { grace_ms }) => {
+                    Some(Action::SendAll(ToServer::TerminateJob { ns, grace_ms }))
                 }
-                Action::SendAll(Order::Shutdown) => Some(Action::SendAll(Order::EndJob { ns })),
+                Action::SendAll(ToServer::Shutdown) => {
+                    Some(Action::SendAll(ToServer::EndJob { ns }))
+                }
                 Action::Arm(t, d) => Some(Action::ArmJob(ns, t, d)),
                 // The servers kill what a job's terminate did not: the runtime's own
                 // backstop is its first job's.

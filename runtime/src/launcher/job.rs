@@ -13,8 +13,7 @@ use weft_wireup::{NsId, Rank};
 
 use super::plan::EndPolicy;
 use super::{EXIT_LAUNCH_FAILED, EXIT_TIMEOUT};
-use crate::wire::proto::{signal_name, ExitKind, JobPlan, ToServer};
-use std::net::SocketAddr;
+use crate::wire::proto::{signal_name, ExitKind, ToServer};
 
 /// How long terminated processes get between SIGTERM and SIGKILL.
 pub(super) const KILL_AFTER: Duration = Duration::from_millis(500);
@@ -29,7 +28,7 @@ pub(super) enum Action {
     /// Send the job's plan to the server of this node (it just said hello).
     SendPlan(u32),
     /// Send a message to every connected server.
-    SendAll(Order),
+    SendAll(ToServer),
     /// Have `Timer` fire after this long.
     Arm(Timer, Duration),
     /// Kill every server process (SIGKILL).
@@ -42,50 +41,6 @@ pub(super) enum Action {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
-}
-
-/// What the launcher tells every server (a [`ToServer`] message).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Order {
-    /// Every server is ready: start the job (the servers' peer addresses, by node).
-    Start {
-        /// Each node's server's peer address.
-        peers: Vec<SocketAddr>,
-    },
-    /// Terminate the processes: SIGTERM, then SIGKILL after `grace_ms`.
-    Terminate {
-        /// Milliseconds between SIGTERM and SIGKILL.
-        grace_ms: u64,
-    },
-    /// Every process ended: end the servers.
-    Shutdown,
-    /// Set up a spawned job and start its processes.
-    Launch(Box<JobPlan>),
-    /// Terminate the processes of spawned job `ns` only.
-    TerminateJob {
-        /// The job.
-        ns: NsId,
-        /// Milliseconds between SIGTERM and SIGKILL.
-        grace_ms: u64,
-    },
-    /// Spawned job `ns` is over: the servers forget it.
-    EndJob {
-        /// The job.
-        ns: NsId,
-    },
-}
-
-impl From<Order> for ToServer {
-    fn from(o: Order) -> ToServer {
-        match o {
-            Order::Start { peers } => ToServer::Start { peers },
-            Order::Terminate { grace_ms } => ToServer::Terminate { grace_ms },
-            Order::Shutdown => ToServer::Shutdown,
-            Order::Launch(plan) => ToServer::Launch(plan),
-            Order::TerminateJob { ns, grace_ms } => ToServer::TerminateJob { ns, grace_ms },
-            Order::EndJob { ns } => ToServer::EndJob { ns },
-        }
-    }
 }
 
 /// The launcher's timers.
@@ -141,7 +96,7 @@ impl Job {
     /// The terminate request and the timer that kills the servers if it is not enough.
     fn terminate() -> [Action; 2] {
         [
-            Action::SendAll(Order::Terminate {
+            Action::SendAll(ToServer::Terminate {
                 grace_ms: KILL_AFTER.as_millis() as u64,
             }),
             Action::Arm(Timer::ForceKill, FORCE_KILL_AFTER),
@@ -170,7 +125,7 @@ impl Job {
     fn shut_down_if_all_ended(&mut self, out: &mut Vec<Action>) {
         if self.n_exited == self.info.size() && !self.shut_down {
             self.shut_down = true;
-            out.push(Action::SendAll(Order::Shutdown));
+            out.push(Action::SendAll(ToServer::Shutdown));
         }
     }
 
@@ -332,7 +287,7 @@ impl Job {
         ))];
         self.status_override.get_or_insert(128 + sig);
         if self.terminating {
-            out.push(Action::SendAll(Order::Terminate { grace_ms: 0 }));
+            out.push(Action::SendAll(ToServer::Terminate { grace_ms: 0 }));
         } else {
             self.terminate_once(&mut out);
         }

@@ -8,10 +8,10 @@ use std::time::Duration;
 use weft_wireup::{NsId, ProcId, SpawnApp};
 
 use super::children::Children;
-use super::job::{Action, Job, Order, Timer};
+use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::{ExitKind, JobPlan};
+use crate::wire::proto::{ExitKind, JobPlan, ToServer};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -52,13 +52,13 @@ impl Launch {
         let mut out = Vec::with_capacity(acts.len());
         for a in acts {
             match a {
-                Action::SendAll(Order::Shutdown) => {
+                Action::SendAll(ToServer::Shutdown) => {
                     self.first_over = true;
                     if self.children.all_over() {
                         out.push(a);
                     }
                 }
-                Action::SendAll(Order::Terminate { .. }) => {
+                Action::SendAll(ToServer::Terminate { .. }) => {
                     self.children.mark_terminating();
                     out.push(a);
                 }
@@ -74,10 +74,10 @@ impl Launch {
         if self.first_over
             && acts
                 .iter()
-                .any(|a| matches!(a, Action::SendAll(Order::EndJob { .. })))
+                .any(|a| matches!(a, Action::SendAll(ToServer::EndJob { .. })))
             && self.children.all_over()
         {
-            acts.push(Action::SendAll(Order::Shutdown));
+            acts.push(Action::SendAll(ToServer::Shutdown));
         }
         acts
     }
@@ -138,7 +138,7 @@ impl Launch {
     pub(super) fn on_ready(&mut self, node: u32, peer_addr: SocketAddr) -> Vec<Action> {
         match self.nodes.on_ready(node, peer_addr) {
             Some(peers) => {
-                let mut out = vec![Action::SendAll(Order::Start { peers })];
+                let mut out = vec![Action::SendAll(ToServer::Start { peers })];
                 let acts = self.job.on_started();
                 out.extend(self.first(acts));
                 out
@@ -201,7 +201,7 @@ impl Launch {
                      processes spawned",
                     self.job.timeout().unwrap_or_default().as_secs_f64()
                 )),
-                Action::SendAll(Order::Terminate {
+                Action::SendAll(ToServer::Terminate {
                     grace_ms: super::job::KILL_AFTER.as_millis() as u64,
                 }),
                 Action::Arm(Timer::ForceKill, super::job::FORCE_KILL_AFTER),
@@ -312,7 +312,7 @@ mod tests {
         );
         assert_eq!(
             start(&mut l, 2),
-            vec![Action::SendAll(Order::Start {
+            vec![Action::SendAll(ToServer::Start {
                 peers: vec![addr(10), addr(11)]
             })]
         );
@@ -324,7 +324,7 @@ mod tests {
         assert_eq!(l.on_proc_exit(other, ExitKind::Code(0)), vec![]);
         assert_eq!(
             l.on_proc_exit(own(1), ExitKind::Code(0)),
-            vec![Action::SendAll(Order::Shutdown)]
+            vec![Action::SendAll(ToServer::Shutdown)]
         );
         // The servers then end: each reports twice (connection, process), silently.
         for node in 0..2 {
@@ -346,7 +346,7 @@ mod tests {
         // Node 0 still comes up: it is started, and told to terminate at once.
         assert_eq!(l.on_hello(0), vec![Action::SendPlan(0)]);
         let a = l.on_ready(0, addr(10));
-        assert!(matches!(&a[0], Action::SendAll(Order::Start { peers }) if peers.len() == 2));
+        assert!(matches!(&a[0], Action::SendAll(ToServer::Start { peers }) if peers.len() == 2));
         assert!(a.contains(&Action::Arm(
             Timer::ForceKill,
             super::super::job::FORCE_KILL_AFTER
@@ -388,7 +388,7 @@ mod tests {
         l.on_proc_exit(own(1), ExitKind::Code(0));
         let a = l.on_server_lost(1, "connection reset");
         // Node 1's ranks (2, 3) count as ended: every process has, so shut down now.
-        assert!(a.contains(&Action::SendAll(Order::Shutdown)), "{a:?}");
+        assert!(a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
         assert_eq!(l.exit_code(), crate::launcher::EXIT_LAUNCH_FAILED);
     }
 
@@ -407,7 +407,7 @@ mod tests {
     /// The plan the actions send to every server.
     fn launched_plan(acts: &[Action]) -> JobPlan {
         match acts {
-            [Action::SendAll(Order::Launch(p))] => (**p).clone(),
+            [Action::SendAll(ToServer::Launch(p))] => (**p).clone(),
             other => panic!("expected one launch order, got {other:?}"),
         }
     }
@@ -474,7 +474,7 @@ mod tests {
         assert_eq!(
             l.on_launched(0, NsId(2), None, true),
             vec![
-                Action::SendAll(Order::TerminateJob {
+                Action::SendAll(ToServer::TerminateJob {
                     ns: NsId(2),
                     grace_ms: 0
                 }),
@@ -519,8 +519,8 @@ mod tests {
         assert_eq!(
             l.on_proc_exit(child(1), ExitKind::Code(0)),
             vec![
-                Action::SendAll(Order::EndJob { ns: NsId(2) }),
-                Action::SendAll(Order::Shutdown)
+                Action::SendAll(ToServer::EndJob { ns: NsId(2) }),
+                Action::SendAll(ToServer::Shutdown)
             ]
         );
         assert_eq!(l.exit_code(), 0);
@@ -552,7 +552,7 @@ mod tests {
         assert_eq!(
             l.on_job_timer(NsId(2), Timer::GraceOver),
             vec![
-                Action::SendAll(Order::TerminateJob {
+                Action::SendAll(ToServer::TerminateJob {
                     ns: NsId(2),
                     grace_ms: 500
                 }),
@@ -568,7 +568,7 @@ mod tests {
         l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Signal(15));
         assert_eq!(
             l.on_proc_exit(own(0), ExitKind::Code(0)),
-            vec![Action::SendAll(Order::Shutdown)]
+            vec![Action::SendAll(ToServer::Shutdown)]
         );
         assert_eq!(l.exit_code(), 0, "the first job's status");
     }
@@ -592,13 +592,13 @@ mod tests {
             matches!(&a[0], Action::Report(s) if s.contains("timed out")),
             "{a:?}"
         );
-        assert!(a.contains(&Action::SendAll(Order::Terminate { grace_ms: 500 })));
+        assert!(a.contains(&Action::SendAll(ToServer::Terminate { grace_ms: 500 })));
         // Its end after the terminate is no failure of its own.
         assert_eq!(
             l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Signal(15)),
             vec![
-                Action::SendAll(Order::EndJob { ns: NsId(2) }),
-                Action::SendAll(Order::Shutdown)
+                Action::SendAll(ToServer::EndJob { ns: NsId(2) }),
+                Action::SendAll(ToServer::Shutdown)
             ]
         );
         assert_eq!(l.exit_code(), crate::launcher::EXIT_TIMEOUT);
@@ -642,13 +642,13 @@ mod tests {
             "{a:?}"
         );
         assert!(
-            a.contains(&Action::SendAll(Order::EndJob { ns: NsId(2) })),
+            a.contains(&Action::SendAll(ToServer::EndJob { ns: NsId(2) })),
             "{a:?}"
         );
         // The job's end is not held back by it.
         assert_eq!(
             l.on_proc_exit(own(0), ExitKind::Code(0)),
-            vec![Action::SendAll(Order::Shutdown)]
+            vec![Action::SendAll(ToServer::Shutdown)]
         );
         // Nor does a late report of it count.
         assert_eq!(

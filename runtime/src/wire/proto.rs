@@ -342,7 +342,7 @@ pub enum ToLauncher {
 }
 
 /// Launcher to server (TCP).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToServer {
     Plan(Box<JobPlan>),
     Start {

@@ -38,13 +38,13 @@ fn reports(actions: &[Action]) -> Vec<&str> {
 }
 
 fn terminates(actions: &[Action]) -> bool {
-    actions.contains(&Action::SendAll(Order::Terminate {
+    actions.contains(&Action::SendAll(ToServer::Terminate {
         grace_ms: KILL_AFTER.as_millis() as u64,
     })) && actions.contains(&Action::Arm(Timer::ForceKill, FORCE_KILL_AFTER))
 }
 
 fn shuts_down(actions: &[Action]) -> bool {
-    actions.contains(&Action::SendAll(Order::Shutdown))
+    actions.contains(&Action::SendAll(ToServer::Shutdown))
 }
 
 #[test]
@@ -61,7 +61,7 @@ fn every_process_exiting_0_shuts_the_servers_down_once_and_exits_0() {
     assert_eq!(j.on_proc_exit(2, ExitKind::Code(0)), vec![]);
     assert_eq!(
         j.on_proc_exit(3, ExitKind::Code(0)),
-        vec![Action::SendAll(Order::Shutdown)]
+        vec![Action::SendAll(ToServer::Shutdown)]
     );
     assert_eq!(j.on_proc_exit(3, ExitKind::Code(0)), vec![]);
     assert_eq!(j.exit_code(), 0);
@@ -118,7 +118,7 @@ fn an_abort_from_one_rank_while_the_others_finish_ends_with_its_status() {
     for r in [0, 2, 3] {
         all.extend(j.on_proc_exit(r, ExitKind::Code(0)));
     }
-    assert_eq!(all, vec![Action::SendAll(Order::Shutdown)]);
+    assert_eq!(all, vec![Action::SendAll(ToServer::Shutdown)]);
     assert_eq!(j.on_timer(Timer::GraceOver), vec![]);
     assert_eq!(j.exit_code(), 6);
 }
@@ -162,7 +162,7 @@ fn a_second_signal_terminates_at_once_and_the_first_decides_the_status() {
         a,
         vec![
             Action::Report("weft run: received SIGTERM; terminating the job".into()),
-            Action::SendAll(Order::Terminate { grace_ms: 0 }),
+            Action::SendAll(ToServer::Terminate { grace_ms: 0 }),
         ]
     );
     // Killed processes after a signal are not "the first failure" reported.
