@@ -6,7 +6,8 @@
 //! `--timeout`, `--no-pmix`; OpenPMIx's own examples `log.c` (`PMIx_Log` to stderr with a
 //! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
-//! complete) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
+//! complete) and `dynamic.c` (`PMIx_Spawn` of a child job) on one node and on 2 logical
+//! nodes; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
 //! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
 //! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
@@ -523,6 +524,55 @@ fn pmix_group_invite_example_joins_fences_and_destructs_on_one_and_two_nodes() {
             || err_lines(&d, "Group invite complete with status PROC-ABORTED").len() == 1;
         assert!(named, "{}", d.dump());
         assert!(d.elapsed < Duration::from_secs(30), "{}", d.dump());
+        clean(&name, &d);
+    }
+}
+
+/// OpenPMIx's `dynamic.c` (issue 33): rank 0 spawns 2 processes of OpenPMIx's `client.c`
+/// with `PMIx_Spawn`, reads the new job's size and a local rank from its namespace; the
+/// children (a job of their own namespace, `<job>.2`, served PMIx on the asking node) get
+/// their job info, put, fence and read each other's keys; all 4 finalize, on one node and
+/// on 2 logical nodes (where the child job leaves the second node out of its maps), and
+/// nothing of either job is left behind. (`mpirun.openmpi` runs it too.)
+#[test]
+fn pmix_spawn_example_starts_a_child_job_on_one_and_two_nodes() {
+    let (Some(dynamic), Some(client)) = (pmix_example("dynamic"), pmix_example("client")) else {
+        return;
+    };
+    // dynamic.c spawns `$PWD/client`: a directory holding it, entered by a shell.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmix-dynamic");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("client");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&client, &link).unwrap();
+    let script = format!("cd {} && exec {dynamic}", dir.display());
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-dynamic-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", "sh", "-c", &script],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let job = format!("weft-{name}-{}", std::process::id());
+        let child = format!("{job}.2");
+        for (want, n) in [
+            (format!("Client {job}:0 job {child} size 2"), 1),
+            (format!("Client {job}:0 job {child} local rank "), 1),
+            (
+                format!("Client ns {child} rank 0: PMIx_Get {child}-1-local returned correct"),
+                1,
+            ),
+            (
+                format!("Client ns {child} rank 1: PMIx_Get {child}-0-local returned correct"),
+                1,
+            ),
+            (format!("Client {child}:1 num procs 2"), 1),
+            ("PMIx_Finalize successfully completed".to_string(), 4),
+            ("failed".to_string(), 0),
+        ] {
+            assert_eq!(err_lines(&d, &want).len(), n, "{want}\n{}", d.dump());
+        }
         clean(&name, &d);
     }
 }

@@ -116,6 +116,8 @@ pub enum QueryAnswer {
 /// A `PMIx_Query_info` of a local client, handed to [`Host::query`].
 #[derive(Debug)]
 pub struct Query {
+    /// Who asks (its namespace says which job the query is about).
+    pub requester: ProcName,
     /// What is asked.
     pub keys: Vec<QueryKey>,
     /// Where the answers go.
@@ -253,6 +255,34 @@ pub trait Host: Send + Sync + 'static {
     fn log(&self, req: Log);
     /// An event a local client notified beyond its node.
     fn notify_event(&self, ev: Notification);
+    /// A local client asks for a new job (`PMIx_Spawn`); answer with [`SpawnReply`].
+    fn spawn(&self, req: Spawn);
+}
+
+/// One app of a [`Spawn`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnApp {
+    /// The program.
+    pub cmd: String,
+    /// Its arguments, without the program's name (`argv[1..]`).
+    pub args: Vec<String>,
+    /// `NAME=VALUE` settings for its processes.
+    pub env: Vec<(String, String)>,
+    /// Its working directory, if given.
+    pub cwd: Option<String>,
+    /// How many processes.
+    pub maxprocs: u32,
+}
+
+/// A `PMIx_Spawn` of a local client, handed to [`Host::spawn`].
+#[derive(Debug)]
+pub struct Spawn {
+    /// Who asks.
+    pub requester: ProcName,
+    /// What to start.
+    pub apps: Vec<SpawnApp>,
+    /// Where the new job's namespace goes.
+    pub reply: SpawnReply,
 }
 
 /// One job as the library must know it before its clients start.
@@ -287,9 +317,30 @@ impl Nspace {
             .collect()
     }
 
-    /// PMIx's per-node list of ranks (`PMIX_PROC_MAP` unreduced): `0,1;2,3`.
+    /// The nodes that hold ranks of the job, ascending (a spawned job may leave some of
+    /// the runtime's nodes out; PMIx's maps list only the job's nodes, as PRRTE's do, and
+    /// refuse an empty entry).
+    pub fn job_nodes(&self) -> Vec<u32> {
+        let mut nodes: Vec<u32> = self.node_of.clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// PMIx's list of the job's node names (`PMIX_NODE_MAP` unreduced): `n0,n1`.
+    pub fn node_map(&self) -> String {
+        self.job_nodes()
+            .iter()
+            .filter_map(|&n| self.hostnames.get(n as usize).map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// PMIx's per-node list of ranks (`PMIX_PROC_MAP` unreduced) over the job's nodes, in
+    /// the order of [`Nspace::node_map`]: `0,1;2,3`.
     pub fn proc_map(&self) -> String {
-        (0..self.hostnames.len() as u32)
+        self.job_nodes()
+            .into_iter()
             .map(|n| {
                 self.ranks_on(n)
                     .iter()
@@ -303,14 +354,14 @@ impl Nspace {
 }
 
 #[cfg(weft_pmix)]
-pub use imp::{preload, GroupReply, ModexReply, Server};
+pub use imp::{preload, GroupReply, ModexReply, Server, SpawnReply};
 #[cfg(weft_pmix)]
 pub use log::{log_time, OpReply};
 /// Where a query's answers go (the same callback as a group operation's).
 pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
-pub use stub::{log_time, preload, GroupReply, ModexReply, OpReply, Server};
+pub use stub::{log_time, preload, GroupReply, ModexReply, OpReply, Server, SpawnReply};
 
 #[cfg(not(weft_pmix))]
 mod stub;
@@ -323,3 +374,38 @@ mod log;
 
 #[cfg(weft_pmix)]
 mod events;
+
+#[cfg(test)]
+mod tests {
+    use super::Nspace;
+
+    fn ns(node_of: Vec<u32>) -> Nspace {
+        let n = node_of.len();
+        Nspace {
+            nspace: "j".into(),
+            node: 0,
+            hostnames: vec!["a".into(), "b".into(), "c".into()],
+            node_of,
+            app_of: vec![0; n],
+            local_rank_of: vec![0; n],
+            locality_of: vec![None; n],
+            tmpdir: "/tmp".into(),
+            oversubscribed: false,
+        }
+    }
+
+    #[test]
+    fn maps_list_only_the_nodes_that_hold_ranks() {
+        let all = ns(vec![0, 0, 1, 2]);
+        assert_eq!(all.node_map(), "a,b,c");
+        assert_eq!(all.proc_map(), "0,1;2;3");
+        // A job spawned onto the asking node of a three-node runtime.
+        let one = ns(vec![1, 1]);
+        assert_eq!(one.job_nodes(), vec![1]);
+        assert_eq!(one.node_map(), "b");
+        assert_eq!(one.proc_map(), "0,1");
+        let gap = ns(vec![2, 0, 2]);
+        assert_eq!(gap.node_map(), "a,c");
+        assert_eq!(gap.proc_map(), "1;0,2");
+    }
+}

@@ -218,8 +218,11 @@ enum Event {
     CtlLost(String),
     /// This server received signal N (SIGINT, SIGTERM or SIGHUP).
     Signal(i32),
-    /// What the PMIx server library asked (`pmix`).
-    Pmix(pmix::PmixEv),
+    /// What the PMIx server library asked about the job of `nspace` (`pmix`).
+    Pmix {
+        nspace: String,
+        ev: pmix::PmixEv,
+    },
 }
 
 /// What happens to one job on this node (inside [`Event::Job`]).
@@ -332,7 +335,8 @@ struct State {
     done: bool,
     /// The PGCIDs to hand out (the root server, node 0, is the only allocator).
     pgcids: Pgcids,
-    /// The PMIx front end, when the job serves PMIx (`pmix`).
+    /// The node's PMIx server, when the first job is served PMIx (`pmix`); each job's
+    /// part is its `Job::pmix`.
     pmix: Option<pmix::PmixFront>,
     /// The job the event at hand is about (`job`): every handler of a job's event works
     /// on `self.job`, which [`State::focus`] makes the right one first.
@@ -507,8 +511,16 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // A build without libpmix has none to offer (`weft info` says so).
     if plan.pmix && weft_pmix::built_with().is_some() {
         let dir = pmix_dir(&args.job_dir, node);
-        match pmix::PmixFront::start(&plan, node, dir.clone(), ev_tx.clone(), output.tx.clone()) {
-            Ok(px) => st.pmix = Some(px),
+        let started = pmix::PmixFront::start(dir.clone(), ev_tx.clone(), output.tx.clone())
+            .and_then(|mut px| {
+                let job = px.add_job(&plan, node)?;
+                Ok((px, job))
+            });
+        match started {
+            Ok((px, job)) => {
+                st.pmix = Some(px);
+                st.job.pmix = Some(job);
+            }
             Err(why) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 tracing::warn!(
@@ -537,7 +549,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // launcher may end this process then).
     output.flush();
     if let Some(px) = st.pmix.take() {
-        px.stop();
+        let mut jobs = Vec::new();
+        st.each_job(|st| jobs.extend(st.job.pmix.take()));
+        px.stop(jobs);
     }
     drop(st);
     for job_id in job_ids {
@@ -829,11 +843,24 @@ impl State {
                 let acts = st.job.procs.on_terminate(Duration::from_millis(grace_ms));
                 st.apply_procs(acts);
             }),
-            Event::Pmix(e) => {
-                // The PMIx server serves the job it started with.
-                match self.pmix.as_ref().map(|px| px.ns) {
-                    Some(ns) if self.focus(ns) => self.on_pmix(e),
-                    _ => tracing::error!("a PMIx call for a job this server no longer serves"),
+            Event::Pmix { nspace, ev } => {
+                // A query the library makes in its own name (a key it could not resolve
+                // locally, say) is answered as the node's first job would answer it.
+                let ns = self.pmix.as_ref().and_then(|px| {
+                    px.ns_of(&nspace).or_else(|| {
+                        matches!(ev, pmix::PmixEv::Query(_))
+                            .then(|| px.first_ns())
+                            .flatten()
+                    })
+                });
+                match ns {
+                    Some(ns) if self.focus(ns) && self.job.pmix.is_some() => self.on_pmix(ev),
+                    _ => {
+                        tracing::warn!(
+                            "a PMIx call about {nspace:?}, which this server does not serve"
+                        );
+                        ev.refuse();
+                    }
                 }
             }
             Event::Ctl(ToServer::Shutdown) => self.done = true,

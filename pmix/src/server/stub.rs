@@ -16,6 +16,19 @@ impl ModexReply {
     pub fn fail(self, _why: Failure) {}
 }
 
+/// Where a spawn's result goes (none exists in this build).
+#[derive(Debug)]
+pub struct SpawnReply {
+    _none: (),
+}
+
+impl SpawnReply {
+    /// Never called (no reply exists in this build).
+    pub fn ok(self, _nspace: &str) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
 /// Nothing to load in this build.
 pub fn preload() {}
 

@@ -335,6 +335,6 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, apps: &[SpawnApp])
         // has, so no job's names are another's).
         job_id: format!("{}.{}", base.job_id, ns.0),
         env: base.env.clone(),
-        pmix: false,
+        pmix: base.pmix,
     }
 }

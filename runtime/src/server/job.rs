@@ -42,6 +42,8 @@ pub(super) struct Job {
     pub(super) invitations: Invitations,
     /// The PMI-1 and PMI-2 front end: its connections and its keys (`pmi`).
     pub(super) pmi: pmi::PmiFront,
+    /// What the node's PMIx server keeps of the job, when it serves it PMIx (`pmix`).
+    pub(super) pmix: Option<super::pmix::PmixJob>,
 }
 
 impl Job {
@@ -73,6 +75,7 @@ impl Job {
             ),
             invitations: Invitations::new(node, nodes()),
             pmi: pmi::PmiFront::default(),
+            pmix: None,
             store,
             plan,
         }

@@ -41,11 +41,19 @@ impl Starter {
     }
 }
 
+/// Who waits for a spawn's answer.
+enum Asker {
+    /// A native client: its connection and request.
+    Native { conn: ConnId, req: u64 },
+    /// A PMIx client (`PMIx_Spawn`): the library's callback.
+    Pmix(weft_pmix::server::SpawnReply),
+}
+
 /// The spawns local processes asked for, waiting for the launcher.
 #[derive(Default)]
 pub(super) struct Spawns {
-    /// Per request id: the asking job, connection and request.
-    waiting: std::collections::HashMap<u64, (NsId, ConnId, u64)>,
+    /// Per request id: the asking job, and who waits.
+    waiting: std::collections::HashMap<u64, (NsId, Asker)>,
     next: u64,
 }
 
@@ -84,9 +92,33 @@ impl State {
         req: u64,
         apps: Vec<SpawnApp>,
     ) {
+        self.spawn_for(rank, Asker::Native { conn, req }, apps);
+    }
+
+    /// A PMIx client's `PMIx_Spawn`: the same request, answered through the library.
+    pub(super) fn pmix_spawn(&mut self, s: weft_pmix::server::Spawn) {
+        let Some(rank) = s.requester.rank else {
+            return s.reply.fail(weft_pmix::server::Failure::Invalid);
+        };
+        let apps = s
+            .apps
+            .into_iter()
+            .map(|a| SpawnApp {
+                program: a.cmd,
+                args: a.args,
+                np: a.maxprocs,
+                env: a.env,
+                cwd: a.cwd,
+            })
+            .collect();
+        self.spawn_for(rank, Asker::Pmix(s.reply), apps);
+    }
+
+    /// Local rank `rank` of the focused job asks for `apps`; `asker` gets the answer.
+    fn spawn_for(&mut self, rank: Rank, asker: Asker, apps: Vec<SpawnApp>) {
         let qid = self.spawns.next;
         self.spawns.next += 1;
-        self.spawns.waiting.insert(qid, (self.job.ns, conn, req));
+        self.spawns.waiting.insert(qid, (self.job.ns, asker));
         self.to_launcher(&ToLauncher::Spawn {
             qid,
             from: ProcId::new(self.job.ns, rank),
@@ -96,9 +128,21 @@ impl State {
 
     /// The launcher answered spawn `qid`.
     pub(super) fn spawn_done(&mut self, qid: u64, result: Result<(NsId, String), String>) {
-        let Some((ns, conn, req)) = self.spawns.waiting.remove(&qid) else {
+        let Some((ns, asker)) = self.spawns.waiting.remove(&qid) else {
             tracing::warn!("the launcher answered spawn {qid}, which nobody here asked for");
             return;
+        };
+        let (conn, req) = match asker {
+            Asker::Native { conn, req } => (conn, req),
+            Asker::Pmix(reply) => {
+                return match result {
+                    Ok((_, nspace)) => reply.ok(&nspace),
+                    Err(why) => {
+                        tracing::warn!("PMIx_Spawn of {ns}: {why}");
+                        reply.fail(weft_pmix::server::Failure::Other)
+                    }
+                };
+            }
         };
         if !self.focus(ns) {
             return;
@@ -127,7 +171,22 @@ impl State {
             match create_store(&plan, self.node, &self.starter.net) {
                 Err(e) => (Some(e), false),
                 Ok(store) => {
-                    let job = Job::new(self.node, Arc::new(plan), store);
+                    let mut job = Job::new(self.node, Arc::new(plan), store);
+                    if job.plan.pmix {
+                        match self
+                            .pmix
+                            .as_mut()
+                            .map(|px| px.add_job(&job.plan, self.node))
+                        {
+                            Some(Ok(pj)) => job.pmix = Some(pj),
+                            Some(Err(e)) => tracing::warn!(
+                                "node {}: no PMIx for {ns} ({e}); its Open MPI programs \
+                                 cannot start",
+                                self.node
+                            ),
+                            None => {}
+                        }
+                    }
                     let prev = std::mem::replace(&mut self.job, job);
                     self.parked.insert(prev.ns, prev);
                     let mut error = None;
@@ -153,8 +212,11 @@ impl State {
             let other = *self.parked.keys().next().expect("checked above");
             self.focus(other);
         }
-        if let Some(job) = self.parked.remove(&ns) {
+        if let Some(mut job) = self.parked.remove(&ns) {
             self.ended.insert(ns);
+            if let (Some(px), Some(pj)) = (self.pmix.as_mut(), job.pmix.take()) {
+                px.remove_job(pj);
+            }
             let prefix = segment_prefix(&job.plan.job_id, self.node);
             drop(job);
             unlink_segments(&prefix);

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
-use weft_wireup::{Rank, Scope, Value};
+use weft_wireup::{NsId, Rank, Scope, Value};
 
 use super::output::Chunk;
 use super::pmix_book::{query_answers, Ask, Ended, PmixBook};
@@ -76,56 +76,105 @@ pub(super) enum PmixEv {
     DmodexTimeout {
         qid: u64,
     },
+    /// A client's `PMIx_Spawn`.
+    Spawn(weft_pmix::server::Spawn),
 }
 
-/// Hands the library's requests to the actor.
+impl PmixEv {
+    /// Fails the request's reply, if it has one (an event about a namespace this server
+    /// does not serve, or no longer).
+    pub(super) fn refuse(self) {
+        match self {
+            PmixEv::Fence(f) => f.reply.fail(Failure::NotFound),
+            PmixEv::Dmodex(d) => d.reply.fail(Failure::NotFound),
+            PmixEv::Group(g) => g.reply.fail(Failure::NotFound),
+            PmixEv::Query(q) => q.reply.fail(Failure::NotFound),
+            PmixEv::Notify(n) => n.reply.fail(Failure::NotFound),
+            PmixEv::Log(l) => l.reply.fail(Failure::NotFound),
+            PmixEv::Spawn(s) => s.reply.fail(Failure::NotFound),
+            PmixEv::Connected(_)
+            | PmixEv::Finalized(_)
+            | PmixEv::Abort { .. }
+            | PmixEv::Served { .. }
+            | PmixEv::DmodexTimeout { .. } => {}
+        }
+    }
+}
+
+/// Hands the library's requests to the actor, each with the namespace it is about (the
+/// actor finds its job by it).
 struct Bridge {
     ev: UnboundedSender<Event>,
 }
 
 impl Bridge {
-    fn send(&self, e: PmixEv) {
-        let _ = self.ev.send(Event::Pmix(e));
+    fn send(&self, nspace: &str, e: PmixEv) {
+        let _ = self.ev.send(Event::Pmix {
+            nspace: nspace.to_owned(),
+            ev: e,
+        });
     }
 }
 
 impl Host for Bridge {
     fn connected(&self, p: ProcName) {
         if let Some(r) = p.rank {
-            self.send(PmixEv::Connected(r));
+            self.send(&p.nspace, PmixEv::Connected(r));
         }
     }
     fn finalized(&self, p: ProcName) {
         if let Some(r) = p.rank {
-            self.send(PmixEv::Finalized(r));
+            self.send(&p.nspace, PmixEv::Finalized(r));
         }
     }
     fn abort(&self, p: ProcName, status: i32, message: String, _targets: Vec<ProcName>) {
         if let Some(rank) = p.rank {
-            self.send(PmixEv::Abort {
-                rank,
-                status,
-                message,
-            });
+            self.send(
+                &p.nspace,
+                PmixEv::Abort {
+                    rank,
+                    status,
+                    message,
+                },
+            );
         }
     }
     fn fence(&self, f: Fence) {
-        self.send(PmixEv::Fence(f));
+        // A fence's participants are of one job so far (their first names it).
+        let ns = f
+            .procs
+            .first()
+            .map(|p| p.nspace.clone())
+            .unwrap_or_default();
+        self.send(&ns, PmixEv::Fence(f));
     }
     fn direct_modex(&self, d: DirectModex) {
-        self.send(PmixEv::Dmodex(d));
+        let ns = d.proc.nspace.clone();
+        self.send(&ns, PmixEv::Dmodex(d));
     }
     fn group(&self, g: Group) {
-        self.send(PmixEv::Group(g));
+        let ns = g
+            .procs
+            .first()
+            .map(|p| p.nspace.clone())
+            .unwrap_or_default();
+        self.send(&ns, PmixEv::Group(g));
     }
     fn query(&self, q: Query) {
-        self.send(PmixEv::Query(q));
+        let ns = q.requester.nspace.clone();
+        self.send(&ns, PmixEv::Query(q));
     }
     fn log(&self, l: Log) {
-        self.send(PmixEv::Log(l));
+        let ns = l.source.nspace.clone();
+        self.send(&ns, PmixEv::Log(l));
     }
     fn notify_event(&self, n: Notification) {
-        self.send(PmixEv::Notify(n));
+        let ns = n.source.nspace.clone();
+        self.send(&ns, PmixEv::Notify(n));
+    }
+    fn spawn(&self, s: weft_pmix::server::Spawn) {
+        let ns = s.requester.nspace.clone();
+        self.send(&ns, PmixEv::Spawn(s));
     }
 }
 
@@ -134,20 +183,23 @@ fn group_key(id: &str) -> String {
     format!("pmix/grp/{id}")
 }
 
-/// The PMIx front end's state.
+/// The node's PMIx server: one OpenPMIx server library for every job this server serves
+/// PMIx to (each job's part is its [`PmixJob`]).
 pub(super) struct PmixFront {
     pub(super) server: weft_pmix::server::Server,
-    pub(super) nspace: String,
-    /// The namespace of the job it serves (`nspace` is its name). It serves that job
-    /// only: every entry of the front end acts when that job is the one at hand
-    /// (`self.pmix.as_mut().filter(|px| px.ns == self.job.ns)`), so the end of another
-    /// job's rank 3 is never told to this job's rank 3.
-    pub(super) ns: weft_wireup::NsId,
     /// Where the node's output goes (`PMIx_Log` to stdout and stderr joins it).
     pub(super) output: std::sync::mpsc::Sender<Chunk>,
     /// The library's directory (removed at the end).
     dir: PathBuf,
-    /// Open MPI's shared-memory directory on this node (removed at the end).
+    /// The namespaces it serves, by name.
+    names: HashMap<String, NsId>,
+}
+
+/// What the PMIx server keeps of one job (in the job's state, so a job's PMIx
+/// bookkeeping is the job's at hand).
+pub(super) struct PmixJob {
+    pub(super) nspace: String,
+    /// Open MPI's shared-memory directory on this node (removed at the job's end).
     vader_dir: PathBuf,
     /// The environment of each local child (from `PMIx_server_setup_fork`).
     env: HashMap<Rank, Vec<(String, String)>>,
@@ -158,11 +210,8 @@ pub(super) struct PmixFront {
 }
 
 impl PmixFront {
-    /// Starts the node's PMIx server in `dir` (created), registers the job and the
-    /// node's processes. `None` (with the reason logged) when PMIx cannot be served.
+    /// Starts the node's PMIx server in `dir` (created).
     pub(super) fn start(
-        plan: &JobPlan,
-        node: u32,
         dir: PathBuf,
         ev: UnboundedSender<Event>,
         output: std::sync::mpsc::Sender<Chunk>,
@@ -170,6 +219,27 @@ impl PmixFront {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
             .map_err(|e| e.to_string())?;
+        Ok(PmixFront {
+            server,
+            output,
+            dir,
+            names: HashMap::new(),
+        })
+    }
+
+    /// The job of namespace `nspace`, if this server serves it PMIx.
+    pub(super) fn ns_of(&self, nspace: &str) -> Option<NsId> {
+        self.names.get(nspace).copied()
+    }
+
+    /// The first job it serves (the one the runtime was started for, while it runs).
+    pub(super) fn first_ns(&self) -> Option<NsId> {
+        self.names.values().min().copied()
+    }
+
+    /// Registers job `plan` and this node's processes of it with the library (every
+    /// server registers every job it serves PMIx, with or without processes of it).
+    pub(super) fn add_job(&mut self, plan: &JobPlan, node: u32) -> Result<PmixJob, String> {
         let job = &plan.job;
         let ns = Nspace {
             nspace: job.nspace.clone(),
@@ -179,10 +249,13 @@ impl PmixFront {
             app_of: job.procs.iter().map(|p| p.app).collect(),
             local_rank_of: job.procs.iter().map(|p| p.local_rank).collect(),
             locality_of: job.procs.iter().map(|p| p.locality.clone()).collect(),
-            tmpdir: dir.to_string_lossy().into_owned(),
+            tmpdir: self.dir.to_string_lossy().into_owned(),
             oversubscribed: oversubscribed(plan, node),
         };
-        server.register_nspace(&ns).map_err(|e| e.to_string())?;
+        self.server
+            .register_nspace(&ns)
+            .map_err(|e| e.to_string())?;
+        self.names.insert(job.nspace.clone(), plan.ns);
         // Open MPI 4.1's own settings, unless the user gave them.
         let vader_dir = ompi_shm_dir(&plan.job_id, node);
         let ompi = ompi_env(plan, &vader_dir, ns.oversubscribed);
@@ -192,21 +265,18 @@ impl PmixFront {
         }
         let mut env = HashMap::new();
         for r in job.ranks_on(node) {
-            server
+            self.server
                 .register_client(&job.nspace, r)
                 .map_err(|e| e.to_string())?;
-            let mut vars = server
+            let mut vars = self
+                .server
                 .setup_fork(&job.nspace, r)
                 .map_err(|e| e.to_string())?;
             vars.extend(ompi.iter().cloned());
             env.insert(r, vars);
         }
-        Ok(PmixFront {
-            server,
+        Ok(PmixJob {
             nspace: job.nspace.clone(),
-            ns: plan.ns,
-            output,
-            dir,
             vader_dir,
             env,
             book: RefCell::new(PmixBook::new(
@@ -217,18 +287,30 @@ impl PmixFront {
         })
     }
 
+    /// Job `job` ended (a spawned one; the first ends with the server): the library
+    /// forgets it, its directory goes.
+    pub(super) fn remove_job(&mut self, job: PmixJob) {
+        self.names.remove(&job.nspace);
+        self.server.deregister_nspace(&job.nspace);
+        let _ = std::fs::remove_dir_all(&job.vader_dir);
+    }
+
+    /// Finalizes the library (which forgets the jobs: no deregistration first, it cost
+    /// 2-4 ms at every job's end) and removes its directory and the jobs' (`jobs`).
+    pub(super) fn stop(self, jobs: Vec<PmixJob>) {
+        let dir = self.dir.clone();
+        drop(self);
+        let _ = std::fs::remove_dir_all(dir);
+        for j in jobs {
+            let _ = std::fs::remove_dir_all(j.vader_dir);
+        }
+    }
+}
+
+impl PmixJob {
     /// The environment rank `rank` needs to reach the server.
     pub(super) fn env_of(&self, rank: Rank) -> &[(String, String)] {
         self.env.get(&rank).map_or(&[], |v| v.as_slice())
-    }
-
-    /// Finalizes the library (which forgets the job: no deregistration first, it cost
-    /// 2-4 ms at every job's end) and removes its directories.
-    pub(super) fn stop(self) {
-        let (dir, vader_dir) = (self.dir.clone(), self.vader_dir.clone());
-        drop(self);
-        let _ = std::fs::remove_dir_all(dir);
-        let _ = std::fs::remove_dir_all(vader_dir);
     }
 }
 
@@ -356,8 +438,10 @@ impl State {
             PmixEv::Log(l) => self.pmix_log(l),
             PmixEv::Notify(n) => self.pmix_notify(n),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
+            PmixEv::Spawn(s) => self.pmix_spawn(s),
             PmixEv::Served { qid, to, result } => {
                 let still = self
+                    .job
                     .pmix
                     .as_ref()
                     .is_some_and(|px| px.book.borrow_mut().on_served(qid));
@@ -376,6 +460,7 @@ impl State {
             }
             PmixEv::DmodexTimeout { qid } => {
                 let reply = self
+                    .job
                     .pmix
                     .as_ref()
                     .and_then(|px| px.book.borrow_mut().on_dmodex_timeout(qid));
@@ -389,7 +474,7 @@ impl State {
     /// The participants a PMIx collective names (`op`), as the core's
     /// (`PmixBook::procs`).
     pub(super) fn pmix_procs(&self, op: &str, procs: &[ProcName]) -> Result<Procs, Failure> {
-        match self.pmix.as_ref().filter(|px| px.ns == self.job.ns) {
+        match self.job.pmix.as_ref() {
             Some(px) => px.book.borrow().procs(op, procs),
             None => Err(Failure::Other),
         }
@@ -400,7 +485,7 @@ impl State {
             Ok(p) => p,
             Err(why) => return f.reply.fail(why),
         };
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return f.reply.fail(Failure::Other);
         };
         let id = px.book.get_mut().fence_id(procs);
@@ -417,7 +502,7 @@ impl State {
         } else {
             FenceMode::SyncOnly
         };
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return f.reply.fail(Failure::Other);
         };
         let now = std::time::Instant::now();
@@ -462,7 +547,7 @@ impl State {
             Ok(p) => p,
             Err(why) => return g.reply.fail(why),
         };
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return g.reply.fail(Failure::Other);
         };
         let id = px.book.get_mut().group_id(g.construct, procs, g.id.clone());
@@ -486,7 +571,7 @@ impl State {
             let entry = (Scope::Global, group_key(&g.id), Value::Bytes(g.endpt));
             self.commit(first, vec![entry]);
         }
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return g.reply.fail(Failure::Other);
         };
         let req = px.book.get_mut().on_group(id.clone(), g.reply);
@@ -507,7 +592,7 @@ impl State {
     /// by name, their number, one's members. Keys this host does not know are left out;
     /// none known: not supported; an unknown set: not found.
     fn pmix_query(&mut self, q: Query) {
-        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_ref() else {
             return q.reply.fail(Failure::Other);
         };
         let mut sets: Vec<(String, Vec<Rank>)> = self
@@ -533,6 +618,7 @@ impl State {
     /// end.
     pub(super) fn pmix_reply(&self, msg: &ServerMsg) {
         let ended = self
+            .job
             .pmix
             .as_ref()
             .and_then(|px| px.book.borrow_mut().on_core_reply(msg));
@@ -604,7 +690,8 @@ impl State {
     }
 
     fn pmix_dmodex(&mut self, d: DirectModex) {
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let px_nspace = d.proc.nspace.clone();
+        let Some(px) = self.job.pmix.as_mut() else {
             return d.reply.fail(Failure::Other);
         };
         let ended = &self.job.procs;
@@ -616,7 +703,11 @@ impl State {
             Err((reply, why)) => reply.fail(why),
             Ok(Ask { qid, node, rank }) => {
                 if let Some(t) = d.timeout {
-                    after(&self.io.ev, t, Event::Pmix(PmixEv::DmodexTimeout { qid }));
+                    let e = Event::Pmix {
+                        nspace: px_nspace.clone(),
+                        ev: PmixEv::DmodexTimeout { qid },
+                    };
+                    after(&self.io.ev, t, e);
                 }
                 self.send_peer(node, &JobMsg::PmixDmodexReq { qid, rank });
             }
@@ -630,7 +721,7 @@ impl State {
             qid,
             result: Err(DmodexFailure::Other(why)),
         };
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let (Some(px), Some(front)) = (self.job.pmix.as_mut(), self.pmix.as_ref()) else {
             let m = refuse(format!("node {} does not serve PMIx", self.node));
             return self.send_peer(from, &m);
         };
@@ -648,12 +739,16 @@ impl State {
         px.book.get_mut().on_serving(qid, from, rank);
         let ev = self.io.ev.clone();
         let nspace = px.nspace.clone();
-        let asked = px.server.dmodex_request(&nspace, rank, move |result| {
-            let _ = ev.send(Event::Pmix(PmixEv::Served {
-                qid,
-                to: from,
-                result,
-            }));
+        let of = nspace.clone();
+        let asked = front.server.dmodex_request(&nspace, rank, move |result| {
+            let _ = ev.send(Event::Pmix {
+                nspace: of,
+                ev: PmixEv::Served {
+                    qid,
+                    to: from,
+                    result,
+                },
+            });
         });
         if let Err(e) = asked {
             px.book.get_mut().on_served(qid);
@@ -665,6 +760,7 @@ impl State {
     /// The answer of another node to direct modex `qid`.
     pub(super) fn pmix_served(&mut self, qid: u64, result: Result<Vec<u8>, DmodexFailure>) {
         let answered = self
+            .job
             .pmix
             .as_mut()
             .and_then(|px| px.book.get_mut().on_answered(qid));
@@ -691,12 +787,12 @@ impl State {
         if finalized {
             return;
         }
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let (Some(px), Some(front)) = (self.job.pmix.as_mut(), self.pmix.as_ref()) else {
             return;
         };
         // The node's clients hear of it (Open MPI's default handler ends the process;
         // a Weft program names the rank).
-        px.server.notify_ended(&px.nspace, rank, None);
+        front.server.notify_ended(&px.nspace, rank, None);
         let (failed, served) = px.book.get_mut().on_rank_ended(rank);
         for reply in failed {
             reply.fail(Failure::ProcGone);

@@ -34,7 +34,7 @@ impl State {
     /// A local client's event for processes beyond this node.
     pub(super) fn pmix_notify(&mut self, n: Notification) {
         let size = self.job.plan.job.size();
-        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_ref() else {
             return n.reply.fail(Failure::Other);
         };
         let source = match n.source.rank {
@@ -63,7 +63,7 @@ impl State {
         };
         let members = targets.unwrap_or_default();
         if n.code == codes::GROUP_INVITED {
-            let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+            let Some(px) = self.job.pmix.as_mut() else {
                 return n.reply.fail(Failure::Other);
             };
             let procs = &self.job.procs;
@@ -106,14 +106,14 @@ impl State {
         if code != codes::GROUP_INVITED {
             self.pmix_invite_event(code, source, group.as_deref(), &members);
         }
-        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
+        let (Some(px), Some(front)) = (self.job.pmix.as_ref(), self.pmix.as_ref()) else {
             return;
         };
         let src = ProcName {
             nspace: px.nspace.clone(),
             rank: Some(source),
         };
-        if let Err(e) = px
+        if let Err(e) = front
             .server
             .notify_packed(code, &src, Range::from_raw(range), &info)
         {
@@ -124,7 +124,7 @@ impl State {
     /// Event `code` of rank `source` (here or on another node) to `members`, other than
     /// an invitation: a group constructed by invitation, or an invitee's answer.
     fn pmix_invite_event(&mut self, code: i32, source: Rank, group: Option<&str>, to: &[Rank]) {
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return;
         };
         let book = px.book.get_mut();
@@ -140,7 +140,7 @@ impl State {
     /// Rank `rank` ended (`reason`): the invitations it led are forgotten, those still
     /// waiting for it cannot complete.
     pub(super) fn pmix_invites_lose(&mut self, rank: Rank, reason: &str) {
-        let Some(px) = self.pmix.as_mut().filter(|px| px.ns == self.job.ns) else {
+        let Some(px) = self.job.pmix.as_mut() else {
             return;
         };
         let acts = px.book.get_mut().on_invitee_gone(rank, reason);

@@ -45,7 +45,7 @@ impl State {
     /// when every channel took its message (with `PMIX_LOG_ONCE`, when one did), else
     /// not supported.
     pub(super) fn pmix_log(&mut self, log: Log) {
-        let Some(px) = self.pmix.as_ref().filter(|px| px.ns == self.job.ns) else {
+        let (Some(px), Some(front)) = (self.job.pmix.as_ref(), self.pmix.as_ref()) else {
             return log.reply.fail(Failure::Other);
         };
         let stamp = log.timestamp.map(log_time).or_else(|| {
@@ -66,7 +66,7 @@ impl State {
                     let tag = rank.and_then(|r| output::output_tag(&self.job.plan, r, stream));
                     if !text.is_empty() {
                         let lines = log_lines(text, stamp.as_deref(), tag.as_deref(), stream);
-                        let _ = px.output.send(Chunk::Data(is_err, lines));
+                        let _ = front.output.send(Chunk::Data(is_err, lines));
                     }
                     served += 1;
                 }

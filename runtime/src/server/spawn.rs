@@ -44,7 +44,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     // Open MPI's way in (PMIx: the library's contact for this rank; `pmix`).
-    if let Some(px) = st.pmix.as_ref().filter(|px| px.ns == st.job.ns) {
+    if let Some(px) = st.job.pmix.as_ref() {
         for (k, v) in px.env_of(rank) {
             cmd.env(k, v);
         }
