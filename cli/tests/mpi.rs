@@ -6,8 +6,8 @@
 //! `--timeout`, `--no-pmix`; OpenPMIx's own examples `log.c` (`PMIx_Log` to stderr with a
 //! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
-//! complete) and `dynamic.c` (`PMIx_Spawn` of a child job) on one node and on 2 logical
-//! nodes; skipped without Open MPI or libpmix unless
+//! complete), `dynamic.c` (`PMIx_Spawn` of a child job), `pub.c` and `pubi.c`
+//! (publish/lookup) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
 //! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
 //! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
@@ -574,6 +574,38 @@ fn pmix_spawn_example_starts_a_child_job_on_one_and_two_nodes() {
             assert_eq!(err_lines(&d, &want).len(), n, "{want}\n{}", d.dump());
         }
         clean(&name, &d);
+    }
+}
+
+/// OpenPMIx's `pub.c` and `pubi.c` (issue 33): rank 0 publishes two keys (a `uint8` and a
+/// `size`), the others look one up after a fence and check its value, type and publisher,
+/// rank 0 withdraws both: on one node and on 2 logical nodes (the names live on the root
+/// server). (`mpirun.openmpi` passes `pub.c`; `pubi.c` hits an Open MPI bug there.)
+#[test]
+fn pmix_publish_lookup_examples_on_one_and_two_nodes() {
+    for example in ["pub", "pubi"] {
+        let Some(prog) = pmix_example(example) else {
+            return;
+        };
+        for nodes in ["1", "2"] {
+            let name = format!("pmix-{example}-{nodes}");
+            let d = run(
+                &name,
+                &["--nodes", nodes, "-n", "2", &prog],
+                Duration::from_secs(60),
+            );
+            assert_eq!(d.code(), Some(0), "{}", d.dump());
+            for (want, n) in [
+                ("PUBLISH-LOOKUP SUCCEEDED", 1),
+                ("UNPUBLISH SUCCEEDED", 1),
+                ("PMIx_Finalize successfully completed", 2),
+                ("failed", 0),
+                ("wrong", 0),
+            ] {
+                assert_eq!(err_lines(&d, want).len(), n, "{want}\n{}", d.dump());
+            }
+            clean(&name, &d);
+        }
     }
 }
 

@@ -447,6 +447,19 @@ fn readme_spawn_runs() {
 }
 
 #[test]
+fn readme_names_runs() {
+    let done = run("rd-names", &["-n", "2", &example("readme_names")], T);
+    assert_eq!(done.code(), Some(0), "readme_names: {}", done.dump());
+    let mut got: Vec<String> = done.stdout.lines().map(str::to_owned).collect();
+    got.sort();
+    let nspace = format!("weft-rd-names-{}", std::process::id());
+    let want: Vec<String> = (0..2)
+        .map(|r| format!("rank {r}: my-port published by {nspace}:0"))
+        .collect();
+    expect(&got, &want, "readme_names");
+}
+
+#[test]
 fn readme_messaging_runs() {
     for (name, args) in [
         ("rd-msg1", &["-n", "4"][..]),

@@ -39,6 +39,8 @@ pub enum Failure {
     NotSupported,
     /// The participants' requests disagree, or one is malformed (`PMIX_ERR_BAD_PARAM`).
     Invalid,
+    /// The key exists already (`PMIX_ERR_DUPLICATE_KEY`).
+    Duplicate,
     /// Anything else (`PMIX_ERROR`).
     Other,
 }
@@ -257,6 +259,100 @@ pub trait Host: Send + Sync + 'static {
     fn notify_event(&self, ev: Notification);
     /// A local client asks for a new job (`PMIx_Spawn`); answer with [`SpawnReply`].
     fn spawn(&self, req: Spawn);
+    /// A local client publishes names (`PMIx_Publish`). Not served unless overridden.
+    fn publish(&self, req: Publish) {
+        req.reply.fail(Failure::NotSupported);
+    }
+    /// A local client looks names up (`PMIx_Lookup`). Not served unless overridden.
+    fn lookup(&self, req: Lookup) {
+        req.reply.fail(Failure::NotSupported);
+    }
+    /// A local client withdraws names (`PMIx_Unpublish`). Not served unless overridden.
+    fn unpublish(&self, req: Unpublish) {
+        req.reply.fail(Failure::NotSupported);
+    }
+}
+
+/// A published value as the host keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PubValue {
+    /// A `PMIX_STRING`.
+    Str(String),
+    /// A `PMIX_BYTE_OBJECT`.
+    Bytes(Vec<u8>),
+    /// Any other type: the info as the library packed it (`PMIx_Data_pack`).
+    Packed(Vec<u8>),
+}
+
+/// How long a published name lives (`PMIX_PERSISTENCE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    /// `PMIX_PERSIST_INDEF`.
+    Indef,
+    /// `PMIX_PERSIST_FIRST_READ`.
+    FirstRead,
+    /// `PMIX_PERSIST_PROC`.
+    Proc,
+    /// `PMIX_PERSIST_APP`.
+    App,
+    /// `PMIX_PERSIST_SESSION` (also when none is given).
+    Session,
+}
+
+/// A `PMIx_Publish` of a local client, handed to [`Host::publish`].
+#[derive(Debug)]
+pub struct Publish {
+    /// Who publishes.
+    pub requester: ProcName,
+    /// `PMIX_RANGE` (`None`: not given).
+    pub range: Option<Range>,
+    /// `PMIX_PERSISTENCE`.
+    pub persist: Persist,
+    /// The names: key and value.
+    pub data: Vec<(String, PubValue)>,
+    /// Where the status goes.
+    pub reply: OpReply,
+}
+
+/// A `PMIx_Lookup` of a local client, handed to [`Host::lookup`].
+#[derive(Debug)]
+pub struct Lookup {
+    /// Who looks.
+    pub requester: ProcName,
+    /// `PMIX_RANGE` (`None`: not given).
+    pub range: Option<Range>,
+    /// The keys.
+    pub keys: Vec<String>,
+    /// `PMIX_WAIT`: answer once every key is published.
+    pub wait: bool,
+    /// `PMIX_TIMEOUT`, if given.
+    pub timeout: Option<Duration>,
+    /// Where the names go.
+    pub reply: LookupReply,
+}
+
+/// A `PMIx_Unpublish` of a local client, handed to [`Host::unpublish`].
+#[derive(Debug)]
+pub struct Unpublish {
+    /// Who withdraws.
+    pub requester: ProcName,
+    /// `PMIX_RANGE` (`None`: not given).
+    pub range: Option<Range>,
+    /// The keys (empty: all the requester published).
+    pub keys: Vec<String>,
+    /// Where the status goes.
+    pub reply: OpReply,
+}
+
+/// A name a lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Its key.
+    pub key: String,
+    /// Its publisher.
+    pub publisher: ProcName,
+    /// Its value.
+    pub value: PubValue,
 }
 
 /// One app of a [`Spawn`].
@@ -354,14 +450,20 @@ impl Nspace {
 }
 
 #[cfg(weft_pmix)]
-pub use imp::{preload, GroupReply, ModexReply, Server, SpawnReply};
+pub use imp::{preload, GroupReply, ModexReply, Server};
 #[cfg(weft_pmix)]
 pub use log::{log_time, OpReply};
+#[cfg(weft_pmix)]
+pub use names::LookupReply;
+#[cfg(weft_pmix)]
+pub use spawn::SpawnReply;
 /// Where a query's answers go (the same callback as a group operation's).
 pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
-pub use stub::{log_time, preload, GroupReply, ModexReply, OpReply, Server, SpawnReply};
+pub use stub::{
+    log_time, preload, GroupReply, LookupReply, ModexReply, OpReply, Server, SpawnReply,
+};
 
 #[cfg(not(weft_pmix))]
 mod stub;
@@ -371,6 +473,12 @@ mod imp;
 
 #[cfg(weft_pmix)]
 mod log;
+
+#[cfg(weft_pmix)]
+mod names;
+
+#[cfg(weft_pmix)]
+mod spawn;
 
 #[cfg(weft_pmix)]
 mod events;

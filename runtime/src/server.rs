@@ -77,6 +77,7 @@ mod pmix_events;
 mod pmix_log;
 mod procs;
 mod psets;
+mod published;
 mod spawn;
 
 use conns::{peer_reader, PeerLinks};
@@ -223,6 +224,8 @@ enum Event {
         nspace: String,
         ev: pmix::PmixEv,
     },
+    /// The time of waiting lookup N (on the root server) passed (`published`).
+    NamesExpired(u64),
 }
 
 /// What happens to one job on this node (inside [`Event::Job`]).
@@ -349,6 +352,9 @@ struct State {
     spawns: Spawns,
     /// The jobs that ended here: what still arrives about them is late, not wrong.
     ended: BTreeSet<NsId>,
+    /// The name service: this node's requests in flight, the names on the root
+    /// (`published`).
+    names: published::Names,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -619,6 +625,7 @@ impl State {
             starter,
             spawns: Spawns::default(),
             ended: BTreeSet::new(),
+            names: published::Names::default(),
         }
     }
 
@@ -863,6 +870,7 @@ impl State {
                     }
                 }
             }
+            Event::NamesExpired(id) => self.names_expired(id),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(ToServer::Launch(plan)) => self.launch_job(*plan),
             Event::Ctl(ToServer::TerminateJob { ns, grace_ms }) => {

@@ -229,7 +229,8 @@ impl Conn {
                     | ServerMsg::Failed { req, .. }
                     | ServerMsg::Group { req, .. }
                     | ServerMsg::Groups { req, .. }
-                    | ServerMsg::Spawned { req, .. } => *req,
+                    | ServerMsg::Spawned { req, .. }
+                    | ServerMsg::Names { req, .. } => *req,
                     other => {
                         rx.broken = Some(format!("unexpected message from the server: {other:?}"));
                         self.cv.notify_all();

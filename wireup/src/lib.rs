@@ -39,6 +39,7 @@ mod names;
 mod pmix;
 #[doc(hidden)]
 pub mod proto;
+mod publish;
 mod spawn;
 mod value;
 
@@ -73,8 +74,10 @@ pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use names::{Names, NamesError, NsId, ProcId, ProcSel, MAX_NSPACE_LEN};
 pub use proto::{
-    Event, EventCode, FenceMode, GroupDirectives, GroupInfo, Procs, SpawnApp, PROTOCOL_VERSION,
+    Event, EventCode, FenceMode, GroupDirectives, GroupInfo, NameFailure, NameRange, NameValue,
+    Persistence, Procs, Published, SpawnApp, PROTOCOL_VERSION,
 };
+pub use publish::{LookupOptions, NameError};
 pub use spawn::{SpawnError, Spawned};
 pub use value::{Scope, Value};
 

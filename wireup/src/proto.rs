@@ -20,7 +20,7 @@ use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// How long either end of a new client connection waits for the other's first frame
@@ -279,6 +279,113 @@ pub enum ClientMsg {
     /// Start a new job of `apps` in the caller's runtime (since version 5); answered with
     /// [`ServerMsg::Spawned`] once every process of it was started.
     Spawn { req: u64, apps: Vec<SpawnApp> },
+    /// Publish, look up or unpublish names (since version 6); answered with
+    /// [`ServerMsg::Names`].
+    Names { req: u64, op: NameOp },
+}
+
+/// Who may look a published name up.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub enum NameRange {
+    /// Processes on the publisher's node.
+    Node,
+    /// Processes of the publisher's job (namespace).
+    Namespace,
+    /// Processes of the publisher's session: every job of the runtime (Weft's runtime
+    /// holds one session so far). The default, as in PMIx.
+    #[default]
+    Session,
+    /// Every process the runtime serves.
+    Global,
+}
+
+/// How long a published name lives (at most as long as the runtime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Persistence {
+    /// Until unpublished (or the runtime ends).
+    Indefinite,
+    /// Until the first lookup that returns it.
+    FirstRead,
+    /// Until the publishing process ends.
+    Proc,
+    /// Until the publishing job ends.
+    Job,
+    /// Until the session ends (the runtime, so far). The default, as in PMIx.
+    #[default]
+    Session,
+}
+
+/// A published value: what the publisher gave, kept as given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NameValue {
+    /// Bytes (the native API, a PMIx byte object).
+    Bytes(Vec<u8>),
+    /// A string (a PMIx string: MPI port names).
+    Str(String),
+    /// Another PMIx value, as the publisher's PMIx library packed its info.
+    Pmix(Vec<u8>),
+}
+
+/// A name-service request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NameOp {
+    /// Publish `entries` (key, value): all or none (a key already published in the same
+    /// reach fails the request, naming it).
+    Publish {
+        range: NameRange,
+        persist: Persistence,
+        entries: Vec<(String, NameValue)>,
+    },
+    /// Look `keys` up. Without `wait_ms`, answered at once with the keys found (none
+    /// found: [`NameFailure::NotFound`]); with it, once every key is published, or
+    /// [`NameFailure::Timeout`] after that many milliseconds (`u64::MAX`: no limit).
+    Lookup {
+        range: NameRange,
+        keys: Vec<String>,
+        wait_ms: Option<u64>,
+    },
+    /// Withdraw the caller's `keys` (empty: all it published in `range`).
+    Unpublish { range: NameRange, keys: Vec<String> },
+}
+
+/// A name found by a lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    /// Its key.
+    pub key: String,
+    /// Who published it.
+    pub owner: ProcId,
+    /// The publisher's namespace name.
+    pub nspace: String,
+    /// Its value.
+    pub value: NameValue,
+}
+
+/// Why a name-service request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NameFailure {
+    /// None of these keys is published where the caller may see it (or, unpublishing,
+    /// by the caller).
+    NotFound(Vec<String>),
+    /// These keys are published already in that reach.
+    Duplicate(Vec<String>),
+    /// A waiting lookup's time passed before these keys were published.
+    Timeout(Vec<String>),
+    /// The request was malformed, or the runtime cannot serve it: why.
+    Invalid(String),
+}
+
+impl std::fmt::Display for NameFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameFailure::NotFound(k) => write!(f, "not published: {k:?}"),
+            NameFailure::Duplicate(k) => write!(f, "published already: {k:?}"),
+            NameFailure::Timeout(k) => write!(f, "still not published when the wait ended: {k:?}"),
+            NameFailure::Invalid(why) => f.write_str(why),
+        }
+    }
 }
 
 /// One app context of a spawned job: `np` copies of `program` with `args`, `env` added
@@ -407,6 +514,12 @@ pub enum ServerMsg {
         req: u64,
         ns: NsId,
         nspace: String,
+    },
+    /// The answer to [`ClientMsg::Names`] (since version 6): the names a lookup found
+    /// (none for a publish or unpublish), or why the request failed.
+    Names {
+        req: u64,
+        result: Result<Vec<Published>, NameFailure>,
     },
 }
 

@@ -23,7 +23,10 @@ use crate::PmixError;
 ///
 /// # Safety
 /// `info` is null or points to `n` valid infos.
-unsafe fn pack(info: *mut sys::pmix_info_t, n: usize) -> Result<Vec<u8>, sys::pmix_status_t> {
+pub(super) unsafe fn pack(
+    info: *mut sys::pmix_info_t,
+    n: usize,
+) -> Result<Vec<u8>, sys::pmix_status_t> {
     // SAFETY: all zeroes is an empty buffer (PMIX_DATA_BUFFER_CONSTRUCT).
     let mut buf: sys::pmix_data_buffer_t = unsafe { std::mem::zeroed() };
     let mut count = if info.is_null() { 0 } else { n };
@@ -78,7 +81,7 @@ unsafe fn pack(info: *mut sys::pmix_info_t, n: usize) -> Result<Vec<u8>, sys::pm
 }
 
 /// The infos [`pack`] packed.
-fn unpack(bytes: &[u8]) -> Result<Infos, sys::pmix_status_t> {
+pub(super) fn unpack(bytes: &[u8]) -> Result<Infos, sys::pmix_status_t> {
     if bytes.is_empty() {
         return Ok(Infos::new());
     }

@@ -29,6 +29,19 @@ impl SpawnReply {
     pub fn fail(self, _why: Failure) {}
 }
 
+/// Where a lookup's names go (none exists in this build).
+#[derive(Debug)]
+pub struct LookupReply {
+    _none: (),
+}
+
+impl LookupReply {
+    /// Never called (no reply exists in this build).
+    pub fn found(self, _names: Vec<Found>) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
 /// Nothing to load in this build.
 pub fn preload() {}
 

@@ -410,6 +410,8 @@ impl State {
         let acts = self.job.modex.ended(rank, finalized, &reason);
         self.apply(acts);
         self.pmix_rank_ended(rank, &reason, finalized);
+        let proc = weft_wireup::ProcId::new(self.job.ns, rank);
+        self.names.registry.proc_gone(proc);
         // Published in the datastore so that clients waiting on this rank in a transport
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);

@@ -149,6 +149,7 @@ impl State {
     pub(super) fn on_peer(&mut self, msg: PeerMsg) {
         match msg {
             PeerMsg::Hello { .. } => {}
+            PeerMsg::Names(m) => self.on_names_msg(m),
             PeerMsg::Job { ns, msg } if self.focus(ns) => self.on_job_msg(msg),
             PeerMsg::Job { ns, msg } if self.ended.contains(&ns) => {
                 tracing::debug!(

@@ -144,6 +144,7 @@ pub(super) fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::GroupInvite { .. } => "group invite",
         ClientMsg::GroupJoin { .. } => "group join",
         ClientMsg::Spawn { .. } => "spawn",
+        ClientMsg::Names { .. } => "names",
     }
 }
 
@@ -283,6 +284,9 @@ impl State {
                 self.get(conn, req, target, key, flags, timeout_ms)
             }
             ClientMsg::Spawn { req, apps } => self.spawn_request(rank, conn, req, apps),
+            ClientMsg::Names { req, op } => {
+                self.names_request(rank, super::published::NameReply::Native { conn, req }, op)
+            }
             ClientMsg::Finalize { req, at_exit } => {
                 let acts = self.job.procs.on_finalize(rank, at_exit);
                 self.apply_procs(acts);

@@ -78,6 +78,10 @@ pub(super) enum PmixEv {
     },
     /// A client's `PMIx_Spawn`.
     Spawn(weft_pmix::server::Spawn),
+    /// A client's `PMIx_Publish`, `PMIx_Lookup` or `PMIx_Unpublish` (`published`).
+    Publish(weft_pmix::server::Publish),
+    Lookup(weft_pmix::server::Lookup),
+    Unpublish(weft_pmix::server::Unpublish),
 }
 
 impl PmixEv {
@@ -92,6 +96,9 @@ impl PmixEv {
             PmixEv::Notify(n) => n.reply.fail(Failure::NotFound),
             PmixEv::Log(l) => l.reply.fail(Failure::NotFound),
             PmixEv::Spawn(s) => s.reply.fail(Failure::NotFound),
+            PmixEv::Publish(p) => p.reply.fail(Failure::NotFound),
+            PmixEv::Lookup(l) => l.reply.fail(Failure::NotFound),
+            PmixEv::Unpublish(u) => u.reply.fail(Failure::NotFound),
             PmixEv::Connected(_)
             | PmixEv::Finalized(_)
             | PmixEv::Abort { .. }
@@ -175,6 +182,18 @@ impl Host for Bridge {
     fn spawn(&self, s: weft_pmix::server::Spawn) {
         let ns = s.requester.nspace.clone();
         self.send(&ns, PmixEv::Spawn(s));
+    }
+    fn publish(&self, p: weft_pmix::server::Publish) {
+        let ns = p.requester.nspace.clone();
+        self.send(&ns, PmixEv::Publish(p));
+    }
+    fn lookup(&self, l: weft_pmix::server::Lookup) {
+        let ns = l.requester.nspace.clone();
+        self.send(&ns, PmixEv::Lookup(l));
+    }
+    fn unpublish(&self, u: weft_pmix::server::Unpublish) {
+        let ns = u.requester.nspace.clone();
+        self.send(&ns, PmixEv::Unpublish(u));
     }
 }
 
@@ -439,6 +458,9 @@ impl State {
             PmixEv::Notify(n) => self.pmix_notify(n),
             PmixEv::Dmodex(d) => self.pmix_dmodex(d),
             PmixEv::Spawn(s) => self.pmix_spawn(s),
+            PmixEv::Publish(p) => self.pmix_publish(p),
+            PmixEv::Lookup(l) => self.pmix_lookup(l),
+            PmixEv::Unpublish(u) => self.pmix_unpublish(u),
             PmixEv::Served { qid, to, result } => {
                 let still = self
                     .job

@@ -53,8 +53,8 @@ pub struct ModexData {
 /// (`PROTOCOL_VERSION`), so a change between servers does not refuse an application built
 /// against the same client protocol. Version 5 puts every message between servers in a
 /// job's envelope (`PeerMsg::Job`); before it the runtime used the client protocol's
-/// number (4).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 5;
+/// number (4). Version 6 adds the name service (`PeerMsg::Names`).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 6;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,6 +67,34 @@ pub enum PeerMsg {
     },
     /// A message between the servers of job `ns` (a server may serve several jobs).
     Job { ns: NsId, msg: JobMsg },
+    /// The name service: requests to the root server, which keeps the published names,
+    /// and its answers.
+    Names(NamesMsg),
+}
+
+/// Who makes a name-service request: the process, its namespace's name and its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameCaller {
+    pub proc: weft_wireup::ProcId,
+    pub nspace: String,
+    pub node: u32,
+}
+
+/// Inside [`PeerMsg::Names`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NamesMsg {
+    /// To the root server: request `qid` of node `from`'s process `who`.
+    Req {
+        qid: u64,
+        from: u32,
+        who: NameCaller,
+        op: NameOp,
+    },
+    /// From the root server: the answer to request `qid`.
+    Resp {
+        qid: u64,
+        result: Result<Vec<Published>, NameFailure>,
+    },
 }
 
 /// [`PeerMsg::Job`] borrowed, for encoding a job's message without copying it: encodes

@@ -1,0 +1,146 @@
+//! `PMIx_Spawn` through the host: the library's `spawn` upcall and [`SpawnReply`].
+
+use std::ffi::{c_void, CStr};
+
+use super::imp::{host, name_of};
+use super::*;
+use crate::client::SUCCESS;
+use crate::sys;
+
+/// Where a spawn's result goes: the library's callback, called exactly once (by
+/// [`SpawnReply::ok`], [`SpawnReply::fail`] or, unanswered, on drop with `PMIX_ERROR`).
+pub struct SpawnReply {
+    cb: sys::pmix_spawn_cbfunc_t,
+    cbdata: *mut c_void,
+}
+
+impl std::fmt::Debug for SpawnReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnReply")
+    }
+}
+
+// SAFETY: as for `ModexReply`: the callback may be called from any thread.
+unsafe impl Send for SpawnReply {}
+
+impl SpawnReply {
+    /// The job was started: its namespace.
+    pub fn ok(mut self, nspace: &str) {
+        let Some(cb) = self.cb.take() else { return };
+        // A namespace is at most PMIX_MAX_NSLEN bytes and has no NUL (Weft's are ASCII).
+        let mut name = nspace.as_bytes().to_vec();
+        name.truncate(sys::PMIX_MAX_NSLEN as usize);
+        name.retain(|&b| b != 0);
+        name.push(0);
+        // SAFETY: `cb` and `cbdata` came together from the library, which expects this
+        // call once and copies the namespace before it returns.
+        unsafe { cb(SUCCESS, name.as_mut_ptr().cast(), self.cbdata) };
+    }
+
+    /// The spawn failed.
+    pub fn fail(mut self, why: Failure) {
+        let Some(cb) = self.cb.take() else { return };
+        // SAFETY: as in `ok`; no namespace on failure.
+        unsafe { cb(why.status(), std::ptr::null_mut(), self.cbdata) };
+    }
+}
+
+impl Drop for SpawnReply {
+    fn drop(&mut self) {
+        if self.cb.is_some() {
+            let me = SpawnReply {
+                cb: self.cb.take(),
+                cbdata: self.cbdata,
+            };
+            me.fail(Failure::Other);
+        }
+    }
+}
+
+/// The strings of a NULL-terminated array (none for a null pointer).
+///
+/// # Safety
+/// `p` is null or a NULL-terminated array of NUL-terminated strings.
+pub(super) unsafe fn strings_of(p: *mut *mut std::os::raw::c_char) -> Vec<String> {
+    let mut out = Vec::new();
+    if p.is_null() {
+        return out;
+    }
+    let mut i = 0;
+    loop {
+        // SAFETY: within the NULL-terminated array (the caller's contract).
+        let s = unsafe { *p.add(i) };
+        if s.is_null() {
+            break;
+        }
+        // SAFETY: a NUL-terminated string (the caller's contract).
+        out.push(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned());
+        i += 1;
+    }
+    out
+}
+
+pub(super) unsafe extern "C" fn spawn(
+    proc_: *const sys::pmix_proc_t,
+    _job_info: *const sys::pmix_info_t,
+    _ninfo: usize,
+    apps: *const sys::pmix_app_t,
+    napps: usize,
+    cb: sys::pmix_spawn_cbfunc_t,
+    cbdata: *mut c_void,
+) -> sys::pmix_status_t {
+    let Some(h) = host() else {
+        return sys::PMIX_ERR_NOT_SUPPORTED;
+    };
+    if proc_.is_null() || (apps.is_null() && napps > 0) {
+        return sys::PMIX_ERR_BAD_PARAM;
+    }
+    let mut out = Vec::with_capacity(napps);
+    for i in 0..napps {
+        // SAFETY: the library passes `napps` valid apps.
+        let a = unsafe { &*apps.add(i) };
+        // SAFETY: the app's strings are NUL-terminated, its arrays NULL-terminated.
+        let argv = unsafe { strings_of(a.argv) };
+        // No command: argv[0] is the program (as OpenPMIx's dynamic.c spawns).
+        let cmd = if a.cmd.is_null() {
+            match argv.first() {
+                Some(c) => c.clone(),
+                None => return sys::PMIX_ERR_BAD_PARAM,
+            }
+        } else {
+            // SAFETY: as above.
+            unsafe { CStr::from_ptr(a.cmd) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        // SAFETY: as above.
+        let env = unsafe { strings_of(a.env) }
+            .into_iter()
+            .filter_map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        let cwd = (!a.cwd.is_null()).then(|| {
+            // SAFETY: as above (checked non-null).
+            unsafe { CStr::from_ptr(a.cwd) }
+                .to_string_lossy()
+                .into_owned()
+        });
+        out.push(SpawnApp {
+            cmd,
+            // argv[0] is the program's name.
+            args: argv.into_iter().skip(1).collect(),
+            env,
+            cwd,
+            maxprocs: u32::try_from(a.maxprocs).unwrap_or(0),
+        });
+    }
+    h.spawn(Spawn {
+        // SAFETY: checked non-null; the library's valid name.
+        requester: unsafe { name_of(proc_) },
+        apps: out,
+        reply: SpawnReply { cb, cbdata },
+    });
+    SUCCESS
+}
