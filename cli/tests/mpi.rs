@@ -7,7 +7,8 @@
 //! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
 //! complete), `dynamic.c` (`PMIx_Spawn` of a child job), `pub.c` and `pubi.c`
-//! (publish/lookup) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
+//! (publish/lookup), and `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`) on one
+//! node and on 2 logical nodes; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
 //! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
 //! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
@@ -606,6 +607,58 @@ fn pmix_publish_lookup_examples_on_one_and_two_nodes() {
             }
             clean(&name, &d);
         }
+    }
+}
+
+/// `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`, issue 33): rank 0 spawns 2
+/// children and publishes their namespace, rank 1 looks it up (waiting); all 4 connect the
+/// two namespaces, read "who" of the other job's rank 0 (a direct modex across jobs, across
+/// nodes with `--nodes 2`), and disconnect. Then children that exit before connecting
+/// make the parents' connect fail at once instead of hanging.
+#[test]
+fn pmix_connect_joins_a_spawned_job_and_fails_when_it_dies() {
+    if pmix_client().is_none() {
+        return;
+    }
+    let prog = build_c("cc", "pmix_connect.c", "pmix_connect", &pmix_flags());
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-connect-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &prog, "2"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let job = format!("weft-{name}-{}", std::process::id());
+        let child = format!("{job}.2");
+        for (me, other) in [(&job, &child), (&child, &job)] {
+            for r in 0..2 {
+                for want in [
+                    format!("{me}:{r} connected with {other}"),
+                    format!("{me}:{r} read who={other}:0"),
+                    format!("{me}:{r} disconnected"),
+                ] {
+                    assert!(d.stdout.lines().any(|l| l == want), "{want}\n{}", d.dump());
+                }
+            }
+        }
+        assert!(!d.stdout.contains("FAILED"), "{}", d.dump());
+        clean(&name, &d);
+        let name = format!("pmix-connect-die-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &prog, "2", "die"],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(1), "{}", d.dump());
+        let failed = d
+            .stdout
+            .lines()
+            .filter(|l| l.contains("FAILED PMIx_Connect"))
+            .count();
+        assert!(failed >= 1, "{}", d.dump());
+        assert!(d.elapsed < Duration::from_secs(20), "{}", d.dump());
+        clean(&name, &d);
     }
 }
 

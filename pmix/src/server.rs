@@ -271,6 +271,25 @@ pub trait Host: Send + Sync + 'static {
     fn unpublish(&self, req: Unpublish) {
         req.reply.fail(Failure::NotSupported);
     }
+    /// The local participants of a `PMIx_Connect` or `PMIx_Disconnect` all called it.
+    /// Not served unless overridden.
+    fn connect(&self, req: Connect) {
+        req.reply.fail(Failure::NotSupported);
+    }
+}
+
+/// A `PMIx_Connect` or `PMIx_Disconnect` (a collective of processes of one or several
+/// namespaces), handed to [`Host::connect`] once this node's participants all called it.
+#[derive(Debug)]
+pub struct Connect {
+    /// The participants (a wildcard rank: the whole namespace).
+    pub procs: Vec<ProcName>,
+    /// `PMIx_Disconnect`.
+    pub disconnect: bool,
+    /// `PMIX_TIMEOUT`, if given.
+    pub timeout: Option<Duration>,
+    /// Where the status goes, once every participant called it.
+    pub reply: OpReply,
 }
 
 /// A published value as the host keeps it.
@@ -476,6 +495,9 @@ mod log;
 
 #[cfg(weft_pmix)]
 mod names;
+
+#[cfg(weft_pmix)]
+mod connect;
 
 #[cfg(weft_pmix)]
 mod spawn;

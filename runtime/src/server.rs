@@ -58,6 +58,7 @@ use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::{NsId, ProcId, Rank};
 
 mod actions;
+mod connect;
 mod conns;
 mod fence;
 mod groups;
@@ -226,6 +227,8 @@ enum Event {
     },
     /// The time of waiting lookup N (on the root server) passed (`published`).
     NamesExpired(u64),
+    /// A connect's `PMIX_TIMEOUT` passed here (`connect`).
+    ConnectTimeout(crate::wire::proto::ConnectId),
 }
 
 /// What happens to one job on this node (inside [`Event::Job`]).
@@ -355,6 +358,8 @@ struct State {
     /// The name service: this node's requests in flight, the names on the root
     /// (`published`).
     names: published::Names,
+    /// Connects across jobs: this node's calls, the root's open ones (`connect`).
+    connects: connect::Connects,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -626,6 +631,7 @@ impl State {
             spawns: Spawns::default(),
             ended: BTreeSet::new(),
             names: published::Names::default(),
+            connects: connect::Connects::default(),
         }
     }
 
@@ -871,6 +877,7 @@ impl State {
                 }
             }
             Event::NamesExpired(id) => self.names_expired(id),
+            Event::ConnectTimeout(id) => self.connect_timeout(id),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(ToServer::Launch(plan)) => self.launch_job(*plan),
             Event::Ctl(ToServer::TerminateJob { ns, grace_ms }) => {

@@ -622,6 +622,8 @@ impl Server {
         module.publish = Some(super::names::publish);
         module.lookup = Some(super::names::lookup);
         module.unpublish = Some(super::names::unpublish);
+        module.connect = Some(super::connect::connect);
+        module.disconnect = Some(super::connect::disconnect);
         let mut info = Infos::new();
         for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
             info.push_string(k, dir_s)

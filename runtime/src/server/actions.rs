@@ -439,5 +439,6 @@ impl State {
             .on_proc_gone(rank, &reason, &mut self.pgcids);
         self.apply_invitations(acts);
         self.pmix_invites_lose(rank, &reason);
+        self.connect_proc_gone();
     }
 }

@@ -150,6 +150,7 @@ impl State {
         match msg {
             PeerMsg::Hello { .. } => {}
             PeerMsg::Names(m) => self.on_names_msg(m),
+            PeerMsg::Connect(m) => self.on_connect_msg(m),
             PeerMsg::Job { ns, msg } if self.focus(ns) => self.on_job_msg(msg),
             PeerMsg::Job { ns, msg } if self.ended.contains(&ns) => {
                 tracing::debug!(

@@ -82,6 +82,8 @@ pub(super) enum PmixEv {
     Publish(weft_pmix::server::Publish),
     Lookup(weft_pmix::server::Lookup),
     Unpublish(weft_pmix::server::Unpublish),
+    /// This node's participants of a `PMIx_Connect`/`PMIx_Disconnect` (`connect`).
+    Connect(weft_pmix::server::Connect),
 }
 
 impl PmixEv {
@@ -99,6 +101,7 @@ impl PmixEv {
             PmixEv::Publish(p) => p.reply.fail(Failure::NotFound),
             PmixEv::Lookup(l) => l.reply.fail(Failure::NotFound),
             PmixEv::Unpublish(u) => u.reply.fail(Failure::NotFound),
+            PmixEv::Connect(c) => c.reply.fail(Failure::NotFound),
             PmixEv::Connected(_)
             | PmixEv::Finalized(_)
             | PmixEv::Abort { .. }
@@ -194,6 +197,15 @@ impl Host for Bridge {
     fn unpublish(&self, u: weft_pmix::server::Unpublish) {
         let ns = u.requester.nspace.clone();
         self.send(&ns, PmixEv::Unpublish(u));
+    }
+    fn connect(&self, c: weft_pmix::server::Connect) {
+        // Any participant's job will do: a connect is the node's, not one job's.
+        let ns = c
+            .procs
+            .first()
+            .map(|p| p.nspace.clone())
+            .unwrap_or_default();
+        self.send(&ns, PmixEv::Connect(c));
     }
 }
 
@@ -461,6 +473,7 @@ impl State {
             PmixEv::Publish(p) => self.pmix_publish(p),
             PmixEv::Lookup(l) => self.pmix_lookup(l),
             PmixEv::Unpublish(u) => self.pmix_unpublish(u),
+            PmixEv::Connect(c) => self.pmix_connect(c),
             PmixEv::Served { qid, to, result } => {
                 let still = self
                     .job

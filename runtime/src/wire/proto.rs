@@ -53,7 +53,8 @@ pub struct ModexData {
 /// (`PROTOCOL_VERSION`), so a change between servers does not refuse an application built
 /// against the same client protocol. Version 5 puts every message between servers in a
 /// job's envelope (`PeerMsg::Job`); before it the runtime used the client protocol's
-/// number (4). Version 6 adds the name service (`PeerMsg::Names`).
+/// number (4). Version 6 adds the name service (`PeerMsg::Names`) and connects
+/// (`PeerMsg::Connect`).
 pub const RUNTIME_PROTOCOL_VERSION: u32 = 6;
 
 /// Server to server (TCP): a hello, then messages each about one job.
@@ -70,6 +71,31 @@ pub enum PeerMsg {
     /// The name service: requests to the root server, which keeps the published names,
     /// and its answers.
     Names(NamesMsg),
+    /// A connect or disconnect of processes of one or several jobs (PMIx_Connect),
+    /// completed by the root server.
+    Connect(ConnectMsg),
+}
+
+/// One connect or disconnect: its participants (namespace, rank or `None` for the whole
+/// namespace; sorted), which call, and how many such calls of the same participants came
+/// before it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ConnectId {
+    pub procs: Vec<(NsId, Option<Rank>)>,
+    pub disconnect: bool,
+    pub seq: u64,
+}
+
+/// Inside [`PeerMsg::Connect`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConnectMsg {
+    /// To the root server: node `node`'s participants of `id` all called it.
+    Arrive { id: ConnectId, node: u32 },
+    /// From the root server: `id` is complete, or why it cannot be.
+    Done {
+        id: ConnectId,
+        result: Result<(), String>,
+    },
 }
 
 /// Who makes a name-service request: the process, its namespace's name and its node.
