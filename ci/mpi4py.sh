@@ -7,22 +7,29 @@
 # passes on every rank under `mpirun` must pass on every rank under `weft run`; the script
 # prints each one that does not, with its outcome, and exits 1 if there is any.
 #
-#   ci/mpi4py.sh [-n "1 2 4"] [--weft PATH] [--spawn]
+#   ci/mpi4py.sh [-n "1 2 4"] [--weft PATH] [--spawn | --dynamic]
 #
-# --spawn runs the dynamic-process tests too (MPI4PY_TEST_SPAWN=1, test_spawn and
-# test_dynproc); without it they are excluded from both runs (Weft has no spawn yet).
+# --spawn runs the dynamic-process tests too (test_spawn: MPI_Comm_spawn and
+# spawn_multiple; test_dynproc: publish/lookup, accept/connect, join); without it they are
+# excluded from both runs. --dynamic runs only those. mpi4py 3.1.4 runs them whenever
+# runtests.py is not told to exclude them (MPI4PY_TEST_SPAWN, set too, is for later
+# versions). Open MPI's mpirun hangs in them at 2 processes and more (it never finishes a
+# spawn's connect), so its run is cut after WEFT_MPI4PY_MPIRUN_TIMEOUT seconds (1200; 240
+# with --dynamic): what it passed before is what weft run must pass.
 # Needs: python3-mpi4py, python3-pip, openmpi-bin (ci/deps.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-counts="1 2 4" weft=$PWD/target/debug/weft spawn=0
+counts="1 2 4" weft=$PWD/target/debug/weft spawn=0 only=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     -n) counts=$2; shift 2 ;;
     --weft) weft=$2; shift 2 ;;
     --spawn) spawn=1; shift ;;
-    *) echo "usage: ci/mpi4py.sh [-n \"1 2 4\"] [--weft PATH] [--spawn]" >&2; exit 2 ;;
+    --dynamic) spawn=1 only=1; shift ;;
+    *) echo "usage: ci/mpi4py.sh [-n \"1 2 4\"] [--weft PATH] [--spawn | --dynamic]" >&2; exit 2 ;;
   esac
 done
+mpirun_timeout=${WEFT_MPI4PY_MPIRUN_TIMEOUT:-$([[ $only == 1 ]] && echo 240 || echo 1200)}
 [[ -x $weft ]] || { echo "mpi4py: $weft is not built (cargo build --bins)" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "mpi4py: mpirun not found (openmpi-bin)" >&2; exit 2; }
 py=/usr/bin/python3
@@ -43,6 +50,7 @@ trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 excl=(-e spawn -e dynproc)
 if [[ $spawn == 1 ]]; then excl=(); export MPI4PY_TEST_SPAWN=1; fi
+if [[ $only == 1 ]]; then excl=(-i spawn -i dynproc); fi
 # Each rank writes its verbose unittest output to its own file (the rank comes from the
 # launcher's environment: Open MPI's, or the PMIx/PMI/Weft names weft run sets).
 cat >"$out/rank.sh" <<'EOF'
@@ -61,7 +69,7 @@ for n in $counts; do
     start=$(date +%s)
     rc=0
     if [[ $launcher == mpirun ]]; then
-      MPI4PY_OUT=$dir/r timeout 1200 mpirun -x MPI4PY_OUT -n "$n" "${cmd[@]}" >"$dir/stdout" 2>&1 || rc=$?
+      MPI4PY_OUT=$dir/r timeout "$mpirun_timeout" mpirun -x MPI4PY_OUT -n "$n" "${cmd[@]}" >"$dir/stdout" 2>&1 || rc=$?
     else
       MPI4PY_OUT=$dir/r timeout 1200 "$weft" run -n "$n" "${cmd[@]}" >"$dir/stdout" 2>&1 || rc=$?
     fi

@@ -7,8 +7,8 @@
 //! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
 //! complete), `dynamic.c` (`PMIx_Spawn` of a child job), `pub.c` and `pubi.c`
-//! (publish/lookup), and `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`) on one
-//! node and on 2 logical nodes; skipped without Open MPI or libpmix unless
+//! (publish/lookup), `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`) and Open
+//! MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
 //! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
 //! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
 //! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
@@ -658,6 +658,38 @@ fn pmix_connect_joins_a_spawned_job_and_fails_when_it_dies() {
             .count();
         assert!(failed >= 1, "{}", d.dump());
         assert!(d.elapsed < Duration::from_secs(20), "{}", d.dump());
+        clean(&name, &d);
+    }
+}
+
+/// Open MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`, issue 33): 2 parents spawn 2
+/// children, a message crosses the intercommunicator, both sides merge it and allreduce over
+/// the 4 processes, and `MPI_Comm_disconnect` (a PMIx fence over both jobs, through the root
+/// server when they span nodes) ends it: on one node and on 2 logical nodes.
+#[test]
+fn openmpi_comm_spawn_merges_and_disconnects_on_one_and_two_nodes() {
+    let Some(prog) = openmpi_program("spawn") else {
+        return;
+    };
+    for nodes in ["1", "2"] {
+        let name = format!("ompi-spawn-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", "-x", OMPI_LO, &prog],
+            Duration::from_secs(120),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let mut got: Vec<&str> = d.stdout.lines().collect();
+        got.sort_unstable();
+        let want = [
+            "child 0/2: got 42 merged size 4 sum 4",
+            "child 1/2: got 0 merged size 4 sum 4",
+            "parent 0/2: spawned 2",
+            "parent 0: merged size 4 sum 4",
+            "parent 1/2: spawned 2",
+            "parent 1: merged size 4 sum 4",
+        ];
+        assert_eq!(got, want, "{}", d.dump());
         clean(&name, &d);
     }
 }

@@ -39,7 +39,8 @@ pub enum Failure {
     NotSupported,
     /// The participants' requests disagree, or one is malformed (`PMIX_ERR_BAD_PARAM`).
     Invalid,
-    /// The key exists already (`PMIX_ERR_DUPLICATE_KEY`).
+    /// The name is published already (`PMIX_EXISTS`, which Open MPI's
+    /// `MPI_Publish_name` turns into `MPI_ERR_FILE_EXISTS`).
     Duplicate,
     /// Anything else (`PMIX_ERROR`).
     Other,

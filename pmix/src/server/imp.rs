@@ -27,7 +27,7 @@ impl Failure {
             Failure::NotFound => sys::PMIX_ERR_NOT_FOUND,
             Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
             Failure::Invalid => sys::PMIX_ERR_BAD_PARAM,
-            Failure::Duplicate => sys::PMIX_ERR_DUPLICATE_KEY,
+            Failure::Duplicate => sys::PMIX_EXISTS,
             Failure::Other => sys::PMIX_ERROR,
         }
     }
@@ -40,7 +40,7 @@ impl Failure {
             sys::PMIX_ERR_NOT_FOUND => Failure::NotFound,
             sys::PMIX_ERR_NOT_SUPPORTED => Failure::NotSupported,
             sys::PMIX_ERR_BAD_PARAM => Failure::Invalid,
-            sys::PMIX_ERR_DUPLICATE_KEY => Failure::Duplicate,
+            sys::PMIX_EXISTS => Failure::Duplicate,
             _ => Failure::Other,
         }
     }

@@ -1,12 +1,14 @@
-//! `PMIx_Connect` and `PMIx_Disconnect` across jobs: a collective of processes of one or
-//! several namespaces. Each server whose processes take part hands its arrival to the root
-//! server (node 0) once the PMIx library gathered its local participants; the root answers
-//! every such node when all have arrived, or fails the call when a participant ended
-//! before its node arrived. After a connect, the participants read each other's data as
-//! usual (every server knows every job, and a direct modex is routed by the namespace of
-//! the process asked about).
+//! Collectives across jobs: `PMIx_Connect`, `PMIx_Disconnect`, and a PMIx fence whose
+//! participants are of several namespaces (Open MPI's `MPI_Comm_disconnect` fences the
+//! processes of both jobs). Each server whose processes take part hands its arrival (and a
+//! fence's data) to the root server (node 0) once the PMIx library gathered its local
+//! participants; the root answers every such node when all have arrived (with every node's
+//! data), or fails the call when a participant ended before its node arrived. After a
+//! connect, the participants read each other's data as usual (every server knows every
+//! job, and a direct modex is routed by the namespace of the process asked about).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use weft_pmix::server as px;
 use weft_wireup::{NsId, ProcId, Rank};
@@ -14,7 +16,7 @@ use weft_wireup::{NsId, ProcId, Rank};
 use super::job::Job;
 use super::{after, Event, State};
 use crate::wire::frame;
-use crate::wire::proto::{ConnectId, ConnectMsg, PeerMsg};
+use crate::wire::proto::{ConnectId, ConnectMsg, CrossKind, PeerMsg};
 
 /// The node whose server completes connects.
 const ROOT: u32 = 0;
@@ -22,19 +24,26 @@ const ROOT: u32 = 0;
 /// A connect's participants: namespace and rank (`None`: the whole namespace).
 type Participants = Vec<(NsId, Option<Rank>)>;
 
-/// A connect the root waits on.
+/// A collective the root waits on: the nodes it needs, those arrived with their data.
 #[derive(Debug)]
 struct Open {
     need: BTreeSet<u32>,
-    arrived: BTreeSet<u32>,
+    arrived: BTreeMap<u32, Vec<u8>>,
+}
+
+/// Where a local call's result goes.
+#[derive(Debug)]
+enum Reply {
+    Op(px::OpReply),
+    Modex(px::ModexReply),
 }
 
 /// A server's part of connects: its own calls waiting for the root, how many calls of each
 /// participant set it made, and (on the root) the calls not complete yet.
 #[derive(Debug, Default)]
 pub(super) struct Connects {
-    waiting: HashMap<ConnectId, px::OpReply>,
-    seqs: HashMap<(Participants, bool), u64>,
+    waiting: HashMap<ConnectId, Reply>,
+    seqs: HashMap<(Participants, CrossKind), u64>,
     open: HashMap<ConnectId, Open>,
 }
 
@@ -72,7 +81,7 @@ impl State {
     }
 
     /// The first participant of `id` that ended on a node that has not arrived, and why.
-    fn connect_lost(&self, id: &ConnectId, arrived: &BTreeSet<u32>) -> Option<String> {
+    fn connect_lost(&self, id: &ConnectId, arrived: &BTreeMap<u32, Vec<u8>>) -> Option<String> {
         for &(ns, rank) in &id.procs {
             let job = self.job_of(ns)?;
             let ranks: Vec<Rank> = match rank {
@@ -81,7 +90,7 @@ impl State {
             };
             for r in ranks {
                 let node = job.plan.job.procs.get(r as usize).map(|p| p.node)?;
-                if arrived.contains(&node) {
+                if arrived.contains_key(&node) {
                     continue;
                 }
                 if let Some(why) = job.procs.why_gone(r) {
@@ -94,57 +103,78 @@ impl State {
 
     /// This node's participants of a `PMIx_Connect`/`PMIx_Disconnect` all called it.
     pub(super) fn pmix_connect(&mut self, c: px::Connect) {
-        let mut procs = Vec::with_capacity(c.procs.len());
-        for p in &c.procs {
+        let kind = if c.disconnect {
+            CrossKind::Disconnect
+        } else {
+            CrossKind::Connect
+        };
+        self.cross_start(kind, &c.procs, c.timeout, Vec::new(), Reply::Op(c.reply));
+    }
+
+    /// This node's participants of a PMIx fence over processes of several namespaces
+    /// all arrived with `data`.
+    pub(super) fn pmix_cross_fence(&mut self, f: px::Fence) {
+        let data = if f.collect { f.data } else { Vec::new() };
+        let reply = Reply::Modex(f.reply);
+        self.cross_start(CrossKind::Fence, &f.procs, f.timeout, data, reply);
+    }
+
+    fn cross_start(
+        &mut self,
+        kind: CrossKind,
+        names: &[px::ProcName],
+        timeout: Option<Duration>,
+        data: Vec<u8>,
+        reply: Reply,
+    ) {
+        let mut procs = Vec::with_capacity(names.len());
+        for p in names {
             match self.pmix.as_ref().and_then(|px| px.ns_of(&p.nspace)) {
                 Some(ns) => procs.push((ns, p.rank)),
                 None => {
                     tracing::warn!(
-                        "PMIx_Connect names {:?}, which this runtime does not run",
+                        "PMIx {kind:?} names {:?}, which this runtime does not run",
                         p.nspace
                     );
-                    return c.reply.fail(px::Failure::NotFound);
+                    return fail(reply, px::Failure::NotFound);
                 }
             }
         }
         procs.sort_unstable();
         procs.dedup();
-        let seq = self
-            .connects
-            .seqs
-            .entry((procs.clone(), c.disconnect))
-            .or_insert(0);
+        let seq = self.connects.seqs.entry((procs.clone(), kind)).or_insert(0);
         let id = ConnectId {
             procs,
-            disconnect: c.disconnect,
+            kind,
             seq: *seq,
         };
         *seq += 1;
         if let Err(why) = self.connect_nodes(&id) {
-            tracing::warn!("PMIx_Connect: {why}");
-            return c.reply.fail(px::Failure::NotFound);
+            tracing::warn!("PMIx {kind:?}: {why}");
+            return fail(reply, px::Failure::NotFound);
         }
-        if let Some(t) = c.timeout {
+        if let Some(t) = timeout {
             after(&self.io.ev, t, Event::ConnectTimeout(id.clone()));
         }
-        self.connects.waiting.insert(id.clone(), c.reply);
+        self.connects.waiting.insert(id.clone(), reply);
         let node = self.node;
-        self.connect_send(ROOT, ConnectMsg::Arrive { id, node });
+        self.connect_send(ROOT, ConnectMsg::Arrive { id, node, data });
     }
 
     /// A connect message of another server (or of this one, on the root).
     pub(super) fn on_connect_msg(&mut self, m: ConnectMsg) {
         match m {
-            ConnectMsg::Arrive { id, node } => self.connect_arrive(id, node),
+            ConnectMsg::Arrive { id, node, data } => self.connect_arrive(id, node, data),
             ConnectMsg::Done { id, result } => {
                 let Some(reply) = self.connects.waiting.remove(&id) else {
                     return; // Timed out here already.
                 };
-                match result {
-                    Ok(()) => reply.ok(),
-                    Err(why) => {
-                        tracing::warn!("PMIx_Connect of {:?} failed: {why}", id.procs);
-                        reply.fail(px::Failure::ProcGone);
+                match (result, reply) {
+                    (Ok(_), Reply::Op(r)) => r.ok(),
+                    (Ok(data), Reply::Modex(r)) => r.ok(data),
+                    (Err(why), reply) => {
+                        tracing::warn!("PMIx {:?} of {:?} failed: {why}", id.kind, id.procs);
+                        fail(reply, px::Failure::ProcGone);
                     }
                 }
             }
@@ -152,7 +182,7 @@ impl State {
     }
 
     /// The root: node `node` arrived in `id`.
-    fn connect_arrive(&mut self, id: ConnectId, node: u32) {
+    fn connect_arrive(&mut self, id: ConnectId, node: u32, data: Vec<u8>) {
         if self.node != ROOT {
             return tracing::error!(
                 "node {node} sent a connect to node {}, not the root",
@@ -164,7 +194,7 @@ impl State {
                 Ok(need) => {
                     let open = Open {
                         need,
-                        arrived: BTreeSet::new(),
+                        arrived: BTreeMap::new(),
                     };
                     self.connects.open.insert(id.clone(), open);
                 }
@@ -172,15 +202,16 @@ impl State {
             }
         }
         let open = self.connects.open.get_mut(&id).expect("inserted above");
-        open.arrived.insert(node);
-        if open.arrived.is_superset(&open.need) {
+        open.arrived.insert(node, data);
+        if open.need.iter().all(|n| open.arrived.contains_key(n)) {
             let open = self.connects.open.remove(&id).expect("present");
-            return self.connect_done(&id, open.need, Ok(()));
+            let all: Vec<u8> = open.arrived.into_values().flatten().collect();
+            return self.connect_done(&id, open.need, Ok(all));
         }
-        let arrived = open.arrived.clone();
-        if let Some(why) = self.connect_lost(&id, &arrived) {
+        let lost = self.connect_lost(&id, &self.connects.open[&id].arrived);
+        if let Some(why) = lost {
             let open = self.connects.open.remove(&id).expect("present");
-            self.connect_done(&id, open.arrived, Err(why));
+            self.connect_done(&id, open.arrived.into_keys().collect(), Err(why));
         }
     }
 
@@ -197,7 +228,7 @@ impl State {
             .collect();
         for (id, why) in lost {
             if let Some(o) = self.connects.open.remove(&id) {
-                self.connect_done(&id, o.arrived, Err(why));
+                self.connect_done(&id, o.arrived.into_keys().collect(), Err(why));
             }
         }
     }
@@ -205,12 +236,17 @@ impl State {
     /// Connect `id`'s own call here timed out.
     pub(super) fn connect_timeout(&mut self, id: ConnectId) {
         if let Some(reply) = self.connects.waiting.remove(&id) {
-            tracing::warn!("PMIx_Connect of {:?} timed out", id.procs);
-            reply.fail(px::Failure::Timeout);
+            tracing::warn!("PMIx {:?} of {:?} timed out", id.kind, id.procs);
+            fail(reply, px::Failure::Timeout);
         }
     }
 
-    fn connect_done(&mut self, id: &ConnectId, nodes: BTreeSet<u32>, result: Result<(), String>) {
+    fn connect_done(
+        &mut self,
+        id: &ConnectId,
+        nodes: BTreeSet<u32>,
+        result: Result<Vec<u8>, String>,
+    ) {
         for n in nodes {
             let m = ConnectMsg::Done {
                 id: id.clone(),
@@ -226,5 +262,12 @@ impl State {
         }
         let f = frame::encode(&PeerMsg::Connect(m));
         self.io.peers.send(self.node, node, f, &self.io.ev);
+    }
+}
+
+fn fail(reply: Reply, why: px::Failure) {
+    match reply {
+        Reply::Op(r) => r.fail(why),
+        Reply::Modex(r) => r.fail(why),
     }
 }

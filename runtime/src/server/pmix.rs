@@ -516,6 +516,10 @@ impl State {
     }
 
     fn pmix_fence(&mut self, f: Fence) {
+        let ns = &self.job.plan.job.nspace;
+        if f.procs.iter().any(|p| &p.nspace != ns) {
+            return self.pmix_cross_fence(f);
+        }
         let procs = match self.pmix_procs("fence", &f.procs) {
             Ok(p) => p,
             Err(why) => return f.reply.fail(why),

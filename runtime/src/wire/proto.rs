@@ -76,25 +76,40 @@ pub enum PeerMsg {
     Connect(ConnectMsg),
 }
 
-/// One connect or disconnect: its participants (namespace, rank or `None` for the whole
+/// Which collective across jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum CrossKind {
+    Connect,
+    Disconnect,
+    /// A PMIx fence whose participants are of several namespaces.
+    Fence,
+}
+
+/// One collective across jobs: its participants (namespace, rank or `None` for the whole
 /// namespace; sorted), which call, and how many such calls of the same participants came
 /// before it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ConnectId {
     pub procs: Vec<(NsId, Option<Rank>)>,
-    pub disconnect: bool,
+    pub kind: CrossKind,
     pub seq: u64,
 }
 
 /// Inside [`PeerMsg::Connect`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConnectMsg {
-    /// To the root server: node `node`'s participants of `id` all called it.
-    Arrive { id: ConnectId, node: u32 },
-    /// From the root server: `id` is complete, or why it cannot be.
+    /// To the root server: node `node`'s participants of `id` all called it; `data`: their
+    /// contribution (a fence's, as the node's PMIx library packed it).
+    Arrive {
+        id: ConnectId,
+        node: u32,
+        data: Vec<u8>,
+    },
+    /// From the root server: `id` is complete (every node's contribution, concatenated),
+    /// or why it cannot be.
     Done {
         id: ConnectId,
-        result: Result<(), String>,
+        result: Result<Vec<u8>, String>,
     },
 }
 
