@@ -137,6 +137,37 @@ pub(super) unsafe extern "C" fn publish(
     SUCCESS
 }
 
+/// The host, the requester, the keys and the directives.
+type Keyed = (
+    &'static std::sync::Arc<dyn Host>,
+    ProcName,
+    Vec<String>,
+    Directives,
+);
+
+/// What a lookup or unpublish upcall was given: the host, the requester, the keys and the
+/// directives, or the status to return at once.
+///
+/// # Safety
+/// The library's arguments: `proc_` null or a valid name, `keys` null or a NULL-terminated
+/// array of NUL-terminated keys, `info` null or `ninfo` valid infos.
+unsafe fn keyed(
+    proc_: *const sys::pmix_proc_t,
+    keys: *mut *mut c_char,
+    info: *const sys::pmix_info_t,
+    ninfo: usize,
+) -> Result<Keyed, sys::pmix_status_t> {
+    let h = host().ok_or(sys::PMIX_ERR_NOT_SUPPORTED)?;
+    if proc_.is_null() {
+        return Err(sys::PMIX_ERR_BAD_PARAM);
+    }
+    // SAFETY: the caller's contract.
+    let d = unsafe { split(info, ninfo, None) }?;
+    // SAFETY: the caller's contract (checked non-null above).
+    let (who, keys) = unsafe { (name_of(proc_), strings_of(keys)) };
+    Ok((h, who, keys, d))
+}
+
 pub(super) unsafe extern "C" fn lookup(
     proc_: *const sys::pmix_proc_t,
     keys: *mut *mut c_char,
@@ -145,23 +176,15 @@ pub(super) unsafe extern "C" fn lookup(
     cb: sys::pmix_lookup_cbfunc_t,
     cbdata: *mut c_void,
 ) -> sys::pmix_status_t {
-    let Some(h) = host() else {
-        return sys::PMIX_ERR_NOT_SUPPORTED;
-    };
-    if proc_.is_null() {
-        return sys::PMIX_ERR_BAD_PARAM;
-    }
-    // SAFETY: the library passes `ninfo` valid infos.
-    let d = match unsafe { split(info, ninfo, None) } {
-        Ok(d) => d,
+    // SAFETY: the library's arguments, passed on.
+    let (h, requester, keys, d) = match unsafe { keyed(proc_, keys, info, ninfo) } {
+        Ok(k) => k,
         Err(rc) => return rc,
     };
     h.lookup(Lookup {
-        // SAFETY: checked non-null; the library's valid name.
-        requester: unsafe { name_of(proc_) },
+        requester,
         range: d.range,
-        // SAFETY: a NULL-terminated array of NUL-terminated keys.
-        keys: unsafe { strings_of(keys) },
+        keys,
         wait: d.wait,
         timeout: d.timeout,
         reply: LookupReply { cb, cbdata },
@@ -177,23 +200,15 @@ pub(super) unsafe extern "C" fn unpublish(
     cb: sys::pmix_op_cbfunc_t,
     cbdata: *mut c_void,
 ) -> sys::pmix_status_t {
-    let Some(h) = host() else {
-        return sys::PMIX_ERR_NOT_SUPPORTED;
-    };
-    if proc_.is_null() {
-        return sys::PMIX_ERR_BAD_PARAM;
-    }
-    // SAFETY: the library passes `ninfo` valid infos.
-    let d = match unsafe { split(info, ninfo, None) } {
-        Ok(d) => d,
+    // SAFETY: the library's arguments, passed on.
+    let (h, requester, keys, d) = match unsafe { keyed(proc_, keys, info, ninfo) } {
+        Ok(k) => k,
         Err(rc) => return rc,
     };
     h.unpublish(Unpublish {
-        // SAFETY: checked non-null; the library's valid name.
-        requester: unsafe { name_of(proc_) },
+        requester,
         range: d.range,
-        // SAFETY: a NULL-terminated array of NUL-terminated keys.
-        keys: unsafe { strings_of(keys) },
+        keys,
         reply: OpReply { cb, cbdata },
     });
     SUCCESS
