@@ -3,7 +3,7 @@
  * Run as `pmix_connect [NCHILD]` (default 2): rank 0 of the first job spawns NCHILD copies
  * of this program (PARENT_NS set to its namespace) and publishes the child job's namespace
  * ("conn-child-ns"); the other ranks look it up, waiting. Every process puts "who"
- * ("nspace:rank"), commits, then connects its job with the other (both namespaces whole),
+ * ("nspace:rank"), commits (rank 0 publishes the name twice and prints the second status), then connects its job with the other (both namespaces whole),
  * reads "who" of the other job's rank 0, and disconnects. Each step prints one line; any
  * failure prints "FAILED" and exits 1. `pmix_connect N die`: the children exit (code 3)
  * right after PMIx_Init instead, so the parents' connect must fail, not hang.
@@ -75,6 +75,9 @@ int main(int argc, char **argv)
         if (PMIX_SUCCESS != (rc = PMIx_Publish(&pub, 1))) {
             fail("PMIx_Publish", rc);
         }
+        /* Published already: Open MPI expects PMIX_EXISTS (MPI_ERR_FILE_EXISTS). */
+        rc = PMIx_Publish(&pub, 1);
+        printf("%s:%u published again: %d\n", me.nspace, me.rank, rc);
     } else {
         pmix_pdata_t pd;
         PMIX_PDATA_CONSTRUCT(&pd);

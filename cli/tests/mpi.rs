@@ -643,6 +643,13 @@ fn pmix_connect_joins_a_spawned_job_and_fails_when_it_dies() {
             }
         }
         assert!(!d.stdout.contains("FAILED"), "{}", d.dump());
+        // A second publish of the same name: PMIX_EXISTS (-11), as Open MPI expects.
+        let again = format!("{job}:0 published again: -11");
+        assert!(
+            d.stdout.lines().any(|l| l == again),
+            "{again}\n{}",
+            d.dump()
+        );
         clean(&name, &d);
         let name = format!("pmix-connect-die-{nodes}");
         let d = run(
