@@ -11,7 +11,12 @@
  *             gets it (waiting for it);
  *   kvs       every rank puts "key-R", PMI2_KVS_Fence, gets "key-(R+1)" with the value
  *             its owner put; a key nobody put is not found;
- * then PMI2_Finalize. */
+ * then PMI2_Finalize.
+ *
+ * `pmi2_client spawn`: rank 0 spawns 2 processes of `pmi2_client child A B` with PMI2_Job_Spawn,
+ * preputting PARENT_ROOT_PORT_NAME (as MPICH's MPI_Comm_spawn does), and prints
+ * "parent: spawn rc R jobid J errors E,E"; each child prints "child R/S: spawned F
+ * appnum A args A B parent port P" (P: what PMI2_KVS_Get of that key returns). */
 #include <slurm/pmi2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,11 +35,46 @@ static void check(int ok, const char *what, const char *why)
     fflush(stdout);
 }
 
-int main(void)
+/* The spawn test (see above). */
+static int spawn_test(int argc, char **argv, int spawned, int size, int appnum)
+{
+    char val[PMI2_MAX_VALLEN], jobid[256];
+    int len = 0;
+    if (argc > 1 && !strcmp(argv[1], "child")) {
+        val[0] = 0;
+        int rc = PMI2_KVS_Get(NULL, PMI2_ID_NULL, "PARENT_ROOT_PORT_NAME", val, sizeof val, &len);
+        printf("child %d/%d: spawned %d appnum %d args %s %s parent port %s\n", rank, size,
+               spawned, appnum, argc > 2 ? argv[2] : "-", argc > 3 ? argv[3] : "-",
+               rc == PMI2_SUCCESS ? val : "(not found)");
+        fflush(stdout);
+        return PMI2_Finalize() != PMI2_SUCCESS;
+    }
+    if (rank == 0) {
+        const char *cmds[1] = {argv[0]};
+        const char *args[3] = {"child", "a b", "c=d"};
+        const char **argvs[1] = {args};
+        int argcs[1] = {3}, maxprocs[1] = {2}, infos[1] = {0}, errors[2] = {-1, -1};
+        struct MPID_Info port = {0};
+        port.key = "PARENT_ROOT_PORT_NAME";
+        port.value = "tag#0$port-of-parent$";
+        const struct MPID_Info *preput[1] = {&port};
+        jobid[0] = 0;
+        int rc = PMI2_Job_Spawn(1, cmds, argcs, argvs, maxprocs, infos, NULL, 1, preput, jobid,
+                                sizeof jobid, errors);
+        printf("parent: spawn rc %d jobid %s errors %d,%d\n", rc, jobid[0] ? jobid : "-",
+               errors[0], errors[1]);
+        fflush(stdout);
+    }
+    return PMI2_Finalize() != PMI2_SUCCESS;
+}
+
+int main(int argc, char **argv)
 {
     int spawned = 0, size = 0, appnum = -1, found = 0, len = 0;
     char why[2048], val[PMI2_MAX_VALLEN], key[PMI2_MAX_KEYLEN], jobid[256];
     int rc = PMI2_Init(&spawned, &size, &rank, &appnum);
+    if (argc > 1)
+        return rc == PMI2_SUCCESS ? spawn_test(argc, argv, spawned, size, appnum) : 1;
     const char *er = getenv("PMI_RANK"), *es = getenv("PMI_SIZE");
     snprintf(why, sizeof why, "rc %d rank %d size %d appnum %d (PMI_RANK %s PMI_SIZE %s)", rc,
              rank, size, appnum, er ? er : "-", es ? es : "-");

@@ -1,26 +1,22 @@
-//! Programs that bootstrap through PMIx or the PMI-1 wire protocol under `weft run`
-//! (issue 18). PMIx (section 1): a plain PMIx client in C (`benches/mpi/pmix_client.c`:
-//! the job keys, process sets by query, a late key, fences collecting data or not, direct
-//! modex, a second fence after new puts, groups with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
+//! Programs that bootstrap through PMIx or MPICH's PMI-1 under `weft run` (issue 18; the
+//! PMI-1 and PMI-2 wire protocols themselves are `tests/pmi.rs`'s). PMIx: a plain PMIx
+//! client in C (`benches/mpi/pmix_client.c`: the job keys, process sets by query, a late
+//! key, fences collecting data or not, direct modex, a second fence after new puts, groups
+//! with context ids, a missing key) and Open MPI programs built with `mpicc.openmpi`
 //! (hello, the ring, the OSU latency) on one node and on 2 logical nodes, a killed rank,
 //! `--timeout`, `--no-pmix`; OpenPMIx's own examples `log.c` (`PMIx_Log` to stderr with a
 //! time stamp, tagged output, local and global syslog) and `asyncgroup.c` (a group invite
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
 //! complete), `dynamic.c` (`PMIx_Spawn` of a child job), `pub.c` and `pubi.c`
 //! (publish/lookup), `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`) and Open
-//! MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`) on one node and on 2 logical nodes; skipped without Open MPI or libpmix unless
-//! `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh` sets it). PMI-2 (section 2): a shell
-//! client (framing, errors) and Slurm's PMI-2 library (`benches/mpi/pmi2_client.c`: init,
-//! job id, process mapping, node attributes, put/fence/get with escaped values) on one and
-//! two nodes, skipped without it unless `WEFT_REQUIRE_PMI2` is set. PMI-1 (section 2): a
-//! plain PMI-1 client written in the shell (every request, replies checked
-//! line by line, malformed and unknown requests refused with an error reply, keys of
-//! another node found after a barrier), and MPICH programs built from `benches/mpi/` with
-//! Debian's `mpicc.mpich` (a ring with send/recv, bcast, allreduce and barrier; the OSU
-//! latency) on one node and on 2 logical nodes (MPICH brings its own transports), a
-//! killed rank ending the job with its name, nothing left behind. Without `mpicc.mpich`
-//! the MPICH tests are skipped with a printed reason, or fail when `WEFT_REQUIRE_MPICH`
-//! is set (`ci/test.sh` installs MPICH and sets it).
+//! MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`) on one node and on 2 logical nodes;
+//! skipped without Open MPI or libpmix unless `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh`
+//! sets it). MPICH programs built from `benches/mpi/` with Debian's `mpicc.mpich` (a ring
+//! with send/recv, bcast, allreduce and barrier; the OSU latency) on one node and on 2
+//! logical nodes (MPICH brings its own transports), a killed rank ending the job with its
+//! name, nothing left behind. Without `mpicc.mpich` the MPICH tests are skipped with a
+//! printed reason, or fail when `WEFT_REQUIRE_MPICH` is set (`ci/test.sh` installs MPICH
+//! and sets it).
 #![allow(missing_docs)]
 
 mod common;
@@ -29,106 +25,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{assert_clean, run, Done};
-
-/// Checks that job `name` (as `run` named it) left no segment or file behind.
-fn clean(name: &str, d: &Done) {
-    let job = format!("{name}-{}", std::process::id());
-    assert_clean(&job, &std::env::temp_dir().join("weft-tests").join(&job), d);
-}
-
-/// A PMI-1 client in the shell: each request line, then the reply as `rank R: REPLY`.
-const PMI_SH: &str = r#"
-fd=$PMI_FD
-ask() { echo "$1" >&$fd; read -r line <&$fd; echo "rank $PMI_RANK: $2 $line"; }
-ask "cmd=init pmi_version=1 pmi_subversion=1" init
-ask "cmd=get_maxes" maxes
-ask "cmd=get_appnum" appnum
-ask "cmd=get_universe_size" universe
-ask "cmd=put kvsname=x key=card$PMI_RANK value=v$PMI_RANK" put
-ask "cmd=barrier_in" barrier
-ask "cmd=get kvsname=x key=card$(( (PMI_RANK + 1) % PMI_SIZE ))" next
-ask "cmd=get kvsname=x key=nobody" nobody
-ask "cmd=get kvsname=x key=PMI_process_mapping" mapping
-ask "this is not pmi" malformed
-ask "cmd=frobnicate" unknown
-ask "cmd=finalize" finalize
-"#;
-
-#[test]
-fn a_plain_pmi1_client_gets_every_reply_on_one_and_two_nodes() {
-    for (nodes, mapping) in [("1", "(vector,(0,1,2))"), ("2", "(vector,(0,2,1))")] {
-        let name = format!("pmi1-sh-{nodes}");
-        let d = run(
-            &name,
-            &["--nodes", nodes, "-n", "2", "bash", "-c", PMI_SH],
-            Duration::from_secs(60),
-        );
-        assert_eq!(d.code(), Some(0), "{}", d.dump());
-        for r in 0..2 {
-            let next = (r + 1) % 2;
-            for want in [
-                "init cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0".to_string(),
-                "maxes cmd=maxes rc=0 kvsname_max=256 keylen_max=256 vallen_max=1024".into(),
-                "appnum cmd=appnum rc=0 appnum=0".into(),
-                "universe cmd=universe_size rc=0 size=2".into(),
-                "put cmd=put_result rc=0 msg=success".into(),
-                "barrier cmd=barrier_out rc=0".into(),
-                format!("next cmd=get_result rc=0 msg=success value=v{next}"),
-                "nobody cmd=get_result rc=-1 msg=key_not_found".into(),
-                format!("mapping cmd=get_result rc=0 msg=success value={mapping}"),
-                "malformed cmd=error rc=-1 msg=malformed_request".into(),
-                "unknown cmd=frobnicate rc=-1 msg=unsupported_PMI-1_request".into(),
-                "finalize cmd=finalize_ack rc=0".into(),
-            ] {
-                assert_eq!(
-                    d.lines_with(&format!("rank {r}: {want}")),
-                    1,
-                    "{nodes} node(s), rank {r}: {want}\n{}",
-                    d.dump()
-                );
-            }
-        }
-        clean(&name, &d);
-    }
-}
-
-/// Whether a test can go on: `have`, else skipped with `hint` printed, or failed when
-/// the environment variable `require` is set (`ci/test.sh` sets them).
-fn available(have: bool, require: &str, hint: &str) -> bool {
-    if !have {
-        assert!(
-            std::env::var_os(require).is_none(),
-            "{require} is set but {hint}"
-        );
-        eprintln!("skipped: {hint}");
-    }
-    have
-}
-
-/// `benches/mpi/SOURCE` compiled by `cc` with `flags` into the test's target directory as
-/// `out` (the build must succeed).
-fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
-    // Built under a name of this process, then renamed: tests running at once that build
-    // the same program never run (or overwrite) a half-written one.
-    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
-    let built = Command::new(cc)
-        .args(["-O2", "-o"])
-        .arg(&tmp)
-        .arg(root.join("benches/mpi").join(source))
-        .args(flags)
-        .output()
-        .unwrap_or_else(|e| panic!("{cc}: {e}"));
-    assert!(
-        built.status.success(),
-        "{cc} {source}: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
-    out.display().to_string()
-}
+use common::{available, build_c, clean, run, Done};
 
 /// `benches/mpi/SOURCE.c` built with `mpicc.mpich`, or `None` (skipped, with the reason
 /// printed) when MPICH is not installed and `WEFT_REQUIRE_MPICH` is not set.
@@ -852,89 +749,4 @@ fn pmix_is_offered_by_default_and_not_with_no_pmix() {
     assert_eq!(d.code(), Some(0), "{}", d.dump());
     assert_eq!(d.lines_with("rank= ess=."), 2, "{}", d.dump());
     clean("pmix-off", &d);
-}
-
-/// A PMI-2 client in the shell: the PMI-1 init asking for version 2, then PMI-2 commands
-/// framed with their length, each reply printed as `rank R: WHAT REPLY`.
-const PMI2_SH: &str = r#"
-fd=$PMI_FD
-echo "cmd=init pmi_version=2 pmi_subversion=0" >&$fd
-read -r line <&$fd; echo "rank $PMI_RANK: init $line"
-ask() { printf '%-6d%s' "${#1}" "$1" >&$fd; read -r -N 6 len <&$fd; read -r -N "$len" body <&$fd; echo "rank $PMI_RANK: $2 $body"; }
-ask "cmd=fullinit;pmirank=$PMI_RANK;threaded=FALSE;" fullinit
-ask "cmd=frobnicate;" unknown
-ask "cmd=kvs-put;key=a" malformed
-ask "cmd=info-getjobattr;key=universeSize;" universe
-ask "cmd=finalize;" finalize
-"#;
-
-/// `benches/mpi/pmi2_client.c` built against Slurm's PMI-2 library, or `None` (skipped,
-/// with the reason printed) when it is not installed and `WEFT_REQUIRE_PMI2` is not set.
-fn pmi2_client() -> Option<String> {
-    let have = std::path::Path::new("/usr/include/slurm/pmi2.h").exists();
-    let hint = "Slurm's PMI-2 library is missing (apt-get install libpmi2-0-dev)";
-    available(have, "WEFT_REQUIRE_PMI2", hint).then(|| {
-        let flags = ["-Wall", "-lpmi2", "-lpthread"].map(str::to_owned);
-        build_c("cc", "pmi2_client.c", "pmi2_client", &flags)
-    })
-}
-
-#[test]
-fn pmi2_clients_get_every_reply_on_one_and_two_nodes() {
-    let d = run(
-        "pmi2-sh",
-        &["-n", "2", "bash", "-c", PMI2_SH],
-        Duration::from_secs(60),
-    );
-    assert_eq!(d.code(), Some(0), "{}", d.dump());
-    for r in 0..2 {
-        for want in [
-            "init cmd=response_to_init pmi_version=2 pmi_subversion=0 rc=0".to_string(),
-            format!(
-                "fullinit cmd=fullinit-response;pmi-version=2;pmi-subversion=0;rank={r};size=2;appnum=0;"
-            ),
-            "unknown cmd=frobnicate-response;rc=-1;errmsg=unsupported PMI-2 command;".into(),
-            "malformed cmd=error-response;rc=-1;errmsg=malformed command".into(),
-            "universe cmd=info-getjobattr-response;found=TRUE;value=2;rc=0;".into(),
-            "finalize cmd=finalize-response;rc=0;".into(),
-        ] {
-            assert_eq!(
-                d.lines_with(&format!("rank {r}: {want}")),
-                1,
-                "rank {r}: {want}\n{}",
-                d.dump()
-            );
-        }
-    }
-    clean("pmi2-sh", &d);
-    let Some(client) = pmi2_client() else {
-        return;
-    };
-    for (nodes, mapping) in [("1", "(vector,(0,1,4))"), ("2", "(vector,(0,2,2))")] {
-        let name = format!("pmi2-slurm-{nodes}");
-        let d = run(
-            &name,
-            &["--nodes", nodes, "-n", "4", &client],
-            Duration::from_secs(60),
-        );
-        assert_eq!(d.code(), Some(0), "{}", d.dump());
-        assert_eq!(d.lines_with("FAILED"), 0, "{}", d.dump());
-        for r in 0..4 {
-            for check in ["init", "jobid", "mapping", "nodeattr", "kvs", "finalize"] {
-                assert_eq!(
-                    d.lines_with(&format!("rank {r}: {check} ok")),
-                    1,
-                    "{nodes} node(s), rank {r}: {check}\n{}",
-                    d.dump()
-                );
-            }
-            assert_eq!(
-                d.lines_with(&format!("rank {r}: mapping {mapping}")),
-                1,
-                "{}",
-                d.dump()
-            );
-        }
-        clean(&name, &d);
-    }
 }

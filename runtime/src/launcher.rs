@@ -365,7 +365,7 @@ impl Executor {
                 ToLauncher::Ready { peer_addr } => launch.on_ready(node, peer_addr),
                 ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
-                ToLauncher::Spawn { qid, from, apps } => launch.on_spawn(node, qid, from, &apps),
+                ToLauncher::Spawn { qid, from, req } => launch.on_spawn(node, qid, from, &req),
                 ToLauncher::Launched { ns, error, set_up } => {
                     launch.on_launched(node, ns, error, set_up)
                 }

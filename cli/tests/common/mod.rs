@@ -376,3 +376,46 @@ pub fn pids_whose(file: &str, keep: impl Fn(&str) -> bool) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Checks that job `name` (as `run` named it) left no segment or file behind.
+pub fn clean(name: &str, d: &Done) {
+    let job = format!("{name}-{}", std::process::id());
+    assert_clean(&job, &std::env::temp_dir().join("weft-tests").join(&job), d);
+}
+
+/// Whether a test can go on: `have`, else skipped with `hint` printed, or failed when
+/// the environment variable `require` is set (`ci/test.sh` sets them).
+pub fn available(have: bool, require: &str, hint: &str) -> bool {
+    if !have {
+        assert!(
+            std::env::var_os(require).is_none(),
+            "{require} is set but {hint}"
+        );
+        eprintln!("skipped: {hint}");
+    }
+    have
+}
+
+/// `benches/mpi/SOURCE` compiled by `cc` with `flags` into the test's target directory as
+/// `out` (the build must succeed).
+pub fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(out);
+    // Built under a name of this process, then renamed: tests running at once that build
+    // the same program never run (or overwrite) a half-written one.
+    let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
+    let built = Command::new(cc)
+        .args(["-O2", "-o"])
+        .arg(&tmp)
+        .arg(root.join("benches/mpi").join(source))
+        .args(flags)
+        .output()
+        .unwrap_or_else(|e| panic!("{cc}: {e}"));
+    assert!(
+        built.status.success(),
+        "{cc} {source}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
+    out.display().to_string()
+}

@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use weft_wireup::job::{AppInfo, JobInfo, ProcInfo, Pset, PSET_WORLD};
-use weft_wireup::{NsId, ProcId, SpawnApp};
+use weft_wireup::{NsId, ProcId};
 
 use super::job::{Action, Job, Timer};
 use super::plan::EndPolicy;
-use crate::wire::proto::{AppSpec, ExitKind, JobPlan, ToServer};
+use crate::wire::proto::{AppSpec, ExitKind, JobPlan, SpawnReq, ToServer};
 
 /// World PGCIDs of spawned jobs: this plus the namespace id, above the PGCIDs the root
 /// server hands out (counted from 2; below 2^22 they start derived id families), so no
@@ -71,8 +71,9 @@ impl Children {
         node: u32,
         qid: u64,
         from: ProcId,
-        apps: &[SpawnApp],
+        req: &SpawnReq,
     ) -> Vec<Action> {
+        let apps = &req.apps;
         let refuse = |why: String| {
             vec![Action::SpawnDone {
                 node,
@@ -96,9 +97,18 @@ impl Children {
         if node >= num_nodes {
             return refuse(format!("no server of node {node}"));
         }
+        let parent = if from.ns == base.ns {
+            base.job.nspace.clone()
+        } else {
+            match self.jobs.get(&from.ns) {
+                Some(c) => c.nspace.clone(),
+                None => return refuse(format!("{from} is of no job of this runtime")),
+            }
+        };
         let ns = NsId(self.next);
         self.next += 1;
-        let plan = child_plan(base, ns, node, apps);
+        let mut plan = child_plan(base, ns, node, req);
+        plan.parent = Some((from, parent));
         tracing::debug!(
             "{from} spawns {} ({} processes)",
             plan.job.nspace,
@@ -283,7 +293,8 @@ fn child_policy() -> EndPolicy {
 /// The plan of spawned job `ns`: `apps` on the node of the process that asked (every
 /// server knows the job; the others run none of its processes), the first job's
 /// environment, datastore size, output tagging and PMIx choice.
-pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, apps: &[SpawnApp]) -> JobPlan {
+pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, req: &SpawnReq) -> JobPlan {
+    let apps = &req.apps;
     let mut procs = Vec::new();
     let mut infos = Vec::new();
     let mut specs = Vec::new();
@@ -336,5 +347,7 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, apps: &[SpawnApp])
         job_id: format!("{}.{}", base.job_id, ns.0),
         env: base.env.clone(),
         pmix: base.pmix,
+        pmi_preput: req.pmi_preput.clone(),
+        parent: None,
     }
 }

@@ -5,13 +5,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use weft_wireup::{NsId, ProcId, SpawnApp};
+use weft_wireup::{NsId, ProcId};
 
 use super::children::Children;
 use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::{ExitKind, JobPlan, ToServer};
+use crate::wire::proto::{ExitKind, JobPlan, SpawnReq, ToServer};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -89,7 +89,7 @@ impl Launch {
         node: u32,
         qid: u64,
         from: ProcId,
-        apps: &[SpawnApp],
+        req: &SpawnReq,
     ) -> Vec<Action> {
         if self.first_over || self.job.is_terminating() || !self.nodes.started() {
             return vec![Action::SpawnDone {
@@ -99,7 +99,7 @@ impl Launch {
             }];
         }
         let n = self.nodes.num_nodes();
-        self.children.on_spawn(&self.plan, n, node, qid, from, apps)
+        self.children.on_spawn(&self.plan, n, node, qid, from, req)
     }
 
     /// The server of `node` set spawned job `ns` up (or failed to; `set_up`: the job
@@ -256,6 +256,7 @@ impl Launch {
 mod tests {
     use super::*;
     use crate::launcher::job::tests::info;
+    use weft_wireup::SpawnApp;
 
     /// The plan of a job of `n` processes on `nodes` nodes.
     pub(crate) fn plan(nodes: u32, n: u32) -> JobPlan {
@@ -269,6 +270,8 @@ mod tests {
             job_id: "t".into(),
             env: Vec::new(),
             pmix: false,
+            pmi_preput: None,
+            parent: None,
         }
     }
 
@@ -401,7 +404,11 @@ mod tests {
             env: vec![("K".into(), "V".into())],
             cwd: None,
         };
-        l.on_spawn(node, qid, own(0), &[app])
+        let req = SpawnReq {
+            apps: vec![app],
+            pmi_preput: None,
+        };
+        l.on_spawn(node, qid, own(0), &req)
     }
 
     /// The plan the actions send to every server.
@@ -496,7 +503,11 @@ mod tests {
         start(&mut l, 1);
         assert!(refused(&spawn(&mut l, 0, 2, "/bin/true", 0)));
         assert!(refused(&spawn(&mut l, 0, 3, "", 1)));
-        assert!(refused(&l.on_spawn(0, 4, own(0), &[])));
+        let none = SpawnReq {
+            apps: Vec::new(),
+            pmi_preput: None,
+        };
+        assert!(refused(&l.on_spawn(0, 4, own(0), &none)));
         assert!(refused(&spawn(&mut l, 0, 5, "/bin/true", u32::MAX)));
         // Nothing was planned: the next good spawn is namespace 2.
         assert_eq!(

@@ -434,6 +434,8 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         job_id: job_id.to_owned(),
         env,
         pmix: spec.pmix,
+        pmi_preput: None,
+        parent: None,
     })
 }
 

@@ -14,7 +14,7 @@ use super::spawn::spawn_child;
 use super::{Job, State};
 use crate::jobdir::{datastore_name, segment_prefix, unlink_segments};
 use crate::modex::ConnId;
-use crate::wire::proto::{JobPlan, ServerMsg, ToLauncher, WireError};
+use crate::wire::proto::{JobPlan, ServerMsg, SpawnReq, ToLauncher, WireError};
 
 /// What a server needs to start a job's processes on its node, whichever job.
 pub(super) struct Starter {
@@ -47,6 +47,9 @@ enum Asker {
     Native { conn: ConnId, req: u64 },
     /// A PMIx client (`PMIx_Spawn`): the library's callback.
     Pmix(weft_pmix::server::SpawnReply),
+    /// A PMI-1 or PMI-2 client (MPICH's `PMI_Spawn_multiple`, `PMI2_Job_Spawn`): its
+    /// rank, and how many processes it asked for (PMI-1 answers an error code for each).
+    Pmi { rank: Rank, procs: u32 },
 }
 
 /// The spawns local processes asked for, waiting for the launcher.
@@ -92,7 +95,26 @@ impl State {
         req: u64,
         apps: Vec<SpawnApp>,
     ) {
-        self.spawn_for(rank, Asker::Native { conn, req }, apps);
+        let req_ = SpawnReq {
+            apps,
+            pmi_preput: None,
+        };
+        self.spawn_for(rank, Asker::Native { conn, req }, req_);
+    }
+
+    /// A PMI client's spawn of `apps`, whose processes read `preput` as their job's keys.
+    pub(super) fn pmi_spawn(
+        &mut self,
+        rank: Rank,
+        apps: Vec<SpawnApp>,
+        preput: Vec<(String, String)>,
+    ) {
+        let procs = apps.iter().fold(0u32, |t, a| t.saturating_add(a.np));
+        let req = SpawnReq {
+            apps,
+            pmi_preput: Some(preput),
+        };
+        self.spawn_for(rank, Asker::Pmi { rank, procs }, req);
     }
 
     /// A PMIx client's `PMIx_Spawn`: the same request, answered through the library.
@@ -111,18 +133,22 @@ impl State {
                 cwd: a.cwd,
             })
             .collect();
-        self.spawn_for(rank, Asker::Pmix(s.reply), apps);
+        let req = SpawnReq {
+            apps,
+            pmi_preput: None,
+        };
+        self.spawn_for(rank, Asker::Pmix(s.reply), req);
     }
 
-    /// Local rank `rank` of the focused job asks for `apps`; `asker` gets the answer.
-    fn spawn_for(&mut self, rank: Rank, asker: Asker, apps: Vec<SpawnApp>) {
+    /// Local rank `rank` of the focused job asks for job `req`; `asker` gets the answer.
+    fn spawn_for(&mut self, rank: Rank, asker: Asker, req: SpawnReq) {
         let qid = self.spawns.next;
         self.spawns.next += 1;
         self.spawns.waiting.insert(qid, (self.job.ns, asker));
         self.to_launcher(&ToLauncher::Spawn {
             qid,
             from: ProcId::new(self.job.ns, rank),
-            apps,
+            req,
         });
     }
 
@@ -134,6 +160,12 @@ impl State {
         };
         let (conn, req) = match asker {
             Asker::Native { conn, req } => (conn, req),
+            Asker::Pmi { rank, procs } => {
+                if self.focus(ns) {
+                    self.pmi_spawned(rank, procs, result.map(|(_, nspace)| nspace));
+                }
+                return;
+            }
             Asker::Pmix(reply) => {
                 return match result {
                     Ok((_, nspace)) => reply.ok(&nspace),

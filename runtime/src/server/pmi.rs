@@ -9,7 +9,12 @@
 //! - `get` reads the key from its owner through the core's get (`PMI_process_mapping` is
 //!   answered from the job's placement);
 //! - `init`, `get_maxes`, `get_appnum`, `get_my_kvsname`, `get_universe_size` and
-//!   `finalize` are answered here.
+//!   `finalize` are answered here;
+//! - `mcmd=spawn` (MPICH's `PMI_Spawn_multiple`: one block of lines per app, each ended by
+//!   `endcmd`) asks the launcher for a new job; its processes get `PMI_SPAWNED=1` and read
+//!   the spawner's "preput" keys (MPICH's `PARENT_ROOT_PORT_NAME`) as their job's. The
+//!   answer is `spawn_result` with an error code per process. The info keys `wdir` and
+//!   `path` are used; placement keys are not (the job starts on the spawner's node).
 //!
 //! A process that never speaks PMI (a Weft program, a shell command) just inherits an
 //! unused descriptor. A malformed or unknown request gets an error reply naming it.
@@ -20,7 +25,7 @@ use std::os::fd::AsRawFd;
 use std::collections::HashMap;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use weft_wireup::{Rank, Scope, Value};
+use weft_wireup::{Rank, Scope, SpawnApp, Value};
 
 use super::{pmi2, wire_to_text, JobEvent, JobEvents, State};
 use crate::modex::{ConnId, GetFlags};
@@ -139,7 +144,19 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: JobEve
                     break;
                 }
                 Ok(_) => {
-                    let text = String::from_utf8_lossy(&line).trim().to_string();
+                    let mut text = String::from_utf8_lossy(&line).trim().to_string();
+                    if text.starts_with("mcmd=") {
+                        text = match read_mcmd(&mut r, text) {
+                            Ok(t) => t,
+                            Err(why) => {
+                                evr.send(JobEvent::Pmi {
+                                    rank,
+                                    line: Err(why),
+                                });
+                                break;
+                            }
+                        };
+                    }
                     if !text.is_empty()
                         && !evr.send(JobEvent::Pmi {
                             rank,
@@ -162,6 +179,169 @@ pub(super) fn serve(ours: std::os::unix::net::UnixStream, rank: Rank, ev: JobEve
             }
         }
     });
+}
+
+/// The rest of a multi-line command (`mcmd=spawn`, begun by `first`): blocks of one
+/// `key=value` per line, each ended by `endcmd`, the last one's `spawnssofar` equal to its
+/// `totspawns`. Returned whole, lines joined by newlines.
+fn read_mcmd(r: &mut impl BufRead, first: String) -> Result<String, String> {
+    let mut text = first;
+    let (mut total, mut sofar) = (None::<String>, None::<String>);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r
+            .by_ref()
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) => return Err("the connection ended inside a multi-line command".into()),
+            Err(e) => return Err(format!("reading a multi-line command: {e}")),
+            Ok(_) if line.len() > MAX_LINE => {
+                return Err(format!("a request line longer than {MAX_LINE} bytes"))
+            }
+            Ok(_) => {}
+        }
+        let l = String::from_utf8_lossy(&line)
+            .trim_end_matches(['\r', '\n'])
+            .to_string();
+        if let Some(v) = l.strip_prefix("totspawns=") {
+            total = Some(v.trim().to_owned());
+        } else if let Some(v) = l.strip_prefix("spawnssofar=") {
+            sofar = Some(v.trim().to_owned());
+        }
+        text.push('\n');
+        text.push_str(&l);
+        if text.len() > MAX_MCMD {
+            return Err(format!("a multi-line command longer than {MAX_MCMD} bytes"));
+        }
+        if l == "endcmd" && total == sofar {
+            return Ok(text);
+        }
+    }
+}
+
+/// A PMI spawn: its apps, and the keys its processes read as their job's (the preput).
+pub(super) type PmiSpawn = (Vec<SpawnApp>, Vec<(String, String)>);
+
+/// Longest multi-line command accepted (a spawn of many apps).
+const MAX_MCMD: usize = 1 << 20;
+
+/// A PMI-1 spawn (`mcmd=spawn`, one block per app): its apps, and the keys the new job's
+/// processes read as their job's ("preput": MPICH's parent port). An error says what is
+/// wrong.
+pub(super) fn parse_spawn(text: &str) -> Result<PmiSpawn, String> {
+    let mut blocks: Vec<HashMap<&str, &str>> = Vec::new();
+    let mut open = false;
+    for l in text.lines() {
+        let l = l.trim_start();
+        if l.is_empty() {
+            continue;
+        }
+        if l == "mcmd=spawn" {
+            blocks.push(HashMap::new());
+            open = true;
+        } else if l == "endcmd" {
+            open = false;
+        } else if !open {
+            return Err(format!("{l:?} outside a mcmd=spawn ... endcmd block"));
+        } else {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("{l:?} is not key=value"))?;
+            blocks.last_mut().expect("open").insert(k, v);
+        }
+    }
+    if blocks.is_empty() {
+        return Err("a spawn with no mcmd=spawn block".into());
+    }
+    let num = |b: &HashMap<&str, &str>, k: &str| -> Result<Option<u32>, String> {
+        b.get(k)
+            .map(|v| {
+                v.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{k}={v:?} is not a count"))
+            })
+            .transpose()
+    };
+    let mut apps = Vec::new();
+    let mut preput: Vec<(String, String)> = Vec::new();
+    for b in &blocks {
+        let program = b.get("execname").ok_or("a spawn block without execname")?;
+        let np = num(b, "nprocs")?.ok_or("a spawn block without nprocs")?;
+        let argc = num(b, "argcnt")?.unwrap_or(0);
+        let args = (1..=argc)
+            .map(|i| {
+                b.get(format!("arg{i}").as_str())
+                    .map(|v| (*v).to_owned())
+                    .ok_or_else(|| format!("argcnt={argc} but no arg{i}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for i in 0..num(b, "preput_num")?.unwrap_or(0) {
+            let (Some(k), Some(v)) = (
+                b.get(format!("preput_key_{i}").as_str()),
+                b.get(format!("preput_val_{i}").as_str()),
+            ) else {
+                return Err(format!(
+                    "preput_num counts a preput_key_{i}/preput_val_{i} pair that is missing"
+                ));
+            };
+            if !preput.iter().any(|(pk, _)| pk == k) {
+                preput.push(((*k).to_owned(), (*v).to_owned()));
+            }
+        }
+        let infos = num(b, "info_num")?.or(num(b, "infonum")?).unwrap_or(0);
+        let mut info = Vec::new();
+        for i in 0..infos {
+            let (Some(k), Some(v)) = (
+                b.get(format!("info_key_{i}").as_str()),
+                b.get(format!("info_val_{i}").as_str()),
+            ) else {
+                return Err(format!(
+                    "info_num counts an info_key_{i}/info_val_{i} pair that is missing"
+                ));
+            };
+            info.push((*k, *v));
+        }
+        apps.push(spawn_app(program, np, args, &info));
+    }
+    Ok((apps, preput))
+}
+
+/// An app of a PMI spawn, with its info keys: `wdir` is its working directory, `path`
+/// where its program is looked for; the others (placement: `host`, `hostfile`) are not
+/// used by a spawn that runs on the spawner's node, and are logged.
+pub(super) fn spawn_app(
+    program: &str,
+    np: u32,
+    args: Vec<String>,
+    info: &[(&str, &str)],
+) -> SpawnApp {
+    let mut app = SpawnApp {
+        program: program.to_owned(),
+        args,
+        np,
+        env: Vec::new(),
+        cwd: None,
+    };
+    for (k, v) in info {
+        match *k {
+            "wdir" => app.cwd = Some((*v).to_owned()),
+            "path" => {
+                if !program.contains('/') {
+                    let found = v
+                        .split(':')
+                        .map(|d| std::path::Path::new(d).join(program))
+                        .find(|p| p.is_file());
+                    if let Some(p) = found {
+                        app.program = p.to_string_lossy().into_owned();
+                    }
+                }
+            }
+            other => tracing::debug!("PMI spawn of {program}: info key {other:?} not used"),
+        }
+    }
+    app
 }
 
 /// `cmd=NAME k=v ...` as (NAME, pairs); `None` without a `cmd`.
@@ -295,6 +475,15 @@ impl State {
                 return self.pmi_send(rank, &format!("cmd=error rc=-1 msg={}", msg(&why)));
             }
         };
+        if line.starts_with("mcmd=") {
+            return match parse_spawn(&line) {
+                Ok((apps, preput)) => self.pmi_spawn(rank, apps, preput),
+                Err(why) => {
+                    tracing::warn!("rank {rank}: PMI spawn refused: {why}");
+                    self.pmi_send(rank, &format!("cmd=spawn_result rc=-1 msg={}", msg(&why)));
+                }
+            };
+        }
         let Some((cmd, kv)) = parse(&line) else {
             tracing::warn!("rank {rank}: malformed PMI request {line:?}");
             return self.pmi_send(
@@ -365,6 +554,10 @@ impl State {
                     return self
                         .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
                 }
+                if let Some(v) = self.preput(key) {
+                    return self
+                        .pmi_send(rank, &format!("cmd=get_result rc=0 msg=success value={v}"));
+                }
                 let Some(owner) = self.job.pmi.keys.owner(key) else {
                     return self.pmi_send(rank, "cmd=get_result rc=-1 msg=key_not_found");
                 };
@@ -387,6 +580,31 @@ impl State {
                     &format!("cmd={} rc=-1 msg=unsupported_PMI-1_request", msg(other)),
                 );
             }
+        }
+    }
+
+    /// Key `key` of the spawner's "preput", when the focused job was spawned through PMI.
+    pub(super) fn preput(&self, key: &str) -> Option<&str> {
+        let pre = self.job.plan.pmi_preput.as_ref()?;
+        pre.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// The answer to rank `rank`'s PMI spawn of `procs` processes: the new job's
+    /// namespace, or why there is none.
+    pub(super) fn pmi_spawned(&self, rank: Rank, procs: u32, result: Result<String, String>) {
+        let v2 = self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2);
+        match (result, v2) {
+            (Ok(nspace), false) => {
+                let codes = vec!["0"; procs as usize].join(",");
+                tracing::debug!("rank {rank}: PMI spawn started {nspace}");
+                self.pmi_send(rank, &format!("cmd=spawn_result rc=0 errcodes={codes}"));
+            }
+            (Err(why), false) => {
+                tracing::warn!("rank {rank}: PMI spawn failed: {why}");
+                self.pmi_send(rank, &format!("cmd=spawn_result rc=-1 msg={}", msg(&why)));
+            }
+            (Ok(nspace), true) => self.pmi2_spawned(rank, Ok(nspace)),
+            (Err(why), true) => self.pmi2_spawned(rank, Err(why)),
         }
     }
 
@@ -438,7 +656,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::{msg, parse, process_mapping};
+    use super::{msg, parse, parse_spawn, process_mapping};
 
     #[test]
     fn process_mappings_are_mpichs() {
@@ -446,6 +664,61 @@ mod tests {
         assert_eq!(process_mapping(&[0, 0, 1, 1]), "(vector,(0,2,2))");
         assert_eq!(process_mapping(&[0, 1, 0, 1]), "(vector,(0,2,1),(0,2,1))");
         assert_eq!(process_mapping(&[0, 0, 0, 1]), "(vector,(0,1,3),(1,1,1))");
+    }
+
+    #[test]
+    fn spawns_parse_as_mpich_writes_them_or_are_refused() {
+        // MPICH 4.0's PMI_Spawn_multiple of two apps, the second without arguments.
+        let text = "mcmd=spawn\nnprocs=2\nexecname=./a\ntotspawns=2\nspawnssofar=1\n\
+                    arg1=x y=z\narg2=w\nargcnt=2\npreput_num=1\n\
+                    preput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$p=1$\n\
+                    info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp\nendcmd\n\
+                    mcmd=spawn\nnprocs=1\nexecname=b\ntotspawns=2\nspawnssofar=2\n\
+                    argcnt=0\npreput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\n\
+                    preput_val_0=tag#0$p=1$\ninfo_num=1\ninfo_key_0=host\ninfo_val_0=n1\n\
+                    endcmd";
+        let (apps, preput) = parse_spawn(text).expect("parses");
+        assert_eq!(apps.len(), 2);
+        assert_eq!(
+            (apps[0].program.as_str(), apps[0].np, apps[0].cwd.as_deref()),
+            ("./a", 2, Some("/tmp"))
+        );
+        assert_eq!(apps[0].args, ["x y=z", "w"]);
+        assert_eq!((apps[1].program.as_str(), apps[1].np), ("b", 1));
+        assert!(apps[1].args.is_empty() && apps[1].cwd.is_none());
+        // The preput is the job's, given once.
+        assert_eq!(
+            preput,
+            [(
+                "PARENT_ROOT_PORT_NAME".to_string(),
+                "tag#0$p=1$".to_string()
+            )]
+        );
+        for (bad, why) in [
+            ("mcmd=spawn\nexecname=a\nendcmd", "without nprocs"),
+            ("mcmd=spawn\nnprocs=1\nendcmd", "without execname"),
+            (
+                "mcmd=spawn\nnprocs=-1\nexecname=a\nendcmd",
+                "is not a count",
+            ),
+            (
+                "mcmd=spawn\nnprocs=1\nexecname=a\nargcnt=2\narg1=x\nendcmd",
+                "no arg2",
+            ),
+            (
+                "mcmd=spawn\nnprocs=1\nexecname=a\npreput_num=1\nendcmd",
+                "preput_key_0",
+            ),
+            (
+                "mcmd=spawn\nnprocs=1\nexecname=a\nendcmd\nnprocs=2",
+                "outside",
+            ),
+            ("mcmd=spawn\nnonsense\nendcmd", "not key=value"),
+            ("", "no mcmd=spawn block"),
+        ] {
+            let err = parse_spawn(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -57,6 +57,11 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
     }
     // MPICH's way in (PMI-1 over an inherited socket; `pmi`).
     let pmi = pmi::prepare(&mut cmd, rank, plan.job.size());
+    if pmi.is_some() && plan.pmi_preput.is_some() {
+        // Spawned through PMI: MPICH's PMI_Init then says so, and MPI_Init connects to
+        // the parent's port (the preput `PARENT_ROOT_PORT_NAME`).
+        cmd.env("PMI_SPAWNED", "1");
+    }
     let bind = plan.bind.get(rank as usize).cloned().flatten();
     let spawned = match bind {
         None => cmd

@@ -191,13 +191,16 @@ mod tests {
                 ToLauncher::Spawn {
                     qid: 3,
                     from: weft_wireup::ProcId::new(NsId::FIRST, 0),
-                    apps: vec![weft_wireup::SpawnApp {
-                        program: "p".into(),
-                        args: vec!["a".into()],
-                        np: 2,
-                        env: vec![("K".into(), "V".into())],
-                        cwd: Some("/".into()),
-                    }],
+                    req: crate::wire::proto::SpawnReq {
+                        apps: vec![weft_wireup::SpawnApp {
+                            program: "p".into(),
+                            args: vec!["a".into()],
+                            np: 2,
+                            env: vec![("K".into(), "V".into())],
+                            cwd: Some("/".into()),
+                        }],
+                        pmi_preput: Some(vec![("k".into(), "v".into())]),
+                    },
                 },
                 ToLauncher::Launched {
                     ns: NsId(2),

@@ -54,8 +54,9 @@ pub struct ModexData {
 /// against the same client protocol. Version 5 puts every message between servers in a
 /// job's envelope (`PeerMsg::Job`); before it the runtime used the client protocol's
 /// number (4). Version 6 adds the name service (`PeerMsg::Names`) and connects
-/// (`PeerMsg::Connect`).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 6;
+/// (`PeerMsg::Connect`). Version 7: a spawn asked for through PMI (`SpawnReq`,
+/// `JobPlan::pmi_preput`).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 7;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -371,6 +372,22 @@ pub struct JobPlan {
     pub env: Vec<(String, String)>,
     /// Serve PMIx to the processes (an embedded PMIx server per node).
     pub pmix: bool,
+    /// A job spawned through PMI (MPICH's `MPI_Comm_spawn`): its processes are told so
+    /// (`PMI_SPAWNED=1`) and read these keys, the spawner's "preput" (the parent's port),
+    /// as their job's own. `None` for every other job.
+    pub pmi_preput: Option<Vec<(String, String)>>,
+    /// The process that spawned this job, and its namespace's name (`None`: the job
+    /// `weft run` started).
+    pub parent: Option<(weft_wireup::ProcId, String)>,
+}
+
+/// A new job a running process asks for ([`ToLauncher::Spawn`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnReq {
+    pub apps: Vec<SpawnApp>,
+    /// Asked for through PMI: the keys its processes read as their job's
+    /// ([`JobPlan::pmi_preput`]).
+    pub pmi_preput: Option<Vec<(String, String)>>,
 }
 
 /// Server to launcher (TCP).
@@ -393,12 +410,12 @@ pub enum ToLauncher {
     Failed {
         reason: String,
     },
-    /// Process `from` asks for a new job of `apps` (`Client::spawn`); the answer is
+    /// Process `from` asks for a new job (`Client::spawn`, `PMIx_Spawn`, PMI's spawn); the answer is
     /// [`ToServer::SpawnDone`] with the same `qid`.
     Spawn {
         qid: u64,
         from: weft_wireup::ProcId,
-        apps: Vec<SpawnApp>,
+        req: SpawnReq,
     },
     /// Job `ns` was set up on this server and its processes here started, or why not;
     /// `set_up`: the job exists here, so the ends of its processes here will be reported
