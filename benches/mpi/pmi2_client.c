@@ -13,10 +13,13 @@
  *             its owner put; a key nobody put is not found;
  * then PMI2_Finalize.
  *
- * `pmi2_client spawn`: rank 0 spawns 2 processes of `pmi2_client child A B` with PMI2_Job_Spawn,
- * preputting PARENT_ROOT_PORT_NAME (as MPICH's MPI_Comm_spawn does), and prints
- * "parent: spawn rc R jobid J errors E,E"; each child prints "child R/S: spawned F
- * appnum A args A B parent port P" (P: what PMI2_KVS_Get of that key returns). */
+ * `pmi2_client spawn`: rank 0 publishes the name "weft-svc" (PMI2_Nameserv_publish, as
+ * MPI_Publish_name does), then spawns 2 processes of `pmi2_client child A B` with
+ * PMI2_Job_Spawn, preputting PARENT_ROOT_PORT_NAME (as MPICH's MPI_Comm_spawn does), and
+ * prints "parent: publish rc R" and "parent: spawn rc R jobid J errors E,E"; each child
+ * prints "child R/S: spawned F appnum A args A B parent port P" (P: what PMI2_KVS_Get of
+ * that key returns) and "child R: lookup rc R port P" (PMI2_Nameserv_lookup of the name
+ * published by the other job). */
 #include <slurm/pmi2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +49,9 @@ static int spawn_test(int argc, char **argv, int spawned, int size, int appnum)
         printf("child %d/%d: spawned %d appnum %d args %s %s parent port %s\n", rank, size,
                spawned, appnum, argc > 2 ? argv[2] : "-", argc > 3 ? argv[3] : "-",
                rc == PMI2_SUCCESS ? val : "(not found)");
+        val[0] = 0;
+        rc = PMI2_Nameserv_lookup("weft-svc", NULL, val, sizeof val);
+        printf("child %d: lookup rc %d port %s\n", rank, rc, rc == PMI2_SUCCESS ? val : "-");
         fflush(stdout);
         return PMI2_Finalize() != PMI2_SUCCESS;
     }
@@ -58,8 +64,10 @@ static int spawn_test(int argc, char **argv, int spawned, int size, int appnum)
         port.key = "PARENT_ROOT_PORT_NAME";
         port.value = "tag#0$port-of-parent$";
         const struct MPID_Info *preput[1] = {&port};
+        int rc = PMI2_Nameserv_publish("weft-svc", NULL, "port;by=name");
+        printf("parent: publish rc %d\n", rc);
         jobid[0] = 0;
-        int rc = PMI2_Job_Spawn(1, cmds, argcs, argvs, maxprocs, infos, NULL, 1, preput, jobid,
+        rc = PMI2_Job_Spawn(1, cmds, argcs, argvs, maxprocs, infos, NULL, 1, preput, jobid,
                                 sizeof jobid, errors);
         printf("parent: spawn rc %d jobid %s errors %d,%d\n", rc, jobid[0] ? jobid : "-",
                errors[0], errors[1]);

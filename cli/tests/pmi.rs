@@ -3,9 +3,10 @@
 //! line, malformed and unknown requests refused with an error reply, keys of another node
 //! found after a barrier), and a spawn as MPICH 4.0's `PMI_Spawn_multiple` writes it (the
 //! children told they were spawned, reading the parent's preput key; a malformed spawn
-//! refused). PMI-2: a shell client (framing, errors) and Slurm's PMI-2 library
+//! refused), and its name service (publish, lookup, unpublish, refusals). PMI-2: a shell client (framing, errors) and Slurm's PMI-2 library
 //! (`benches/mpi/pmi2_client.c`: init, job id, process mapping, node attributes,
-//! put/fence/get with escaped values; `PMI2_Job_Spawn` with a preput key) on one and two
+//! put/fence/get with escaped values; `PMI2_Job_Spawn` with a preput key, a name published
+//! by the parent and looked up by the children) on one and two
 //! nodes, skipped without it unless `WEFT_REQUIRE_PMI2` is set. (Debian's MPICH 4.0.2,
 //! built for UCX, cannot `MPI_Comm_spawn` even under its own `mpiexec`: its port name does
 //! not hold a UCX address, so the protocol is tested as MPICH speaks it.)
@@ -145,6 +146,60 @@ fn a_pmi1_spawn_starts_children_that_read_the_preput_key_on_one_and_two_nodes() 
     }
 }
 
+/// PMI-1's name service (MPICH's `MPI_Publish_name`, `MPI_Lookup_name`,
+/// `MPI_Unpublish_name`) between two ranks: a name published by one is found by the other,
+/// not published twice, not withdrawn by another, gone once withdrawn; bad requests refused.
+const PMI_NAMES_SH: &str = r#"
+fd=$PMI_FD
+ask() { echo "$1" >&$fd; read -r line <&$fd; echo "rank $PMI_RANK: $2 $line"; }
+ask "cmd=init pmi_version=1 pmi_subversion=1" init
+[ "$PMI_RANK" = 0 ] && ask "cmd=publish_name service=svc-a port=tag#0\$p=1\$" publish
+ask "cmd=barrier_in" barrier
+[ "$PMI_RANK" = 1 ] && ask "cmd=lookup_name service=svc-a" lookup
+[ "$PMI_RANK" = 1 ] && ask "cmd=lookup_name service=nobody" lookup-missing
+[ "$PMI_RANK" = 1 ] && ask "cmd=unpublish_name service=svc-a" unpublish-other
+[ "$PMI_RANK" = 0 ] && ask "cmd=publish_name service=svc-a port=again" publish-again
+ask "cmd=barrier_in" barrier
+[ "$PMI_RANK" = 0 ] && ask "cmd=unpublish_name service=svc-a" unpublish
+ask "cmd=barrier_in" barrier
+[ "$PMI_RANK" = 1 ] && ask "cmd=lookup_name service=svc-a" lookup-gone
+ask "cmd=publish_name service=x" publish-bad
+ask "cmd=finalize" finalize
+"#;
+
+#[test]
+fn pmi1_names_are_published_looked_up_and_withdrawn_on_one_and_two_nodes() {
+    let sh = script("pmi1-names", "pmi-names.sh", PMI_NAMES_SH);
+    for nodes in ["1", "2"] {
+        let name = format!("pmi1-names-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", "bash", &sh],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        for want in [
+            "rank 0: publish cmd=publish_result rc=0 msg=success",
+            "rank 1: lookup cmd=lookup_result rc=0 msg=success port=tag#0$p=1$",
+            "rank 1: lookup-missing cmd=lookup_result rc=-1 msg=not_published",
+            "rank 1: unpublish-other cmd=unpublish_result rc=-1 msg=not_published",
+            "rank 0: publish-again cmd=publish_result rc=-1 msg=published_already",
+            "rank 0: unpublish cmd=unpublish_result rc=0 msg=success",
+            "rank 1: lookup-gone cmd=lookup_result rc=-1 msg=not_published",
+            "rank 0: publish-bad cmd=publish_result rc=-1 msg=publish_name_needs_service_and_port",
+            "rank 1: publish-bad cmd=publish_result rc=-1 msg=publish_name_needs_service_and_port",
+        ] {
+            assert_eq!(
+                d.lines_with(want),
+                1,
+                "{nodes} node(s): {want}\n{}",
+                d.dump()
+            );
+        }
+        clean(&name, &d);
+    }
+}
+
 /// A PMI-2 client in the shell: the PMI-1 init asking for version 2, then PMI-2 commands
 /// framed with their length, each reply printed as `rank R: WHAT REPLY`.
 const PMI2_SH: &str = r#"
@@ -244,11 +299,14 @@ fn a_pmi2_job_spawn_starts_children_told_their_spawner_on_one_and_two_nodes() {
         );
         assert_eq!(d.code(), Some(0), "{}", d.dump());
         assert_eq!(d.lines_with("parent: spawn rc 0 jobid "), 1, "{}", d.dump());
+        assert_eq!(d.lines_with("parent: publish rc 0"), 1, "{}", d.dump());
         assert_eq!(d.lines_with("errors 0,0"), 1, "{}", d.dump());
         for r in 0..2 {
             let want = format!(
                 "child {r}/2: spawned 1 appnum 0 args a b c=d parent port tag#0$port-of-parent$"
             );
+            assert_eq!(d.lines_with(&want), 1, "{want}\n{}", d.dump());
+            let want = format!("child {r}: lookup rc 0 port port;by=name");
             assert_eq!(d.lines_with(&want), 1, "{want}\n{}", d.dump());
         }
         clean(&name, &d);

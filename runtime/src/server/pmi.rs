@@ -14,7 +14,9 @@
 //!   `endcmd`) asks the launcher for a new job; its processes get `PMI_SPAWNED=1` and read
 //!   the spawner's "preput" keys (MPICH's `PARENT_ROOT_PORT_NAME`) as their job's. The
 //!   answer is `spawn_result` with an error code per process. The info keys `wdir` and
-//!   `path` are used; placement keys are not (the job starts on the spawner's node).
+//!   `path` are used; placement keys are not (the job starts on the spawner's node);
+//! - `publish_name`, `unpublish_name`, `lookup_name` go to the runtime's name service
+//!   (`published`): names of the session, kept until unpublished; a lookup does not wait.
 //!
 //! A process that never speaks PMI (a Weft program, a shell command) just inherits an
 //! unused descriptor. A malformed or unknown request gets an error reply naming it.
@@ -27,9 +29,13 @@ use std::collections::HashMap;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use weft_wireup::{Rank, Scope, SpawnApp, Value};
 
+use super::published::{NameReply, PmiName};
 use super::{pmi2, wire_to_text, JobEvent, JobEvents, State};
 use crate::modex::{ConnId, GetFlags};
-use crate::wire::proto::{CollId, CollKind, FenceMode, ProcData, Procs, ServerMsg};
+use crate::wire::proto::{
+    CollId, CollKind, FenceMode, NameFailure, NameOp, NameRange, NameValue, Persistence, ProcData,
+    Procs, Published, ServerMsg,
+};
 
 /// Connection ids of PMI clients: this bit, then the rank (native clients count up from 0).
 pub(super) const PMI_CONN: ConnId = 1 << 62;
@@ -564,6 +570,27 @@ impl State {
                 self.pmi_get(rank, owner, key);
             }
             "barrier_in" => self.pmi_barrier(rank, "pmi1"),
+            "publish_name" => match (kv.get("service"), kv.get("port")) {
+                (Some(s), Some(p)) => self.pmi_name(rank, PmiName::Publish, s, Some(p)),
+                _ => self.pmi_send(
+                    rank,
+                    "cmd=publish_result rc=-1 msg=publish_name_needs_service_and_port",
+                ),
+            },
+            "unpublish_name" | "lookup_name" => {
+                let (what, reply) = if cmd == "lookup_name" {
+                    (PmiName::Lookup, "lookup_result")
+                } else {
+                    (PmiName::Unpublish, "unpublish_result")
+                };
+                match kv.get("service") {
+                    Some(s) => self.pmi_name(rank, what, s, None),
+                    None => self.pmi_send(
+                        rank,
+                        &format!("cmd={reply} rc=-1 msg={cmd}_needs_a_service"),
+                    ),
+                }
+            }
             "finalize" => {
                 // As a native client's finalize at exit: its exit status decides.
                 self.job.procs.on_finalize_at_exit(rank);
@@ -581,6 +608,82 @@ impl State {
                 );
             }
         }
+    }
+
+    /// Rank `rank`'s PMI name-service request `what` about `service` (`port`: what a
+    /// publish publishes). Names are published for the session (every job of the
+    /// runtime), until unpublished or the runtime ends, as MPICH's `MPI_Publish_name`
+    /// expects; a lookup does not wait.
+    pub(super) fn pmi_name(
+        &mut self,
+        rank: Rank,
+        what: PmiName,
+        service: &str,
+        port: Option<&str>,
+    ) {
+        let range = NameRange::Session;
+        let keys = vec![service.to_owned()];
+        let op = match what {
+            PmiName::Publish => NameOp::Publish {
+                range,
+                persist: Persistence::Session,
+                entries: vec![(
+                    service.to_owned(),
+                    NameValue::Str(port.unwrap_or_default().to_owned()),
+                )],
+            },
+            PmiName::Unpublish => NameOp::Unpublish { range, keys },
+            PmiName::Lookup => NameOp::Lookup {
+                range,
+                keys,
+                wait_ms: None,
+            },
+        };
+        let to = NameReply::Pmi {
+            ns: self.job.ns,
+            rank,
+            what,
+        };
+        self.names_request(rank, to, op);
+    }
+
+    /// The name service's answer to rank `rank`'s request `what`, in PMI-1's or PMI-2's
+    /// words.
+    pub(super) fn pmi_named(
+        &self,
+        rank: Rank,
+        what: PmiName,
+        result: Result<Vec<Published>, NameFailure>,
+    ) {
+        let port = match (&result, what) {
+            (Ok(found), PmiName::Lookup) => match found.first().map(|p| &p.value) {
+                Some(NameValue::Str(s)) => Ok(Some(s.clone())),
+                Some(NameValue::Bytes(b)) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
+                Some(NameValue::Pmix(_)) => Err("the name's value is not a string".to_owned()),
+                None => Err("not found".to_owned()),
+            },
+            (Ok(_), _) => Ok(None),
+            (Err(f), _) => Err(f.to_string()),
+        };
+        if self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
+            let cmd = match what {
+                PmiName::Publish => "name-publish",
+                PmiName::Unpublish => "name-unpublish",
+                PmiName::Lookup => "name-lookup",
+            };
+            return self.pmi2_named(rank, cmd, port);
+        }
+        let reply = match what {
+            PmiName::Publish => "publish_result",
+            PmiName::Unpublish => "unpublish_result",
+            PmiName::Lookup => "lookup_result",
+        };
+        let line = match port {
+            Ok(Some(p)) => format!("cmd={reply} rc=0 msg=success port={p}"),
+            Ok(None) => format!("cmd={reply} rc=0 msg=success"),
+            Err(why) => format!("cmd={reply} rc=-1 msg={}", msg(&why)),
+        };
+        self.pmi_send(rank, &line);
     }
 
     /// Key `key` of the spawner's "preput", when the focused job was spawned through PMI.

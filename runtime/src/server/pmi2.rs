@@ -13,7 +13,9 @@
 //!   its processes (a get with `wait=TRUE` waits for the put);
 //! - `finalize` as PMI-1's; `abort` ends the process and the job (exit code 1);
 //! - `spawn` (`PMI2_Job_Spawn`) as PMI-1's `mcmd=spawn`, answered with the new job's id;
-//!   a process of a job spawned so is told its spawner in `fullinit` (`spawner-jobid`).
+//!   a process of a job spawned so is told its spawner in `fullinit` (`spawner-jobid`);
+//! - `name-publish`, `name-unpublish`, `name-lookup` as PMI-1's name commands (a lookup's
+//!   port is answered as both `port` and `value`: MPICH's and Slurm's libraries differ).
 //!
 //! A malformed command or an unknown one gets a reply with `rc=-1` and `errmsg` saying
 //! why.
@@ -24,6 +26,7 @@ use super::pmi::{msg, Wait, VALLEN_MAX};
 use weft_wireup::{Rank, Value};
 
 use super::pmi_keys::NodeAttr;
+use super::published::PmiName;
 use super::{pmi, State};
 
 /// A PMI-2 spawn's pairs (`ncmds`, `preputcount`, `ppkeyI`/`ppvalI`, then per app
@@ -343,6 +346,25 @@ impl State {
                 self.job.procs.on_finalize_at_exit(rank);
                 self.pmi2_send(rank, &[resp(cmd), ok()]);
             }
+            "name-publish" => match (get("name"), get("port")) {
+                (Some(n), Some(p)) => {
+                    let (n, p) = (n.to_owned(), p.to_owned());
+                    self.pmi_name(rank, PmiName::Publish, &n, Some(&p));
+                }
+                _ => self.pmi2_error(rank, cmd, "needs name and port"),
+            },
+            "name-unpublish" | "name-lookup" => match get("name") {
+                Some(n) => {
+                    let what = if cmd == "name-lookup" {
+                        PmiName::Lookup
+                    } else {
+                        PmiName::Unpublish
+                    };
+                    let n = n.to_owned();
+                    self.pmi_name(rank, what, &n, None);
+                }
+                None => self.pmi2_error(rank, cmd, "needs a name"),
+            },
             "spawn" => match parse_spawn(&pairs) {
                 Ok((apps, preput)) => self.pmi_spawn(rank, apps, preput),
                 Err(why) => {
@@ -358,6 +380,25 @@ impl State {
                 tracing::warn!("rank {rank}: unsupported PMI-2 command {other:?}");
                 self.pmi2_error(rank, other, "unsupported PMI-2 command");
             }
+        }
+    }
+
+    /// The name service's answer to rank `rank`'s `cmd` (`name-publish`, ...): a lookup's
+    /// port (as `port`, MPICH's key, and `value`, Slurm's library's), or why it failed.
+    pub(super) fn pmi2_named(&self, rank: Rank, cmd: &str, port: Result<Option<String>, String>) {
+        let name = format!("{cmd}-response");
+        match port {
+            Ok(Some(p)) => self.pmi2_send(
+                rank,
+                &[
+                    ("cmd", name),
+                    ("rc", "0".into()),
+                    ("port", p.clone()),
+                    ("value", p),
+                ],
+            ),
+            Ok(None) => self.pmi2_send(rank, &[("cmd", name), ("rc", "0".into())]),
+            Err(why) => self.pmi2_error(rank, cmd, &why),
         }
     }
 

@@ -341,6 +341,16 @@ pub(super) enum NameReply {
     PmixOp(px::OpReply),
     /// A PMIx client's lookup.
     PmixLookup(px::LookupReply),
+    /// A PMI-1 or PMI-2 client of job `ns` (MPICH's `MPI_Publish_name` and kin).
+    Pmi { ns: NsId, rank: Rank, what: PmiName },
+}
+
+/// What a PMI client asked the name service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PmiName {
+    Publish,
+    Unpublish,
+    Lookup,
 }
 
 /// A server's part of the name service: its processes' requests in flight, and (on the
@@ -437,6 +447,11 @@ impl State {
                 Ok(found) => r.found(found.into_iter().map(found_of).collect()),
                 Err(f) => r.fail(pmix_failure(&f)),
             },
+            NameReply::Pmi { ns, rank, what } => {
+                if self.focus(ns) {
+                    self.pmi_named(rank, what, result);
+                }
+            }
         }
     }
 }

@@ -6,7 +6,8 @@
 //! others' lookups really wait), tries it again (a duplicate), and waits for the child's
 //! `child-port`; the other ranks wait for `parent-port`; rank 0 also looks up a key
 //! nobody publishes, at once and with a 100 ms wait. `child` waits for `parent-port`,
-//! tries to withdraw it (not its own), and publishes `child-port`.
+//! tries to withdraw it (not its own), publishes `child-port` (for as long as it lives),
+//! and waits for rank 0's `parent-done`, published once rank 0 found `child-port`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -69,6 +70,9 @@ fn pair() -> Res {
             Err(e) => println!("rank 0 again: {e}"),
         }
         println!("rank 0 found {}", found(&w, "child-port")?);
+        // The child's name lives as long as the child: it waits for this one to end.
+        let done = [("parent-done", b"1".as_slice())];
+        w.publish(&done, NameRange::Session, Persistence::Proc)?;
         let at_once = LookupOptions::default();
         match w.lookup(&["nobody"], at_once) {
             Ok(v) => return Err(format!("found {v:?}").into()),
@@ -102,6 +106,8 @@ fn child() -> Res {
         NameRange::Session,
         Persistence::Proc,
     )?;
+    // Published for as long as this process lives: it stays until the parent found it.
+    found(&w, "parent-done")?;
     std::io::stdout().flush()?;
     w.finalize()?;
     Ok(())
