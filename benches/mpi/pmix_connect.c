@@ -2,7 +2,8 @@
  *
  * Run as `pmix_connect [NCHILD]` (default 2): rank 0 of the first job spawns NCHILD copies
  * of this program (PARENT_NS set to its namespace) and publishes the child job's namespace
- * ("conn-child-ns"); the other ranks look it up, waiting. Every process puts "who"
+ * ("conn-child-ns"); the other ranks look it up, waiting. A child prints its job's
+ * PMIX_PARENT_ID ("parent NSPACE:RANK"). Every process puts "who"
  * ("nspace:rank"), commits (rank 0 publishes the name twice and prints the second status), then connects its job with the other (both namespaces whole),
  * reads "who" of the other job's rank 0, and disconnects. Each step prints one line; any
  * failure prints "FAILED" and exits 1. `pmix_connect N die`: the children exit (code 3)
@@ -50,6 +51,19 @@ int main(int argc, char **argv)
     }
     if (parent != NULL) {
         snprintf(other, sizeof other, "%s", parent);
+        /* The job information names the process that spawned this job. */
+        pmix_proc_t wild;
+        pmix_value_t *pv = NULL;
+        PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
+        if (PMIX_SUCCESS != (rc = PMIx_Get(&wild, PMIX_PARENT_ID, NULL, 0, &pv))) {
+            fail("get PMIX_PARENT_ID", rc);
+        }
+        if (pv->type != PMIX_PROC) {
+            fail("PMIX_PARENT_ID's type", PMIX_ERR_TYPE_MISMATCH);
+        }
+        printf("%s:%u parent %s:%u\n", me.nspace, me.rank, pv->data.proc->nspace,
+               pv->data.proc->rank);
+        PMIX_VALUE_RELEASE(pv);
     } else if (me.rank == 0) {
         pmix_app_t app;
         PMIX_APP_CONSTRUCT(&app);

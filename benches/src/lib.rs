@@ -13,6 +13,7 @@
 //! | `group`   | group construct with a PGCID; communicator creation from a group        |
 //! | `limit`   | the floor: cache-line ping-pong one-way time, single-core memcpy        |
 //! | `spawn`   | `Client::spawn` of N processes: until it returns, until all initialized |
+//! | `names`   | the name service: lookup, publish, a waiting lookup after the publish   |
 //!
 //! `latency`, `bw`, `bibw`, `mr` and `limit` run between two processes: started alone they
 //! launch themselves as a job of two (bound to different cores when there are two), under
@@ -26,6 +27,7 @@ mod coll;
 mod fence;
 mod group;
 mod limit;
+mod names;
 mod osu;
 mod p2p;
 mod spawn;
@@ -59,6 +61,10 @@ const BENCHES: &[(&str, &str)] = &[
         "spawn",
         "Client::spawn of N processes: until it returns, until they all initialized",
     ),
+    (
+        "names",
+        "the name service: lookup, publish, a waiting lookup after the publish",
+    ),
 ];
 
 fn usage() -> String {
@@ -87,6 +93,7 @@ pub fn main(args: &[String]) -> i32 {
         Some("fence") => fence::main(&args[1..]),
         Some("group") => group::main(&args[1..]),
         Some("spawn") => spawn::main(&args[1..]),
+        Some("names") => names::main(&args[1..]),
         Some("limit") => limit::main(&args[1..]),
         None => {
             eprint!("{}", usage());

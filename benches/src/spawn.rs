@@ -8,6 +8,11 @@
 //! once its `Client::init` returned, and ends. The parent times each spawn from the call to
 //! its return ("started": the processes were started, as `PMIx_Spawn` returns) and to the
 //! last child's file ("initialized").
+//!
+//! It also reports what the runtime holds before the timed spawns (after the untimed ones)
+//! and after them, once their processes are gone: the open descriptors and resident memory
+//! of this node's server and of the launcher, and the runtime's shared-memory segments. A long
+//! run (`--iters 500`) shows whether spawning leaks.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -131,6 +136,90 @@ fn one_spawn(
     }
 }
 
+/// What the runtime holds (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Held {
+    server_fds: usize,
+    server_rss_kib: u64,
+    launcher_fds: usize,
+    launcher_rss_kib: u64,
+    segments: usize,
+}
+
+/// How long the runtime may take to release a finished spawn's processes and segments.
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn fds_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+fn rss_kib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The parent of process `pid` (the launcher, for a server of `weft run`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, then the parent's pid.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// What the runtime holds now, and how many processes this server still has as children
+/// (the spawned ones not yet reaped).
+fn held() -> Result<(Held, usize), String> {
+    let server: u32 = std::env::var(weft_wireup::env::SERVER_PID)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .ok_or("WEFT_SERVER_PID is not set")?;
+    let launcher = parent_of(server).ok_or("the server's parent is unknown")?;
+    // This runtime's segments: its jobs' names all start with the first job's namespace.
+    let ns = std::env::var(weft_wireup::env::NSPACE).map_err(|_| "WEFT_NSPACE is not set")?;
+    let segments = std::fs::read_dir("/dev/shm").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&ns))
+            .count()
+    });
+    let children = std::fs::read_dir("/proc").map_or(0, |d| {
+        d.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&p| p != std::process::id() && parent_of(p) == Some(server))
+            .count()
+    });
+    let h = Held {
+        server_fds: fds_of(server),
+        server_rss_kib: rss_kib_of(server),
+        launcher_fds: fds_of(launcher),
+        launcher_rss_kib: rss_kib_of(launcher),
+        segments,
+    };
+    Ok((h, children))
+}
+
+/// What the runtime holds once the spawned processes are gone (waiting up to [`SETTLE`]
+/// for them and for their segments to be released down to `before`'s).
+fn settled(before: &Held) -> Result<Held, String> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let (h, children) = held()?;
+        let quiet =
+            children == 0 && h.segments <= before.segments && h.server_fds <= before.server_fds;
+        if quiet || Instant::now() > deadline {
+            return Ok(h);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The parent: spawns, times, prints.
 fn parent(opts: &Args) -> Result<(), String> {
     let w = Client::init().map_err(|e| format!("init: {e}"))?;
@@ -142,17 +231,19 @@ fn parent(opts: &Args) -> Result<(), String> {
     let mut started = Vec::new();
     let mut inited = Vec::new();
     let result = (|| {
-        for i in 0..opts.warmup + opts.iters {
-            let (s, a) = one_spawn(&w, &exe, &dir, opts.procs)?;
-            if i >= opts.warmup {
-                started.push(us(s));
-                inited.push(us(a));
-            }
+        for _ in 0..opts.warmup {
+            one_spawn(&w, &exe, &dir, opts.procs)?;
         }
-        Ok::<(), String>(())
+        let before = settled(&held()?.0)?;
+        for _ in 0..opts.iters {
+            let (s, a) = one_spawn(&w, &exe, &dir, opts.procs)?;
+            started.push(us(s));
+            inited.push(us(a));
+        }
+        Ok::<_, String>((before, settled(&before)?))
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    result?;
+    let (before, after) = result?;
     let rows = [
         ("started", Summary::of_us(started)),
         ("initialized", Summary::of_us(inited)),
@@ -169,6 +260,18 @@ fn parent(opts: &Args) -> Result<(), String> {
                 })
             );
         }
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "spawn", "impl": "weft", "what": "held", "procs": opts.procs,
+                "spawns": opts.iters,
+                "server_fds": [before.server_fds, after.server_fds],
+                "server_rss_kib": [before.server_rss_kib, after.server_rss_kib],
+                "launcher_fds": [before.launcher_fds, after.launcher_fds],
+                "launcher_rss_kib": [before.launcher_rss_kib, after.launcher_rss_kib],
+                "segments": [before.segments, after.segments],
+            })
+        );
     } else {
         println!("# OSU-style Weft Spawn Test");
         println!(
@@ -186,6 +289,24 @@ fn parent(opts: &Args) -> Result<(), String> {
                 what, s.median_us, s.min_us, s.p99_us, s.max_us
             );
         }
+        let pct = |a: u64, b: u64| (b as f64 - a as f64) * 100.0 / (a.max(1) as f64);
+        println!(
+            "# held before/after {} spawns: server {}/{} fds, {}/{} KiB ({:+.1}%); \
+             launcher {}/{} fds, {}/{} KiB ({:+.1}%); segments {}/{}",
+            opts.iters,
+            before.server_fds,
+            after.server_fds,
+            before.server_rss_kib,
+            after.server_rss_kib,
+            pct(before.server_rss_kib, after.server_rss_kib),
+            before.launcher_fds,
+            after.launcher_fds,
+            before.launcher_rss_kib,
+            after.launcher_rss_kib,
+            pct(before.launcher_rss_kib, after.launcher_rss_kib),
+            before.segments,
+            after.segments
+        );
     }
     w.finalize().map_err(|e| format!("finalize: {e}"))
 }

@@ -539,6 +539,10 @@ fn pmix_connect_joins_a_spawned_job_and_fails_when_it_dies() {
                 }
             }
         }
+        for r in 0..2 {
+            let want = format!("{child}:{r} parent {job}:0");
+            assert!(d.stdout.lines().any(|l| l == want), "{want}\n{}", d.dump());
+        }
         assert!(!d.stdout.contains("FAILED"), "{}", d.dump());
         // A second publish of the same name: PMIX_EXISTS (-11), as Open MPI expects.
         let again = format!("{job}:0 published again: -11");

@@ -180,7 +180,7 @@ fn bench_spawn_prints_both_times_in_json() {
         ],
         &tmp,
     );
-    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!(rows.len(), 3, "{stdout}");
     let median = |what: &str| {
         let r = rows
             .iter()
@@ -193,6 +193,20 @@ fn bench_spawn_prints_both_times_in_json() {
     };
     let (started, inited) = (median("started"), median("initialized"));
     assert!(started > 0.0 && inited >= started, "{stdout}");
+    // What the runtime holds, before and after the timed spawns: no descriptor or segment
+    // more once their processes are gone.
+    let held = rows
+        .iter()
+        .find(|r| r["what"] == "held")
+        .unwrap_or_else(|| panic!("no held row: {stdout}"));
+    for what in ["server_fds", "launcher_fds", "segments"] {
+        let v = held[what]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: {stdout}"));
+        let (before, after) = (v[0].as_u64().unwrap(), v[1].as_u64().unwrap());
+        assert!(before > 0 || what == "segments", "{what}: {stdout}");
+        assert!(after <= before, "{what} grew: {stdout}");
+    }
     let left: Vec<_> = std::fs::read_dir(&tmp)
         .unwrap()
         .flatten()

@@ -423,6 +423,9 @@ pub struct Nspace {
     /// This node runs more of the job's processes than it has CPUs for them
     /// (`PMIX_NODE_OVERSUBSCRIBED`: MPI libraries then yield while they wait).
     pub oversubscribed: bool,
+    /// The process that spawned this job (namespace, rank): `PMIX_SPAWNED` and
+    /// `PMIX_PARENT_ID` in the job's information. `None` for a job started otherwise.
+    pub parent: Option<(String, u32)>,
 }
 
 impl Nspace {
@@ -522,6 +525,7 @@ mod tests {
             locality_of: vec![None; n],
             tmpdir: "/tmp".into(),
             oversubscribed: false,
+            parent: None,
         }
     }
 

@@ -706,6 +706,13 @@ impl Server {
             // Present means oversubscribed (the key is a flag; PRRTE gives it no value).
             info.push_bool(sys::PMIX_NODE_OVERSUBSCRIBED, true);
         }
+        if let Some((pns, prank)) = &ns.parent {
+            let mut parent = nspace_c(OP, pns)?;
+            parent.rank = *prank;
+            info.push_bool(sys::PMIX_SPAWNED, true);
+            info.push_proc(sys::PMIX_PARENT_ID, &parent);
+        }
+
         // Every rank.
         for r in 0..size {
             let i = r as usize;

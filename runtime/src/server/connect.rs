@@ -205,6 +205,11 @@ impl State {
         open.arrived.insert(node, data);
         if open.need.iter().all(|n| open.arrived.contains_key(n)) {
             let open = self.connects.open.remove(&id).expect("present");
+            // Every node arrived, but a node's PMIx library counts a participant that
+            // died before calling as done: a participant gone now never took part.
+            if let Some(why) = self.connect_lost(&id, &BTreeMap::new()) {
+                return self.connect_done(&id, open.need, Err(why));
+            }
             let all: Vec<u8> = open.arrived.into_values().flatten().collect();
             return self.connect_done(&id, open.need, Ok(all));
         }

@@ -282,6 +282,10 @@ impl PmixFront {
             locality_of: job.procs.iter().map(|p| p.locality.clone()).collect(),
             tmpdir: self.dir.to_string_lossy().into_owned(),
             oversubscribed: oversubscribed(plan, node),
+            parent: plan
+                .parent
+                .as_ref()
+                .map(|(p, nspace)| (nspace.clone(), p.rank)),
         };
         self.server
             .register_nspace(&ns)
