@@ -9,7 +9,8 @@
 //! joined from its event, a fence across the group, its destruct; an invite that cannot
 //! complete), `dynamic.c` (`PMIx_Spawn` of a child job), `pub.c` and `pubi.c`
 //! (publish/lookup), `PMIx_Connect` across jobs (`benches/mpi/pmix_connect.c`) and Open
-//! MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`) on one node and on 2 logical nodes;
+//! MPI's `MPI_Comm_spawn` (`benches/mpi/spawn.c`), a spawned job's failure as an event to
+//! its parent (`benches/mpi/pmix_child_failed.c`) on one node and on 2 logical nodes;
 //! skipped without Open MPI or libpmix unless `WEFT_REQUIRE_OPENMPI` is set (`ci/test.sh`
 //! sets it). MPICH programs built from `benches/mpi/` with Debian's `mpicc.mpich` (a ring
 //! with send/recv, bcast, allreduce and barrier; the OSU latency) on one node and on 2
@@ -598,6 +599,48 @@ fn openmpi_comm_spawn_merges_and_disconnects_on_one_and_two_nodes() {
             "parent 1: merged size 4 sum 4",
         ];
         assert_eq!(got, want, "{}", d.dump());
+        clean(&name, &d);
+    }
+}
+
+#[test]
+fn a_spawned_jobs_failure_reaches_the_parent_and_an_orderly_end_does_not_on_one_and_two_nodes() {
+    if pmix_client().is_none() {
+        return;
+    }
+    let prog = build_c(
+        "cc",
+        "pmix_child_failed.c",
+        "pmix_child_failed",
+        &pmix_flags(),
+    );
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-child-failed-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &prog],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        let child = format!("weft-{name}-{}.2", std::process::id());
+        for r in 0..2 {
+            // On every node: the child's rank 1 ended without finalizing.
+            let want = format!("rank {r}: event PROC-ABORTED affected {child}:1");
+            assert_eq!(d.lines_with(&want), 1, "{want}\n{}", d.dump());
+            assert_eq!(
+                d.lines_with(&format!("rank {r}: child failure seen")),
+                1,
+                "{}",
+                d.dump()
+            );
+        }
+        // Rank 1 finalized and ended (on another node, too): no failure event names it.
+        assert_eq!(
+            d.lines_with("rank 0: events about this job: 0"),
+            1,
+            "{}",
+            d.dump()
+        );
         clean(&name, &d);
     }
 }

@@ -390,6 +390,7 @@ impl State {
                     rank,
                     reason: reason.clone(),
                     joined: joined.clone(),
+                    finalized,
                 },
             );
         }

@@ -221,7 +221,8 @@ impl State {
                 rank,
                 reason,
                 joined,
-            } => self.proc_gone(rank, reason, joined.into_iter().collect(), false),
+                finalized,
+            } => self.proc_gone(rank, reason, joined.into_iter().collect(), finalized),
             JobMsg::GroupLeft { id, rank } => {
                 let acts = self.job.groups.on_member_left(&id, rank);
                 self.apply_groups(acts);

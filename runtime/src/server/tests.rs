@@ -222,6 +222,7 @@ fn a_member_gone_before_joining_fails_the_fence_for_the_others() {
         rank: 2,
         reason: reason.into(),
         joined: Vec::new(),
+        finalized: false,
     });
     let failed = |msgs: &[ServerMsg], want: u64| match msgs {
         [ServerMsg::Failed {
@@ -257,6 +258,7 @@ fn a_peer_message_about_another_namespace_changes_nothing_here() {
             rank: 2,
             reason: "exited with code 3 before finalize".into(),
             joined: Vec::new(),
+            finalized: false,
         },
     );
     assert!(n.replies(0).is_empty());
@@ -266,6 +268,7 @@ fn a_peer_message_about_another_namespace_changes_nothing_here() {
         rank: 2,
         reason: "exited with code 3 before finalize".into(),
         joined: Vec::new(),
+        finalized: false,
     });
     assert!(matches!(
         n.replies(0)[..],
@@ -286,6 +289,7 @@ fn a_member_that_joined_before_it_ended_does_not_fail_the_fence() {
         rank: 2,
         reason: weft_wireup::FINALIZED.into(),
         joined: vec![id.digest()],
+        finalized: false,
     });
     assert!(n.replies(0).is_empty());
     n.client(1, fence(2, &id, FenceMode::SyncOnly));

@@ -110,6 +110,7 @@ fn job_msgs() -> Vec<JobMsg> {
             rank: 3,
             reason: "r".into(),
             joined: vec![1, 2],
+            finalized: false,
         },
         JobMsg::GroupLeft {
             id: "g".into(),

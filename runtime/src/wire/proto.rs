@@ -55,7 +55,8 @@ pub struct ModexData {
 /// job's envelope (`PeerMsg::Job`); before it the runtime used the client protocol's
 /// number (4). Version 6 adds the name service (`PeerMsg::Names`) and connects
 /// (`PeerMsg::Connect`). Version 7: a spawn asked for through PMI (`SpawnReq`,
-/// `JobPlan::pmi_preput`).
+/// `JobPlan::pmi_preput`), a job's parent (`JobPlan::parent`), and whether a process that
+/// ended had finalized (`JobMsg::ProcGone::finalized`).
 pub const RUNTIME_PROTOCOL_VERSION: u32 = 7;
 
 /// Server to server (TCP): a hello, then messages each about one job.
@@ -196,11 +197,13 @@ pub enum JobMsg {
     ModexCancel {
         qid: u64,
     },
-    /// `rank` died or finalized; `joined` are digests of the collectives it had joined.
+    /// `rank` died or finalized (`finalized`: it had finalized before it ended); `joined`
+    /// are digests of the collectives it had joined.
     ProcGone {
         rank: Rank,
         reason: String,
         joined: Vec<u64>,
+        finalized: bool,
     },
     /// `rank` left group `id`.
     GroupLeft {

@@ -236,6 +236,7 @@ impl World {
                 rank,
                 reason: reason.clone(),
                 joined: joined.clone(),
+                finalized: false,
             };
             self.send(n, to, msg);
         }
@@ -277,6 +278,7 @@ impl World {
                 rank,
                 reason,
                 joined,
+                ..
             } => self.gone_at(to, rank, &reason, joined.into_iter().collect()),
             JobMsg::GroupLeft { id, rank } => {
                 let acts = self.nodes[to as usize].groups.on_member_left(&id, rank);
