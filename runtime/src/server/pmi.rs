@@ -283,32 +283,30 @@ pub(super) fn parse_spawn(text: &str) -> Result<PmiSpawn, String> {
                     .ok_or_else(|| format!("argcnt={argc} but no arg{i}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        for i in 0..num(b, "preput_num")?.unwrap_or(0) {
-            let (Some(k), Some(v)) = (
-                b.get(format!("preput_key_{i}").as_str()),
-                b.get(format!("preput_val_{i}").as_str()),
-            ) else {
-                return Err(format!(
-                    "preput_num counts a preput_key_{i}/preput_val_{i} pair that is missing"
-                ));
-            };
+        // `count` pairs `key_I`/`val_I` of block `b`, I from 0.
+        let pairs = |count: &str, n: u32, key: &str, val: &str| {
+            (0..n)
+                .map(|i| {
+                    match (
+                        b.get(format!("{key}{i}").as_str()),
+                        b.get(format!("{val}{i}").as_str()),
+                    ) {
+                        (Some(k), Some(v)) => Ok((*k, *v)),
+                        _ => Err(format!(
+                            "{count} counts a {key}{i}/{val}{i} pair that is missing"
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<_>, String>>()
+        };
+        let n = num(b, "preput_num")?.unwrap_or(0);
+        for (k, v) in pairs("preput_num", n, "preput_key_", "preput_val_")? {
             if !preput.iter().any(|(pk, _)| pk == k) {
-                preput.push(((*k).to_owned(), (*v).to_owned()));
+                preput.push((k.to_owned(), v.to_owned()));
             }
         }
-        let infos = num(b, "info_num")?.or(num(b, "infonum")?).unwrap_or(0);
-        let mut info = Vec::new();
-        for i in 0..infos {
-            let (Some(k), Some(v)) = (
-                b.get(format!("info_key_{i}").as_str()),
-                b.get(format!("info_val_{i}").as_str()),
-            ) else {
-                return Err(format!(
-                    "info_num counts an info_key_{i}/info_val_{i} pair that is missing"
-                ));
-            };
-            info.push((*k, *v));
-        }
+        let n = num(b, "info_num")?.or(num(b, "infonum")?).unwrap_or(0);
+        let info = pairs("info_num", n, "info_key_", "info_val_")?;
         apps.push(spawn_app(program, np, args, &info));
     }
     Ok((apps, preput))
