@@ -72,6 +72,7 @@ mod pgcids;
 mod pmi;
 mod pmi2;
 mod pmi_keys;
+mod pmi_spawn;
 mod pmix;
 mod pmix_book;
 mod pmix_events;

@@ -27,10 +27,10 @@ use std::os::fd::AsRawFd;
 use std::collections::HashMap;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
-use weft_wireup::{Rank, Scope, SpawnApp, Value};
+use weft_wireup::{Rank, Scope, Value};
 
 use super::published::{NameReply, PmiName};
-use super::{pmi2, wire_to_text, JobEvent, JobEvents, State};
+use super::{pmi2, pmi_spawn, wire_to_text, JobEvent, JobEvents, State};
 use crate::modex::{ConnId, GetFlags};
 use crate::wire::proto::{
     CollId, CollKind, FenceMode, NameFailure, NameOp, NameRange, NameValue, Persistence, ProcData,
@@ -227,126 +227,8 @@ fn read_mcmd(r: &mut impl BufRead, first: String) -> Result<String, String> {
     }
 }
 
-/// A PMI spawn: its apps, and the keys its processes read as their job's (the preput).
-pub(super) type PmiSpawn = (Vec<SpawnApp>, Vec<(String, String)>);
-
 /// Longest multi-line command accepted (a spawn of many apps).
 const MAX_MCMD: usize = 1 << 20;
-
-/// A PMI-1 spawn (`mcmd=spawn`, one block per app): its apps, and the keys the new job's
-/// processes read as their job's ("preput": MPICH's parent port). An error says what is
-/// wrong.
-pub(super) fn parse_spawn(text: &str) -> Result<PmiSpawn, String> {
-    let mut blocks: Vec<HashMap<&str, &str>> = Vec::new();
-    let mut open = false;
-    for l in text.lines() {
-        let l = l.trim_start();
-        if l.is_empty() {
-            continue;
-        }
-        if l == "mcmd=spawn" {
-            blocks.push(HashMap::new());
-            open = true;
-        } else if l == "endcmd" {
-            open = false;
-        } else if !open {
-            return Err(format!("{l:?} outside a mcmd=spawn ... endcmd block"));
-        } else {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| format!("{l:?} is not key=value"))?;
-            blocks.last_mut().expect("open").insert(k, v);
-        }
-    }
-    if blocks.is_empty() {
-        return Err("a spawn with no mcmd=spawn block".into());
-    }
-    let num = |b: &HashMap<&str, &str>, k: &str| -> Result<Option<u32>, String> {
-        b.get(k)
-            .map(|v| {
-                v.trim()
-                    .parse::<u32>()
-                    .map_err(|_| format!("{k}={v:?} is not a count"))
-            })
-            .transpose()
-    };
-    let mut apps = Vec::new();
-    let mut preput: Vec<(String, String)> = Vec::new();
-    for b in &blocks {
-        let program = b.get("execname").ok_or("a spawn block without execname")?;
-        let np = num(b, "nprocs")?.ok_or("a spawn block without nprocs")?;
-        let argc = num(b, "argcnt")?.unwrap_or(0);
-        let args = (1..=argc)
-            .map(|i| {
-                b.get(format!("arg{i}").as_str())
-                    .map(|v| (*v).to_owned())
-                    .ok_or_else(|| format!("argcnt={argc} but no arg{i}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // `count` pairs `key_I`/`val_I` of block `b`, I from 0.
-        let pairs = |count: &str, n: u32, key: &str, val: &str| {
-            (0..n)
-                .map(|i| {
-                    match (
-                        b.get(format!("{key}{i}").as_str()),
-                        b.get(format!("{val}{i}").as_str()),
-                    ) {
-                        (Some(k), Some(v)) => Ok((*k, *v)),
-                        _ => Err(format!(
-                            "{count} counts a {key}{i}/{val}{i} pair that is missing"
-                        )),
-                    }
-                })
-                .collect::<Result<Vec<_>, String>>()
-        };
-        let n = num(b, "preput_num")?.unwrap_or(0);
-        for (k, v) in pairs("preput_num", n, "preput_key_", "preput_val_")? {
-            if !preput.iter().any(|(pk, _)| pk == k) {
-                preput.push((k.to_owned(), v.to_owned()));
-            }
-        }
-        let n = num(b, "info_num")?.or(num(b, "infonum")?).unwrap_or(0);
-        let info = pairs("info_num", n, "info_key_", "info_val_")?;
-        apps.push(spawn_app(program, np, args, &info));
-    }
-    Ok((apps, preput))
-}
-
-/// An app of a PMI spawn, with its info keys: `wdir` is its working directory, `path`
-/// where its program is looked for; the others (placement: `host`, `hostfile`) are not
-/// used by a spawn that runs on the spawner's node, and are logged.
-pub(super) fn spawn_app(
-    program: &str,
-    np: u32,
-    args: Vec<String>,
-    info: &[(&str, &str)],
-) -> SpawnApp {
-    let mut app = SpawnApp {
-        program: program.to_owned(),
-        args,
-        np,
-        env: Vec::new(),
-        cwd: None,
-    };
-    for (k, v) in info {
-        match *k {
-            "wdir" => app.cwd = Some((*v).to_owned()),
-            "path" => {
-                if !program.contains('/') {
-                    let found = v
-                        .split(':')
-                        .map(|d| std::path::Path::new(d).join(program))
-                        .find(|p| p.is_file());
-                    if let Some(p) = found {
-                        app.program = p.to_string_lossy().into_owned();
-                    }
-                }
-            }
-            other => tracing::debug!("PMI spawn of {program}: info key {other:?} not used"),
-        }
-    }
-    app
-}
 
 /// `cmd=NAME k=v ...` as (NAME, pairs); `None` without a `cmd`.
 pub(super) fn parse(line: &str) -> Option<(&str, HashMap<&str, &str>)> {
@@ -480,7 +362,7 @@ impl State {
             }
         };
         if line.starts_with("mcmd=") {
-            return match parse_spawn(&line) {
+            return match pmi_spawn::parse_v1(&line) {
                 Ok((apps, preput)) => self.pmi_spawn(rank, apps, preput),
                 Err(why) => {
                     tracing::warn!("rank {rank}: PMI spawn refused: {why}");
@@ -576,17 +458,20 @@ impl State {
                 ),
             },
             "unpublish_name" | "lookup_name" => {
-                let (what, reply) = if cmd == "lookup_name" {
-                    (PmiName::Lookup, "lookup_result")
+                let what = if cmd == "lookup_name" {
+                    PmiName::Lookup
                 } else {
-                    (PmiName::Unpublish, "unpublish_result")
+                    PmiName::Unpublish
                 };
                 match kv.get("service") {
                     Some(s) => self.pmi_name(rank, what, s, None),
-                    None => self.pmi_send(
-                        rank,
-                        &format!("cmd={reply} rc=-1 msg={cmd}_needs_a_service"),
-                    ),
+                    None => {
+                        let reply = what.pmi1_reply();
+                        self.pmi_send(
+                            rank,
+                            &format!("cmd={reply} rc=-1 msg={cmd}_needs_a_service"),
+                        )
+                    }
                 }
             }
             "finalize" => {
@@ -664,18 +549,9 @@ impl State {
             (Err(f), _) => Err(f.to_string()),
         };
         if self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
-            let cmd = match what {
-                PmiName::Publish => "name-publish",
-                PmiName::Unpublish => "name-unpublish",
-                PmiName::Lookup => "name-lookup",
-            };
-            return self.pmi2_named(rank, cmd, port);
+            return self.pmi2_named(rank, what.pmi2_command(), port);
         }
-        let reply = match what {
-            PmiName::Publish => "publish_result",
-            PmiName::Unpublish => "unpublish_result",
-            PmiName::Lookup => "lookup_result",
-        };
+        let reply = what.pmi1_reply();
         let line = match port {
             Ok(Some(p)) => format!("cmd={reply} rc=0 msg=success port={p}"),
             Ok(None) => format!("cmd={reply} rc=0 msg=success"),
@@ -693,19 +569,19 @@ impl State {
     /// The answer to rank `rank`'s PMI spawn of `procs` processes: the new job's
     /// namespace, or why there is none.
     pub(super) fn pmi_spawned(&self, rank: Rank, procs: u32, result: Result<String, String>) {
-        let v2 = self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2);
-        match (result, v2) {
-            (Ok(nspace), false) => {
+        if self.job.pmi.conns.get(&rank).is_some_and(|c| c.v2) {
+            return self.pmi2_spawned(rank, result);
+        }
+        match result {
+            Ok(nspace) => {
                 let codes = vec!["0"; procs as usize].join(",");
                 tracing::debug!("rank {rank}: PMI spawn started {nspace}");
                 self.pmi_send(rank, &format!("cmd=spawn_result rc=0 errcodes={codes}"));
             }
-            (Err(why), false) => {
+            Err(why) => {
                 tracing::warn!("rank {rank}: PMI spawn failed: {why}");
                 self.pmi_send(rank, &format!("cmd=spawn_result rc=-1 msg={}", msg(&why)));
             }
-            (Ok(nspace), true) => self.pmi2_spawned(rank, Ok(nspace)),
-            (Err(why), true) => self.pmi2_spawned(rank, Err(why)),
         }
     }
 
@@ -757,7 +633,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::{msg, parse, parse_spawn, process_mapping};
+    use super::{msg, parse, process_mapping};
 
     #[test]
     fn process_mappings_are_mpichs() {
@@ -765,61 +641,6 @@ mod tests {
         assert_eq!(process_mapping(&[0, 0, 1, 1]), "(vector,(0,2,2))");
         assert_eq!(process_mapping(&[0, 1, 0, 1]), "(vector,(0,2,1),(0,2,1))");
         assert_eq!(process_mapping(&[0, 0, 0, 1]), "(vector,(0,1,3),(1,1,1))");
-    }
-
-    #[test]
-    fn spawns_parse_as_mpich_writes_them_or_are_refused() {
-        // MPICH 4.0's PMI_Spawn_multiple of two apps, the second without arguments.
-        let text = "mcmd=spawn\nnprocs=2\nexecname=./a\ntotspawns=2\nspawnssofar=1\n\
-                    arg1=x y=z\narg2=w\nargcnt=2\npreput_num=1\n\
-                    preput_key_0=PARENT_ROOT_PORT_NAME\npreput_val_0=tag#0$p=1$\n\
-                    info_num=1\ninfo_key_0=wdir\ninfo_val_0=/tmp\nendcmd\n\
-                    mcmd=spawn\nnprocs=1\nexecname=b\ntotspawns=2\nspawnssofar=2\n\
-                    argcnt=0\npreput_num=1\npreput_key_0=PARENT_ROOT_PORT_NAME\n\
-                    preput_val_0=tag#0$p=1$\ninfo_num=1\ninfo_key_0=host\ninfo_val_0=n1\n\
-                    endcmd";
-        let (apps, preput) = parse_spawn(text).expect("parses");
-        assert_eq!(apps.len(), 2);
-        assert_eq!(
-            (apps[0].program.as_str(), apps[0].np, apps[0].cwd.as_deref()),
-            ("./a", 2, Some("/tmp"))
-        );
-        assert_eq!(apps[0].args, ["x y=z", "w"]);
-        assert_eq!((apps[1].program.as_str(), apps[1].np), ("b", 1));
-        assert!(apps[1].args.is_empty() && apps[1].cwd.is_none());
-        // The preput is the job's, given once.
-        assert_eq!(
-            preput,
-            [(
-                "PARENT_ROOT_PORT_NAME".to_string(),
-                "tag#0$p=1$".to_string()
-            )]
-        );
-        for (bad, why) in [
-            ("mcmd=spawn\nexecname=a\nendcmd", "without nprocs"),
-            ("mcmd=spawn\nnprocs=1\nendcmd", "without execname"),
-            (
-                "mcmd=spawn\nnprocs=-1\nexecname=a\nendcmd",
-                "is not a count",
-            ),
-            (
-                "mcmd=spawn\nnprocs=1\nexecname=a\nargcnt=2\narg1=x\nendcmd",
-                "no arg2",
-            ),
-            (
-                "mcmd=spawn\nnprocs=1\nexecname=a\npreput_num=1\nendcmd",
-                "preput_key_0",
-            ),
-            (
-                "mcmd=spawn\nnprocs=1\nexecname=a\nendcmd\nnprocs=2",
-                "outside",
-            ),
-            ("mcmd=spawn\nnonsense\nendcmd", "not key=value"),
-            ("", "no mcmd=spawn block"),
-        ] {
-            let err = parse_spawn(bad).expect_err(bad);
-            assert!(err.contains(why), "{bad:?}: {err}");
-        }
     }
 
     #[test]

@@ -27,90 +27,7 @@ use weft_wireup::{Rank, Value};
 
 use super::pmi_keys::NodeAttr;
 use super::published::PmiName;
-use super::{pmi, State};
-
-/// A PMI-2 spawn's pairs (`ncmds`, `preputcount`, `ppkeyI`/`ppvalI`, then per app
-/// `subcmd`, `maxprocs`, `argc`, `argvI`, `infokeycount`, `infokeyI`/`infovalI`) as its
-/// apps and the keys its processes read as their job's; an error says what is wrong.
-pub(super) fn parse_spawn(pairs: &[(String, String)]) -> Result<pmi::PmiSpawn, String> {
-    let count = |v: &str, k: &str| -> Result<u32, String> {
-        v.trim()
-            .parse::<u32>()
-            .map_err(|_| format!("{k}={v:?} is not a count"))
-    };
-    // The job's part, then one segment per app, each starting at its `subcmd`.
-    let first_app = pairs
-        .iter()
-        .position(|(k, _)| k == "subcmd")
-        .ok_or("a spawn without subcmd")?;
-    let (head, rest) = pairs.split_at(first_app);
-    fn find<'a>(ps: &'a [(String, String)], k: &str) -> Option<&'a str> {
-        ps.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str())
-    }
-    let mut preput = Vec::new();
-    for i in 0..find(head, "preputcount").map_or(Ok(0), |v| count(v, "preputcount"))? {
-        match (
-            find(head, &format!("ppkey{i}")),
-            find(head, &format!("ppval{i}")),
-        ) {
-            (Some(k), Some(v)) => preput.push((k.to_owned(), v.to_owned())),
-            _ => {
-                return Err(format!(
-                    "preputcount counts a ppkey{i}/ppval{i} pair that is missing"
-                ))
-            }
-        }
-    }
-    let mut segments: Vec<&[(String, String)]> = Vec::new();
-    let mut start = 0;
-    for (i, (k, _)) in rest.iter().enumerate().skip(1) {
-        if k == "subcmd" {
-            segments.push(&rest[start..i]);
-            start = i;
-        }
-    }
-    segments.push(&rest[start..]);
-    if let Some(n) = find(head, "ncmds") {
-        let n = count(n, "ncmds")?;
-        if n as usize != segments.len() {
-            return Err(format!("ncmds={n} but {} subcmd", segments.len()));
-        }
-    }
-    let mut apps = Vec::new();
-    for seg in segments {
-        let program = find(seg, "subcmd").unwrap_or_default();
-        let np = count(
-            find(seg, "maxprocs").ok_or("a spawn app without maxprocs")?,
-            "maxprocs",
-        )?;
-        let argc = find(seg, "argc").map_or(Ok(0), |v| count(v, "argc"))?;
-        // MPICH numbers the arguments from 0 (argv0 is the first argument, not the program).
-        let base = u32::from(find(seg, "argv0").is_none() && argc > 0);
-        let args = (base..base + argc)
-            .map(|i| {
-                find(seg, &format!("argv{i}"))
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("argc={argc} but no argv{i}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut info = Vec::new();
-        for i in 0..find(seg, "infokeycount").map_or(Ok(0), |v| count(v, "infokeycount"))? {
-            match (
-                find(seg, &format!("infokey{i}")),
-                find(seg, &format!("infoval{i}")),
-            ) {
-                (Some(k), Some(v)) => info.push((k, v)),
-                _ => {
-                    return Err(format!(
-                        "infokeycount counts an infokey{i}/infoval{i} pair that is missing"
-                    ))
-                }
-            }
-        }
-        apps.push(pmi::spawn_app(program, np, args, &info));
-    }
-    Ok((apps, preput))
-}
+use super::{pmi, pmi_spawn, State};
 
 /// Reads one PMI-2 command (its 6-character length, then that many bytes).
 pub(super) fn read_command(r: &mut impl Read, max: usize) -> Result<String, String> {
@@ -365,7 +282,7 @@ impl State {
                 }
                 None => self.pmi2_error(rank, cmd, "needs a name"),
             },
-            "spawn" => match parse_spawn(&pairs) {
+            "spawn" => match pmi_spawn::parse_v2(&pairs) {
                 Ok((apps, preput)) => self.pmi_spawn(rank, apps, preput),
                 Err(why) => {
                     tracing::warn!("rank {rank}: PMI-2 spawn refused: {why}");
@@ -451,38 +368,6 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn spawns_parse_as_slurms_library_writes_them_or_are_refused() {
-        let pairs = |t: &str| super::parse(t).expect("pairs");
-        let text = "cmd=spawn;thrid=1;ncmds=2;preputcount=1;ppkey0=PARENT_ROOT_PORT_NAME;\
-                    ppval0=p=1;subcmd=./a;maxprocs=2;argc=2;argv0=x y;argv1=z;\
-                    infokeycount=1;infokey0=wdir;infoval0=/tmp;\
-                    subcmd=b;maxprocs=1;argc=0;infokeycount=0;";
-        let (apps, preput) = super::parse_spawn(&pairs(text)).expect("parses");
-        assert_eq!(apps.len(), 2);
-        assert_eq!(
-            (apps[0].program.as_str(), apps[0].np, apps[0].cwd.as_deref()),
-            ("./a", 2, Some("/tmp"))
-        );
-        assert_eq!(apps[0].args, ["x y", "z"]);
-        assert_eq!((apps[1].program.as_str(), apps[1].np), ("b", 1));
-        assert_eq!(preput, [("PARENT_ROOT_PORT_NAME".into(), "p=1".into())]);
-        for (bad, why) in [
-            ("cmd=spawn;ncmds=1;", "without subcmd"),
-            (
-                "cmd=spawn;ncmds=2;subcmd=a;maxprocs=1;",
-                "ncmds=2 but 1 subcmd",
-            ),
-            ("cmd=spawn;subcmd=a;argc=0;", "without maxprocs"),
-            ("cmd=spawn;subcmd=a;maxprocs=x;", "is not a count"),
-            ("cmd=spawn;subcmd=a;maxprocs=1;argc=2;argv0=x;", "no argv1"),
-            ("cmd=spawn;preputcount=1;subcmd=a;maxprocs=1;", "ppkey0"),
-        ] {
-            let err = super::parse_spawn(&pairs(bad)).expect_err(bad);
-            assert!(err.contains(why), "{bad:?}: {err}");
-        }
-    }
-
     use super::{frame, parse, read_command};
 
     #[test]

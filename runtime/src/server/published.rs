@@ -353,6 +353,26 @@ pub(super) enum PmiName {
     Lookup,
 }
 
+impl PmiName {
+    /// PMI-1's reply command to it.
+    pub(super) fn pmi1_reply(self) -> &'static str {
+        match self {
+            PmiName::Publish => "publish_result",
+            PmiName::Unpublish => "unpublish_result",
+            PmiName::Lookup => "lookup_result",
+        }
+    }
+
+    /// PMI-2's command (its reply adds `-response`).
+    pub(super) fn pmi2_command(self) -> &'static str {
+        match self {
+            PmiName::Publish => "name-publish",
+            PmiName::Unpublish => "name-unpublish",
+            PmiName::Lookup => "name-lookup",
+        }
+    }
+}
+
 /// A server's part of the name service: its processes' requests in flight, and (on the
 /// root) the names.
 #[derive(Debug, Default)]
