@@ -7,13 +7,15 @@
  * ("nspace:rank"), commits (rank 0 publishes the name twice and prints the second status), then connects its job with the other (both namespaces whole),
  * reads "who" of the other job's rank 0, and disconnects. Each step prints one line; any
  * failure prints "FAILED" and exits 1. `pmix_connect N die`: the children exit (code 3)
- * right after PMIx_Init instead, so the parents' connect must fail, not hang.
+ * half a second after PMIx_Init instead (the parents wait in their connect by then), so
+ * the parents' connect must fail, neither hang nor complete without them.
  */
 #define _GNU_SOURCE
 #include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static pmix_proc_t me;
 
@@ -45,6 +47,8 @@ int main(int argc, char **argv)
         fail("put", rc);
     }
     if (parent != NULL && getenv("CHILD_DIES") != NULL) {
+        /* Late enough that the parents wait in their connect already. */
+        usleep(500000);
         printf("%s:%u exits before connecting\n", me.nspace, me.rank);
         fflush(stdout);
         exit(3);

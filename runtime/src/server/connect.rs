@@ -80,6 +80,37 @@ impl State {
         Ok(nodes)
     }
 
+    /// A participant of `id` on this node whose process has exited, though this server may
+    /// not have heard yet: the node's PMIx library counts a participant that died as done,
+    /// so its call can come before the process's end is handled here.
+    fn local_participant_exited(&self, id: &ConnectId) -> Option<String> {
+        use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+        for &(ns, rank) in &id.procs {
+            let job = self.job_of(ns)?;
+            let ranks: Vec<Rank> = match rank {
+                Some(r) => vec![r],
+                None => (0..job.plan.job.procs.len() as Rank).collect(),
+            };
+            for r in ranks {
+                if job.plan.job.procs.get(r as usize).map(|p| p.node) != Some(self.node) {
+                    continue;
+                }
+                if let Some(why) = job.procs.why_gone(r) {
+                    return Some(format!("{} {why}", ProcId::new(ns, r)));
+                }
+                let Some(pid) = job.procs.pid(r).and_then(|p| Pid::from_raw(p as i32)) else {
+                    continue;
+                };
+                // Looks without reaping (the process's own task reaps it).
+                let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+                if !matches!(waitid(WaitId::Pid(pid), opts), Ok(None)) {
+                    return Some(format!("{} has exited", ProcId::new(ns, r)));
+                }
+            }
+        }
+        None
+    }
+
     /// The first participant of `id` that ended on a node that has not arrived, and why.
     fn connect_lost(&self, id: &ConnectId, arrived: &BTreeMap<u32, Vec<u8>>) -> Option<String> {
         for &(ns, rank) in &id.procs {
@@ -152,6 +183,10 @@ impl State {
         if let Err(why) = self.connect_nodes(&id) {
             tracing::warn!("PMIx {kind:?}: {why}");
             return fail(reply, px::Failure::NotFound);
+        }
+        if let Some(why) = self.local_participant_exited(&id) {
+            tracing::warn!("PMIx {kind:?} of {:?}: {why}", id.procs);
+            return fail(reply, px::Failure::ProcGone);
         }
         if let Some(t) = timeout {
             after(&self.io.ev, t, Event::ConnectTimeout(id.clone()));
