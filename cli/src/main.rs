@@ -35,6 +35,28 @@ enum Cmd {
         #[arg(long)]
         job_dir: PathBuf,
     },
+    /// A persistent runtime: `weft dvm start` (stays up), `weft dvm stop`.
+    Dvm {
+        #[command(subcommand)]
+        cmd: DvmCmd,
+    },
+    /// List the jobs and processes of a persistent runtime.
+    Ps {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+    },
+    /// Terminate a job of a persistent runtime (its number or namespace, see `weft ps`).
+    Kill {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+        /// The signal number the job's status reports (it exits with 128 + N).
+        #[arg(long, default_value_t = 15)]
+        signal: i32,
+        /// The job: its number or its namespace.
+        job: String,
+    },
     /// Print this machine's topology, Weft's protocol version and its tunables.
     Info,
     /// Run a benchmark (see `weft bench --help`).
@@ -44,6 +66,68 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum DvmCmd {
+    /// Start the servers and stay up (in the foreground) until `weft dvm stop`, SIGINT
+    /// or SIGTERM; jobs are then submitted with `weft run --dvm URI`.
+    Start {
+        /// Logical nodes on this machine, one server each.
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        /// One node per host, servers started over the launch agent.
+        #[arg(long, value_delimiter = ',')]
+        hosts: Option<Vec<String>>,
+        /// The remote shell for --hosts.
+        #[arg(long, default_value = "ssh")]
+        launch_agent: String,
+        /// The address the servers and submitters reach the runtime at.
+        #[arg(long, default_value = "127.0.0.1")]
+        listen: std::net::IpAddr,
+        /// Write the runtime's URI to this file (mode 0600) once every server is ready.
+        #[arg(long)]
+        report_uri: Option<PathBuf>,
+        /// Serve no PMIx (Open MPI programs then cannot run in the runtime).
+        #[arg(long)]
+        no_pmix: bool,
+    },
+    /// Terminate every job of the runtime and stop it.
+    Stop {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+    },
+}
+
+/// The runtime `--dvm` (or `$WEFT_DVM`) names; `who` prefixes the error.
+fn dvm_uri(arg: Option<&str>, who: &str) -> Result<weft_runtime::launcher::dvm::DvmUri, ExitCode> {
+    weft_runtime::launcher::dvm::DvmUri::resolve(arg).map_err(|e| {
+        eprintln!("{who}: {e}");
+        ExitCode::from(2)
+    })
+}
+
+/// Sends `req` to the runtime and prints its answer.
+fn dvm_request(
+    dvm: Option<&str>,
+    who: &str,
+    req: weft_runtime::wire::proto::ToController,
+) -> ExitCode {
+    let uri = match dvm_uri(dvm, who) {
+        Ok(u) => u,
+        Err(code) => return code,
+    };
+    match weft_runtime::launcher::dvm::request(&uri, who, req) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn init_logging() {
@@ -82,7 +166,7 @@ fn main() -> ExitCode {
     // and own nothing else, decided from the raw arguments.
     let sub = std::env::args().nth(1);
     let in_job = std::env::var_os(weft_wireup::env::RANK).is_some();
-    if !matches!(sub.as_deref(), Some("run" | "server")) && !in_job {
+    if !matches!(sub.as_deref(), Some("run" | "server" | "dvm")) && !in_job {
         default_sigpipe();
     }
     init_logging();
@@ -102,6 +186,21 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if spec.dvm.is_some()
+                || std::env::var_os(weft_runtime::launcher::dvm::DVM_ENV).is_some()
+            {
+                let uri = match dvm_uri(spec.dvm.as_deref(), "weft run") {
+                    Ok(u) => u,
+                    Err(code) => return code,
+                };
+                return match weft_runtime::launcher::dvm::submit(&uri, &args) {
+                    Ok(code) => exit(code),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        exit(weft_runtime::launcher::EXIT_LAUNCH_FAILED)
+                    }
+                };
+            }
             match weft_runtime::launcher::run(spec) {
                 Ok(code) => exit(code),
                 Err(e) => {
@@ -135,6 +234,54 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Dvm {
+            cmd:
+                DvmCmd::Start {
+                    nodes,
+                    hosts,
+                    launch_agent,
+                    listen,
+                    report_uri,
+                    no_pmix,
+                },
+        } => {
+            if nodes == 0 {
+                eprintln!("weft dvm start: --nodes must be at least 1");
+                return ExitCode::from(2);
+            }
+            let mut spec = weft_runtime::launcher::LaunchSpec {
+                nodes,
+                pmix: !no_pmix,
+                ..Default::default()
+            };
+            spec.servers.hosts = hosts;
+            spec.servers.launch_agent = launch_agent;
+            spec.servers.listen = listen;
+            match weft_runtime::launcher::dvm::start(spec, report_uri) {
+                Ok(code) => exit(code),
+                Err(e) => {
+                    eprintln!("{e}");
+                    exit(weft_runtime::launcher::EXIT_LAUNCH_FAILED)
+                }
+            }
+        }
+        Cmd::Dvm {
+            cmd: DvmCmd::Stop { dvm },
+        } => dvm_request(
+            dvm.as_deref(),
+            "weft dvm stop",
+            weft_runtime::wire::proto::ToController::Stop,
+        ),
+        Cmd::Ps { dvm } => dvm_request(
+            dvm.as_deref(),
+            "weft ps",
+            weft_runtime::wire::proto::ToController::Ps,
+        ),
+        Cmd::Kill { dvm, signal, job } => dvm_request(
+            dvm.as_deref(),
+            "weft kill",
+            weft_runtime::wire::proto::ToController::Kill { job, sig: signal },
+        ),
         Cmd::Info => {
             println!(
                 "weft {} (wire-up protocol {})",

@@ -21,9 +21,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 pub use crate::jobdir::user_dir;
 use crate::jobdir::{format_secret, random_u64};
 use crate::wire::frame::{self, MAX_PEER_FRAME};
-use crate::wire::proto::{JobPlan, ToLauncher, ToServer, MAGIC, RUNTIME_PROTOCOL_VERSION};
+use crate::wire::proto::{
+    FromController, JobPlan, ToController, ToLauncher, ToServer, MAGIC, RUNTIME_PROTOCOL_VERSION,
+};
 
 mod children;
+pub mod dvm;
 mod job;
 mod launch;
 mod nodes;
@@ -70,6 +73,20 @@ enum Ev {
     Timer(Timer),
     /// A timer of spawned job `NsId`.
     JobTimer(weft_wireup::NsId, Timer),
+    /// A submitter connected to the persistent runtime (its hello was good).
+    SubHello {
+        sub: u64,
+        tx: UnboundedSender<Vec<u8>>,
+    },
+    /// A submitter's request.
+    SubMsg {
+        sub: u64,
+        msg: ToController,
+    },
+    /// A submitter's connection closed.
+    SubGone {
+        sub: u64,
+    },
 }
 
 /// Runs a job to its end and returns the exit status `weft run` should exit with:
@@ -143,14 +160,13 @@ async fn run_in(spec: &LaunchSpec, plan: &JobPlan, job_dir: &Path) -> Result<i32
     let addr = listen(spec, secret, &ev_tx).await?;
     let servers = start_servers(spec, plan.job.num_nodes(), addr, job_dir, secret, &ev_tx).await?;
     watch_signals(&ev_tx);
-    let mut run = Executor {
-        launch: Launch::new(plan.clone(), spec.ending.clone()),
+    let mut run = Executor::new(
+        Launch::new(plan.clone(), spec.ending.clone()),
         servers,
-        txs: HashMap::new(),
-        plan_frame: frame::encode(&ToServer::Plan(Box::new(plan.clone()))),
+        plan,
         ev_tx,
         ev_rx,
-    };
+    );
     let timers = run.launch.timers();
     run.execute(timers);
     // Wait for every server's hello and ready (or the launch's failure), then for the
@@ -302,7 +318,8 @@ fn server_command(
             c
         }
     };
-    cmd.stdin(if node == 0 {
+    // A persistent runtime's jobs read no terminal.
+    cmd.stdin(if node == 0 && spec.dvm.is_none() {
         Stdio::inherit()
     } else {
         Stdio::null()
@@ -339,9 +356,29 @@ struct Executor {
     plan_frame: Vec<u8>,
     ev_tx: UnboundedSender<Ev>,
     ev_rx: UnboundedReceiver<Ev>,
+    /// Each connected submitter's outgoing frames (a persistent runtime).
+    subs: HashMap<u64, UnboundedSender<Vec<u8>>>,
 }
 
 impl Executor {
+    fn new(
+        launch: Launch,
+        servers: Servers,
+        plan: &JobPlan,
+        ev_tx: UnboundedSender<Ev>,
+        ev_rx: UnboundedReceiver<Ev>,
+    ) -> Executor {
+        Executor {
+            launch,
+            servers,
+            txs: HashMap::new(),
+            plan_frame: frame::encode(&ToServer::Plan(Box::new(plan.clone()))),
+            ev_tx,
+            ev_rx,
+            subs: HashMap::new(),
+        }
+    }
+
     /// Handles events until `done` says so or every server has ended.
     async fn until(&mut self, done: impl Fn(&Launch) -> bool) {
         while !self.launch.is_over() && !done(&self.launch) {
@@ -369,7 +406,31 @@ impl Executor {
                 ToLauncher::Launched { ns, error, set_up } => {
                     launch.on_launched(node, ns, error, set_up)
                 }
+                ToLauncher::Output { ns, stderr, bytes } => launch.on_output(ns, stderr, bytes),
                 ToLauncher::Hello { .. } => Vec::new(),
+            },
+            Ev::SubHello { sub, tx } => {
+                self.subs.insert(sub, tx);
+                Vec::new()
+            }
+            Ev::SubGone { sub } => {
+                self.subs.remove(&sub);
+                launch.on_submitter_gone(sub)
+            }
+            Ev::SubMsg { sub, msg } => match msg {
+                ToController::Submit { args, cwd, env } => launch.on_submit(sub, &args, &cwd, env),
+                ToController::Signal { sig } => launch.on_submitter_signal(sub, sig),
+                ToController::Ps => vec![Action::Tell(sub, FromController::Text(launch.table()))],
+                ToController::Kill { job, sig } => launch.on_kill(sub, &job, sig),
+                ToController::Stop => {
+                    let mut out = vec![Action::Tell(
+                        sub,
+                        FromController::Text("stopping the runtime\n".into()),
+                    )];
+                    out.extend(launch.on_stop());
+                    out
+                }
+                ToController::Hello { .. } => Vec::new(),
             },
             Ev::Lost { node, reason }
             | Ev::ServerExit {
@@ -419,6 +480,19 @@ impl Executor {
                     if let Some(tx) = self.txs.get(&node) {
                         let _ = tx.send(frame::encode(&ToServer::SpawnDone { qid, result }));
                     }
+                }
+                Action::Tell(sub, msg) => {
+                    if let Some(tx) = self.subs.get(&sub) {
+                        let _ = tx.send(frame::encode(&msg));
+                    }
+                }
+                Action::Output { stderr, bytes } => {
+                    use std::io::Write;
+                    let _ = if stderr {
+                        std::io::stderr().write_all(&bytes)
+                    } else {
+                        std::io::stdout().write_all(&bytes)
+                    };
                 }
             }
         }

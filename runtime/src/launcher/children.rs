@@ -10,7 +10,7 @@ use weft_wireup::{NsId, ProcId};
 
 use super::job::{Action, Job, Timer};
 use super::plan::EndPolicy;
-use crate::wire::proto::{AppSpec, ExitKind, JobPlan, SpawnReq, ToServer};
+use crate::wire::proto::{AppSpec, ExitKind, FromController, JobPlan, SpawnReq, ToServer};
 
 /// World PGCIDs of spawned jobs: this plus the namespace id, above the PGCIDs the root
 /// server hands out (counted from 2; below 2^22 they start derived id families), so no
@@ -21,7 +21,7 @@ pub(super) const CHILD_WORLD_PGCID: u64 = 1 << 22;
 /// The most processes one spawn may ask for.
 pub(super) const MAX_SPAWN_PROCS: u32 = 1 << 16;
 
-/// A spawned job.
+/// A spawned job, or one submitted to a persistent runtime.
 #[derive(Debug)]
 struct Child {
     /// Its processes' ends and its end.
@@ -30,15 +30,30 @@ struct Child {
     nspace: String,
     /// While it is being set up: who asked, and the servers that did not answer yet.
     starting: Option<Starting>,
+    /// Its plan (the jobs it spawns take its environment, output and PMIx choices).
+    plan: std::sync::Arc<JobPlan>,
+    /// The submitter whose job this is, or whose job spawned it (its output and reports
+    /// go there).
+    owner: Option<u64>,
+    /// Submitted (`weft run --dvm`), not spawned: its end is told to its owner.
+    submitted: bool,
+    /// What runs, for `weft ps`: the first app's program and arguments.
+    command: String,
+}
+
+/// Who asked for a job that is being set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asker {
+    /// A process, through the server of `node` (that server's request `qid`).
+    Process { node: u32, qid: u64 },
+    /// Submitter `sub` of a persistent runtime.
+    Submitter(u64),
 }
 
 /// A spawn waiting for the servers.
 #[derive(Debug)]
 struct Starting {
-    /// The server of the process that asked.
-    node: u32,
-    /// That server's request id.
-    qid: u64,
+    asker: Asker,
     /// The servers that have not said the job is set up.
     waiting: BTreeSet<u32>,
     /// The first failure a server reported.
@@ -105,29 +120,85 @@ impl Children {
                 None => return refuse(format!("{from} is of no job of this runtime")),
             }
         };
-        let ns = NsId(self.next);
-        self.next += 1;
+        let ns = self.next_ns();
         let mut plan = child_plan(base, ns, node, req);
         plan.parent = Some((from, parent));
+        let owner = self.jobs.get(&from.ns).and_then(|c| c.owner);
+        if let Some(p) = self.jobs.get(&from.ns).map(|c| c.plan.clone()) {
+            // What the parent's processes got, its children get.
+            plan.env = p.env.clone();
+            plan.tag_output = p.tag_output;
+            plan.pmix = p.pmix;
+            plan.forward_output = p.forward_output;
+            plan.datastore_bytes = p.datastore_bytes;
+        }
         tracing::debug!(
             "{from} spawns {} ({} processes)",
             plan.job.nspace,
             plan.job.size()
         );
+        let asker = Asker::Process { node, qid };
+        self.insert(plan, child_policy(), asker, owner, num_nodes)
+    }
+
+    /// The next namespace id.
+    pub(super) fn next_ns(&mut self) -> NsId {
+        let ns = NsId(self.next);
+        self.next += 1;
+        ns
+    }
+
+    /// Submitter `sub` asks for job `plan` (planned with [`next_ns`](Self::next_ns)):
+    /// it goes to every server, and the submitter hears of it once each set it up.
+    pub(super) fn on_submit(
+        &mut self,
+        sub: u64,
+        plan: JobPlan,
+        policy: EndPolicy,
+        num_nodes: u32,
+    ) -> Vec<Action> {
+        self.insert(plan, policy, Asker::Submitter(sub), Some(sub), num_nodes)
+    }
+
+    /// Records job `plan` as being set up and sends it to every server.
+    fn insert(
+        &mut self,
+        plan: JobPlan,
+        policy: EndPolicy,
+        asker: Asker,
+        owner: Option<u64>,
+        num_nodes: u32,
+    ) -> Vec<Action> {
+        let command = plan
+            .apps
+            .first()
+            .map(|a| {
+                let mut c = a.program.clone();
+                for arg in &a.args {
+                    c.push(' ');
+                    c.push_str(arg);
+                }
+                c
+            })
+            .unwrap_or_default();
+        let plan = std::sync::Arc::new(plan);
         self.jobs.insert(
-            ns,
+            plan.ns,
             Child {
-                job: Job::new(plan.job.clone(), child_policy()),
+                job: Job::new(plan.job.clone(), policy),
                 nspace: plan.job.nspace.clone(),
                 starting: Some(Starting {
-                    node,
-                    qid,
+                    asker,
                     waiting: (0..num_nodes).collect(),
                     error: None,
                 }),
+                plan: plan.clone(),
+                owner,
+                submitted: matches!(asker, Asker::Submitter(_)),
+                command,
             },
         );
-        vec![Action::SendAll(ToServer::Launch(Box::new(plan)))]
+        vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]
     }
 
     /// The server of `node` set job `ns` up (or failed to: `error`); once every server
@@ -169,11 +240,36 @@ impl Children {
                 Err(e)
             }
         };
-        out.push(Action::SpawnDone {
-            node: st.node,
-            qid: st.qid,
-            result,
-        });
+        match st.asker {
+            Asker::Process { node, qid } => out.push(Action::SpawnDone { node, qid, result }),
+            Asker::Submitter(sub) => match result {
+                Ok((ns, nspace)) => {
+                    out.push(Action::Tell(sub, FromController::Accepted { ns, nspace }));
+                    // Its time limit counts from now.
+                    let timers = child.job.timers();
+                    out.extend(timers.into_iter().map(|a| match a {
+                        Action::Arm(t, d) => Action::ArmJob(ns, t, d),
+                        other => other,
+                    }));
+                }
+                Err(e) => out.push(Action::Tell(
+                    sub,
+                    FromController::Report(format!("weft run: the job could not start: {e}")),
+                )),
+            },
+        }
+        // A job that ended before every server answered (none of its processes started)
+        // is told now.
+        if child.job.is_over() {
+            if let (true, Some(sub)) = (child.submitted, child.owner) {
+                out.push(Action::Tell(
+                    sub,
+                    FromController::JobEnd {
+                        code: child.job.exit_code(),
+                    },
+                ));
+            }
+        }
         self.prune(ns);
         out
     }
@@ -221,6 +317,14 @@ impl Children {
             }
         }
         for ns in ids {
+            // Only the jobs with processes there fail (a job running elsewhere goes on).
+            let here = self
+                .jobs
+                .get(&ns)
+                .is_some_and(|c| !c.job.info().ranks_on(node).is_empty());
+            if !here {
+                continue;
+            }
             let acts = self.on_job(ns, |j| j.on_server_lost(node, reason));
             out.extend(acts.into_iter().filter(|a| !matches!(a, Action::Report(_))));
         }
@@ -256,28 +360,138 @@ impl Children {
         };
         let acts = f(&mut child.job);
         let nspace = child.nspace.clone();
+        let (owner, submitted) = (child.owner, child.submitted);
+        let told_end = submitted && child.starting.is_none();
+        let code = child.job.exit_code();
         self.prune(ns);
-        acts.into_iter()
-            .filter_map(|a| match a {
+        let mut out = Vec::with_capacity(acts.len());
+        for a in acts {
+            match a {
                 Action::Report(line) => {
-                    Some(Action::Report(match line.strip_prefix("weft run: ") {
-                        Some(rest) => format!("weft run: spawned job {nspace}: {rest}"),
-                        None => line,
-                    }))
+                    let line = match (submitted, line.strip_prefix("weft run: ")) {
+                        (false, Some(rest)) => format!("weft run: spawned job {nspace}: {rest}"),
+                        _ => line,
+                    };
+                    out.push(match owner {
+                        Some(sub) => Action::Tell(sub, FromController::Report(line)),
+                        None => Action::Report(line),
+                    });
                 }
                 Action::SendAll(ToServer::Terminate { grace_ms }) => {
-                    Some(Action::SendAll(ToServer::TerminateJob { ns, grace_ms }))
+                    out.push(Action::SendAll(ToServer::TerminateJob { ns, grace_ms }))
                 }
                 Action::SendAll(ToServer::Shutdown) => {
-                    Some(Action::SendAll(ToServer::EndJob { ns }))
+                    out.push(Action::SendAll(ToServer::EndJob { ns }));
+                    if let (true, Some(sub)) = (told_end, owner) {
+                        out.push(Action::Tell(sub, FromController::JobEnd { code }));
+                    }
                 }
-                Action::Arm(t, d) => Some(Action::ArmJob(ns, t, d)),
+                Action::Arm(t, d) => out.push(Action::ArmJob(ns, t, d)),
                 // The servers kill what a job's terminate did not: the runtime's own
                 // backstop is its first job's.
-                Action::KillServers => None,
-                other => Some(other),
-            })
-            .collect()
+                Action::KillServers => {}
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    /// Where output of job `ns` goes: its owner, if it has one still there.
+    pub(super) fn owner_of(&self, ns: NsId) -> Option<u64> {
+        self.jobs.get(&ns).and_then(|c| c.owner)
+    }
+
+    /// Submitter `sub` left: the jobs it owns (its job and what that spawned) are
+    /// terminated, and their output and reports go to the launcher's own.
+    pub(super) fn on_owner_gone(&mut self, sub: u64) -> Vec<Action> {
+        let ids: Vec<NsId> = (self.jobs.iter())
+            .filter(|(_, c)| c.owner == Some(sub))
+            .map(|(&ns, _)| ns)
+            .collect();
+        let mut out = Vec::new();
+        for ns in ids {
+            if let Some(c) = self.jobs.get_mut(&ns) {
+                c.owner = None;
+            }
+            out.extend(self.on_job(ns, |j| {
+                if j.is_over() {
+                    Vec::new()
+                } else {
+                    j.on_kill("its submitter is gone", 128 + 1)
+                }
+            }));
+        }
+        out
+    }
+
+    /// The job submitter `sub` submitted (not the ones it spawned), if it runs.
+    pub(super) fn submitted_by(&self, sub: u64) -> Option<NsId> {
+        (self.jobs.iter())
+            .find(|(_, c)| c.submitted && c.owner == Some(sub))
+            .map(|(&ns, _)| ns)
+    }
+
+    /// Ends job `ns` (`why`, exit status `status`) unless it is over.
+    pub(super) fn kill(&mut self, ns: NsId, why: &str, status: i32) -> Vec<Action> {
+        self.on_job(ns, |j| {
+            if j.is_over() {
+                Vec::new()
+            } else {
+                j.on_kill(why, status)
+            }
+        })
+    }
+
+    /// The jobs that run, by namespace.
+    pub(super) fn ids(&self) -> Vec<NsId> {
+        self.jobs.keys().copied().collect()
+    }
+
+    /// Finds a job by its number (`3`) or namespace name.
+    pub(super) fn find(&self, name: &str) -> Option<NsId> {
+        if let Ok(n) = name.parse::<u32>() {
+            return self.jobs.contains_key(&NsId(n)).then_some(NsId(n));
+        }
+        (self.jobs.iter())
+            .find(|(_, c)| c.nspace == name)
+            .map(|(&ns, _)| ns)
+    }
+
+    /// `weft ps`'s lines about the jobs: one per job, one per process.
+    pub(super) fn table(&self, out: &mut String) {
+        use std::fmt::Write;
+        for (ns, c) in &self.jobs {
+            let info = c.job.info();
+            let state = if c.starting.is_some() {
+                "starting"
+            } else if c.job.is_terminating() {
+                "ending"
+            } else {
+                "running"
+            };
+            let origin = match (&c.plan.parent, c.submitted) {
+                (Some((p, _)), _) => format!("spawned by {p}"),
+                (None, true) => "submitted".to_owned(),
+                (None, false) => "-".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "job {}  {}  {state}  {}/{} processes running  {origin}  {}",
+                ns.0,
+                c.nspace,
+                info.size() - c.job.num_exited(),
+                info.size(),
+                c.command
+            );
+            for (rank, p) in info.procs.iter().enumerate() {
+                let st = if c.job.has_exited(rank as u32) {
+                    "ended"
+                } else {
+                    "running"
+                };
+                let _ = writeln!(out, "  rank {rank}  node {}  {st}", p.node);
+            }
+        }
     }
 }
 
@@ -349,5 +563,6 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, req: &SpawnReq) ->
         pmix: base.pmix,
         pmi_preput: req.pmi_preput.clone(),
         parent: None,
+        forward_output: base.forward_output,
     }
 }

@@ -13,7 +13,7 @@ use weft_wireup::{NsId, Rank};
 
 use super::plan::EndPolicy;
 use super::{EXIT_LAUNCH_FAILED, EXIT_TIMEOUT};
-use crate::wire::proto::{signal_name, ExitKind, ToServer};
+use crate::wire::proto::{signal_name, ExitKind, FromController, ToServer};
 
 /// How long terminated processes get between SIGTERM and SIGKILL.
 pub(super) const KILL_AFTER: Duration = Duration::from_millis(500);
@@ -41,6 +41,11 @@ pub(super) enum Action {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
+    /// Send a message to submitter `u64` of a persistent runtime (`weft run --dvm`, `ps`).
+    Tell(u64, FromController),
+    /// Write output of a job nobody submitted (or whose submitter left) to the
+    /// launcher's own stdout or stderr.
+    Output { stderr: bool, bytes: Vec<u8> },
 }
 
 /// The launcher's timers.
@@ -153,6 +158,16 @@ impl Job {
     /// The job's information.
     pub(super) fn info(&self) -> &JobInfo {
         &self.info
+    }
+
+    /// Whether process `rank`'s end was seen.
+    pub(super) fn has_exited(&self, rank: Rank) -> bool {
+        self.exited.get(rank as usize).copied().unwrap_or(true)
+    }
+
+    /// How many of its processes have ended.
+    pub(super) fn num_exited(&self) -> u32 {
+        self.n_exited
     }
 
     /// The job was started on every server: a termination asked for before the start (a
@@ -281,11 +296,16 @@ impl Job {
     /// The launcher received signal `sig`: the job is terminated, at once if it was
     /// already being terminated (a second signal).
     pub(super) fn on_signal(&mut self, sig: i32) -> Vec<Action> {
+        self.on_kill(&format!("received {}", signal_name(sig)), 128 + sig)
+    }
+
+    /// Someone asked to end the job (`why`): it is terminated, at once if it was already
+    /// being terminated, and exits with `status` (unless something decided it before).
+    pub(super) fn on_kill(&mut self, why: &str, status: i32) -> Vec<Action> {
         let mut out = vec![Action::Report(format!(
-            "weft run: received {}; terminating the job",
-            signal_name(sig)
+            "weft run: {why}; terminating the job"
         ))];
-        self.status_override.get_or_insert(128 + sig);
+        self.status_override.get_or_insert(status);
         if self.terminating {
             out.push(Action::SendAll(ToServer::Terminate { grace_ms: 0 }));
         } else {

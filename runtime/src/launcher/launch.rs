@@ -11,7 +11,7 @@ use super::children::Children;
 use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::{ExitKind, JobPlan, SpawnReq, ToServer};
+use crate::wire::proto::{ExitKind, FromController, JobPlan, SpawnReq, ToServer};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,6 +32,11 @@ pub(super) struct Launch {
     first_over: bool,
     /// The time limit ended the launch after its first job had ended.
     timed_out: bool,
+    /// A persistent runtime (`weft dvm start`): its first job has no process, and jobs
+    /// are submitted to it until it is stopped.
+    dvm: bool,
+    /// The servers lost (a persistent runtime starts no job once one is).
+    lost: Vec<u32>,
 }
 
 impl Launch {
@@ -43,7 +48,142 @@ impl Launch {
             children: Children::new(),
             first_over: false,
             timed_out: false,
+            dvm: false,
+            lost: Vec::new(),
         }
+    }
+
+    /// A persistent runtime over the nodes of `plan` (a job of no process).
+    pub(super) fn new_dvm(plan: JobPlan) -> Launch {
+        let mut l = Launch::new(plan, EndPolicy::default());
+        l.dvm = true;
+        l
+    }
+
+    /// Why the runtime starts no new job now, if it does not.
+    fn refusal(&self) -> Option<String> {
+        if self.first_over || self.job.is_terminating() || !self.nodes.started() {
+            return Some("the runtime is ending; it starts no new job".into());
+        }
+        self.lost.first().map(|node| {
+            format!("the server of node {node} was lost; the runtime starts no new job")
+        })
+    }
+
+    /// Submitter `sub` asks for a job: `weft run`'s arguments, its directory and
+    /// environment.
+    pub(super) fn on_submit(
+        &mut self,
+        sub: u64,
+        args: &[String],
+        cwd: &str,
+        env: Vec<(String, String)>,
+    ) -> Vec<Action> {
+        let error = |e: String| vec![Action::Tell(sub, FromController::Error(e))];
+        if !self.dvm {
+            return error("this runtime takes no submitted job".into());
+        }
+        if let Some(why) = self.refusal() {
+            return error(format!("weft run: {why}"));
+        }
+        if self.children.submitted_by(sub).is_some() {
+            return error("weft run: this connection has submitted a job already".into());
+        }
+        let ns = self.children.next_ns();
+        match super::plan::submit_plan(&self.plan, ns, args, cwd, env) {
+            Err(e) => error(e),
+            Ok((plan, policy)) => {
+                let n = self.nodes.num_nodes();
+                self.children.on_submit(sub, plan, policy, n)
+            }
+        }
+    }
+
+    /// Submitter `sub`'s connection closed: its job (and what that spawned) is
+    /// terminated.
+    pub(super) fn on_submitter_gone(&mut self, sub: u64) -> Vec<Action> {
+        let acts = self.children.on_owner_gone(sub);
+        self.child(acts)
+    }
+
+    /// Submitter `sub` received signal `sig`: its job is terminated.
+    pub(super) fn on_submitter_signal(&mut self, sub: u64, sig: i32) -> Vec<Action> {
+        let Some(ns) = self.children.submitted_by(sub) else {
+            return Vec::new();
+        };
+        let why = format!("received {}", crate::wire::proto::signal_name(sig));
+        let acts = self.children.kill(ns, &why, 128 + sig);
+        self.child(acts)
+    }
+
+    /// `weft kill JOB`: job `job` (number or namespace name) is terminated, exiting with
+    /// `128 + sig`.
+    pub(super) fn on_kill(&mut self, sub: u64, job: &str, sig: i32) -> Vec<Action> {
+        let Some(ns) = self.children.find(job) else {
+            return vec![Action::Tell(
+                sub,
+                FromController::Error(format!("weft kill: no job {job:?} runs here (see weft ps)")),
+            )];
+        };
+        let acts = self.children.kill(ns, "killed (weft kill)", 128 + sig);
+        let mut out = self.child(acts);
+        out.push(Action::Tell(
+            sub,
+            FromController::Text(format!("terminating job {}\n", ns.0)),
+        ));
+        out
+    }
+
+    /// `weft dvm stop` (or a signal to the runtime): every job is terminated, then the
+    /// servers are shut down.
+    pub(super) fn on_stop(&mut self) -> Vec<Action> {
+        if self.first_over {
+            return Vec::new();
+        }
+        self.first_over = true;
+        let mut out = Vec::new();
+        for ns in self.children.ids() {
+            out.extend(self.children.kill(ns, "the runtime is stopping", 128 + 15));
+        }
+        if self.children.all_over() {
+            out.push(Action::SendAll(ToServer::Shutdown));
+        } else {
+            out.push(Action::Arm(Timer::ForceKill, super::job::FORCE_KILL_AFTER));
+        }
+        out
+    }
+
+    /// Output of job `ns` (forwarded by a server): to its submitter, or this process's
+    /// own.
+    pub(super) fn on_output(&mut self, ns: NsId, stderr: bool, bytes: Vec<u8>) -> Vec<Action> {
+        match self.children.owner_of(ns) {
+            Some(sub) => vec![Action::Tell(sub, FromController::Output { stderr, bytes })],
+            None => vec![Action::Output { stderr, bytes }],
+        }
+    }
+
+    /// `weft ps`: the runtime's nodes, its jobs and their processes.
+    pub(super) fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "runtime {}  {} node{}{}",
+            self.plan.job.nspace,
+            self.nodes.num_nodes(),
+            if self.nodes.num_nodes() == 1 { "" } else { "s" },
+            if self.first_over { "  stopping" } else { "" }
+        );
+        for n in &self.plan.job.nodes {
+            let state = if self.lost.contains(&n.id) {
+                "lost"
+            } else {
+                "up"
+            };
+            let _ = writeln!(out, "node {}  {}  {state}", n.id, n.hostname);
+        }
+        self.children.table(&mut out);
+        out
     }
 
     /// The first job's actions: its end shuts the servers down only once every spawned
@@ -91,11 +231,11 @@ impl Launch {
         from: ProcId,
         req: &SpawnReq,
     ) -> Vec<Action> {
-        if self.first_over || self.job.is_terminating() || !self.nodes.started() {
+        if let Some(why) = self.refusal() {
             return vec![Action::SpawnDone {
                 node,
                 qid,
-                result: Err("the runtime is ending; it starts no new job".into()),
+                result: Err(why),
             }];
         }
         let n = self.nodes.num_nodes();
@@ -175,6 +315,30 @@ impl Launch {
     /// are reported; the second report changes nothing).
     pub(super) fn on_server_lost(&mut self, node: u32, reason: &str) -> Vec<Action> {
         match self.nodes.on_lost(node) {
+            Loss::First if self.dvm => {
+                self.lost.push(node);
+                if self.first_over {
+                    // Stopping: the servers end as asked (what still ran there ended).
+                    let out = self.children.on_server_lost(node, reason);
+                    return self.child(out);
+                }
+                let host =
+                    (self.plan.job.nodes.get(node as usize)).map_or("?", |n| n.hostname.as_str());
+                let mut out = vec![Action::Report(format!(
+                    "weft dvm: the server of node {node} ({host}) ended: {reason}"
+                ))];
+                if node == 0 {
+                    // The root server keeps the names, PGCIDs and connects of every job.
+                    out.push(Action::Report(
+                        "weft dvm: the root server is gone; stopping the runtime".into(),
+                    ));
+                    out.extend(self.children.on_server_lost(node, reason));
+                    out.extend(self.on_stop());
+                    return self.child(out);
+                }
+                out.extend(self.children.on_server_lost(node, reason));
+                self.child(out)
+            }
             Loss::First => {
                 let mut acts = self.job.on_server_lost(node, reason);
                 acts.extend(self.children.on_server_lost(node, reason));
@@ -228,6 +392,14 @@ impl Launch {
 
     /// The launcher received signal `sig`.
     pub(super) fn on_signal(&mut self, sig: i32) -> Vec<Action> {
+        if self.dvm {
+            let mut out = vec![Action::Report(format!(
+                "weft dvm: received {}; stopping the runtime",
+                crate::wire::proto::signal_name(sig)
+            ))];
+            out.extend(self.on_stop());
+            return out;
+        }
         let acts = self.job.on_signal(sig);
         self.children.mark_terminating();
         self.first(acts)
@@ -272,6 +444,7 @@ mod tests {
             pmix: false,
             pmi_preput: None,
             parent: None,
+            forward_output: false,
         }
     }
 
@@ -666,5 +839,256 @@ mod tests {
             l.on_proc_exit(ProcId::new(NsId(2), 0), ExitKind::Code(0)),
             vec![]
         );
+    }
+
+    /// A persistent runtime of `nodes` nodes, started.
+    fn dvm(nodes: u32) -> Launch {
+        let spec = crate::launcher::LaunchSpec {
+            nodes,
+            ..Default::default()
+        };
+        let base = crate::launcher::plan::runtime_plan(&spec, "t").unwrap();
+        let mut l = Launch::new_dvm(base);
+        start(&mut l, nodes);
+        l
+    }
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// Submitter `sub` submits `args`; every server sets the job up; returns its plan and
+    /// the actions of the last server's answer.
+    fn submit(l: &mut Launch, sub: u64, args: &str) -> (JobPlan, Vec<Action>) {
+        let env = vec![
+            ("HOME".to_owned(), "/h".to_owned()),
+            ("V".to_owned(), "1".to_owned()),
+        ];
+        let p = launched_plan(&l.on_submit(sub, &words(args), "/work", env));
+        let n = l.nodes.num_nodes();
+        for node in 0..n - 1 {
+            assert_eq!(l.on_launched(node, p.ns, None, true), vec![]);
+        }
+        let acts = l.on_launched(n - 1, p.ns, None, true);
+        (p, acts)
+    }
+
+    #[test]
+    fn a_submitted_job_runs_on_the_runtimes_nodes_and_its_end_and_status_go_to_its_submitter() {
+        let mut l = dvm(2);
+        let (p, acts) = submit(&mut l, 7, "--timeout 9 -x V -n 3 /bin/prog a");
+        assert_eq!(p.ns, NsId(2));
+        assert_eq!(p.job.nspace, "weft-t.2");
+        assert_eq!(p.job.nodes.len(), 2);
+        assert_eq!(
+            p.job.procs.iter().map(|pr| pr.node).collect::<Vec<_>>(),
+            vec![0, 0, 1]
+        );
+        assert!(p.forward_output);
+        assert_eq!(p.apps[0].cwd.as_deref(), Some("/work"));
+        // The submitter's environment, then -x V (its value from the submitter's).
+        assert!(p.env.contains(&("HOME".to_owned(), "/h".to_owned())));
+        assert!(p.env.contains(&("V".to_owned(), "1".to_owned())));
+        assert_eq!(
+            acts,
+            vec![
+                Action::Tell(
+                    7,
+                    FromController::Accepted {
+                        ns: NsId(2),
+                        nspace: "weft-t.2".into()
+                    }
+                ),
+                Action::ArmJob(NsId(2), Timer::Timeout, Duration::from_secs(9)),
+            ]
+        );
+        assert!(l
+            .table()
+            .contains("job 2  weft-t.2  running  3/3 processes running  submitted  /bin/prog a"));
+        // Its output goes to its submitter; a job nobody owns prints here.
+        assert_eq!(
+            l.on_output(NsId(2), true, b"x\n".to_vec()),
+            vec![Action::Tell(
+                7,
+                FromController::Output {
+                    stderr: true,
+                    bytes: b"x\n".to_vec()
+                }
+            )]
+        );
+        assert_eq!(
+            l.on_output(NsId(9), false, b"y".to_vec()),
+            vec![Action::Output {
+                stderr: false,
+                bytes: b"y".to_vec()
+            }]
+        );
+        let p2 = |r| ProcId::new(NsId(2), r);
+        l.on_proc_exit(p2(0), ExitKind::Code(0));
+        l.on_proc_exit(p2(1), ExitKind::Code(0));
+        let a = l.on_proc_exit(p2(2), ExitKind::Code(5));
+        assert!(
+            matches!(&a[0], Action::Tell(7, FromController::Report(r)) if r.contains("rank 2") && r.contains("code 5")),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(&Action::SendAll(ToServer::EndJob { ns: NsId(2) })),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(&Action::Tell(7, FromController::JobEnd { code: 5 })),
+            "{a:?}"
+        );
+        // The runtime stays: no shutdown, and the next job is namespace 3.
+        assert!(!a.contains(&Action::SendAll(ToServer::Shutdown)));
+        assert_eq!(submit(&mut l, 8, "-n 1 /bin/true").0.ns, NsId(3));
+    }
+
+    #[test]
+    fn bad_submissions_are_refused_naming_what_was_wrong() {
+        let mut l = dvm(2);
+        let refused = |a: Vec<Action>, what: &str| match &a[..] {
+            [Action::Tell(_, FromController::Error(e))] => assert!(e.contains(what), "{e}"),
+            other => panic!("{other:?}"),
+        };
+        refused(
+            l.on_submit(1, &words("--nodes 3 -n 3 /bin/x"), "/", vec![]),
+            "the runtime has 2 nodes",
+        );
+        refused(
+            l.on_submit(1, &words("--hosts a,b -n 2 /bin/x"), "/", vec![]),
+            "--hosts is an option of `weft dvm start`",
+        );
+        refused(
+            l.on_submit(1, &words("-n 0 /bin/x"), "/", vec![]),
+            "at least 1",
+        );
+        // One job per submitter.
+        submit(&mut l, 1, "-n 1 /bin/x");
+        refused(
+            l.on_submit(1, &words("-n 1 /bin/x"), "/", vec![]),
+            "submitted a job already",
+        );
+        // A plain `weft run` takes none.
+        let mut plain = launch(1, 1);
+        start(&mut plain, 1);
+        refused(
+            plain.on_submit(1, &words("-n 1 /bin/x"), "/", vec![]),
+            "takes no submitted job",
+        );
+        // Nor does a runtime that lost a server.
+        l.on_server_lost(1, "eof");
+        refused(
+            l.on_submit(2, &words("-n 1 /bin/x"), "/", vec![]),
+            "node 1 was lost",
+        );
+    }
+
+    #[test]
+    fn a_submitter_that_leaves_or_signals_takes_its_job_and_a_kill_names_a_job() {
+        let mut l = dvm(1);
+        let (a, _) = submit(&mut l, 1, "-n 1 /bin/a");
+        let (b, _) = submit(&mut l, 2, "-n 1 /bin/b");
+        let gone = l.on_submitter_gone(1);
+        assert!(
+            gone.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: a.ns,
+                grace_ms: 500
+            })),
+            "{gone:?}"
+        );
+        // Its reports now go to the runtime's own stderr.
+        assert!(
+            matches!(&gone[0], Action::Report(r) if r.contains("submitter is gone")),
+            "{gone:?}"
+        );
+        let sig = l.on_submitter_signal(2, 2);
+        assert!(
+            sig.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: b.ns,
+                grace_ms: 500
+            })),
+            "{sig:?}"
+        );
+        let end = l.on_proc_exit(ProcId::new(b.ns, 0), ExitKind::Signal(15));
+        assert!(
+            end.contains(&Action::Tell(2, FromController::JobEnd { code: 130 })),
+            "{end:?}"
+        );
+        assert!(
+            matches!(&l.on_kill(3, "nope", 15)[..], [Action::Tell(3, FromController::Error(e))] if e.contains("no job \"nope\""))
+        );
+        let (c, _) = submit(&mut l, 4, "-n 1 /bin/c");
+        let k = l.on_kill(3, &c.job.nspace, 9);
+        assert!(
+            k.contains(&Action::Tell(
+                3,
+                FromController::Text(format!("terminating job {}\n", c.ns.0))
+            )),
+            "{k:?}"
+        );
+        let end = l.on_proc_exit(ProcId::new(c.ns, 0), ExitKind::Signal(15));
+        assert!(
+            end.contains(&Action::Tell(4, FromController::JobEnd { code: 137 })),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn stopping_ends_every_job_then_the_servers_and_a_lost_server_fails_only_its_jobs() {
+        let mut l = dvm(2);
+        let (on1, _) = submit(&mut l, 1, "--nodes 2 -n 2 /bin/a");
+        let (on0, _) = submit(&mut l, 2, "--nodes 1 -n 1 /bin/b");
+        let lost = l.on_server_lost(1, "killed");
+        assert!(
+            matches!(&lost[0], Action::Report(r) if r.contains("node 1") && r.contains("killed")),
+            "{lost:?}"
+        );
+        assert!(
+            lost.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: on1.ns,
+                grace_ms: 500
+            })),
+            "{lost:?}"
+        );
+        assert!(
+            !lost.iter().any(
+                |a| matches!(a, Action::SendAll(ToServer::TerminateJob { ns, .. }) if *ns == on0.ns)
+            ),
+            "{lost:?}"
+        );
+        let end = l.on_proc_exit(ProcId::new(on1.ns, 0), ExitKind::Signal(15));
+        assert!(
+            end.contains(&Action::Tell(
+                1,
+                FromController::JobEnd {
+                    code: crate::launcher::EXIT_LAUNCH_FAILED
+                }
+            )),
+            "{end:?}"
+        );
+        // Stop: the job left is terminated, the servers shut down once it ended.
+        let stop = l.on_stop();
+        assert!(
+            stop.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: on0.ns,
+                grace_ms: 500
+            })),
+            "{stop:?}"
+        );
+        assert!(!stop.contains(&Action::SendAll(ToServer::Shutdown)));
+        assert_eq!(l.on_stop(), vec![], "once");
+        let end = l.on_proc_exit(ProcId::new(on0.ns, 0), ExitKind::Signal(15));
+        assert!(
+            end.contains(&Action::Tell(2, FromController::JobEnd { code: 143 })),
+            "{end:?}"
+        );
+        assert!(
+            end.contains(&Action::SendAll(ToServer::Shutdown)),
+            "{end:?}"
+        );
+        // An idle runtime shuts down at once.
+        let mut idle = dvm(1);
+        assert_eq!(idle.on_stop(), vec![Action::SendAll(ToServer::Shutdown)]);
     }
 }

@@ -69,6 +69,10 @@ pub struct LaunchSpec {
     pub servers: ServerLaunch,
     /// When the job is ended: its time limit and what a failing process means.
     pub ending: EndPolicy,
+    /// Submit the job to this persistent runtime (`--dvm URI`, a `weft://` URI, `file:PATH`
+    /// or the path of the file `weft dvm start --report-uri` wrote) instead of starting
+    /// servers for it.
+    pub dvm: Option<String>,
 }
 
 /// Where and how `weft run` starts its node servers and where they reach it.
@@ -142,6 +146,7 @@ impl Default for LaunchSpec {
             pmix: true,
             servers: ServerLaunch::default(),
             ending: EndPolicy::default(),
+            dvm: None,
         }
     }
 }
@@ -183,6 +188,8 @@ options:
   --no-pmix             do not serve PMIx (Open MPI programs need it; Weft programs and
                         MPICH's PMI-1 do not)
   --job-id ID           name of the job's sockets and segments (default random)
+  --dvm URI             run the job in the persistent runtime `weft dvm start` started
+                        (its weft:// URI, or the file --report-uri wrote; default $WEFT_DVM)
   -x VAR[=VALUE]        export VAR (from this environment, or VALUE) to every process";
 
 fn parse_num<T: std::str::FromStr>(opt: &str, v: Option<&String>) -> Result<T, LaunchError> {
@@ -216,6 +223,15 @@ fn usage(m: String) -> LaunchError {
 
 /// Parses the arguments of `weft run` (everything after `run`).
 pub fn parse_run_args(args: &[String]) -> Result<LaunchSpec, LaunchError> {
+    parse_run_args_in(args, &|k| std::env::var(k).ok())
+}
+
+/// [`parse_run_args`] with `-x VAR` taking VAR's value from `lookup` (a submitter's
+/// environment, in a persistent runtime).
+pub(crate) fn parse_run_args_in(
+    args: &[String],
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<LaunchSpec, LaunchError> {
     let mut spec = LaunchSpec::default();
     let mut i = 0;
     while i < args.len() {
@@ -225,7 +241,7 @@ pub fn parse_run_args(args: &[String]) -> Result<LaunchSpec, LaunchError> {
             let Some(a) = args.get(i) else {
                 return Err(usage("missing PROGRAM".into()));
             };
-            match parse_option(&mut spec, &mut ctx, a, args.get(i + 1))? {
+            match parse_option(&mut spec, &mut ctx, a, args.get(i + 1), lookup)? {
                 Opt::Value => i += 2,
                 Opt::Flag => i += 1,
                 Opt::EndOfOptions => {
@@ -252,6 +268,7 @@ fn parse_option(
     ctx: &mut ContextOpts,
     a: &str,
     val: Option<&String>,
+    lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Opt, LaunchError> {
     let take = |v: Option<&String>, opt: &str| {
         v.cloned()
@@ -301,11 +318,12 @@ fn parse_option(
             spec.ending.timeout = Some(Duration::from_secs_f64(s));
         }
         "--job-id" => spec.job_id = Some(take(val, a)?),
+        "--dvm" => spec.dvm = Some(take(val, a)?),
         "-x" => {
             let v = take(val, a)?;
             let kv = match v.split_once('=') {
                 Some((k, v)) => (k.to_owned(), v.to_owned()),
-                None => (v.clone(), std::env::var(&v).unwrap_or_default()),
+                None => (v.clone(), lookup(&v).unwrap_or_default()),
             };
             spec.env.push(kv);
         }
@@ -436,7 +454,100 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         pmix: spec.pmix,
         pmi_preput: None,
         parent: None,
+        forward_output: false,
     })
+}
+
+/// The plan of a persistent runtime's own job (`weft dvm start`): its nodes and no
+/// process; the jobs submitted to it are planned by [`submit_plan`].
+pub(crate) fn runtime_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, LaunchError> {
+    let nodes = node_names(spec)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, hostname)| NodeInfo {
+            id: i as u32,
+            hostname,
+        })
+        .collect();
+    Ok(JobPlan {
+        job: JobInfo {
+            nspace: format!("weft-{job_id}"),
+            nodes,
+            procs: Vec::new(),
+            apps: Vec::new(),
+            psets: vec![Pset {
+                name: PSET_WORLD.into(),
+                members: Vec::new(),
+            }],
+            world_pgcid: WORLD_PGCID,
+        },
+        ns: weft_wireup::NsId::FIRST,
+        apps: Vec::new(),
+        tag_output: false,
+        bind: Vec::new(),
+        datastore_bytes: spec.datastore_bytes,
+        job_id: job_id.to_owned(),
+        env: Vec::new(),
+        pmix: spec.pmix,
+        pmi_preput: None,
+        parent: None,
+        forward_output: true,
+    })
+}
+
+/// The plan of job `ns` that a submitter asks the persistent runtime whose own job is
+/// `base` for: `weft run`'s arguments `args` (`--nodes K`: on the first K of the
+/// runtime's nodes; default: all of them, or one per process if fewer), run in `cwd` with
+/// the submitter's environment `env` (then the `-x` variables); and its end policy.
+pub(crate) fn submit_plan(
+    base: &JobPlan,
+    ns: weft_wireup::NsId,
+    args: &[String],
+    cwd: &str,
+    env: Vec<(String, String)>,
+) -> Result<(JobPlan, EndPolicy), String> {
+    let mut spec = parse_run_args_in(args, &|k| {
+        env.iter()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v.clone())
+    })
+    .map_err(|e| e.to_string())?;
+    let refused = [
+        ("--hosts", spec.servers.hosts.is_some()),
+        ("--launch-agent", args.iter().any(|a| a == "--launch-agent")),
+        ("--listen", args.iter().any(|a| a == "--listen")),
+        ("--job-id", spec.job_id.is_some()),
+    ];
+    if let Some((opt, _)) = refused.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "weft run: {opt} is an option of `weft dvm start`, not of a job in a persistent runtime"
+        ));
+    }
+    let have = base.job.num_nodes();
+    let total: u32 = spec.apps.iter().map(|a| a.n).sum();
+    let asked = args.iter().any(|a| a == "--nodes");
+    if asked && spec.nodes > have {
+        return Err(format!(
+            "weft run: --nodes {}: the runtime has {have} node{}",
+            spec.nodes,
+            if have == 1 { "" } else { "s" }
+        ));
+    }
+    spec.nodes = if asked { spec.nodes } else { have }.min(total).max(1);
+    spec.pmix &= base.pmix;
+    let job_id = format!("{}.{}", base.job_id, ns.0);
+    let mut plan = build_plan(&spec, &job_id).map_err(|e| e.to_string())?;
+    plan.ns = ns;
+    plan.job.nodes = base.job.nodes.clone();
+    plan.job.world_pgcid = super::children::CHILD_WORLD_PGCID + u64::from(ns.0);
+    for app in &mut plan.apps {
+        app.cwd = Some(cwd.to_owned());
+    }
+    let extra = std::mem::take(&mut plan.env);
+    plan.env = env;
+    plan.env.extend(extra);
+    plan.forward_output = true;
+    Ok((plan, spec.ending))
 }
 
 /// The nodes' names: the hosts, or `<this host>-n<i>` for logical nodes.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::wire::proto::JobPlan;
-use weft_wireup::Rank;
+use crate::wire::proto::{JobPlan, ToLauncher};
+use weft_wireup::{NsId, Rank};
 
 /// What the output thread receives: a chunk of a child's output (stderr or not), or a
 /// request to say when everything sent before it is written.
@@ -64,6 +64,36 @@ impl OutputSink {
     }
 }
 
+/// Where a process's output goes: the server's own stdout and stderr (through the output
+/// thread), or the launcher's connection (a job whose submitter prints it): there it is
+/// queued before the process's end, which the server reports on the same connection.
+#[derive(Clone)]
+pub(super) enum Sink {
+    Local(std::sync::mpsc::Sender<Chunk>),
+    Launcher(NsId, tokio::sync::mpsc::UnboundedSender<Vec<u8>>),
+}
+
+impl Sink {
+    fn send(&self, stderr: bool, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        match self {
+            Sink::Local(tx) => {
+                let _ = tx.send(Chunk::Data(stderr, bytes));
+            }
+            Sink::Launcher(ns, tx) => {
+                let msg = ToLauncher::Output {
+                    ns: *ns,
+                    stderr,
+                    bytes,
+                };
+                let _ = tx.send(crate::wire::frame::encode(&msg));
+            }
+        }
+    }
+}
+
 /// The `--tag-output` prefix of a line of rank `rank`'s `stream` ("stdout" or "stderr"),
 /// if the job asked for tags: `[job,rank]<stream>: `.
 pub(super) fn output_tag(plan: &JobPlan, rank: Rank, stream: &str) -> Option<String> {
@@ -75,7 +105,7 @@ pub(super) async fn forward(
     mut r: impl tokio::io::AsyncRead + Unpin,
     is_err: bool,
     tag: Option<String>,
-    tx: std::sync::mpsc::Sender<Chunk>,
+    tx: Sink,
 ) {
     // Whole lines are passed on as they complete, so that the output of processes on
     // other nodes (other servers writing to the same terminal) never lands inside a line
@@ -107,7 +137,7 @@ pub(super) async fn forward(
         };
         let n = match got {
             None => {
-                let _ = tx.send(Chunk::Data(is_err, std::mem::take(&mut pending)));
+                tx.send(is_err, std::mem::take(&mut pending));
                 continue;
             }
             Some(Ok(0) | Err(_)) => break,
@@ -121,13 +151,13 @@ pub(super) async fn forward(
         };
         let rest = pending.split_off(cut);
         let done = std::mem::replace(&mut pending, rest);
-        let _ = tx.send(Chunk::Data(is_err, lines(done)));
+        tx.send(is_err, lines(done));
     }
     if !pending.is_empty() {
         if tag.is_some() {
             pending.push(b'\n');
         }
-        let _ = tx.send(Chunk::Data(is_err, lines(pending)));
+        tx.send(is_err, lines(pending));
     }
 }
 

@@ -103,14 +103,20 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
                 pmi::serve(ours, rank, ev.clone());
             }
             let tag = |s: &str| output::output_tag(plan, rank, s);
+            let sink = if plan.forward_output {
+                output::Sink::Launcher(plan.ns, st.io.ctl.clone())
+            } else {
+                output::Sink::Local(st.starter.out.clone())
+            };
+            let sink2 = sink.clone();
             let out = child
                 .stdout
                 .take()
-                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), st.starter.out.clone())));
+                .map(|o| tokio::spawn(forward(o, false, tag("stdout"), sink)));
             let err = child
                 .stderr
                 .take()
-                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), st.starter.out.clone())));
+                .map(|e| tokio::spawn(forward(e, true, tag("stderr"), sink2)));
             tokio::spawn(async move {
                 let status = child.wait().await;
                 for t in [out, err].into_iter().flatten() {

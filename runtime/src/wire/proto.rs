@@ -56,8 +56,10 @@ pub struct ModexData {
 /// number (4). Version 6 adds the name service (`PeerMsg::Names`) and connects
 /// (`PeerMsg::Connect`). Version 7: a spawn asked for through PMI (`SpawnReq`,
 /// `JobPlan::pmi_preput`), a job's parent (`JobPlan::parent`), and whether a process that
-/// ended had finalized (`JobMsg::ProcGone::finalized`).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 7;
+/// ended had finalized (`JobMsg::ProcGone::finalized`). Version 8: a persistent runtime
+/// (`weft dvm`): output sent to the launcher (`JobPlan::forward_output`,
+/// `ToLauncher::Output`) and the control protocol of its submitters ([`ToController`]).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 8;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -382,6 +384,10 @@ pub struct JobPlan {
     /// The process that spawned this job, and its namespace's name (`None`: the job
     /// `weft run` started).
     pub parent: Option<(weft_wireup::ProcId, String)>,
+    /// Send the processes' output to the launcher ([`ToLauncher::Output`]) instead of
+    /// writing it to the server's own stdout and stderr: a job submitted to a persistent
+    /// runtime, whose submitter prints it.
+    pub forward_output: bool,
 }
 
 /// A new job a running process asks for ([`ToLauncher::Spawn`]).
@@ -428,6 +434,13 @@ pub enum ToLauncher {
         error: Option<String>,
         set_up: bool,
     },
+    /// Output of a process of job `ns` (one whose plan says `forward_output`): whole
+    /// lines, sent before the process's `ProcExit`.
+    Output {
+        ns: NsId,
+        stderr: bool,
+        bytes: Vec<u8>,
+    },
 }
 
 /// Launcher to server (TCP).
@@ -460,6 +473,54 @@ pub enum ToServer {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
+}
+
+/// The first bytes of a submitter's hello to a persistent runtime's controller.
+pub const CONTROL_MAGIC: [u8; 4] = *b"WFTC";
+
+/// A submitter (`weft run --dvm`, `weft ps`, `weft kill`, `weft dvm stop`) to the
+/// controller of a persistent runtime (TCP, the runtime's frames): a hello, then requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToController {
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        secret: [u64; 2],
+    },
+    /// Run a job: `weft run`'s arguments (`-x VAR` already resolved to `-x VAR=VALUE`),
+    /// the submitter's directory and environment, which the job's processes get.
+    Submit {
+        args: Vec<String>,
+        cwd: String,
+        env: Vec<(String, String)>,
+    },
+    /// The submitter received signal `sig`: its job is terminated.
+    Signal { sig: i32 },
+    /// The table of jobs and processes.
+    Ps,
+    /// Terminate a job (by namespace name or number) with signal `sig`'s status.
+    Kill { job: String, sig: i32 },
+    /// End every job and the runtime.
+    Stop,
+}
+
+/// The controller to a submitter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromController {
+    /// The hello was accepted.
+    Welcome { runtime: String },
+    /// The submitted job runs, as namespace `nspace`.
+    Accepted { ns: NsId, nspace: String },
+    /// Output of the job's processes (or of the jobs they spawned).
+    Output { stderr: bool, bytes: Vec<u8> },
+    /// A line about the job for the submitter's stderr (a failure, the time limit).
+    Report(String),
+    /// The job ended; `weft run` exits with `code`.
+    JobEnd { code: i32 },
+    /// The answer to `Ps`, `Kill` or `Stop`.
+    Text(String),
+    /// A request was refused; why.
+    Error(String),
 }
 
 #[cfg(test)]
