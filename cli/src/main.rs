@@ -91,6 +91,10 @@ enum DvmCmd {
         /// Serve no PMIx (Open MPI programs then cannot run in the runtime).
         #[arg(long)]
         no_pmix: bool,
+        /// The runtime's id: its namespace is `weft-ID`, its jobs' `weft-ID.N` (default
+        /// random).
+        #[arg(long)]
+        id: Option<String>,
     },
     /// Terminate every job of the runtime and stop it.
     Stop {
@@ -243,6 +247,7 @@ fn main() -> ExitCode {
                     listen,
                     report_uri,
                     no_pmix,
+                    id,
                 },
         } => {
             if nodes == 0 {
@@ -252,6 +257,7 @@ fn main() -> ExitCode {
             let mut spec = weft_runtime::launcher::LaunchSpec {
                 nodes,
                 pmix: !no_pmix,
+                job_id: id,
                 ..Default::default()
             };
             spec.servers.hosts = hosts;

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{available, build_c, clean, run, Done};
+use common::{available, build_c, clean, run, Done, Dvm};
 
 /// `benches/mpi/SOURCE.c` built with `mpicc.mpich`, or `None` (skipped, with the reason
 /// printed) when MPICH is not installed and `WEFT_REQUIRE_MPICH` is not set.
@@ -796,4 +796,61 @@ fn pmix_is_offered_by_default_and_not_with_no_pmix() {
     assert_eq!(d.code(), Some(0), "{}", d.dump());
     assert_eq!(d.lines_with("rank= ess=."), 2, "{}", d.dump());
     clean("pmix-off", &d);
+}
+
+/// In a persistent runtime of 2 nodes (issue 33): Open MPI's `MPI_Comm_spawn`
+/// (`spawn.c`: the children's output reaches the submitter too), OpenPMIx's `dynamic.c`
+/// (`PMIx_Spawn`) and `pub.c` (publish/lookup), one after another and two at once, each
+/// submitted with `weft run --dvm`; the runtime then stops leaving nothing.
+#[test]
+fn openmpi_and_pmix_programs_run_in_a_persistent_runtime() {
+    let (Some(spawn), Some(dynamic), Some(client), Some(publ)) = (
+        openmpi_program("spawn"),
+        pmix_example("dynamic"),
+        pmix_example("client"),
+        pmix_example("pub"),
+    ) else {
+        return;
+    };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmix-dynamic-dvm");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("client");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&client, &link).unwrap();
+    let script = format!("cd {} && exec {dynamic}", dir.display());
+    let dvm = Dvm::start("dvm-mpi", &["--nodes", "2"]);
+    for round in 0..2 {
+        let d = dvm
+            .submit(&["-n", "2", "-x", OMPI_LO, &spawn])
+            .wait(Duration::from_secs(120));
+        assert_eq!(d.code(), Some(0), "round {round}: {}", d.dump());
+        assert_eq!(d.lines_with("merged size 4 sum 4"), 4, "{}", d.dump());
+        assert_eq!(d.lines_with("spawned 2"), 2, "{}", d.dump());
+    }
+    let a = dvm.submit(&["-n", "2", "sh", "-c", &script]);
+    let b = dvm.submit(&["-n", "2", &publ]);
+    let (a, b) = (
+        a.wait(Duration::from_secs(60)),
+        b.wait(Duration::from_secs(60)),
+    );
+    assert_eq!(a.code(), Some(0), "{}", a.dump());
+    assert_eq!(
+        err_lines(&a, "PMIx_Finalize successfully completed").len(),
+        4,
+        "{}",
+        a.dump()
+    );
+    assert!(err_lines(&a, "returned correct").len() >= 2, "{}", a.dump());
+    assert_eq!(b.code(), Some(0), "{}", b.dump());
+    assert_eq!(
+        err_lines(&b, "PUBLISH-LOOKUP SUCCEEDED").len(),
+        1,
+        "{}",
+        b.dump()
+    );
+    for d in [&a, &b] {
+        assert!(err_lines(d, "failed").is_empty(), "{}", d.dump());
+    }
+    let (code, err) = dvm.stop();
+    assert_eq!(code, Some(0), "{err}");
 }

@@ -58,6 +58,9 @@ pub struct Job {
     out: Option<std::thread::JoinHandle<String>>,
     err: Option<std::thread::JoinHandle<String>>,
     started: Instant,
+    /// Whether its end must leave nothing behind (not for a job of a persistent runtime,
+    /// whose segments stay with the runtime).
+    check_clean: bool,
 }
 
 pub struct Done {
@@ -169,6 +172,7 @@ impl Job {
             out,
             err,
             started: Instant::now(),
+            check_clean: true,
         }
     }
 
@@ -227,7 +231,9 @@ impl Job {
             stderr,
             elapsed,
         };
-        assert_clean(&self.name, &self.tmp, &done);
+        if self.check_clean {
+            assert_clean(&self.name, &self.tmp, &done);
+        }
         done
     }
 }
@@ -418,4 +424,144 @@ pub fn build_c(cc: &str, source: &str, out: &str, flags: &[String]) -> String {
     );
     std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
     out.display().to_string()
+}
+
+/// A persistent runtime (`weft dvm start`) for a test: TMPDIR private to it, its URI in
+/// `uri`; stopped (and its process killed if need be) when dropped.
+pub struct Dvm {
+    pub name: String,
+    pub tmp: PathBuf,
+    pub uri: PathBuf,
+    child: Option<Child>,
+    err: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Dvm {
+    /// Starts `weft dvm start --id <name> --report-uri ... ARGS` and waits until its URI
+    /// is written.
+    pub fn start(name: &str, args: &[&str]) -> Dvm {
+        let name = format!("{name}-{}", std::process::id());
+        let tmp = std::env::temp_dir().join("weft-tests").join(&name);
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).expect("test tmp dir");
+        let uri = tmp.join("dvm.uri");
+        let mut child = Command::new(weft())
+            .args(["dvm", "start", "--id", &name, "--report-uri"])
+            .arg(&uri)
+            .args(args)
+            .env("TMPDIR", &tmp)
+            .env("WEFT_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn weft dvm start");
+        let err = Some(reader(child.stderr.take().expect("stderr")));
+        let t0 = Instant::now();
+        while !uri.exists() {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("weft dvm start ended ({st}) before it was ready");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the runtime did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Dvm {
+            name,
+            tmp,
+            uri,
+            child: Some(child),
+            err,
+        }
+    }
+
+    /// The `--dvm` argument naming this runtime.
+    pub fn arg(&self) -> String {
+        self.uri.display().to_string()
+    }
+
+    /// `weft run --dvm URI ARGS`, started (its TMPDIR the runtime's).
+    pub fn submit(&self, args: &[&str]) -> Job {
+        let mut all = vec!["--dvm".to_owned(), self.arg()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut child = Command::new(weft())
+            .arg("run")
+            .args(&all)
+            .env("TMPDIR", &self.tmp)
+            .env("WEFT_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn weft run --dvm");
+        let out = Some(reader(child.stdout.take().expect("stdout")));
+        let err = Some(reader(child.stderr.take().expect("stderr")));
+        Job {
+            name: self.name.clone(),
+            tmp: self.tmp.clone(),
+            child: Some(child),
+            out,
+            err,
+            started: Instant::now(),
+            check_clean: false,
+        }
+    }
+
+    /// `weft SUBCOMMAND --dvm URI ARGS` (`ps`, `kill`, `dvm stop`): status, stdout, stderr.
+    pub fn ctl(&self, sub: &[&str], args: &[&str]) -> (Option<i32>, String, String) {
+        let o = Command::new(weft())
+            .args(sub)
+            .args(["--dvm", &self.arg()])
+            .args(args)
+            .output()
+            .expect("weft");
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    /// `weft dvm stop`, then the runtime's exit: its status and stderr; and nothing of it
+    /// may be left (segments, files).
+    pub fn stop(mut self) -> (Option<i32>, String) {
+        let (code, out, err) = self.ctl(&["dvm", "stop"], &[]);
+        assert_eq!(code, Some(0), "weft dvm stop: {out}{err}");
+        let mut child = self.child.take().expect("running");
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break st;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("weft dvm start did not end within 30 s of weft dvm stop");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = join_within(self.err.take(), Duration::from_secs(5));
+        let segs = segments_of(&self.name);
+        assert!(
+            segs.is_empty(),
+            "runtime {} left segments {segs:?}\n{err}",
+            self.name
+        );
+        let left = leftovers(&self.tmp);
+        assert!(
+            left.is_empty(),
+            "runtime {} left files {left:?}\n{err}",
+            self.name
+        );
+        (status.code(), err)
+    }
+}
+
+impl Drop for Dvm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            stop(&mut c);
+        }
+    }
 }

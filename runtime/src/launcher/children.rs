@@ -66,6 +66,9 @@ pub(super) struct Children {
     jobs: BTreeMap<NsId, Child>,
     /// The next namespace id (the launch's own job is `NsId::FIRST`).
     next: u32,
+    /// Submitters whose job ended (with this status) while jobs it spawned still run: they
+    /// are told once those have ended too, as `weft run` waits for them.
+    ended: BTreeMap<u64, i32>,
 }
 
 impl Children {
@@ -73,6 +76,7 @@ impl Children {
         Children {
             jobs: BTreeMap::new(),
             next: NsId::FIRST.0 + 1,
+            ended: BTreeMap::new(),
         }
     }
 
@@ -262,16 +266,29 @@ impl Children {
         // is told now.
         if child.job.is_over() {
             if let (true, Some(sub)) = (child.submitted, child.owner) {
-                out.push(Action::Tell(
-                    sub,
-                    FromController::JobEnd {
-                        code: child.job.exit_code(),
-                    },
-                ));
+                self.ended.insert(sub, child.job.exit_code());
             }
         }
         self.prune(ns);
+        out.extend(self.tell_ends());
         out
+    }
+
+    /// Tells the submitters whose job ended, once every job they own has.
+    fn tell_ends(&mut self) -> Vec<Action> {
+        let jobs = &self.jobs;
+        let done: Vec<u64> = (self.ended.keys())
+            .filter(|&&sub| {
+                !jobs
+                    .values()
+                    .any(|c| c.owner == Some(sub) && !c.job.is_over())
+            })
+            .copied()
+            .collect();
+        done.into_iter()
+            .filter_map(|sub| self.ended.remove(&sub).map(|code| (sub, code)))
+            .map(|(sub, code)| Action::Tell(sub, FromController::JobEnd { code }))
+            .collect()
     }
 
     /// Forgets job `ns` once it has ended and its spawn was answered.
@@ -383,7 +400,7 @@ impl Children {
                 Action::SendAll(ToServer::Shutdown) => {
                     out.push(Action::SendAll(ToServer::EndJob { ns }));
                     if let (true, Some(sub)) = (told_end, owner) {
-                        out.push(Action::Tell(sub, FromController::JobEnd { code }));
+                        self.ended.insert(sub, code);
                     }
                 }
                 Action::Arm(t, d) => out.push(Action::ArmJob(ns, t, d)),
@@ -392,6 +409,9 @@ impl Children {
                 Action::KillServers => {}
                 other => out.push(other),
             }
+        }
+        if owner.is_some() {
+            out.extend(self.tell_ends());
         }
         out
     }
@@ -408,6 +428,7 @@ impl Children {
             .filter(|(_, c)| c.owner == Some(sub))
             .map(|(&ns, _)| ns)
             .collect();
+        self.ended.remove(&sub);
         let mut out = Vec::new();
         for ns in ids {
             if let Some(c) = self.jobs.get_mut(&ns) {

@@ -1091,4 +1091,45 @@ mod tests {
         let mut idle = dvm(1);
         assert_eq!(idle.on_stop(), vec![Action::SendAll(ToServer::Shutdown)]);
     }
+
+    #[test]
+    fn a_submitter_hears_of_its_jobs_end_once_what_it_spawned_has_ended_and_gets_their_output() {
+        let mut l = dvm(1);
+        let (p, _) = submit(&mut l, 3, "-n 1 /bin/parent");
+        let app = SpawnApp {
+            program: "/bin/child".into(),
+            args: Vec::new(),
+            np: 1,
+            env: Vec::new(),
+            cwd: None,
+        };
+        let req = SpawnReq {
+            apps: vec![app],
+            pmi_preput: None,
+        };
+        let c = launched_plan(&l.on_spawn(0, 1, ProcId::new(p.ns, 0), &req));
+        assert_eq!(c.env, p.env, "the parent's environment");
+        assert!(c.forward_output);
+        l.on_launched(0, c.ns, None, true);
+        assert_eq!(
+            l.on_output(c.ns, false, b"c".to_vec()),
+            vec![Action::Tell(
+                3,
+                FromController::Output {
+                    stderr: false,
+                    bytes: b"c".to_vec()
+                }
+            )]
+        );
+        let a = l.on_proc_exit(ProcId::new(p.ns, 0), ExitKind::Code(0));
+        assert_eq!(a, vec![Action::SendAll(ToServer::EndJob { ns: p.ns })]);
+        let a = l.on_proc_exit(ProcId::new(c.ns, 0), ExitKind::Code(0));
+        assert_eq!(
+            a,
+            vec![
+                Action::SendAll(ToServer::EndJob { ns: c.ns }),
+                Action::Tell(3, FromController::JobEnd { code: 0 })
+            ]
+        );
+    }
 }
