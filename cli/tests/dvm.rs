@@ -7,12 +7,34 @@ use common::*;
 
 use std::time::{Duration, Instant};
 
-/// Waits until no process whose command line contains `marker` is left (a bounded time);
+/// The processes of the jobs (not their submitters, whose command lines hold the same
+/// words): `sleep`s whose duration contains `marker`.
+fn sleepers(marker: &str) -> Vec<u32> {
+    pids_whose("cmdline", |c| c.starts_with("sleep ") && c.contains(marker))
+}
+
+/// Waits until every server of the runtime has set up each of its jobs (none is
+/// "starting" in `weft ps`) and it runs `jobs` jobs.
+fn all_running(dvm: &Dvm, jobs: usize) -> String {
+    let t0 = Instant::now();
+    loop {
+        let (code, ps, err) = dvm.ctl(&["ps"], &[]);
+        assert_eq!(code, Some(0), "{err}");
+        if ps.lines().filter(|l| l.starts_with("job ")).count() == jobs && !ps.contains("starting")
+        {
+            return ps;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{ps}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until no process of a job whose marker is `marker` is left (a bounded time);
 /// returns the ones still there.
 fn gone_within(marker: &str, limit: Duration) -> Vec<u32> {
     let t0 = Instant::now();
     loop {
-        let left = pids_whose("cmdline", |c| c.contains(marker));
+        let left = sleepers(marker);
         if left.is_empty() || t0.elapsed() > limit {
             return left;
         }
@@ -131,7 +153,7 @@ fn ps_kill_a_vanished_submitter_the_time_limit_and_stop_end_jobs() {
     // A submitter that vanishes.
     let b = dvm.submit(&["-n", "2", "sleep", &format!("{marker}2")]);
     let t0 = Instant::now();
-    while pids_whose("cmdline", |c| c.contains(&format!("{marker}2"))).len() < 2 {
+    while sleepers(&format!("{marker}2")).len() < 2 {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
             "the job did not start"
@@ -156,7 +178,7 @@ fn ps_kill_a_vanished_submitter_the_time_limit_and_stop_end_jobs() {
 
     // Stop with a job running: it is terminated, its submitter told.
     let c = dvm.submit(&["-n", "1", "sleep", &format!("{marker}3")]);
-    while pids_whose("cmdline", |cl| cl.contains(&format!("{marker}3"))).is_empty() {
+    while sleepers(&format!("{marker}3")).is_empty() {
         assert!(
             t0.elapsed() < Duration::from_secs(40),
             "the job did not start"
@@ -182,6 +204,7 @@ fn a_lost_server_fails_only_the_jobs_on_its_node() {
     let dvm = Dvm::start("dvm-lost", &["--nodes", "2"]);
     let marker = format!("101.{}", std::process::id());
     let a = dvm.submit(&["--nodes", "2", "-n", "2", "sleep", &marker]);
+    let on0 = format!("2.{}", std::process::id());
     let b = dvm.submit(&[
         "--nodes",
         "1",
@@ -189,16 +212,10 @@ fn a_lost_server_fails_only_the_jobs_on_its_node() {
         "1",
         "sh",
         "-c",
-        "sleep 2; echo survivor",
+        &format!("sleep {on0}; echo survivor"),
     ]);
-    let t0 = Instant::now();
-    while pids_whose("cmdline", |c| c.contains(&marker)).len() < 2 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the job did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Both jobs run (each was set up on both servers) before the server is killed.
+    all_running(&dvm, 2);
     let servers = pids_whose("cmdline", |c| {
         c.contains(" server ") && c.contains(&dvm.name) && c.contains("--node 1 ")
     });

@@ -559,9 +559,12 @@ impl Dvm {
 }
 
 impl Drop for Dvm {
+    /// A runtime dropped without `stop` (a failing test): stopped, and what it said shown.
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             stop(&mut c);
+            let err = join_within(self.err.take(), Duration::from_secs(5));
+            eprintln!("--- weft dvm start {} said:\n{err}", self.name);
         }
     }
 }

@@ -240,6 +240,7 @@ impl Children {
             None => Ok((ns, child.nspace.clone())),
             Some(e) => {
                 child.job.mark_terminating();
+                child.job.on_launch_failed();
                 out.push(Action::SendAll(ToServer::TerminateJob { ns, grace_ms: 0 }));
                 Err(e)
             }
