@@ -29,8 +29,12 @@ enum Cmd {
         #[arg(long)]
         launcher: std::net::SocketAddr,
         /// This server's node id.
-        #[arg(long)]
-        node: u32,
+        #[arg(long, required_unless_present = "node_env")]
+        node: Option<u32>,
+        /// The environment variable holding this server's node id (`SLURM_NODEID` when
+        /// `srun` starts the servers).
+        #[arg(long, conflicts_with = "node")]
+        node_env: Option<String>,
         /// The job's socket directory.
         #[arg(long)]
         job_dir: PathBuf,
@@ -73,9 +77,14 @@ enum DvmCmd {
     /// Start the servers and stay up (in the foreground) until `weft dvm stop`, SIGINT
     /// or SIGTERM; jobs are then submitted with `weft run --dvm URI`.
     Start {
-        /// Logical nodes on this machine, one server each.
+        /// Logical nodes on this machine, one server each (inside a Slurm allocation: one
+        /// server per allocated node, started with one `srun` step, unless --no-slurm).
         #[arg(long, default_value_t = 1)]
         nodes: u32,
+        /// Inside a Slurm allocation, start logical nodes here instead of one server per
+        /// allocated node.
+        #[arg(long)]
+        no_slurm: bool,
         /// One node per host, servers started over the launch agent.
         #[arg(long, value_delimiter = ',')]
         hosts: Option<Vec<String>>,
@@ -216,8 +225,20 @@ fn main() -> ExitCode {
         Cmd::Server {
             launcher,
             node,
+            node_env,
             job_dir,
         } => {
+            let node = match (node, node_env) {
+                (Some(n), _) => n,
+                (None, Some(var)) => match std::env::var(&var).ok().and_then(|v| v.parse().ok()) {
+                    Some(n) => n,
+                    None => {
+                        eprintln!("weft server: --node-env {var}: {var} holds no node number");
+                        return ExitCode::from(2);
+                    }
+                },
+                (None, None) => unreachable!("clap requires one"),
+            };
             let secret = std::env::var("WEFT_JOB_SECRET")
                 .ok()
                 .and_then(|s| weft_runtime::server::parse_secret(&s));
@@ -248,6 +269,7 @@ fn main() -> ExitCode {
                     report_uri,
                     no_pmix,
                     id,
+                    no_slurm,
                 },
         } => {
             if nodes == 0 {
@@ -260,6 +282,8 @@ fn main() -> ExitCode {
                 job_id: id,
                 ..Default::default()
             };
+            spec.servers.slurm =
+                hosts.is_none() && !no_slurm && std::env::var_os("SLURM_JOB_ID").is_some();
             spec.servers.hosts = hosts;
             spec.servers.launch_agent = launch_agent;
             spec.servers.listen = listen;

@@ -929,3 +929,96 @@ fn member_failed_events_under_slurm() {
         }
     }
 }
+
+/// `weft dvm start` inside a Slurm allocation (`salloc`, issue 33): its servers are started
+/// by one `srun` step (a server's parent is Slurm's step daemon), a job submitted with
+/// `weft run --dvm` runs there with the node's CPUs (the step is not bound to one), and
+/// `weft dvm stop` ends the runtime and with it the allocation.
+#[test]
+fn a_persistent_runtime_inside_a_slurm_allocation_starts_its_servers_with_srun() {
+    let Some(_slurm) = slurm() else { return };
+    let dir = std::env::temp_dir().join(format!("weft-sdvm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let uri = dir.join("uri");
+    let mut alloc = Command::new("salloc")
+        .args(["-N", "1", "-n", "1"])
+        .arg(weft())
+        .args(["dvm", "start", "--report-uri"])
+        .arg(&uri)
+        .env("TMPDIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run salloc");
+    let t0 = Instant::now();
+    while !uri.exists() {
+        if let Ok(Some(st)) = alloc.try_wait() {
+            let o = alloc.wait_with_output().unwrap();
+            panic!(
+                "salloc ended ({st}) before the runtime was ready\n{}",
+                dump(&o)
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the runtime did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let show = "grep Cpus_allowed_list /proc/self/status; \
+                ppid=$(awk '/^PPid/ {print $2}' /proc/$PPID/status); \
+                echo \"server parent $(cat /proc/$ppid/comm)\"";
+    let o = Command::new(weft())
+        .args(["run", "--dvm"])
+        .arg(&uri)
+        .args(["-n", "2", "sh", "-c", show])
+        .env("TMPDIR", &dir)
+        .output()
+        .expect("weft run --dvm");
+    assert!(o.status.success(), "{}", dump(&o));
+    assert_eq!(
+        lines_with(&o, "server parent slurmstepd"),
+        2,
+        "{}",
+        dump(&o)
+    );
+    let cpus = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list"))
+        .map(|l| l.split_whitespace().last().unwrap_or("").to_owned())
+        .unwrap();
+    assert_eq!(
+        lines_with(&o, &format!("Cpus_allowed_list:\t{cpus}")),
+        2,
+        "the job's processes are not bound to part of the node: {}",
+        dump(&o)
+    );
+    let o = Command::new(weft())
+        .args(["run", "--dvm"])
+        .arg(&uri)
+        .args(["-n", "2", &example("fence_demo"), "--mode", "sparse"])
+        .env("TMPDIR", &dir)
+        .output()
+        .expect("weft run --dvm");
+    assert!(o.status.success(), "{}", dump(&o));
+    assert_eq!(lines_with(&o, " ok"), 2, "{}", dump(&o));
+    let o = Command::new(weft())
+        .args(["dvm", "stop", "--dvm"])
+        .arg(&uri)
+        .output()
+        .expect("weft dvm stop");
+    assert!(o.status.success(), "{}", dump(&o));
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = alloc.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "salloc did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "salloc: {st}");
+    assert!(!uri.exists(), "the URI file is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -262,6 +262,15 @@ async fn start_servers(
         .clone()
         .unwrap_or_else(|| vec![exe.display().to_string(), "server".into()]);
     let mut servers = Servers::new();
+    if spec.servers.slurm {
+        // One step, one task per node: Slurm places them (the node id is the task's
+        // SLURM_NODEID); the step's end reports as node 0's, the others' by their links.
+        let cmd = slurm_command(num_nodes, &server_cmd, addr, job_dir, secret);
+        if let Err(e) = servers.start(0, cmd, ev.clone()) {
+            return Err(setup_error("start the servers with srun", e));
+        }
+        return Ok(servers);
+    }
     for node in 0..num_nodes {
         let cmd = server_command(spec, &server_cmd, node, addr, job_dir, secret);
         if let Err(e) = servers.start(node, cmd, ev.clone()) {
@@ -325,6 +334,47 @@ fn server_command(
         Stdio::null()
     });
     cmd
+}
+
+/// The `srun` step that starts one server on each of the `num_nodes` nodes of the Slurm
+/// allocation: every CPU of its node for each (the jobs' processes inherit the step's CPU
+/// set), no PMIx from Slurm (the servers serve their own), a server's end does not end the
+/// step (the launcher decides); the secret is in the environment, never on a command line.
+fn slurm_command(
+    num_nodes: u32,
+    server_cmd: &[String],
+    addr: SocketAddr,
+    job_dir: &Path,
+    secret: [u64; 2],
+) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new("srun");
+    c.args([
+        format!("--nodes={num_nodes}"),
+        format!("--ntasks={num_nodes}"),
+        "--ntasks-per-node=1".to_owned(),
+        "--cpu-bind=none".to_owned(),
+        "--kill-on-bad-exit=0".to_owned(),
+        "--export=ALL".to_owned(),
+        "--mpi=none".to_owned(),
+    ]);
+    if let Some(cpus) = std::env::var("SLURM_CPUS_ON_NODE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        c.arg(format!("--cpus-per-task={cpus}"));
+    }
+    c.args(server_cmd)
+        .args([
+            "--launcher".to_owned(),
+            addr.to_string(),
+            "--node-env".to_owned(),
+            "SLURM_NODEID".to_owned(),
+            "--job-dir".to_owned(),
+            job_dir.display().to_string(),
+        ])
+        .env("WEFT_JOB_SECRET", format_secret(secret))
+        .stdin(Stdio::null());
+    c
 }
 
 /// SIGINT, SIGTERM and SIGHUP become events of the loop.

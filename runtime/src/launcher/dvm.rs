@@ -118,6 +118,10 @@ async fn start_async(mut spec: LaunchSpec, report: Option<PathBuf>) -> Result<i3
     };
     spec.job_id = Some(id.clone());
     let id = super::job_id(&spec)?;
+    if spec.servers.slurm {
+        // The allocation's nodes, in SLURM_NODEID order, name the runtime's nodes.
+        spec.servers.hosts = Some(slurm_nodes().map_err(LaunchError::Usage)?);
+    }
     // Marks the servers' node 0 as reading no terminal.
     spec.dvm = Some(String::new());
     let plan = super::plan::runtime_plan(&spec, &id)?;
@@ -184,6 +188,38 @@ async fn serve(
         Ok(0)
     } else {
         Ok(EXIT_LAUNCH_FAILED)
+    }
+}
+
+/// The nodes of the Slurm allocation this runs in, in the order of their `SLURM_NODEID`
+/// (`scontrol show hostnames` of `SLURM_JOB_NODELIST`).
+fn slurm_nodes() -> Result<Vec<String>, String> {
+    let list = std::env::var("SLURM_JOB_NODELIST")
+        .or_else(|_| std::env::var("SLURM_NODELIST"))
+        .map_err(|_| "in a Slurm allocation without SLURM_JOB_NODELIST".to_owned())?;
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "hostnames", &list])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let names: Vec<String> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if names.is_empty() {
+                Err(format!("scontrol show hostnames {list}: no host"))
+            } else {
+                Ok(names)
+            }
+        }
+        _ if !list.contains(['[', ',']) => Ok(vec![list]),
+        Ok(o) => Err(format!(
+            "scontrol show hostnames {list}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("scontrol show hostnames {list}: {e}")),
     }
 }
 

@@ -86,6 +86,9 @@ pub struct ServerLaunch {
     pub listen: std::net::IpAddr,
     /// The server command (default: this executable with `server`).
     pub server_command: Option<Vec<String>>,
+    /// Start the servers with one `srun` step, one per node of the Slurm allocation this
+    /// runs in (`weft dvm start` inside an allocation).
+    pub slurm: bool,
 }
 
 /// When a job is ended other than by all its processes exiting.
@@ -106,6 +109,7 @@ impl Default for ServerLaunch {
             launch_agent: "ssh".into(),
             listen: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             server_command: None,
+            slurm: false,
         }
     }
 }
