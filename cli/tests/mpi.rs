@@ -854,3 +854,54 @@ fn openmpi_and_pmix_programs_run_in_a_persistent_runtime() {
     let (code, err) = dvm.stop();
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// `PMIx_Job_control` (issue 33): OpenPMIx's `jctrl.c` (informational directives, then a
+/// heartbeat monitor, then a fence) passes; `benches/mpi/pmix_jctrl.c` signals a rank,
+/// pauses and resumes it (its state seen in /proc), then terminates its own job, which
+/// `weft run` ends with 143 naming who asked: on one node and on 2 logical nodes (the
+/// signals travel to the other node's server).
+#[test]
+fn pmix_job_control_signals_pauses_resumes_and_terminates_on_one_and_two_nodes() {
+    let Some(jctrl) = pmix_example("jctrl") else {
+        return;
+    };
+    let prog = build_c("cc", "pmix_jctrl.c", "pmix_jctrl", &pmix_flags());
+    for nodes in ["1", "2"] {
+        let name = format!("pmix-jctrl-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &jctrl],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+        assert_eq!(
+            err_lines(&d, "PMIx_Finalize successfully completed").len(),
+            2,
+            "{}",
+            d.dump()
+        );
+        assert!(err_lines(&d, "failed").is_empty(), "{}", d.dump());
+        clean(&name, &d);
+        let name = format!("pmix-jobctl-{nodes}");
+        let d = run(
+            &name,
+            &["--nodes", nodes, "-n", "2", &prog],
+            Duration::from_secs(60),
+        );
+        assert_eq!(d.code(), Some(143), "{}", d.dump());
+        for want in [
+            "rank 1: got SIGUSR1",
+            "rank 0: rank 1 paused",
+            "rank 0: rank 1 resumed",
+        ] {
+            assert_eq!(d.lines_with(want), 1, "{want}\n{}", d.dump());
+        }
+        assert_eq!(d.lines_with("FAILED"), 0, "{}", d.dump());
+        assert!(
+            d.stderr.contains("(PMIx_Job_control); terminating the job"),
+            "{}",
+            d.dump()
+        );
+        clean(&name, &d);
+    }
+}

@@ -277,6 +277,10 @@ pub trait Host: Send + Sync + 'static {
     fn connect(&self, req: Connect) {
         req.reply.fail(Failure::NotSupported);
     }
+    /// A local client's `PMIx_Job_control`. Not served unless overridden.
+    fn job_control(&self, req: JobControl) {
+        req.reply.fail(Failure::NotSupported);
+    }
 }
 
 /// A `PMIx_Connect` or `PMIx_Disconnect` (a collective of processes of one or several
@@ -390,6 +394,38 @@ pub struct SpawnApp {
     pub maxprocs: u32,
 }
 
+/// What a `PMIx_Job_control` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobCtrl {
+    /// Only informational directives (`PMIX_JOB_CTRL_PREEMPTIBLE`,
+    /// `PMIX_JOB_CTRL_CHECKPOINT_METHOD`, ...: their keys): nothing to do but note them.
+    Note(Vec<String>),
+    /// `PMIX_JOB_CTRL_KILL`: SIGKILL.
+    Kill,
+    /// `PMIX_JOB_CTRL_TERMINATE`: SIGTERM, then SIGKILL after a grace period.
+    Terminate,
+    /// `PMIX_JOB_CTRL_SIGNAL`: this signal.
+    Signal(i32),
+    /// `PMIX_JOB_CTRL_PAUSE`: SIGSTOP.
+    Pause,
+    /// `PMIX_JOB_CTRL_RESUME`: SIGCONT.
+    Resume,
+}
+
+/// A `PMIx_Job_control` of a local client, handed to [`Host::job_control`].
+#[derive(Debug)]
+pub struct JobControl {
+    /// Who asks.
+    pub requestor: ProcName,
+    /// The processes it is about (a wildcard rank: a whole namespace; none: the
+    /// requestor's namespace).
+    pub targets: Vec<ProcName>,
+    /// What to do.
+    pub action: JobCtrl,
+    /// Where the status goes.
+    pub reply: GroupReply,
+}
+
 /// A `PMIx_Spawn` of a local client, handed to [`Host::spawn`].
 #[derive(Debug)]
 pub struct Spawn {
@@ -493,6 +529,8 @@ mod stub;
 
 #[cfg(weft_pmix)]
 mod imp;
+#[cfg(weft_pmix)]
+mod jobctl;
 
 #[cfg(weft_pmix)]
 mod log;

@@ -457,6 +457,11 @@ impl Executor {
                     launch.on_launched(node, ns, error, set_up)
                 }
                 ToLauncher::Output { ns, stderr, bytes } => launch.on_output(ns, stderr, bytes),
+                ToLauncher::JobControl {
+                    from,
+                    targets,
+                    action,
+                } => launch.on_job_control(from, &targets, action),
                 ToLauncher::Hello { .. } => Vec::new(),
             },
             Ev::SubHello { sub, tx } => {

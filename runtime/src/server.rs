@@ -889,6 +889,7 @@ impl State {
             }
             Event::Ctl(ToServer::EndJob { ns }) => self.end_job(ns),
             Event::Ctl(ToServer::SpawnDone { qid, result }) => self.spawn_done(qid, result),
+            Event::Ctl(ToServer::Signal { procs, sig }) => self.signal_procs(&procs, sig),
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
                 if self.any_job(|j| j.procs.live() > 0) {
@@ -966,6 +967,22 @@ impl State {
             let acts = st.job.procs.kill_all(sig);
             st.apply_procs(acts);
         });
+    }
+
+    /// Sends signal `sig` to this node's processes among `procs` (a rank, or every
+    /// process of a namespace).
+    fn signal_procs(&mut self, procs: &[(NsId, Option<Rank>)], sig: i32) {
+        // A number that is no signal is refused here.
+        let Some(sig) = rustix::process::Signal::from_named_raw(sig) else {
+            tracing::warn!("signal {sig} asked for: no such signal");
+            return;
+        };
+        for &(ns, rank) in procs {
+            if self.focus(ns) {
+                let acts = self.job.procs.signal(rank, sig);
+                self.apply_procs(acts);
+            }
+        }
     }
 
     /// Sends `event` to local process `rank`; one that has not connected yet gets it

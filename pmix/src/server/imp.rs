@@ -141,6 +141,11 @@ unsafe extern "C" fn release_infos(cbdata: *mut c_void) {
 }
 
 impl GroupReply {
+    /// The reply of an upcall answered through `cb`.
+    pub(super) fn new(cb: sys::pmix_info_cbfunc_t, cbdata: *mut c_void) -> GroupReply {
+        GroupReply { cb, cbdata }
+    }
+
     /// The operation succeeded: the group's context id (if one was assigned) and
     /// every node's contribution, concatenated (empty for a destruct).
     pub fn ok(self, context_id: Option<u64>, endpt: Vec<u8>) {
@@ -623,6 +628,7 @@ impl Server {
         module.lookup = Some(super::names::lookup);
         module.unpublish = Some(super::names::unpublish);
         module.connect = Some(super::connect::connect);
+        module.job_control = Some(super::jobctl::job_control);
         module.disconnect = Some(super::connect::disconnect);
         let mut info = Infos::new();
         for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {

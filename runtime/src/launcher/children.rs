@@ -303,6 +303,11 @@ impl Children {
         }
     }
 
+    /// The namespace name of job `ns`, if it runs.
+    pub(super) fn nspace_of(&self, ns: NsId) -> Option<String> {
+        self.jobs.get(&ns).map(|c| c.nspace.clone())
+    }
+
     /// Whether `ns` is a spawned job that has not ended.
     pub(super) fn has(&self, ns: NsId) -> bool {
         self.jobs.contains_key(&ns)

@@ -11,7 +11,7 @@ use super::children::Children;
 use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::{ExitKind, FromController, JobPlan, SpawnReq, ToServer};
+use crate::wire::proto::{ExitKind, FromController, JobCtl, JobPlan, SpawnReq, ToServer};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -131,6 +131,50 @@ impl Launch {
             sub,
             FromController::Text(format!("terminating job {}\n", ns.0)),
         ));
+        out
+    }
+
+    /// Process `from` asks (`PMIx_Job_control`) for `action` on `targets`: a whole job to
+    /// terminate ends as `weft kill` ends it; every other action is a signal the servers
+    /// send to the processes named.
+    pub(super) fn on_job_control(
+        &mut self,
+        from: ProcId,
+        targets: &[(NsId, Option<u32>)],
+        action: JobCtl,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut procs = Vec::new();
+        let who = match self.children.nspace_of(from.ns) {
+            Some(nspace) => format!("rank {} of {nspace}", from.rank),
+            None => format!("rank {} of {}", from.rank, self.plan.job.nspace),
+        };
+        for &(ns, rank) in targets {
+            let known = ns == self.plan.ns || self.children.has(ns);
+            if !known {
+                tracing::warn!("{from} asked for {action:?} of {ns}, which runs no more");
+                continue;
+            }
+            match (action, rank) {
+                (JobCtl::Terminate, None) => {
+                    let why = format!("terminated by {who} (PMIx_Job_control)");
+                    if ns == self.plan.ns {
+                        let acts = self.job.on_kill(&why, 128 + 15);
+                        out.extend(self.first(acts));
+                    } else {
+                        let acts = self.children.kill(ns, &why, 128 + 15);
+                        out.extend(self.child(acts));
+                    }
+                }
+                _ => procs.push((ns, rank)),
+            }
+        }
+        if !procs.is_empty() {
+            out.push(Action::SendAll(ToServer::Signal {
+                procs,
+                sig: action.signal(),
+            }));
+        }
         out
     }
 
@@ -1131,5 +1175,52 @@ mod tests {
                 Action::Tell(3, FromController::JobEnd { code: 0 })
             ]
         );
+    }
+
+    #[test]
+    fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers() {
+        let mut l = launch(2, 2);
+        start(&mut l, 2);
+        spawn(&mut l, 0, 1, "/bin/child", 2);
+        l.on_launched(0, NsId(2), None, true);
+        l.on_launched(1, NsId(2), None, true);
+        // A rank paused, a namespace signalled: one signal order to every server.
+        let a = l.on_job_control(
+            own(0),
+            &[(NsId(2), Some(1)), (NsId::FIRST, None)],
+            JobCtl::Pause,
+        );
+        assert_eq!(
+            a,
+            vec![Action::SendAll(ToServer::Signal {
+                procs: vec![(NsId(2), Some(1)), (NsId::FIRST, None)],
+                sig: 19
+            })]
+        );
+        // A namespace that runs no more is skipped.
+        assert_eq!(
+            l.on_job_control(own(0), &[(NsId(9), None)], JobCtl::Kill),
+            vec![]
+        );
+        // The child job terminated as a whole, naming who asked; its status is 143.
+        let a = l.on_job_control(own(1), &[(NsId(2), None)], JobCtl::Terminate);
+        assert!(
+            matches!(&a[0], Action::Report(r) if r.contains("terminated by rank 1 of") && r.contains("PMIx_Job_control")),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: NsId(2),
+                grace_ms: 500
+            })),
+            "{a:?}"
+        );
+        // Its own job: the launch's exit status is 143.
+        let a = l.on_job_control(own(0), &[(NsId::FIRST, None)], JobCtl::Terminate);
+        assert!(
+            a.contains(&Action::SendAll(ToServer::Terminate { grace_ms: 500 })),
+            "{a:?}"
+        );
+        assert_eq!(l.exit_code(), 143);
     }
 }

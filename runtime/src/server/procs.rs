@@ -379,6 +379,15 @@ impl Processes {
     }
 
     /// Signal `sig` to every local process still running.
+    /// Sends `sig` to local process `rank` (`None`: every local process) if it runs.
+    pub(crate) fn signal(&self, rank: Option<Rank>, sig: Signal) -> Vec<Action> {
+        (self.local.iter())
+            .filter(|(&r, p)| rank.is_none_or(|want| want == r) && !p.exited)
+            .filter_map(|(_, p)| p.pid)
+            .map(|pid| Action::Kill { pid, sig })
+            .collect()
+    }
+
     pub(crate) fn kill_all(&self, sig: Signal) -> Vec<Action> {
         let running = self.local.values().filter(|p| !p.exited);
         running

@@ -434,6 +434,13 @@ pub enum ToLauncher {
         error: Option<String>,
         set_up: bool,
     },
+    /// Process `from` asks (`PMIx_Job_control`) for `action` on `targets` (a rank, or a
+    /// whole namespace).
+    JobControl {
+        from: weft_wireup::ProcId,
+        targets: Vec<(NsId, Option<Rank>)>,
+        action: JobCtl,
+    },
     /// Output of a process of job `ns` (one whose plan says `forward_output`): whole
     /// lines, sent before the process's `ProcExit`.
     Output {
@@ -467,12 +474,46 @@ pub enum ToServer {
     EndJob {
         ns: NsId,
     },
+    /// Send signal `sig` to the processes of `procs` on this node (a rank, or every
+    /// process of a namespace).
+    Signal {
+        procs: Vec<(NsId, Option<Rank>)>,
+        sig: i32,
+    },
     /// The answer to the [`ToLauncher::Spawn`] of `qid`: the new job's namespace id and
     /// name, or why there is none.
     SpawnDone {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
+}
+
+/// What a job control (`PMIx_Job_control`) asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobCtl {
+    /// SIGKILL.
+    Kill,
+    /// A whole job: terminated as `weft kill` does; a process: SIGTERM.
+    Terminate,
+    /// This signal.
+    Signal(i32),
+    /// SIGSTOP.
+    Pause,
+    /// SIGCONT.
+    Resume,
+}
+
+impl JobCtl {
+    /// The signal it sends to a process.
+    pub fn signal(self) -> i32 {
+        match self {
+            JobCtl::Kill => 9,
+            JobCtl::Terminate => 15,
+            JobCtl::Signal(s) => s,
+            JobCtl::Pause => 19,
+            JobCtl::Resume => 18,
+        }
+    }
 }
 
 /// The first bytes of a submitter's hello to a persistent runtime's controller.
