@@ -42,6 +42,8 @@ pub enum Failure {
     /// The name is published already (`PMIX_EXISTS`, which Open MPI's
     /// `MPI_Publish_name` turns into `MPI_ERR_FILE_EXISTS`).
     Duplicate,
+    /// Not enough resources (`PMIX_ERR_OUT_OF_RESOURCE`).
+    OutOfResource,
     /// Anything else (`PMIX_ERROR`).
     Other,
 }
@@ -103,6 +105,8 @@ pub struct QueryKey {
     pub key: String,
     /// The process set it is about (`PMIX_PSET_NAME` qualifier), if any.
     pub pset: Option<String>,
+    /// The allocation it is about (`PMIX_ALLOC_ID` qualifier), if any.
+    pub alloc_id: Option<String>,
 }
 
 /// An answer to one query key.
@@ -114,6 +118,53 @@ pub enum QueryAnswer {
     NumPsets(usize),
     /// `PMIX_QUERY_PSET_MEMBERSHIP`: the members of the set named in the query.
     PsetMembers(Vec<ProcName>),
+    /// `PMIX_QUERY_ALLOC_STATUS`: the state of the allocation named in the query.
+    AllocStatus(String),
+    /// The answer to an allocation request: `PMIX_SESSION_ID`, `PMIX_ALLOC_ID` and the
+    /// nodes (`PMIX_ALLOC_NODE_LIST`, comma-delimited host names).
+    Allocated {
+        /// The new session's id.
+        session: u32,
+        /// The allocation's name.
+        alloc_id: String,
+        /// Its nodes' host names.
+        nodes: Vec<String>,
+    },
+}
+
+/// What a `PMIx_Allocation_request` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocDirective {
+    /// `PMIX_ALLOC_NEW`: a new allocation (a child session).
+    New,
+    /// `PMIX_ALLOC_EXTEND`: more nodes for an allocation.
+    Extend,
+    /// `PMIX_ALLOC_RELEASE`: give an allocation (or some of its nodes) back.
+    Release,
+    /// Anything else (`PMIX_ALLOC_REAQUIRE`, external): this number.
+    Other(u8),
+}
+
+/// A `PMIx_Allocation_request` of a local client, handed to [`Host::allocate`].
+#[derive(Debug)]
+pub struct Allocate {
+    /// Who asks.
+    pub requester: ProcName,
+    /// What for.
+    pub directive: AllocDirective,
+    /// `PMIX_ALLOC_NUM_NODES`.
+    pub nodes: Option<u64>,
+    /// `PMIX_ALLOC_ID`: the allocation's name (given for a new one, or naming the one to
+    /// extend or release).
+    pub alloc_id: Option<String>,
+    /// `PMIX_ALLOC_REQ_ID`: the requester's own reference.
+    pub req_id: Option<String>,
+    /// `PMIX_SESSION_ID`: the session to extend or release.
+    pub session: Option<u32>,
+    /// The keys given that are not served (CPU counts, memory, fabric, time, ...).
+    pub ignored: Vec<String>,
+    /// Where the answer goes ([`QueryAnswer::Allocated`], or a failure).
+    pub reply: GroupReply,
 }
 
 /// A `PMIx_Query_info` of a local client, handed to [`Host::query`].
@@ -277,6 +328,10 @@ pub trait Host: Send + Sync + 'static {
     fn connect(&self, req: Connect) {
         req.reply.fail(Failure::NotSupported);
     }
+    /// A local client's `PMIx_Allocation_request`. Not served unless overridden.
+    fn allocate(&self, req: Allocate) {
+        req.reply.fail(Failure::NotSupported);
+    }
     /// A local client's `PMIx_Job_control`. Not served unless overridden.
     fn job_control(&self, req: JobControl) {
         req.reply.fail(Failure::NotSupported);
@@ -433,6 +488,10 @@ pub struct Spawn {
     pub requester: ProcName,
     /// What to start.
     pub apps: Vec<SpawnApp>,
+    /// `PMIX_SESSION_ID` of the job info: the session to start it in.
+    pub session: Option<u32>,
+    /// `PMIX_ALLOC_ID` of the job info: the allocation to start it in.
+    pub alloc_id: Option<String>,
     /// Where the new job's namespace goes.
     pub reply: SpawnReply,
 }
@@ -527,6 +586,8 @@ pub use stub::{
 #[cfg(not(weft_pmix))]
 mod stub;
 
+#[cfg(weft_pmix)]
+mod alloc;
 #[cfg(weft_pmix)]
 mod imp;
 #[cfg(weft_pmix)]

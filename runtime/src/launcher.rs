@@ -32,6 +32,7 @@ mod launch;
 mod nodes;
 mod plan;
 mod servers;
+mod sessions;
 use job::{Action, Timer};
 use launch::Launch;
 pub(crate) use plan::build_plan;
@@ -457,6 +458,7 @@ impl Executor {
                     launch.on_launched(node, ns, error, set_up)
                 }
                 ToLauncher::Output { ns, stderr, bytes } => launch.on_output(ns, stderr, bytes),
+                ToLauncher::Alloc { qid, from, req } => launch.on_alloc(node, qid, from, &req),
                 ToLauncher::JobControl {
                     from,
                     targets,
@@ -534,6 +536,11 @@ impl Executor {
                 Action::SpawnDone { node, qid, result } => {
                     if let Some(tx) = self.txs.get(&node) {
                         let _ = tx.send(frame::encode(&ToServer::SpawnDone { qid, result }));
+                    }
+                }
+                Action::AllocDone { node, qid, result } => {
+                    if let Some(tx) = self.txs.get(&node) {
+                        let _ = tx.send(frame::encode(&ToServer::AllocDone { qid, result }));
                     }
                 }
                 Action::Tell(sub, msg) => {

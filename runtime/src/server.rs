@@ -58,6 +58,7 @@ use weft_wireup::job::{transport_secret, NodeNet};
 use weft_wireup::{NsId, ProcId, Rank};
 
 mod actions;
+mod allocs;
 mod connect;
 mod conns;
 mod fence;
@@ -361,6 +362,8 @@ struct State {
     names: published::Names,
     /// Connects across jobs: this node's calls, the root's open ones (`connect`).
     connects: connect::Connects,
+    /// Allocation requests in flight, and every allocation's state (`allocs`).
+    allocs: allocs::Allocs,
 }
 
 async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError> {
@@ -633,6 +636,7 @@ impl State {
             ended: BTreeSet::new(),
             names: published::Names::default(),
             connects: connect::Connects::default(),
+            allocs: allocs::Allocs::default(),
         }
     }
 
@@ -890,6 +894,12 @@ impl State {
             Event::Ctl(ToServer::EndJob { ns }) => self.end_job(ns),
             Event::Ctl(ToServer::SpawnDone { qid, result }) => self.spawn_done(qid, result),
             Event::Ctl(ToServer::Signal { procs, sig }) => self.signal_procs(&procs, sig),
+            Event::Ctl(ToServer::AllocDone { qid, result }) => self.alloc_done(qid, result),
+            Event::Ctl(ToServer::AllocEvent {
+                owner,
+                alloc_id,
+                session,
+            }) => self.alloc_event(owner, alloc_id, session),
             Event::Ctl(other) => tracing::warn!("unexpected control message {other:?}"),
             Event::CtlLost(why) => {
                 if self.any_job(|j| j.procs.live() > 0) {

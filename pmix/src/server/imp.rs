@@ -28,6 +28,7 @@ impl Failure {
             Failure::NotSupported => sys::PMIX_ERR_NOT_SUPPORTED,
             Failure::Invalid => sys::PMIX_ERR_BAD_PARAM,
             Failure::Duplicate => sys::PMIX_EXISTS,
+            Failure::OutOfResource => sys::PMIX_ERR_OUT_OF_RESOURCE,
             Failure::Other => sys::PMIX_ERROR,
         }
     }
@@ -183,6 +184,18 @@ impl GroupReply {
                         })
                         .collect();
                     info.push_procs(sys::PMIX_QUERY_PSET_MEMBERSHIP, &procs);
+                }
+                QueryAnswer::AllocStatus(s) => {
+                    info.push_string(sys::PMIX_QUERY_ALLOC_STATUS, &s);
+                }
+                QueryAnswer::Allocated {
+                    session,
+                    alloc_id,
+                    nodes,
+                } => {
+                    info.push_u32(sys::PMIX_SESSION_ID, session);
+                    info.push_string(sys::PMIX_ALLOC_ID, &alloc_id);
+                    info.push_string(sys::PMIX_ALLOC_NODE_LIST, &nodes.join(","));
                 }
             }
         }
@@ -518,6 +531,7 @@ unsafe extern "C" fn query(
         // SAFETY: the library passes `nqueries` valid queries.
         let q = unsafe { &*queries.add(qi) };
         let mut pset = None;
+        let mut alloc_id = None;
         for i in 0..q.nqual {
             if q.qualifiers.is_null() {
                 break;
@@ -530,6 +544,11 @@ unsafe extern "C" fn query(
                 // SAFETY: the union member read is the one the type tag names.
                 if let crate::PmixValue::Str(n) = unsafe { crate::owned::value_of(&inf.value) } {
                     pset = Some(n);
+                }
+            } else if k == sys::PMIX_ALLOC_ID {
+                // SAFETY: the union member read is the one the type tag names.
+                if let crate::PmixValue::Str(n) = unsafe { crate::owned::value_of(&inf.value) } {
+                    alloc_id = Some(n);
                 }
             }
         }
@@ -544,6 +563,7 @@ unsafe extern "C" fn query(
                 // SAFETY: as above.
                 key: unsafe { CStr::from_ptr(k) }.to_string_lossy().into_owned(),
                 pset: pset.clone(),
+                alloc_id: alloc_id.clone(),
             });
             i += 1;
         }
@@ -629,6 +649,7 @@ impl Server {
         module.unpublish = Some(super::names::unpublish);
         module.connect = Some(super::connect::connect);
         module.job_control = Some(super::jobctl::job_control);
+        module.allocate = Some(super::alloc::allocate);
         module.disconnect = Some(super::connect::disconnect);
         let mut info = Infos::new();
         for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
@@ -914,6 +935,58 @@ impl Server {
             // Done at once: the callback will not run.
             // SAFETY: as above.
             drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+        }
+    }
+
+    /// Tells the local clients of `nspace` that allocation request `alloc_id` of its rank
+    /// `rank` completed
+    /// (`PMIX_NOTIFY_ALLOC_COMPLETE`, with `PMIX_ALLOC_ID` and, when it was granted,
+    /// `PMIX_SESSION_ID`), as handlers waiting for it expect.
+    pub fn notify_alloc_complete(
+        &self,
+        nspace: &str,
+        rank: u32,
+        alloc_id: &str,
+        session: Option<u32>,
+    ) {
+        const OP: &str = "PMIx_Notify_event";
+        let Ok(mut p) = nspace_c(OP, nspace) else {
+            return;
+        };
+        // The asking process as the source: OpenPMIx caches the event for a handler
+        // registered later (a wildcard source is not delivered to it).
+        p.rank = rank;
+        let mut info = Box::new(Infos::new());
+        info.push_string(sys::PMIX_ALLOC_ID, alloc_id);
+        if let Some(s) = session {
+            info.push_u32(sys::PMIX_SESSION_ID, s);
+        }
+        unsafe extern "C" fn notified(_st: sys::pmix_status_t, cbdata: *mut c_void) {
+            // SAFETY: `cbdata` is the `Box<Infos>` leaked below; called once.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+        }
+        let (ptr, n) = (info.as_mut_ptr(), info.len());
+        let cbdata = Box::into_raw(info) as *mut c_void;
+        // SAFETY: the infos stay valid until `notified` frees them; `p` for the call
+        // (copied); the range reaches the local clients of the namespace.
+        let rc = unsafe {
+            sys::PMIx_Notify_event(
+                sys::PMIX_NOTIFY_ALLOC_COMPLETE,
+                &p,
+                sys::PMIX_RANGE_NAMESPACE as sys::pmix_data_range_t,
+                ptr,
+                n,
+                Some(notified),
+                cbdata,
+            )
+        };
+        if rc != SUCCESS {
+            // SAFETY: the callback will not run (done at once, or failed): the box is
+            // ours again.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+            if rc != sys::PMIX_OPERATION_SUCCEEDED {
+                tracing::warn!("{OP}: {}", status(OP, rc, ""));
+            }
         }
     }
 

@@ -82,8 +82,8 @@ pub(super) unsafe fn strings_of(p: *mut *mut std::os::raw::c_char) -> Vec<String
 
 pub(super) unsafe extern "C" fn spawn(
     proc_: *const sys::pmix_proc_t,
-    _job_info: *const sys::pmix_info_t,
-    _ninfo: usize,
+    job_info: *const sys::pmix_info_t,
+    ninfo: usize,
     apps: *const sys::pmix_app_t,
     napps: usize,
     cb: sys::pmix_spawn_cbfunc_t,
@@ -136,10 +136,26 @@ pub(super) unsafe extern "C" fn spawn(
             maxprocs: u32::try_from(a.maxprocs).unwrap_or(0),
         });
     }
+    let (mut session, mut alloc_id) = (None, None);
+    for i in 0..if job_info.is_null() { 0 } else { ninfo } {
+        // SAFETY: the library passes `ninfo` valid infos.
+        let inf = unsafe { &*job_info.add(i) };
+        // SAFETY: a valid info's key is NUL-terminated within its array.
+        let k = unsafe { CStr::from_ptr(inf.key.as_ptr()) }.to_bytes_with_nul();
+        // SAFETY: the union member read is the one the type tag names.
+        let v = unsafe { crate::owned::value_of(&inf.value) };
+        if k == sys::PMIX_SESSION_ID {
+            session = v.as_u32();
+        } else if k == sys::PMIX_ALLOC_ID {
+            alloc_id = v.as_str().map(str::to_owned);
+        }
+    }
     h.spawn(Spawn {
         // SAFETY: checked non-null; the library's valid name.
         requester: unsafe { name_of(proc_) },
         apps: out,
+        session,
+        alloc_id,
         reply: SpawnReply { cb, cbdata },
     });
     SUCCESS

@@ -131,4 +131,13 @@ impl Server {
     }
     /// Never called (no server exists in this build).
     pub fn notify_ended(&self, _nspace: &str, _rank: u32, _exit_code: Option<i32>) {}
+    /// Never called (no server exists in this build).
+    pub fn notify_alloc_complete(
+        &self,
+        _nspace: &str,
+        _rank: u32,
+        _alloc_id: &str,
+        _session: Option<u32>,
+    ) {
+    }
 }

@@ -39,6 +39,8 @@ struct Child {
     submitted: bool,
     /// What runs, for `weft ps`: the first app's program and arguments.
     command: String,
+    /// The session it runs in (it ends with it), if not the runtime's.
+    session: Option<u32>,
 }
 
 /// Who asked for a job that is being set up.
@@ -81,16 +83,17 @@ impl Children {
     }
 
     /// Process `from` (on the server of `node`, request `qid`) asks for a job of `apps`
+    /// (in `session`: its id and nodes; else on the asker's node)
     /// in a launch of `num_nodes` servers whose first job is `base`: its plan goes to every
     /// server. A request that cannot be served is answered at once.
     pub(super) fn on_spawn(
         &mut self,
         base: &JobPlan,
         num_nodes: u32,
-        node: u32,
-        qid: u64,
+        (node, qid): (u32, u64),
         from: ProcId,
         req: &SpawnReq,
+        session: Option<(u32, Vec<u32>)>,
     ) -> Vec<Action> {
         let apps = &req.apps;
         let refuse = |why: String| {
@@ -125,7 +128,11 @@ impl Children {
             }
         };
         let ns = self.next_ns();
-        let mut plan = child_plan(base, ns, node, req);
+        let on = match &session {
+            Some((_, nodes)) => nodes.clone(),
+            None => vec![node],
+        };
+        let mut plan = child_plan(base, ns, &on, req);
         plan.parent = Some((from, parent));
         let owner = self.jobs.get(&from.ns).and_then(|c| c.owner);
         if let Some(p) = self.jobs.get(&from.ns).map(|c| c.plan.clone()) {
@@ -142,7 +149,19 @@ impl Children {
             plan.job.size()
         );
         let asker = Asker::Process { node, qid };
-        self.insert(plan, child_policy(), asker, owner, num_nodes)
+        let out = self.insert(plan, child_policy(), asker, owner, num_nodes);
+        if let Some(c) = self.jobs.get_mut(&ns) {
+            c.session = session.map(|(id, _)| id);
+        }
+        out
+    }
+
+    /// The jobs that run in session `id`.
+    pub(super) fn in_session(&self, id: u32) -> Vec<NsId> {
+        (self.jobs.iter())
+            .filter(|(_, c)| c.session == Some(id) && !c.job.is_over())
+            .map(|(&ns, _)| ns)
+            .collect()
     }
 
     /// The next namespace id.
@@ -200,6 +219,7 @@ impl Children {
                 owner,
                 submitted: matches!(asker, Asker::Submitter(_)),
                 command,
+                session: None,
             },
         );
         vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]
@@ -534,8 +554,12 @@ fn child_policy() -> EndPolicy {
 /// The plan of spawned job `ns`: `apps` on the node of the process that asked (every
 /// server knows the job; the others run none of its processes), the first job's
 /// environment, datastore size, output tagging and PMIx choice.
-pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, req: &SpawnReq) -> JobPlan {
+pub(super) fn child_plan(base: &JobPlan, ns: NsId, on: &[u32], req: &SpawnReq) -> JobPlan {
     let apps = &req.apps;
+    let total: u32 = apps.iter().map(|a| a.np).sum();
+    // Contiguous blocks of ranks per node, sizes differing by at most one.
+    let node_of = |r: u32| on[(u64::from(r) * on.len() as u64 / u64::from(total.max(1))) as usize];
+    let mut local = std::collections::HashMap::<u32, u32>::new();
     let mut procs = Vec::new();
     let mut infos = Vec::new();
     let mut specs = Vec::new();
@@ -554,9 +578,13 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, node: u32, req: &SpawnReq) ->
             env: app.env.clone(),
         });
         for _ in 0..app.np {
+            let node = node_of(procs.len() as u32);
+            let l = local.entry(node).or_insert(0);
+            let local_rank = *l;
+            *l += 1;
             procs.push(ProcInfo {
                 node,
-                local_rank: procs.len() as u32,
+                local_rank,
                 app: a as u32,
                 cpuset: None,
                 locality: None,

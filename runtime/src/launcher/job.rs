@@ -41,6 +41,12 @@ pub(super) enum Action {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
+    /// Answer the allocation request `qid` of the server of `node`.
+    AllocDone {
+        node: u32,
+        qid: u64,
+        result: Result<crate::wire::proto::SessionInfo, String>,
+    },
     /// Send a message to submitter `u64` of a persistent runtime (`weft run --dvm`, `ps`).
     Tell(u64, FromController),
     /// Write output of a job nobody submitted (or whose submitter left) to the

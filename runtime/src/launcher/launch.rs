@@ -11,7 +11,10 @@ use super::children::Children;
 use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
-use crate::wire::proto::{ExitKind, FromController, JobCtl, JobPlan, SpawnReq, ToServer};
+use super::sessions::Sessions;
+use crate::wire::proto::{
+    AllocOp, AllocReq, ExitKind, FromController, JobCtl, JobPlan, SessionSel, SpawnReq, ToServer,
+};
 
 /// How long the launcher waits for every node's server to start and report ready.
 pub(super) const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,10 +40,13 @@ pub(super) struct Launch {
     dvm: bool,
     /// The servers lost (a persistent runtime starts no job once one is).
     lost: Vec<u32>,
+    /// The allocation sessions carved out of the runtime's nodes.
+    sessions: Sessions,
 }
 
 impl Launch {
     pub(super) fn new(plan: JobPlan, policy: EndPolicy) -> Launch {
+        let hostnames = plan.job.nodes.iter().map(|n| n.hostname.clone()).collect();
         Launch {
             nodes: Nodes::new(plan.job.num_nodes()),
             job: Job::new(plan.job.clone(), policy),
@@ -50,6 +56,7 @@ impl Launch {
             timed_out: false,
             dvm: false,
             lost: Vec::new(),
+            sessions: Sessions::new(hostnames),
         }
     }
 
@@ -226,6 +233,7 @@ impl Launch {
             };
             let _ = writeln!(out, "node {}  {}  {state}", n.id, n.hostname);
         }
+        self.sessions.table(&mut out);
         self.children.table(&mut out);
         out
     }
@@ -255,6 +263,18 @@ impl Launch {
     /// A spawned job's actions: once it and every other job have ended, the servers are
     /// told to shut down.
     fn child(&mut self, mut acts: Vec<Action>) -> Vec<Action> {
+        // A job's end ends the sessions it asked for, and the jobs running in them.
+        let ended: Vec<NsId> = (acts.iter())
+            .filter_map(|a| match a {
+                Action::SendAll(ToServer::EndJob { ns }) => Some(*ns),
+                _ => None,
+            })
+            .collect();
+        for ns in ended {
+            for info in self.sessions.on_job_end(ns) {
+                acts.extend(self.session_ended(info));
+            }
+        }
         if self.first_over
             && acts
                 .iter()
@@ -282,8 +302,94 @@ impl Launch {
                 result: Err(why),
             }];
         }
+        let session = match &req.session {
+            None => None,
+            Some(sel) => {
+                let id = match sel {
+                    SessionSel::Id(id) => Some(*id),
+                    SessionSel::AllocId(a) => self.sessions.by_alloc_id(a),
+                };
+                match id.and_then(|id| self.sessions.nodes_of(id).map(|n| (id, n))) {
+                    Some((0, _)) => None,
+                    Some(s) => Some(s),
+                    None => {
+                        return vec![Action::SpawnDone {
+                            node,
+                            qid,
+                            result: Err(format!("no session {sel:?} in this runtime")),
+                        }]
+                    }
+                }
+            }
+        };
         let n = self.nodes.num_nodes();
-        self.children.on_spawn(&self.plan, n, node, qid, from, req)
+        self.children
+            .on_spawn(&self.plan, n, (node, qid), from, req, session)
+    }
+
+    /// Process `from`, on the server of `node`, asks for an allocation (its request
+    /// `qid`): the session is carved, extended or released; the asker's server gets the
+    /// answer, every server the news (for queries and the job's notification); a released
+    /// session's jobs are terminated.
+    pub(super) fn on_alloc(
+        &mut self,
+        node: u32,
+        qid: u64,
+        from: ProcId,
+        req: &AllocReq,
+    ) -> Vec<Action> {
+        let known = from.ns == self.plan.ns || self.children.has(from.ns);
+        let result = if !known {
+            Err(format!("{from} is of no job of this runtime"))
+        } else if let Some(why) = self.refusal() {
+            Err(why)
+        } else {
+            self.sessions.on_request(from, req)
+        };
+        let alloc_id = match &result {
+            Ok(info) => info.alloc_id.clone(),
+            Err(_) => req.alloc_id.clone().unwrap_or_default(),
+        };
+        let mut out = vec![
+            Action::AllocDone {
+                node,
+                qid,
+                result: result.clone(),
+            },
+            Action::SendAll(ToServer::AllocEvent {
+                owner: from,
+                alloc_id,
+                session: result.as_ref().ok().cloned(),
+            }),
+        ];
+        if let (Ok(info), AllocOp::Release) = (&result, req.op) {
+            out.extend(self.session_jobs_end(info.id));
+        }
+        out
+    }
+
+    /// Session `info` ended with its job: the servers are told, its jobs terminated.
+    fn session_ended(&mut self, info: crate::wire::proto::SessionInfo) -> Vec<Action> {
+        let id = info.id;
+        let mut out = vec![Action::SendAll(ToServer::AllocEvent {
+            owner: info.owner,
+            alloc_id: info.alloc_id.clone(),
+            session: Some(info),
+        })];
+        out.extend(self.session_jobs_end(id));
+        out
+    }
+
+    /// The jobs of session `id` are terminated (it ended).
+    fn session_jobs_end(&mut self, id: u32) -> Vec<Action> {
+        let mut out = Vec::new();
+        for ns in self.children.in_session(id) {
+            let acts = self
+                .children
+                .kill(ns, &format!("its session {id} ended"), 128 + 15);
+            out.extend(self.child(acts));
+        }
+        out
     }
 
     /// The server of `node` set spawned job `ns` up (or failed to; `set_up`: the job
@@ -624,6 +730,7 @@ mod tests {
         let req = SpawnReq {
             apps: vec![app],
             pmi_preput: None,
+            session: None,
         };
         l.on_spawn(node, qid, own(0), &req)
     }
@@ -723,6 +830,7 @@ mod tests {
         let none = SpawnReq {
             apps: Vec::new(),
             pmi_preput: None,
+            session: None,
         };
         assert!(refused(&l.on_spawn(0, 4, own(0), &none)));
         assert!(refused(&spawn(&mut l, 0, 5, "/bin/true", u32::MAX)));
@@ -1150,6 +1258,7 @@ mod tests {
         let req = SpawnReq {
             apps: vec![app],
             pmi_preput: None,
+            session: None,
         };
         let c = launched_plan(&l.on_spawn(0, 1, ProcId::new(p.ns, 0), &req));
         assert_eq!(c.env, p.env, "the parent's environment");

@@ -14,7 +14,7 @@ use super::spawn::spawn_child;
 use super::{Job, State};
 use crate::jobdir::{datastore_name, segment_prefix, unlink_segments};
 use crate::modex::ConnId;
-use crate::wire::proto::{JobPlan, ServerMsg, SpawnReq, ToLauncher, WireError};
+use crate::wire::proto::{JobPlan, ServerMsg, SessionSel, SpawnReq, ToLauncher, WireError};
 
 /// What a server needs to start a job's processes on its node, whichever job.
 pub(super) struct Starter {
@@ -98,6 +98,7 @@ impl State {
         let req_ = SpawnReq {
             apps,
             pmi_preput: None,
+            session: None,
         };
         self.spawn_for(rank, Asker::Native { conn, req }, req_);
     }
@@ -113,6 +114,7 @@ impl State {
         let req = SpawnReq {
             apps,
             pmi_preput: Some(preput),
+            session: None,
         };
         self.spawn_for(rank, Asker::Pmi { rank, procs }, req);
     }
@@ -133,9 +135,15 @@ impl State {
                 cwd: a.cwd,
             })
             .collect();
+        let session = match (s.session, s.alloc_id) {
+            (Some(id), _) => Some(SessionSel::Id(id)),
+            (None, Some(a)) => Some(SessionSel::AllocId(a)),
+            (None, None) => None,
+        };
         let req = SpawnReq {
             apps,
             pmi_preput: None,
+            session,
         };
         self.spawn_for(rank, Asker::Pmix(s.reply), req);
     }

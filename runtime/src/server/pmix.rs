@@ -87,6 +87,8 @@ pub(super) enum PmixEv {
     Connect(weft_pmix::server::Connect),
     /// A client's `PMIx_Job_control`.
     JobControl(weft_pmix::server::JobControl),
+    /// A client's `PMIx_Allocation_request` (`allocs`).
+    Allocate(weft_pmix::server::Allocate),
 }
 
 impl PmixEv {
@@ -106,6 +108,7 @@ impl PmixEv {
             PmixEv::Unpublish(u) => u.reply.fail(Failure::NotFound),
             PmixEv::Connect(c) => c.reply.fail(Failure::NotFound),
             PmixEv::JobControl(j) => j.reply.fail(Failure::NotFound),
+            PmixEv::Allocate(a) => a.reply.fail(Failure::NotFound),
             PmixEv::Connected(_)
             | PmixEv::Finalized(_)
             | PmixEv::Abort { .. }
@@ -210,6 +213,10 @@ impl Host for Bridge {
             .map(|p| p.nspace.clone())
             .unwrap_or_default();
         self.send(&ns, PmixEv::Connect(c));
+    }
+    fn allocate(&self, a: weft_pmix::server::Allocate) {
+        let ns = a.requester.nspace.clone();
+        self.send(&ns, PmixEv::Allocate(a));
     }
     fn job_control(&self, j: weft_pmix::server::JobControl) {
         let ns = j.requestor.nspace.clone();
@@ -534,6 +541,7 @@ impl State {
             PmixEv::Unpublish(u) => self.pmix_unpublish(u),
             PmixEv::Connect(c) => self.pmix_connect(c),
             PmixEv::JobControl(j) => self.pmix_job_control(j),
+            PmixEv::Allocate(a) => self.pmix_allocate(a),
             PmixEv::Served { qid, to, result } => {
                 let still = self
                     .job
@@ -707,9 +715,31 @@ impl State {
                 sets.push((name.clone(), members.clone()));
             }
         }
-        match query_answers(&q.keys, &sets, &px.nspace) {
-            Ok(answers) => q.reply.answers(answers),
-            Err(why) => q.reply.fail(why),
+        // The state of an allocation (`allocs`), then the job's own keys.
+        let mut answers = Vec::new();
+        let (alloc, keys): (Vec<_>, Vec<_>) = q
+            .keys
+            .into_iter()
+            .partition(|k| k.key == "pmix.query.alloc");
+        for k in &alloc {
+            if let Some(st) = k.alloc_id.as_deref().and_then(|a| self.allocs.status(a)) {
+                answers.push(weft_pmix::server::QueryAnswer::AllocStatus(st));
+            }
+        }
+        if keys.is_empty() {
+            return if answers.is_empty() {
+                q.reply.fail(Failure::NotFound)
+            } else {
+                q.reply.answers(answers)
+            };
+        }
+        match query_answers(&keys, &sets, &px.nspace) {
+            Ok(more) => {
+                answers.extend(more);
+                q.reply.answers(answers)
+            }
+            Err(why) if answers.is_empty() => q.reply.fail(why),
+            Err(_) => q.reply.answers(answers),
         }
     }
 

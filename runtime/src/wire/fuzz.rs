@@ -201,6 +201,7 @@ mod tests {
                             cwd: Some("/".into()),
                         }],
                         pmi_preput: Some(vec![("k".into(), "v".into())]),
+                        session: Some(crate::wire::proto::SessionSel::AllocId("A".into())),
                     },
                 },
                 ToLauncher::Launched {

@@ -397,6 +397,16 @@ pub struct SpawnReq {
     /// Asked for through PMI: the keys its processes read as their job's
     /// ([`JobPlan::pmi_preput`]).
     pub pmi_preput: Option<Vec<(String, String)>>,
+    /// The session to run in (`PMIX_SESSION_ID`, `PMIX_ALLOC_ID`); `None`: on the asking
+    /// process's node.
+    pub session: Option<SessionSel>,
+}
+
+/// A session named by a spawn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionSel {
+    Id(u32),
+    AllocId(String),
 }
 
 /// Server to launcher (TCP).
@@ -441,6 +451,13 @@ pub enum ToLauncher {
         targets: Vec<(NsId, Option<Rank>)>,
         action: JobCtl,
     },
+    /// Process `from` asks for an allocation (`PMIx_Allocation_request`); the answer is
+    /// [`ToServer::AllocDone`] with the same `qid`.
+    Alloc {
+        qid: u64,
+        from: weft_wireup::ProcId,
+        req: AllocReq,
+    },
     /// Output of a process of job `ns` (one whose plan says `forward_output`): whole
     /// lines, sent before the process's `ProcExit`.
     Output {
@@ -474,6 +491,20 @@ pub enum ToServer {
     EndJob {
         ns: NsId,
     },
+    /// The answer to the [`ToLauncher::Alloc`] of `qid`: the session, or why not.
+    AllocDone {
+        qid: u64,
+        result: Result<SessionInfo, String>,
+    },
+    /// An allocation request of process `owner` completed (`session`: its session's
+    /// state; `None`: it failed): every server records it (for
+    /// `PMIX_QUERY_ALLOC_STATUS`) and tells its local processes of `owner`'s job
+    /// (`PMIX_NOTIFY_ALLOC_COMPLETE`).
+    AllocEvent {
+        owner: weft_wireup::ProcId,
+        alloc_id: String,
+        session: Option<SessionInfo>,
+    },
     /// Send signal `sig` to the processes of `procs` on this node (a rank, or every
     /// process of a namespace).
     Signal {
@@ -486,6 +517,45 @@ pub enum ToServer {
         qid: u64,
         result: Result<(NsId, String), String>,
     },
+}
+
+/// What an allocation request (`PMIx_Allocation_request`) asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocOp {
+    /// A new session of free nodes.
+    New,
+    /// More nodes for a session.
+    Extend,
+    /// Give a session back (it ends, with its jobs).
+    Release,
+}
+
+/// An allocation request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocReq {
+    pub op: AllocOp,
+    /// How many nodes (new, extend; default 1).
+    pub nodes: Option<u32>,
+    /// The allocation's name (chosen for a new one; naming the one to extend or release).
+    pub alloc_id: Option<String>,
+    /// The requester's own reference.
+    pub req_id: Option<String>,
+    /// The session to extend or release.
+    pub session: Option<u32>,
+}
+
+/// A session of the runtime as its servers know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub id: u32,
+    pub alloc_id: String,
+    /// Its nodes (ids) and their host names.
+    pub nodes: Vec<u32>,
+    pub hostnames: Vec<String>,
+    /// The process that asked for it (it ends with that process's job).
+    pub owner: weft_wireup::ProcId,
+    /// False once it ended (released, or its owner ended).
+    pub active: bool,
 }
 
 /// What a job control (`PMIx_Job_control`) asks for.

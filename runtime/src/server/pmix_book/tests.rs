@@ -248,6 +248,7 @@ fn a_query_answers_the_keys_it_knows_and_refuses_when_it_knows_none() {
     let key = |k: &str, pset: Option<&str>| QueryKey {
         key: k.into(),
         pset: pset.map(Into::into),
+        alloc_id: None,
     };
     assert_eq!(
         query_answers(&[key("pmix.qry.nodes", None)], &sets, "ns"),

@@ -1,0 +1,134 @@
+//! Allocation requests (`PMIx_Allocation_request`) of this node's processes: sent to the
+//! launcher, which keeps the sessions; its answer goes back through the library, and the
+//! news of every completed request (any node's) is kept for `PMIX_QUERY_ALLOC_STATUS` and
+//! told to the asking job's processes here (`PMIX_NOTIFY_ALLOC_COMPLETE`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use weft_pmix::server::{AllocDirective, Allocate, Failure, GroupReply, QueryAnswer};
+use weft_wireup::ProcId;
+
+use super::State;
+use crate::wire::proto::{AllocOp, AllocReq, SessionInfo, ToLauncher};
+
+/// This node's allocation requests in flight, and what is known of every allocation.
+#[derive(Default)]
+pub(super) struct Allocs {
+    waiting: HashMap<u64, GroupReply>,
+    next: u64,
+    /// Per allocation id, its state as `PMIX_QUERY_ALLOC_STATUS` answers it.
+    known: BTreeMap<String, String>,
+}
+
+impl Allocs {
+    /// The state of allocation `alloc_id`, if one by that name was asked for.
+    pub(super) fn status(&self, alloc_id: &str) -> Option<String> {
+        self.known.get(alloc_id).cloned()
+    }
+}
+
+/// How `PMIX_QUERY_ALLOC_STATUS` describes a session.
+fn describe(s: &SessionInfo) -> String {
+    if s.active {
+        format!(
+            "active: session {} on {} node{} ({})",
+            s.id,
+            s.nodes.len(),
+            if s.nodes.len() == 1 { "" } else { "s" },
+            s.hostnames.join(",")
+        )
+    } else {
+        format!("ended: session {}", s.id)
+    }
+}
+
+impl State {
+    /// A client's `PMIx_Allocation_request`: to the launcher.
+    pub(super) fn pmix_allocate(&mut self, a: Allocate) {
+        let op = match a.directive {
+            AllocDirective::New => AllocOp::New,
+            AllocDirective::Extend => AllocOp::Extend,
+            AllocDirective::Release => AllocOp::Release,
+            AllocDirective::Other(d) => {
+                tracing::warn!("PMIx_Allocation_request: directive {d} is not served");
+                return a.reply.fail(Failure::NotSupported);
+            }
+        };
+        let Some(rank) = a.requester.rank else {
+            return a.reply.fail(Failure::Invalid);
+        };
+        if !a.ignored.is_empty() {
+            tracing::info!(
+                "PMIx_Allocation_request of rank {rank} of {}: {:?} not served (logical nodes \
+                 are counted, nothing else)",
+                self.job.ns,
+                a.ignored
+            );
+        }
+        let nodes = match a.nodes.map(u32::try_from) {
+            None => None,
+            Some(Ok(n)) => Some(n),
+            Some(Err(_)) => return a.reply.fail(Failure::OutOfResource),
+        };
+        let qid = self.allocs.next;
+        self.allocs.next += 1;
+        self.allocs.waiting.insert(qid, a.reply);
+        self.to_launcher(&ToLauncher::Alloc {
+            qid,
+            from: ProcId::new(self.job.ns, rank),
+            req: AllocReq {
+                op,
+                nodes,
+                alloc_id: a.alloc_id,
+                req_id: a.req_id,
+                session: a.session,
+            },
+        });
+    }
+
+    /// The launcher answered allocation request `qid`.
+    pub(super) fn alloc_done(&mut self, qid: u64, result: Result<SessionInfo, String>) {
+        let Some(reply) = self.allocs.waiting.remove(&qid) else {
+            tracing::warn!("the launcher answered allocation {qid}, which nobody here asked for");
+            return;
+        };
+        match result {
+            Ok(s) => reply.answers(vec![QueryAnswer::Allocated {
+                session: s.id,
+                alloc_id: s.alloc_id,
+                nodes: s.hostnames,
+            }]),
+            Err(why) => {
+                tracing::warn!("PMIx_Allocation_request failed: {why}");
+                let f = if why.contains("free") {
+                    Failure::OutOfResource
+                } else {
+                    Failure::NotFound
+                };
+                reply.fail(f)
+            }
+        }
+    }
+
+    /// An allocation request of job `owner` completed (`None`: it failed).
+    pub(super) fn alloc_event(
+        &mut self,
+        owner: ProcId,
+        alloc_id: String,
+        session: Option<SessionInfo>,
+    ) {
+        let state = session
+            .as_ref()
+            .map_or_else(|| "failed".to_owned(), describe);
+        if !alloc_id.is_empty() {
+            self.allocs.known.insert(alloc_id.clone(), state);
+        }
+        if self.focus(owner.ns) {
+            if let (Some(px), Some(pj)) = (self.pmix.as_ref(), self.job.pmix.as_ref()) {
+                let id = session.map(|s| s.id);
+                px.server
+                    .notify_alloc_complete(&pj.nspace, owner.rank, &alloc_id, id);
+            }
+        }
+    }
+}
