@@ -800,7 +800,8 @@ fn pmix_is_offered_by_default_and_not_with_no_pmix() {
 
 /// In a persistent runtime of 2 nodes (issue 33): Open MPI's `MPI_Comm_spawn`
 /// (`spawn.c`: the children's output reaches the submitter too), OpenPMIx's `dynamic.c`
-/// (`PMIx_Spawn`) and `pub.c` (publish/lookup), one after another and two at once, each
+/// (`PMIx_Spawn`) and `pub.c` (publish/lookup), one after another and two at once, then
+/// `jctrl.c` and `alloc.c` (twice: the first's session ended with its job), each
 /// submitted with `weft run --dvm`; the runtime then stops leaving nothing.
 #[test]
 fn openmpi_and_pmix_programs_run_in_a_persistent_runtime() {
@@ -850,6 +851,20 @@ fn openmpi_and_pmix_programs_run_in_a_persistent_runtime() {
     );
     for d in [&a, &b] {
         assert!(err_lines(d, "failed").is_empty(), "{}", d.dump());
+    }
+    // Job control and an allocation in the runtime: jctrl.c, and alloc.c (whose session
+    // ends with its job, leaving the nodes free for the next).
+    if let (Some(jctrl), Some(alloc)) = (pmix_example("jctrl"), pmix_example("alloc")) {
+        for prog in [&jctrl, &alloc, &alloc] {
+            let d = dvm.submit(&["-n", "2", prog]).wait(Duration::from_secs(60));
+            assert_eq!(d.code(), Some(0), "{}", d.dump());
+            assert_eq!(
+                err_lines(&d, "PMIx_Finalize successfully completed").len(),
+                2,
+                "{}",
+                d.dump()
+            );
+        }
     }
     let (code, err) = dvm.stop();
     assert_eq!(code, Some(0), "{err}");
