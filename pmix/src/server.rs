@@ -132,6 +132,11 @@ pub enum QueryAnswer {
     },
 }
 
+/// `PMIX_SPAWN_CHILD_SEP` of OpenPMIx 5 (not in 4.2's headers).
+pub const SPAWN_CHILD_SEP: &[u8] = b"pmix.spchildsep\0";
+/// `PMIX_ALLOC_CHILD_SEP` of OpenPMIx 5 (not in 4.2's headers).
+pub const ALLOC_CHILD_SEP: &[u8] = b"pmix.alloc.sep\0";
+
 /// What a `PMIx_Allocation_request` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocDirective {
@@ -161,6 +166,9 @@ pub struct Allocate {
     pub req_id: Option<String>,
     /// `PMIX_SESSION_ID`: the session to extend or release.
     pub session: Option<u32>,
+    /// `PMIX_ALLOC_CHILD_SEP` (`"pmix.alloc.sep"`, OpenPMIx 5's name; not in 4.2's
+    /// headers): the session does not end with the job that asked for it.
+    pub separate: bool,
     /// The keys given that are not served (CPU counts, memory, fabric, time, ...).
     pub ignored: Vec<String>,
     /// Where the answer goes ([`QueryAnswer::Allocated`], or a failure).
@@ -492,6 +500,9 @@ pub struct Spawn {
     pub session: Option<u32>,
     /// `PMIX_ALLOC_ID` of the job info: the allocation to start it in.
     pub alloc_id: Option<String>,
+    /// `PMIX_SPAWN_CHILD_SEP` (`"pmix.spchildsep"`, OpenPMIx 5's name; not in 4.2's
+    /// headers) in the job info: the new job is not terminated with its parent.
+    pub separate: bool,
     /// Where the new job's namespace goes.
     pub reply: SpawnReply,
 }

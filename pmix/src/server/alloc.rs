@@ -40,6 +40,7 @@ pub(super) unsafe extern "C" fn allocate(
         alloc_id: None,
         req_id: None,
         session: None,
+        separate: false,
         ignored: Vec::new(),
         reply: GroupReply::new(cb, cbdata),
     };
@@ -66,6 +67,8 @@ pub(super) unsafe extern "C" fn allocate(
             }
         } else if k == sys::PMIX_SESSION_ID {
             req.session = v.as_u32();
+        } else if k == super::ALLOC_CHILD_SEP {
+            req.separate = !matches!(v, crate::PmixValue::Bool(false));
         } else {
             let name = String::from_utf8_lossy(k.strip_suffix(b"\0").unwrap_or(k));
             req.ignored.push(name.into_owned());

@@ -136,7 +136,7 @@ pub(super) unsafe extern "C" fn spawn(
             maxprocs: u32::try_from(a.maxprocs).unwrap_or(0),
         });
     }
-    let (mut session, mut alloc_id) = (None, None);
+    let (mut session, mut alloc_id, mut separate) = (None, None, false);
     for i in 0..if job_info.is_null() { 0 } else { ninfo } {
         // SAFETY: the library passes `ninfo` valid infos.
         let inf = unsafe { &*job_info.add(i) };
@@ -148,6 +148,8 @@ pub(super) unsafe extern "C" fn spawn(
             session = v.as_u32();
         } else if k == sys::PMIX_ALLOC_ID {
             alloc_id = v.as_str().map(str::to_owned);
+        } else if k == super::SPAWN_CHILD_SEP {
+            separate = !matches!(v, crate::PmixValue::Bool(false));
         }
     }
     h.spawn(Spawn {
@@ -156,6 +158,7 @@ pub(super) unsafe extern "C" fn spawn(
         apps: out,
         session,
         alloc_id,
+        separate,
         reply: SpawnReply { cb, cbdata },
     });
     SUCCESS

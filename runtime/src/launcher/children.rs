@@ -41,6 +41,8 @@ struct Child {
     command: String,
     /// The session it runs in (it ends with it), if not the runtime's.
     session: Option<u32>,
+    /// Spawned with `PMIX_SPAWN_CHILD_SEP`: not terminated with its parent's job.
+    separate: bool,
 }
 
 /// Who asked for a job that is being set up.
@@ -152,8 +154,22 @@ impl Children {
         let out = self.insert(plan, child_policy(), asker, owner, num_nodes);
         if let Some(c) = self.jobs.get_mut(&ns) {
             c.session = session.map(|(id, _)| id);
+            c.separate = req.separate;
         }
         out
+    }
+
+    /// The running jobs that processes of job `ns` spawned without separating them.
+    pub(super) fn children_of(&self, ns: NsId) -> Vec<NsId> {
+        (self.jobs.iter())
+            .filter(|(_, c)| {
+                !c.separate
+                    && !c.job.is_over()
+                    && !c.job.is_terminating()
+                    && c.plan.parent.as_ref().is_some_and(|(p, _)| p.ns == ns)
+            })
+            .map(|(&ns, _)| ns)
+            .collect()
     }
 
     /// The jobs that run in session `id`.
@@ -220,6 +236,7 @@ impl Children {
                 submitted: matches!(asker, Asker::Submitter(_)),
                 command,
                 session: None,
+                separate: false,
             },
         );
         vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]

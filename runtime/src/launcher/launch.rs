@@ -263,6 +263,19 @@ impl Launch {
     /// A spawned job's actions: once it and every other job have ended, the servers are
     /// told to shut down.
     fn child(&mut self, mut acts: Vec<Action>) -> Vec<Action> {
+        // A job terminated takes the jobs it spawned with it (unless separated), and
+        // theirs in turn.
+        let mut i = 0;
+        while i < acts.len() {
+            if let Action::SendAll(ToServer::TerminateJob { ns, .. }) = acts[i] {
+                let nspace = self.children.nspace_of(ns).unwrap_or_default();
+                for c in self.children.children_of(ns) {
+                    let why = format!("its parent job {nspace} was terminated");
+                    acts.extend(self.children.kill(c, &why, 128 + 15));
+                }
+            }
+            i += 1;
+        }
         // A job's end ends the sessions it asked for, and the jobs running in them.
         let ended: Vec<NsId> = (acts.iter())
             .filter_map(|a| match a {
@@ -731,6 +744,7 @@ mod tests {
             apps: vec![app],
             pmi_preput: None,
             session: None,
+            separate: false,
         };
         l.on_spawn(node, qid, own(0), &req)
     }
@@ -831,6 +845,7 @@ mod tests {
             apps: Vec::new(),
             pmi_preput: None,
             session: None,
+            separate: false,
         };
         assert!(refused(&l.on_spawn(0, 4, own(0), &none)));
         assert!(refused(&spawn(&mut l, 0, 5, "/bin/true", u32::MAX)));
@@ -1259,6 +1274,7 @@ mod tests {
             apps: vec![app],
             pmi_preput: None,
             session: None,
+            separate: false,
         };
         let c = launched_plan(&l.on_spawn(0, 1, ProcId::new(p.ns, 0), &req));
         assert_eq!(c.env, p.env, "the parent's environment");
@@ -1331,5 +1347,44 @@ mod tests {
             "{a:?}"
         );
         assert_eq!(l.exit_code(), 143);
+    }
+
+    #[test]
+    fn a_terminated_job_takes_what_it_spawned_unless_separated() {
+        let mut l = launch(1, 1);
+        start(&mut l, 1);
+        let spawn_from = |l: &mut Launch, qid: u64, from: ProcId, separate: bool| {
+            let req = SpawnReq {
+                apps: vec![SpawnApp {
+                    program: "/bin/x".into(),
+                    args: Vec::new(),
+                    np: 1,
+                    env: Vec::new(),
+                    cwd: None,
+                }],
+                pmi_preput: None,
+                session: None,
+                separate,
+            };
+            let ns = launched_plan(&l.on_spawn(0, qid, from, &req)).ns;
+            l.on_launched(0, ns, None, true);
+            ns
+        };
+        let child = spawn_from(&mut l, 1, own(0), false);
+        let grandchild = spawn_from(&mut l, 2, ProcId::new(child, 0), false);
+        let apart = spawn_from(&mut l, 3, ProcId::new(child, 0), true);
+        let a = l.on_job_control(own(0), &[(child, None)], JobCtl::Terminate);
+        let terminated: Vec<NsId> = (a.iter())
+            .filter_map(|a| match a {
+                Action::SendAll(ToServer::TerminateJob { ns, .. }) => Some(*ns),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(terminated, vec![child, grandchild], "{a:?}");
+        assert!(
+            a.iter().any(|a| matches!(a, Action::Report(r) if r.contains("its parent job") && r.contains(".2 was terminated"))),
+            "{a:?}"
+        );
+        assert!(!terminated.contains(&apart));
     }
 }

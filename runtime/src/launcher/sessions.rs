@@ -21,6 +21,8 @@ struct Session {
     nodes: Vec<u32>,
     /// The process that asked for it.
     from: ProcId,
+    /// It does not end with that process's job (`PMIX_ALLOC_CHILD_SEP`).
+    separate: bool,
 }
 
 /// The runtime's child sessions.
@@ -128,6 +130,7 @@ impl Sessions {
                     req_id: req.req_id.clone(),
                     nodes: free[..want as usize].to_vec(),
                     from,
+                    separate: req.separate,
                 };
                 let info = self.info(id, &s, true);
                 self.list.insert(id, s);
@@ -159,7 +162,7 @@ impl Sessions {
     /// Job `ns` ended: the sessions it asked for end with it.
     pub(super) fn on_job_end(&mut self, ns: NsId) -> Vec<SessionInfo> {
         let ids: Vec<u32> = (self.list.iter())
-            .filter(|(_, s)| s.from.ns == ns)
+            .filter(|(_, s)| s.from.ns == ns && !s.separate)
             .map(|(&id, _)| id)
             .collect();
         let mut out = Vec::new();
@@ -201,6 +204,7 @@ mod tests {
             alloc_id: alloc_id.map(str::to_owned),
             req_id: None,
             session: None,
+            separate: false,
         }
     }
 
@@ -254,8 +258,21 @@ mod tests {
             .unwrap_err()
             .contains("no allocation \"nope\""));
         assert!(s.on_request(p, &req(AllocOp::New, Some(0), None)).is_err());
-        // Its job ends: the session goes.
+        // A separated session outlives its job.
+        let mut sep = req(AllocOp::New, Some(1), Some("S"));
+        sep.separate = true;
+        s.on_request(p, &req(AllocOp::Release, None, Some("A")))
+            .unwrap();
+        let kept = s.on_request(ProcId::new(NsId(2), 0), &sep).unwrap();
         assert_eq!(s.on_job_end(NsId(2)), vec![]);
+        assert_eq!(s.by_alloc_id("S"), Some(kept.id));
+        s.on_request(p, &req(AllocOp::Release, None, Some("S")))
+            .unwrap();
+        let a = s
+            .on_request(p, &req(AllocOp::New, Some(2), Some("A")))
+            .unwrap();
+        assert_eq!(a.nodes, vec![0, 1]);
+        // Its job ends: the session goes.
         let ended = s.on_job_end(NsId(1));
         assert_eq!(ended.len(), 1);
         assert!(!ended[0].active);

@@ -82,6 +82,7 @@ impl State {
                 alloc_id: a.alloc_id,
                 req_id: a.req_id,
                 session: a.session,
+                separate: a.separate,
             },
         });
     }

@@ -99,6 +99,7 @@ impl State {
             apps,
             pmi_preput: None,
             session: None,
+            separate: false,
         };
         self.spawn_for(rank, Asker::Native { conn, req }, req_);
     }
@@ -115,6 +116,7 @@ impl State {
             apps,
             pmi_preput: Some(preput),
             session: None,
+            separate: false,
         };
         self.spawn_for(rank, Asker::Pmi { rank, procs }, req);
     }
@@ -144,6 +146,7 @@ impl State {
             apps,
             pmi_preput: None,
             session,
+            separate: s.separate,
         };
         self.spawn_for(rank, Asker::Pmix(s.reply), req);
     }

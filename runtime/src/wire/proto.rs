@@ -400,6 +400,8 @@ pub struct SpawnReq {
     /// The session to run in (`PMIX_SESSION_ID`, `PMIX_ALLOC_ID`); `None`: on the asking
     /// process's node.
     pub session: Option<SessionSel>,
+    /// Not terminated with the job of the process that asked (`PMIX_SPAWN_CHILD_SEP`).
+    pub separate: bool,
 }
 
 /// A session named by a spawn.
@@ -542,6 +544,8 @@ pub struct AllocReq {
     pub req_id: Option<String>,
     /// The session to extend or release.
     pub session: Option<u32>,
+    /// A new session that does not end with the job that asked (`PMIX_ALLOC_CHILD_SEP`).
+    pub separate: bool,
 }
 
 /// A session of the runtime as its servers know it.
