@@ -5,8 +5,12 @@
  * the node they run on), releases B, extends A by 1 node, reads A's state with
  * PMIX_QUERY_ALLOC_STATUS, spawns a long sleep into A and releases A: the sleep is
  * terminated with its session. Each step prints one line; a failure prints "FAILED".
+ * With the argument "gone SECS": rank 0 asks for allocation "G", spawns `sleep SECS` into
+ * it, prints "parent ends at T" (CLOCK_REALTIME, ns) and every rank exits at once: the
+ * session ends with the job, and the sleep with it (benches/scripts/session_gone.sh).
  * Build: cc -O2 -o pmix_alloc pmix_alloc.c $(pkg-config --cflags --libs pmix) */
 #include <pmix.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,12 +70,25 @@ static pmix_status_t spawn_into(const char *id, int np, const char *script)
     return rc;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     pmix_status_t rc = PMIx_Init(&me, NULL, 0);
     if (rc != PMIX_SUCCESS) {
         fprintf(stderr, "PMIx_Init: %s\n", PMIx_Error_string(rc));
         return 1;
+    }
+    if (argc > 2 && strcmp(argv[1], "gone") == 0) {
+        if (me.rank == 0) {
+            char script[64];
+            snprintf(script, sizeof script, "exec sleep %s", argv[2]);
+            if (alloc(PMIX_ALLOC_NEW, "G", 1) != PMIX_SUCCESS || spawn_into("G", 1, script) != PMIX_SUCCESS)
+                printf("FAILED\n");
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            printf("parent ends at %lld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec);
+            fflush(stdout);
+        }
+        _exit(0);
     }
     if (me.rank == 0) {
         if (alloc(PMIX_ALLOC_NEW, "A", 1) != PMIX_SUCCESS ||

@@ -245,6 +245,8 @@ pub(super) struct PmixFront {
 /// bookkeeping is the job's at hand).
 pub(super) struct PmixJob {
     pub(super) nspace: String,
+    /// Its directory (`PMIX_NSDIR`; removed at its end).
+    nsdir: PathBuf,
     /// Open MPI's shared-memory directory on this node (removed at the job's end).
     vader_dir: PathBuf,
     /// The environment of each local child (from `PMIx_server_setup_fork`).
@@ -287,6 +289,12 @@ impl PmixFront {
     /// server registers every job it serves PMIx, with or without processes of it).
     pub(super) fn add_job(&mut self, plan: &JobPlan, node: u32) -> Result<PmixJob, String> {
         let job = &plan.job;
+        // The job's own directory (PMIX_NSDIR, PMIX_TMPDIR), not the library's: Open MPI
+        // registers its job directory for removal (PMIX_REGISTER_CLEANUP_DIR through
+        // PMIx_Job_control), which the library carries out recursively when the job ends;
+        // the library's shared-memory store lives in the server's directory and must stay.
+        let nsdir = self.dir.join(format!("job-{}", plan.ns.0));
+        std::fs::create_dir_all(&nsdir).map_err(|e| format!("{}: {e}", nsdir.display()))?;
         let ns = Nspace {
             nspace: job.nspace.clone(),
             node,
@@ -295,7 +303,7 @@ impl PmixFront {
             app_of: job.procs.iter().map(|p| p.app).collect(),
             local_rank_of: job.procs.iter().map(|p| p.local_rank).collect(),
             locality_of: job.procs.iter().map(|p| p.locality.clone()).collect(),
-            tmpdir: self.dir.to_string_lossy().into_owned(),
+            tmpdir: nsdir.to_string_lossy().into_owned(),
             oversubscribed: oversubscribed(plan, node),
             parent: plan
                 .parent
@@ -327,6 +335,7 @@ impl PmixFront {
         }
         Ok(PmixJob {
             nspace: job.nspace.clone(),
+            nsdir,
             vader_dir,
             env,
             book: RefCell::new(PmixBook::new(
@@ -343,6 +352,7 @@ impl PmixFront {
         self.names.remove(&job.nspace);
         self.server.deregister_nspace(&job.nspace);
         let _ = std::fs::remove_dir_all(&job.vader_dir);
+        let _ = std::fs::remove_dir_all(&job.nsdir);
     }
 
     /// Finalizes the library (which forgets the jobs: no deregistration first, it cost
