@@ -6,9 +6,11 @@
  * PMIX_QUERY_ALLOC_STATUS, spawns a long sleep into A and releases A: the sleep is
  * terminated with its session. Each step prints one line; a failure prints "FAILED".
  * With the argument "gone SECS": rank 0 asks for allocation "G", spawns `sleep SECS` into
- * it, prints "parent ends at T" (CLOCK_REALTIME, ns) and every rank exits at once: the
+ * it, finds the sleep's pid, prints "parent ends at T pid P" (CLOCK_REALTIME, ns) and every
+ * rank exits at once: the
  * session ends with the job, and the sleep with it (benches/scripts/session_gone.sh).
  * Build: cc -O2 -o pmix_alloc pmix_alloc.c $(pkg-config --cflags --libs pmix) */
+#include <dirent.h>
 #include <pmix.h>
 #include <time.h>
 #include <stdio.h>
@@ -17,6 +19,34 @@
 #include <unistd.h>
 
 static pmix_proc_t me;
+
+/* The pid of the process whose command line is `sleep SECS` (waiting up to 5 s), or 0. */
+static long find_sleep(const char *secs)
+{
+    for (int tries = 0; tries < 500; tries++) {
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            char path[300], buf[256];
+            snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+            FILE *f = fopen(path, "r");
+            if (!f)
+                continue;
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            if (n > 6 && strcmp(buf, "sleep") == 0 && strcmp(buf + 6, secs) == 0) {
+                long pid = atol(e->d_name);
+                closedir(d);
+                return pid;
+            }
+        }
+        if (d)
+            closedir(d);
+        usleep(10000);
+    }
+    return 0;
+}
 
 /* One allocation request; prints its status and what came back. */
 static pmix_status_t alloc(pmix_alloc_directive_t dir, const char *id, uint64_t nodes)
@@ -83,9 +113,10 @@ int main(int argc, char **argv)
             snprintf(script, sizeof script, "exec sleep %s", argv[2]);
             if (alloc(PMIX_ALLOC_NEW, "G", 1) != PMIX_SUCCESS || spawn_into("G", 1, script) != PMIX_SUCCESS)
                 printf("FAILED\n");
+            long pid = find_sleep(argv[2]);
             struct timespec t;
             clock_gettime(CLOCK_REALTIME, &t);
-            printf("parent ends at %lld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec);
+            printf("parent ends at %lld pid %ld\n", (long long)t.tv_sec * 1000000000LL + t.tv_nsec, pid);
             fflush(stdout);
         }
         _exit(0);

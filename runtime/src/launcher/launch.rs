@@ -246,9 +246,15 @@ impl Launch {
             match a {
                 Action::SendAll(ToServer::Shutdown) => {
                     self.first_over = true;
+                    // The sessions it asked for end with it, and the jobs in them.
+                    let mut more = Vec::new();
+                    for info in self.sessions.on_job_end(self.plan.ns) {
+                        more.extend(self.session_ended(info));
+                    }
                     if self.children.all_over() {
                         out.push(a);
                     }
+                    out.extend(more);
                 }
                 Action::SendAll(ToServer::Terminate { .. }) => {
                     self.children.mark_terminating();
@@ -1386,5 +1392,54 @@ mod tests {
             "{a:?}"
         );
         assert!(!terminated.contains(&apart));
+    }
+
+    #[test]
+    fn the_first_jobs_end_ends_its_sessions_and_their_jobs() {
+        let mut l = launch(2, 2);
+        start(&mut l, 2);
+        let req = AllocReq {
+            op: AllocOp::New,
+            nodes: Some(1),
+            alloc_id: Some("A".into()),
+            req_id: None,
+            session: None,
+            separate: false,
+        };
+        let a = l.on_alloc(0, 1, own(0), &req);
+        assert!(
+            matches!(&a[0], Action::AllocDone { node: 0, qid: 1, result: Ok(s) } if s.id == 1 && s.nodes == vec![0]),
+            "{a:?}"
+        );
+        let sreq = SpawnReq {
+            apps: vec![SpawnApp {
+                program: "/bin/x".into(),
+                args: Vec::new(),
+                np: 1,
+                env: Vec::new(),
+                cwd: None,
+            }],
+            pmi_preput: None,
+            session: Some(SessionSel::AllocId("A".into())),
+            separate: false,
+        };
+        let p = launched_plan(&l.on_spawn(0, 2, own(0), &sreq));
+        l.on_launched(0, p.ns, None, true);
+        l.on_launched(1, p.ns, None, true);
+        // The job ends: its session ends, the job in it is terminated, the servers wait.
+        assert_eq!(l.on_proc_exit(own(1), ExitKind::Code(0)), vec![]);
+        let a = l.on_proc_exit(own(0), ExitKind::Code(0));
+        assert!(a.iter().any(|a| matches!(a, Action::SendAll(ToServer::AllocEvent { session: Some(s), .. }) if !s.active)), "{a:?}");
+        assert!(
+            a.contains(&Action::SendAll(ToServer::TerminateJob {
+                ns: p.ns,
+                grace_ms: 500
+            })),
+            "{a:?}"
+        );
+        assert!(!a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
+        let a = l.on_proc_exit(ProcId::new(p.ns, 0), ExitKind::Signal(15));
+        assert!(a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
+        assert_eq!(l.exit_code(), 0);
     }
 }
