@@ -44,6 +44,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DvmCmd,
     },
+    /// The allocation sessions of a persistent runtime: `weft session ls`.
+    Session {
+        #[command(subcommand)]
+        cmd: SessionCmd,
+    },
     /// List the jobs and processes of a persistent runtime.
     Ps {
         /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
@@ -69,6 +74,17 @@ enum Cmd {
         /// Benchmark name and its options.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionCmd {
+    /// List the sessions (id, allocation id, nodes, the process that asked); the runtime's
+    /// own nodes are session 0.
+    Ls {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
     },
 }
 
@@ -302,6 +318,36 @@ fn main() -> ExitCode {
             "weft dvm stop",
             weft_runtime::wire::proto::ToController::Stop,
         ),
+        Cmd::Session {
+            cmd: SessionCmd::Ls { dvm },
+        } => {
+            let uri = match dvm_uri(dvm.as_deref(), "weft session ls") {
+                Ok(u) => u,
+                Err(code) => return code,
+            };
+            let req = weft_runtime::wire::proto::ToController::Ps;
+            match weft_runtime::launcher::dvm::request(&uri, "weft session ls", req) {
+                Ok(table) => {
+                    // The table's node lines are session 0; its session lines the others.
+                    let nodes: Vec<&str> = (table.lines())
+                        .filter_map(|l| l.strip_prefix("node "))
+                        .filter_map(|l| l.split_whitespace().next())
+                        .collect();
+                    println!(
+                        "session 0  the runtime's nodes  nodes [{}]",
+                        nodes.join(", ")
+                    );
+                    for l in table.lines().filter(|l| l.starts_with("session ")) {
+                        println!("{l}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Cmd::Ps { dvm } => dvm_request(
             dvm.as_deref(),
             "weft ps",

@@ -95,6 +95,9 @@ fn jobs_run_one_after_another_and_at_once_and_a_failing_one_fails_alone() {
     assert_eq!(code, Some(0), "{err}");
     assert!(ps.contains("node 1"), "{ps}");
     assert!(!ps.contains("job "), "{ps}");
+    let (code, ls, err) = dvm.ctl(&["session", "ls"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(ls, "session 0  the runtime's nodes  nodes [0, 1]\n");
     let t0 = Instant::now();
     while segments_of(&dvm.name).iter().any(|s| s.contains('.')) {
         assert!(
