@@ -2,11 +2,14 @@
  * of this program; the parents' rank 0 sends 42 to child 0 over the intercommunicator, both
  * sides merge it (MPI_Intercomm_merge) and allreduce a 1 from every process (the sum is the
  * merged size), then disconnect (MPI_Comm_disconnect: a fence over both jobs). Each process
- * prints one line of what it saw.
+ * prints one line of what it saw. With an argument N the parents do it N times, waiting half
+ * a second after each disconnect (the children's job ends in between).
  */
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm parent, inter;
@@ -14,7 +17,9 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm_get_parent(&parent);
-    if (parent == MPI_COMM_NULL) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 1;
+    for (int round = 0; parent == MPI_COMM_NULL && round < rounds; round++) {
+        if (round > 0) usleep(500000);
         int errs[4];
         MPI_Comm_spawn(argv[0], MPI_ARGV_NULL, 2, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter, errs);
         int rsize; MPI_Comm_remote_size(inter, &rsize);
@@ -27,7 +32,8 @@ int main(int argc, char **argv) {
         printf("parent %d: merged size %d sum %d\n", rank, msize, sum); fflush(stdout);
         MPI_Comm_free(&merged);
         MPI_Comm_disconnect(&inter);
-    } else {
+    }
+    if (parent != MPI_COMM_NULL) {
         int v = 0;
         if (rank == 0) MPI_Recv(&v, 1, MPI_INT, 0, 7, parent, MPI_STATUS_IGNORE);
         MPI_Comm merged; MPI_Intercomm_merge(parent, 1, &merged);

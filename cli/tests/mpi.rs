@@ -603,6 +603,33 @@ fn openmpi_comm_spawn_merges_and_disconnects_on_one_and_two_nodes() {
     }
 }
 
+/// `spawn.c 3`: the same job spawns three times, each child job ending before the next
+/// spawn. Open MPI registers its job directory for removal (PMIX_REGISTER_CLEANUP_DIR),
+/// which the PMIx library carries out since Weft serves job control: with every job's
+/// PMIX_NSDIR the server's own directory, that removed the library's store with the first
+/// child job and the second spawn failed (as mpi4py's spawn tests did).
+#[test]
+fn openmpi_spawns_again_after_a_spawned_job_ended() {
+    let Some(prog) = openmpi_program("spawn") else {
+        return;
+    };
+    let d = run(
+        "ompi-spawn-again",
+        &["-n", "2", "-x", OMPI_LO, &prog, "3"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    for want in [
+        "parent 0/2: spawned 2",
+        "parent 1/2: spawned 2",
+        "child 0/2: got 42 merged size 4 sum 4",
+        "child 1/2: got 0 merged size 4 sum 4",
+    ] {
+        assert_eq!(d.lines_with(want), 3, "{want}\n{}", d.dump());
+    }
+    clean("ompi-spawn-again", &d);
+}
+
 #[test]
 fn a_spawned_jobs_failure_reaches_the_parent_and_an_orderly_end_does_not_on_one_and_two_nodes() {
     if pmix_client().is_none() {
