@@ -2,6 +2,8 @@
 //! TMPDIR, and check that the job left nothing behind.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod progs;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
