@@ -65,6 +65,7 @@ mod fence;
 mod groups;
 mod invitations;
 mod job;
+mod jobctl;
 mod jobs;
 mod leaders;
 mod native;
@@ -977,22 +978,6 @@ impl State {
             let acts = st.job.procs.kill_all(sig);
             st.apply_procs(acts);
         });
-    }
-
-    /// Sends signal `sig` to this node's processes among `procs` (a rank, or every
-    /// process of a namespace).
-    fn signal_procs(&mut self, procs: &[(NsId, Option<Rank>)], sig: i32) {
-        // A number that is no signal is refused here.
-        let Some(sig) = rustix::process::Signal::from_named_raw(sig) else {
-            tracing::warn!("signal {sig} asked for: no such signal");
-            return;
-        };
-        for &(ns, rank) in procs {
-            if self.focus(ns) {
-                let acts = self.job.procs.signal(rank, sig);
-                self.apply_procs(acts);
-            }
-        }
     }
 
     /// Sends `event` to local process `rank`; one that has not connected yet gets it

@@ -12,9 +12,9 @@
 
 use std::ffi::{c_void, CStr};
 
-use super::imp::{host, name_of, Server};
+use super::imp::{host, name_of, nspace_c, Server};
 use super::{Failure, Notification, OpReply, ProcName, Range};
-use crate::client::SUCCESS;
+use crate::client::{status, SUCCESS};
 use crate::owned::Infos;
 use crate::sys;
 use crate::PmixError;
@@ -246,5 +246,90 @@ impl Server {
             return Err(crate::client::status(OP, rc, ""));
         }
         Ok(())
+    }
+}
+
+/// Events this server raises itself.
+impl Server {
+    /// Tells the node's clients that rank `rank` of `nspace` ended without
+    /// finalizing (`PMIX_ERR_PROC_ABORTED`, the process named as
+    /// `PMIX_EVENT_AFFECTED_PROC`, with `PMIX_EXIT_CODE` when known). Does not wait.
+    pub fn notify_ended(&self, nspace: &str, rank: u32, exit_code: Option<i32>) {
+        let Ok(mut p) = nspace_c("PMIx_Notify_event", nspace) else {
+            return;
+        };
+        p.rank = rank;
+        let mut info = Infos::new();
+        info.push_proc(sys::PMIX_EVENT_AFFECTED_PROC, &p);
+        if let Some(c) = exit_code {
+            info.push_int(sys::PMIX_EXIT_CODE, c);
+        }
+        // The source is the process that ended (a null source, this server, reaches no
+        // client); the range every local client.
+        notify(sys::PMIX_ERR_PROC_ABORTED, &p, sys::PMIX_RANGE_LOCAL, info);
+    }
+
+    /// Tells the local clients of `nspace` that allocation request `alloc_id` of its rank
+    /// `rank` completed (`PMIX_NOTIFY_ALLOC_COMPLETE`, with `PMIX_ALLOC_ID` and, when it
+    /// was granted, `PMIX_SESSION_ID`), as handlers waiting for it expect.
+    pub fn notify_alloc_complete(
+        &self,
+        nspace: &str,
+        rank: u32,
+        alloc_id: &str,
+        session: Option<u32>,
+    ) {
+        let Ok(mut p) = nspace_c("PMIx_Notify_event", nspace) else {
+            return;
+        };
+        // The asking process as the source: OpenPMIx caches the event for a handler
+        // registered later (a wildcard source is not delivered to it).
+        p.rank = rank;
+        let mut info = Infos::new();
+        info.push_string(sys::PMIX_ALLOC_ID, alloc_id);
+        if let Some(s) = session {
+            info.push_u32(sys::PMIX_SESSION_ID, s);
+        }
+        notify(
+            sys::PMIX_NOTIFY_ALLOC_COMPLETE,
+            &p,
+            sys::PMIX_RANGE_NAMESPACE,
+            info,
+        );
+    }
+}
+
+/// Notifies event `code` from `source` to the clients `range` reaches, with `info`;
+/// does not wait (the infos are freed by the library's callback, or here when it will
+/// not call it).
+fn notify(code: sys::pmix_status_t, source: &sys::pmix_proc_t, range: u32, info: Infos) {
+    const OP: &str = "PMIx_Notify_event";
+    unsafe extern "C" fn notified(_st: sys::pmix_status_t, cbdata: *mut c_void) {
+        // SAFETY: `cbdata` is the `Box<Infos>` leaked below; called once.
+        drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+    }
+    let mut info = Box::new(info);
+    let (ptr, n) = (info.as_mut_ptr(), info.len());
+    let cbdata = Box::into_raw(info) as *mut c_void;
+    // SAFETY: the infos stay valid until `notified` frees them; `source` for the call
+    // (copied by the library).
+    let rc = unsafe {
+        sys::PMIx_Notify_event(
+            code,
+            source,
+            range as sys::pmix_data_range_t,
+            ptr,
+            n,
+            Some(notified),
+            cbdata,
+        )
+    };
+    if rc != SUCCESS {
+        // SAFETY: the callback will not run (done at once, or failed): the box is ours
+        // again.
+        drop(unsafe { Box::from_raw(cbdata.cast::<Infos>()) });
+        if rc != sys::PMIX_OPERATION_SUCCEEDED {
+            tracing::warn!("{OP}: {}", status(OP, rc, ""));
+        }
     }
 }

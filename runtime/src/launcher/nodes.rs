@@ -60,6 +60,16 @@ impl Nodes {
         None
     }
 
+    /// Whether the server of `node` was lost (it counted as ready, its connection is gone).
+    pub(super) fn is_lost(&self, node: u32) -> bool {
+        self.ready.contains_key(&node) && !self.connected.contains(&node)
+    }
+
+    /// The first server that was lost, if any.
+    pub(super) fn first_lost(&self) -> Option<u32> {
+        (0..self.num_nodes).find(|&n| self.is_lost(n))
+    }
+
     /// A server's connection was lost or its process ended.
     pub(super) fn on_lost(&mut self, node: u32) -> Loss {
         if !self.connected.remove(&node) && self.ready.contains_key(&node) {

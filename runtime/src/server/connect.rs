@@ -85,48 +85,50 @@ impl State {
     /// so its call can come before the process's end is handled here.
     fn local_participant_exited(&self, id: &ConnectId) -> Option<String> {
         use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
-        for &(ns, rank) in &id.procs {
-            let job = self.job_of(ns)?;
-            let ranks: Vec<Rank> = match rank {
-                Some(r) => vec![r],
-                None => (0..job.plan.job.procs.len() as Rank).collect(),
+        for (p, job) in self.participants(id)? {
+            if job.plan.job.procs.get(p.rank as usize).map(|i| i.node) != Some(self.node) {
+                continue;
+            }
+            if let Some(why) = job.procs.why_gone(p.rank) {
+                return Some(format!("{p} {why}"));
+            }
+            let Some(pid) = job.procs.pid(p.rank).and_then(|p| Pid::from_raw(p as i32)) else {
+                continue;
             };
-            for r in ranks {
-                if job.plan.job.procs.get(r as usize).map(|p| p.node) != Some(self.node) {
-                    continue;
-                }
-                if let Some(why) = job.procs.why_gone(r) {
-                    return Some(format!("{} {why}", ProcId::new(ns, r)));
-                }
-                let Some(pid) = job.procs.pid(r).and_then(|p| Pid::from_raw(p as i32)) else {
-                    continue;
-                };
-                // Looks without reaping (the process's own task reaps it).
-                let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-                if !matches!(waitid(WaitId::Pid(pid), opts), Ok(None)) {
-                    return Some(format!("{} has exited", ProcId::new(ns, r)));
-                }
+            // Looks without reaping (the process's own task reaps it).
+            let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+            if !matches!(waitid(WaitId::Pid(pid), opts), Ok(None)) {
+                return Some(format!("{p} has exited"));
             }
         }
         None
     }
 
-    /// The first participant of `id` that ended on a node that has not arrived, and why.
-    fn connect_lost(&self, id: &ConnectId, arrived: &BTreeMap<u32, Vec<u8>>) -> Option<String> {
+    /// Every participant of `id` (a namespace's wildcard expanded) with its job; `None`
+    /// when a namespace is not served here.
+    fn participants(&self, id: &ConnectId) -> Option<Vec<(ProcId, &Job)>> {
+        let mut out = Vec::new();
         for &(ns, rank) in &id.procs {
             let job = self.job_of(ns)?;
-            let ranks: Vec<Rank> = match rank {
-                Some(r) => vec![r],
-                None => (0..job.plan.job.procs.len() as Rank).collect(),
-            };
-            for r in ranks {
-                let node = job.plan.job.procs.get(r as usize).map(|p| p.node)?;
-                if arrived.contains_key(&node) {
-                    continue;
-                }
-                if let Some(why) = job.procs.why_gone(r) {
-                    return Some(format!("{} {why}", ProcId::new(ns, r)));
-                }
+            match rank {
+                Some(r) => out.push((ProcId::new(ns, r), job)),
+                None => out.extend(
+                    (0..job.plan.job.procs.len() as Rank).map(|r| (ProcId::new(ns, r), job)),
+                ),
+            }
+        }
+        Some(out)
+    }
+
+    /// The first participant of `id` that ended on a node that has not arrived, and why.
+    fn connect_lost(&self, id: &ConnectId, arrived: &BTreeMap<u32, Vec<u8>>) -> Option<String> {
+        for (p, job) in self.participants(id)? {
+            let node = job.plan.job.procs.get(p.rank as usize).map(|i| i.node)?;
+            if arrived.contains_key(&node) {
+                continue;
+            }
+            if let Some(why) = job.procs.why_gone(p.rank) {
+                return Some(format!("{p} {why}"));
             }
         }
         None

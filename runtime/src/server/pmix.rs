@@ -35,15 +35,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
-use weft_wireup::{NsId, ProcId, Rank, Scope, Value};
+use weft_wireup::{NsId, Rank, Scope, Value};
 
 use super::output::Chunk;
 use super::pmix_book::{query_answers, Ask, Ended, PmixBook};
 use super::{after, ompi_shm_dir, wire_to_text, Event, State};
 use crate::modex::{ConnId, Modex};
 use crate::wire::proto::{
-    ExitKind, FenceMode, GroupDirectives, JobCtl, JobMsg, JobPlan, Procs, ServerMsg, ToLauncher,
-    WireError,
+    ExitKind, FenceMode, GroupDirectives, JobMsg, JobPlan, Procs, ServerMsg, WireError,
 };
 
 /// Connection id under which the core answers the PMIx front end (PMI-1 uses bit 62,
@@ -471,53 +470,6 @@ fn failure_of(e: &WireError) -> Failure {
         WireError::Timeout { .. } => Failure::Timeout,
         WireError::Invalid { .. } => Failure::Invalid,
         _ => Failure::Other,
-    }
-}
-
-impl State {
-    /// A client's `PMIx_Job_control`: informational directives are answered at once; an
-    /// action goes to the launcher, which applies it to the jobs or processes named (no
-    /// target: the requestor's job).
-    fn pmix_job_control(&mut self, j: weft_pmix::server::JobControl) {
-        use weft_pmix::server::JobCtrl;
-        let action = match j.action {
-            JobCtrl::Note(keys) => {
-                tracing::debug!("PMIx_Job_control of {:?} notes {keys:?}", j.requestor);
-                return j.reply.ok(None, Vec::new());
-            }
-            JobCtrl::Kill => JobCtl::Kill,
-            JobCtrl::Terminate => JobCtl::Terminate,
-            JobCtrl::Signal(s) => JobCtl::Signal(s),
-            JobCtrl::Pause => JobCtl::Pause,
-            JobCtrl::Resume => JobCtl::Resume,
-        };
-        let Some(rank) = j.requestor.rank else {
-            return j.reply.fail(Failure::Invalid);
-        };
-        let mut targets = Vec::new();
-        for t in &j.targets {
-            let ns = self.pmix.as_ref().and_then(|px| px.ns_of(&t.nspace));
-            match ns {
-                Some(ns) => targets.push((ns, t.rank)),
-                None => {
-                    tracing::warn!(
-                        "PMIx_Job_control of rank {rank} of {}: no job {:?} here",
-                        self.job.ns,
-                        t.nspace
-                    );
-                    return j.reply.fail(Failure::NotFound);
-                }
-            }
-        }
-        if targets.is_empty() {
-            targets.push((self.job.ns, None));
-        }
-        self.to_launcher(&ToLauncher::JobControl {
-            from: ProcId::new(self.job.ns, rank),
-            targets,
-            action,
-        });
-        j.reply.ok(None, Vec::new());
     }
 }
 

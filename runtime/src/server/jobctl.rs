@@ -1,0 +1,71 @@
+//! Job control: a PMIx client's `PMIx_Job_control` (to the launcher, which decides what
+//! it does to which jobs), and the launcher's signals to this node's processes.
+
+use weft_pmix::server::Failure;
+use weft_wireup::{NsId, ProcId, Rank};
+
+use super::State;
+use crate::wire::proto::{JobCtl, ToLauncher};
+
+impl State {
+    /// A client's `PMIx_Job_control`: informational directives are answered at once; an
+    /// action goes to the launcher, which applies it to the jobs or processes named (no
+    /// target: the requestor's job).
+    pub(super) fn pmix_job_control(&mut self, j: weft_pmix::server::JobControl) {
+        use weft_pmix::server::JobCtrl;
+        let action = match j.action {
+            JobCtrl::Note(keys) => {
+                tracing::debug!("PMIx_Job_control of {:?} notes {keys:?}", j.requestor);
+                return j.reply.ok(None, Vec::new());
+            }
+            JobCtrl::Kill => JobCtl::Kill,
+            JobCtrl::Terminate => JobCtl::Terminate,
+            JobCtrl::Signal(s) => JobCtl::Signal(s),
+            JobCtrl::Pause => JobCtl::Pause,
+            JobCtrl::Resume => JobCtl::Resume,
+        };
+        let Some(rank) = j.requestor.rank else {
+            return j.reply.fail(Failure::Invalid);
+        };
+        let mut targets = Vec::new();
+        for t in &j.targets {
+            let ns = self.pmix.as_ref().and_then(|px| px.ns_of(&t.nspace));
+            match ns {
+                Some(ns) => targets.push((ns, t.rank)),
+                None => {
+                    tracing::warn!(
+                        "PMIx_Job_control of rank {rank} of {}: no job {:?} here",
+                        self.job.ns,
+                        t.nspace
+                    );
+                    return j.reply.fail(Failure::NotFound);
+                }
+            }
+        }
+        if targets.is_empty() {
+            targets.push((self.job.ns, None));
+        }
+        self.to_launcher(&ToLauncher::JobControl {
+            from: ProcId::new(self.job.ns, rank),
+            targets,
+            action,
+        });
+        j.reply.ok(None, Vec::new());
+    }
+
+    /// Sends signal `sig` to this node's processes among `procs` (a rank, or every
+    /// process of a namespace).
+    pub(super) fn signal_procs(&mut self, procs: &[(NsId, Option<Rank>)], sig: i32) {
+        // A number that is no signal is refused here.
+        let Some(sig) = rustix::process::Signal::from_named_raw(sig) else {
+            tracing::warn!("signal {sig} asked for: no such signal");
+            return;
+        };
+        for &(ns, rank) in procs {
+            if self.focus(ns) {
+                let acts = self.job.procs.signal(rank, sig);
+                self.apply_procs(acts);
+            }
+        }
+    }
+}
