@@ -44,7 +44,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DvmCmd,
     },
-    /// The allocation sessions of a persistent runtime: `weft session ls`.
+    /// The allocation sessions of a persistent runtime: `weft session ls|new|end|pause|resume`.
     Session {
         #[command(subcommand)]
         cmd: SessionCmd,
@@ -85,6 +85,43 @@ enum SessionCmd {
         /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
         #[arg(long)]
         dvm: Option<String>,
+    },
+    /// Make a session of free logical nodes (none held by another session); jobs run in it
+    /// with `weft run --dvm URI --session ID`. It lasts until `weft session end`.
+    New {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+        /// How many logical nodes.
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        /// Its allocation id (default: chosen by the runtime).
+        #[arg(long)]
+        alloc_id: Option<String>,
+    },
+    /// End a session (its number or allocation id): its jobs are terminated.
+    End {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+        /// The session: its number or allocation id.
+        session: String,
+    },
+    /// Stop (SIGSTOP) every process of the session's jobs.
+    Pause {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+        /// The session: its number or allocation id.
+        session: String,
+    },
+    /// Continue (SIGCONT) every process of the session's jobs.
+    Resume {
+        /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
+        #[arg(long)]
+        dvm: Option<String>,
+        /// The session: its number or allocation id.
+        session: String,
     },
 }
 
@@ -347,6 +384,27 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        Cmd::Session { cmd } => {
+            use weft_runtime::wire::proto::{SessionCtl, ToController};
+            let (dvm, what, ctl) = match cmd {
+                SessionCmd::Ls { .. } => unreachable!("handled above"),
+                SessionCmd::New {
+                    dvm,
+                    nodes,
+                    alloc_id,
+                } => (dvm, "weft session new", SessionCtl::New { nodes, alloc_id }),
+                SessionCmd::End { dvm, session } => {
+                    (dvm, "weft session end", SessionCtl::End { session })
+                }
+                SessionCmd::Pause { dvm, session } => {
+                    (dvm, "weft session pause", SessionCtl::Pause { session })
+                }
+                SessionCmd::Resume { dvm, session } => {
+                    (dvm, "weft session resume", SessionCtl::Resume { session })
+                }
+            };
+            dvm_request(dvm.as_deref(), what, ToController::Session(ctl))
         }
         Cmd::Ps { dvm } => dvm_request(
             dvm.as_deref(),

@@ -302,3 +302,144 @@ fn submitters_get_clear_errors() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// The scheduling state of process `pid` (`/proc/PID/stat`'s third field: `T` stopped).
+fn state_of(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command (second field) is in parentheses and may hold spaces.
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// Waits (bounded) until every process in `pids` is in a state `want` accepts.
+fn wait_state(pids: &[u32], want: impl Fn(char) -> bool) -> Vec<char> {
+    let t0 = Instant::now();
+    loop {
+        let states: Vec<char> = pids.iter().map(|&p| state_of(p)).collect();
+        if states.iter().all(|&s| want(s)) || t0.elapsed() > Duration::from_secs(10) {
+            return states;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `weft session new|ls|pause|resume|end` and `weft run --dvm --session`: a session made
+/// from the command line holds free nodes, a job submitted into it runs on its nodes
+/// only, pause and resume stop and continue its processes, and ending it ends its jobs.
+#[test]
+fn sessions_are_made_run_in_paused_resumed_and_ended_from_the_command_line() {
+    let dvm = Dvm::start("dvm-sess", &["--nodes", "3"]);
+    let new = |args: &[&str]| dvm.ctl(&["session", "new"], args);
+    let (code, out, err) = new(&["--nodes", "1", "--alloc-id", "a"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "session 1  a  nodes [0]\n"),
+        "{err}"
+    );
+    let (code, out, err) = new(&["--nodes", "2", "--alloc-id", "grp"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "session 2  grp  nodes [1, 2]\n"),
+        "{err}"
+    );
+    let (code, _, err) = new(&[]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("weft session new: 1 node asked for, 0 free of the runtime's 3"),
+        "{err}"
+    );
+    let (code, out, err) = dvm.ctl(&["session", "ls"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("session 2  grp  nodes [1, 2]  made by weft session new"),
+        "{out}"
+    );
+
+    // A job in the session runs on its nodes: 4 processes, 2 on each of nodes 1 and 2.
+    let d = dvm
+        .submit(&[
+            "--session",
+            "grp",
+            "-n",
+            "4",
+            "sh",
+            "-c",
+            "echo node $WEFT_NODE",
+        ])
+        .wait(Duration::from_secs(30));
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    let mut nodes: Vec<&str> = d.stdout.lines().collect();
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        ["node 1", "node 1", "node 2", "node 2"],
+        "{}",
+        d.dump()
+    );
+    let (code, out, err) = dvm.ctl(&["run"], &["--session", "nope", "-n", "1", "true"]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(err.contains("--session nope: no such session"), "{err}");
+    let plain = std::process::Command::new(weft())
+        .args(["run", "--session", "grp", "-n", "1", "true"])
+        .env_remove("WEFT_DVM")
+        .output()
+        .expect("weft run");
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert_ne!(plain.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("--session grp: sessions are a persistent runtime's"),
+        "{err}"
+    );
+
+    // Pause and resume reach every process of the session's jobs.
+    let marker = format!("200.{}", std::process::id());
+    let job = dvm.submit(&["--session", "2", "-n", "2", "sleep", &marker]);
+    let t0 = Instant::now();
+    while sleepers(&marker).len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the job did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = sleepers(&marker);
+    let (code, out, err) = dvm.ctl(&["session", "pause"], &["grp"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "paused session 2 (1 job)\n"),
+        "{err}"
+    );
+    let states = wait_state(&pids, |s| s == 'T');
+    assert!(states.iter().all(|&s| s == 'T'), "{states:?}");
+    let (code, out, err) = dvm.ctl(&["session", "resume"], &["grp"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "resumed session 2 (1 job)\n"),
+        "{err}"
+    );
+    let states = wait_state(&pids, |s| s != 'T');
+    assert!(states.iter().all(|&s| s != 'T'), "{states:?}");
+    let (code, _, err) = dvm.ctl(&["session", "pause"], &["nosuch"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no session \"nosuch\""), "{err}");
+
+    // Ending the session ends its job (status 143, naming the session).
+    let (code, out, err) = dvm.ctl(&["session", "end"], &["grp"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "ended session 2 (terminating 1 job)\n"),
+        "{err}"
+    );
+    let d = job.wait(Duration::from_secs(30));
+    assert_eq!(d.code(), Some(143), "{}", d.dump());
+    assert!(d.stderr.contains("its session 2 ended"), "{}", d.dump());
+    assert_eq!(
+        gone_within(&marker, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
+    let (_, out, _) = dvm.ctl(&["session", "ls"], &[]);
+    assert!(!out.contains("grp"), "{out}");
+    let (code, err) = dvm.stop();
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -447,6 +447,26 @@ fn readme_spawn_runs() {
 }
 
 #[test]
+fn readme_control_runs() {
+    let args = ["--nodes", "2", "-n", "2", &example("readme_control")];
+    let done = run("rd-control", &args, T);
+    assert_eq!(done.code(), Some(0), "readme_control: {}", done.dump());
+    let got: Vec<String> = done.stdout.lines().map(str::to_owned).collect();
+    let want = [
+        "session 1 on nodes [0]".to_owned(),
+        "terminated ns2, released session 1".to_owned(),
+    ];
+    expect(&got, &want, "readme_control");
+    // The sleepers were ended by the request, not after their 60 s.
+    assert!(
+        done.stderr.contains("(job control); terminating the job"),
+        "{}",
+        done.dump()
+    );
+    assert!(done.elapsed < Duration::from_secs(30), "{}", done.dump());
+}
+
+#[test]
 fn readme_names_runs() {
     let done = run("rd-names", &["-n", "2", &example("readme_names")], T);
     assert_eq!(done.code(), Some(0), "readme_names: {}", done.dump());

@@ -261,3 +261,54 @@ fn a_spawned_process_killed_with_its_fabric_open_leaves_no_segment() {
         done.dump()
     );
 }
+
+#[test]
+fn native_runtime_control_allocates_sessions_spawns_into_them_signals_and_terminates_jobs() {
+    // wireup_probe's `control`: rank 0 of a job on 2 logical nodes asks for two sessions
+    // of one node (a third is refused: none free), spawns 2 shell children into the
+    // second, signals their job once they are ready (each prints it got SIGUSR1 and
+    // where it runs), terminates a `sleep 30` job, tries bad requests, and releases both
+    // sessions (a spawn into one then is refused, naming it).
+    let p = probe("wireup_probe");
+    let dir = std::env::temp_dir().join(format!("weft-control-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("probe dir");
+    let set = format!("WEFT_PROBE_DIR={}", dir.display());
+    let job = Job::start(
+        "control",
+        &["--nodes", "2", "-n", "2", "-x", &set, &p, "control"],
+    );
+    let name = job.name.clone();
+    let done = job.wait(T);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let want = [
+        "allocated session 1 probe-a nodes [0] active true",
+        "allocated session 2 probe-b nodes [1]",
+        "third allocation: allocation refused: 1 node asked for, 0 free of the runtime's 2",
+        "signalled ns2",
+        // Spawned into session 2: on its node, not the parent's.
+        "child 0 on node 1 got USR1",
+        "child 1 on node 1 got USR1",
+        "terminated ns3",
+        "unknown job: job control: no job ns99 in this runtime (it ended, or never was)",
+        "rank beyond: job control: ns1:5: job ns1 has 2 processes",
+        "no signal: job control: 0 is not a signal number",
+        "no target: job control: no target",
+        "released session 1 active false",
+        "released session 2 active false",
+        "spawn into the released session: spawn refused: no allocation \"probe-b\" in this runtime",
+    ];
+    for w in want {
+        assert!(done.stdout.lines().any(|l| l == w), "{w}\n{}", done.dump());
+    }
+    // The sleeper's job was ended by the request, long before its 30 s.
+    assert!(
+        done.stderr.contains(&format!(
+            "weft run: spawned job weft-{name}.3: terminated by rank 0 of weft-{name} (job control)"
+        )),
+        "{}",
+        done.dump()
+    );
+    assert!(done.elapsed < Duration::from_secs(20), "{}", done.dump());
+}

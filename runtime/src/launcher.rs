@@ -94,6 +94,11 @@ enum Ev {
 /// 0 if every process exited 0, else the first failure's code (128+N for signal N,
 /// 127 for a program that could not be started, 124 on `--timeout`).
 pub fn run(spec: LaunchSpec) -> Result<i32, LaunchError> {
+    if let Some(s) = &spec.session {
+        return Err(LaunchError::Usage(format!(
+            "--session {s}: sessions are a persistent runtime's; name it with --dvm URI (or $WEFT_DVM)"
+        )));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -463,7 +468,8 @@ impl Executor {
                     from,
                     targets,
                     action,
-                } => launch.on_job_control(from, &targets, action),
+                    via,
+                } => launch.on_job_control(from, &targets, action, &via),
                 ToLauncher::Hello { .. } => Vec::new(),
             },
             Ev::SubHello { sub, tx } => {
@@ -479,6 +485,7 @@ impl Executor {
                 ToController::Signal { sig } => launch.on_submitter_signal(sub, sig),
                 ToController::Ps => vec![Action::Tell(sub, FromController::Text(launch.table()))],
                 ToController::Kill { job, sig } => launch.on_kill(sub, &job, sig),
+                ToController::Session(ctl) => launch.on_session_ctl(sub, ctl),
                 ToController::Stop => {
                     let mut out = vec![Action::Tell(
                         sub,

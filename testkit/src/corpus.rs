@@ -156,6 +156,25 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
                 env: vec![("K".into(), "V".into())],
                 cwd: None,
             }],
+            opts: weft_wireup::SpawnOptions {
+                session: Some(weft_wireup::SessionRef::AllocId("a".into())),
+                separate: true,
+            },
+        },
+        ClientMsg::JobControl {
+            req: 15,
+            // A rank beyond the job and a namespace of none: refused, naming them (a
+            // request a live server carries out would signal the other processes).
+            targets: vec![
+                weft_wireup::ProcSel::One(ProcId::new(NsId::FIRST, size + 1)),
+                weft_wireup::ProcSel::All(NsId(7)),
+            ],
+            action: weft_wireup::JobAction::Signal(10),
+        },
+        ClientMsg::Allocate {
+            req: 16,
+            // More nodes than a runtime may have: refused.
+            request: weft_wireup::AllocRequest::new(u32::MAX).alloc_id("fuzz"),
         },
     ]
 }

@@ -230,7 +230,8 @@ impl Conn {
                     | ServerMsg::Group { req, .. }
                     | ServerMsg::Groups { req, .. }
                     | ServerMsg::Spawned { req, .. }
-                    | ServerMsg::Names { req, .. } => *req,
+                    | ServerMsg::Names { req, .. }
+                    | ServerMsg::Allocated { req, .. } => *req,
                     other => {
                         rx.broken = Some(format!("unexpected message from the server: {other:?}"));
                         self.cv.notify_all();

@@ -24,6 +24,7 @@
 
 mod client;
 mod conn;
+mod control;
 mod cpulist;
 mod event;
 #[doc(hidden)]
@@ -68,14 +69,16 @@ pub use client::{
     InitError,
 };
 pub use conn::ConnError;
+pub use control::ControlError;
 pub use cpulist::{CpuList, CpuListError};
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
 pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use names::{Names, NamesError, NsId, ProcId, ProcSel, MAX_NSPACE_LEN};
 pub use proto::{
-    Event, EventCode, FenceMode, GroupDirectives, GroupInfo, NameFailure, NameRange, NameValue,
-    Persistence, Procs, Published, SpawnApp, PROTOCOL_VERSION,
+    AllocOp, AllocRequest, Allocation, Event, EventCode, FenceMode, GroupDirectives, GroupInfo,
+    JobAction, NameFailure, NameRange, NameValue, Persistence, Procs, Published, SessionRef,
+    SpawnApp, SpawnOptions, PROTOCOL_VERSION,
 };
 pub use publish::{LookupOptions, NameError};
 pub use spawn::{SpawnError, Spawned};

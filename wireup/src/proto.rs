@@ -11,16 +11,20 @@
 //! rank, and the welcome the namespace the server took it into; requests name other
 //! processes by [`ProcId`] (a get's owner, a process set's members, a group's invitees and
 //! leader). Replies, events and group records still name ranks of the one job. Version 5
-//! adds `Spawn` (a new job in the caller's runtime) and its answer `Spawned`.
+//! adds `Spawn` (a new job in the caller's runtime) and its answer `Spawned`. Version 6 adds
+//! `Names` (publish, lookup, unpublish). Version 7: a spawn carries [`SpawnOptions`] (the
+//! session to run in, separation from the caller's job), and runtime control: `JobControl`
+//! (signal, pause, resume, terminate, kill jobs or processes) and `Allocate` (allocation
+//! sessions), answered by `Allocated`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::{NsId, ProcId};
+use crate::names::{NsId, ProcId, ProcSel};
 use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// How long either end of a new client connection waits for the other's first frame
@@ -278,10 +282,149 @@ pub enum ClientMsg {
     },
     /// Start a new job of `apps` in the caller's runtime (since version 5); answered with
     /// [`ServerMsg::Spawned`] once every process of it was started.
-    Spawn { req: u64, apps: Vec<SpawnApp> },
+    Spawn {
+        req: u64,
+        apps: Vec<SpawnApp>,
+        /// Where it runs and whether it outlives the caller's job (since version 7).
+        opts: SpawnOptions,
+    },
     /// Publish, look up or unpublish names (since version 6); answered with
     /// [`ServerMsg::Names`].
     Names { req: u64, op: NameOp },
+    /// Apply `action` to `targets` (jobs or processes of the runtime; since version 7);
+    /// answered with `Done` once the runtime was told, or `Failed` naming an unknown
+    /// target.
+    JobControl {
+        req: u64,
+        targets: Vec<ProcSel>,
+        action: JobAction,
+    },
+    /// An allocation request (since version 7); answered with [`ServerMsg::Allocated`].
+    Allocate { req: u64, request: AllocRequest },
+}
+
+/// Where a spawned job runs, and whether it ends with the job that asked for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnOptions {
+    /// The allocation session to run in (its nodes); `None`: the caller's job's session
+    /// (the runtime's nodes unless the caller runs in a child session).
+    pub session: Option<SessionRef>,
+    /// Not terminated when the caller's job is (PMIx's `PMIX_SPAWN_CHILD_SEP`).
+    pub separate: bool,
+}
+
+/// An allocation session, by its number or by its allocation id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionRef {
+    /// Its session number.
+    Id(u32),
+    /// The allocation id it was asked for under (or given).
+    AllocId(String),
+}
+
+/// What [`ClientMsg::JobControl`] does to its targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobAction {
+    /// A whole job: ended as `weft kill` ends it (its processes get SIGTERM, then
+    /// SIGKILL, and its jobs not spawned separate go with it; exit status 143); a
+    /// process: SIGTERM.
+    Terminate,
+    /// SIGKILL.
+    Kill,
+    /// This signal (a number, as `kill(2)` takes it).
+    Signal(i32),
+    /// SIGSTOP.
+    Pause,
+    /// SIGCONT.
+    Resume,
+}
+
+/// What an allocation request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocOp {
+    /// A new child session of free logical nodes.
+    New,
+    /// More free nodes for an existing session.
+    Extend,
+    /// Ends a session (its jobs are terminated).
+    Release,
+}
+
+/// An allocation request: build it with [`AllocRequest::new`], [`AllocRequest::extend`]
+/// or [`AllocRequest::release`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocRequest {
+    /// What to do.
+    pub op: AllocOp,
+    /// How many logical nodes (new, extend).
+    pub nodes: Option<u32>,
+    /// The allocation id: chosen for a new one (the runtime picks one otherwise), or naming
+    /// the session to extend or release.
+    pub alloc_id: Option<String>,
+    /// The session to extend or release, by number.
+    pub session: Option<u32>,
+    /// A new session that does not end with the job that asked for it.
+    pub separate: bool,
+}
+
+impl AllocRequest {
+    /// A new session of `nodes` free logical nodes, ending with the caller's job.
+    pub fn new(nodes: u32) -> AllocRequest {
+        AllocRequest {
+            op: AllocOp::New,
+            nodes: Some(nodes),
+            alloc_id: None,
+            session: None,
+            separate: false,
+        }
+    }
+    /// `nodes` more free nodes for session `session`.
+    pub fn extend(session: SessionRef, nodes: u32) -> AllocRequest {
+        AllocRequest {
+            op: AllocOp::Extend,
+            nodes: Some(nodes),
+            ..AllocRequest::release(session)
+        }
+    }
+    /// Ends session `session`, terminating its jobs.
+    pub fn release(session: SessionRef) -> AllocRequest {
+        let (session, alloc_id) = match session {
+            SessionRef::Id(id) => (Some(id), None),
+            SessionRef::AllocId(a) => (None, Some(a)),
+        };
+        AllocRequest {
+            op: AllocOp::Release,
+            nodes: None,
+            alloc_id,
+            session,
+            separate: false,
+        }
+    }
+    /// Names a new session's allocation id.
+    pub fn alloc_id(mut self, id: &str) -> AllocRequest {
+        self.alloc_id = Some(id.to_owned());
+        self
+    }
+    /// A new session that outlives the caller's job (PMIx's `PMIX_ALLOC_CHILD_SEP`).
+    pub fn separate(mut self) -> AllocRequest {
+        self.separate = true;
+        self
+    }
+}
+
+/// An allocation session, as an allocation request answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// Its session number.
+    pub session: u32,
+    /// Its allocation id.
+    pub alloc_id: String,
+    /// Its logical nodes.
+    pub nodes: Vec<u32>,
+    /// Their host names.
+    pub hostnames: Vec<String>,
+    /// False once it ended (the answer to a release).
+    pub active: bool,
 }
 
 /// Who may look a published name up.
@@ -520,6 +663,12 @@ pub enum ServerMsg {
     Names {
         req: u64,
         result: Result<Vec<Published>, NameFailure>,
+    },
+    /// The answer to [`ClientMsg::Allocate`] (since version 7): the session, or why
+    /// there is none.
+    Allocated {
+        req: u64,
+        result: Result<Allocation, String>,
     },
 }
 

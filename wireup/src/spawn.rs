@@ -4,7 +4,7 @@
 
 use crate::client::Client;
 use crate::names::NsId;
-use crate::proto::{ClientMsg, ServerMsg, SpawnApp, WireError};
+use crate::proto::{ClientMsg, ServerMsg, SpawnApp, SpawnOptions, WireError};
 use crate::ConnError;
 
 /// A job started by [`Client::spawn`].
@@ -36,8 +36,20 @@ impl Client {
     /// Starts a new job of `apps` in this process's runtime and returns its namespace once
     /// every process of it was started. Its processes get the caller's job's environment
     /// plus each app's `env`; `weft run` waits for them before it exits (its exit status
-    /// stays the first job's).
+    /// stays the first job's). It runs in the caller's session and ends with the caller's
+    /// job ([`Client::spawn_with`] chooses otherwise).
     pub fn spawn(&self, apps: &[SpawnApp]) -> Result<Spawned, SpawnError> {
+        self.spawn_with(apps, &SpawnOptions::default())
+    }
+
+    /// [`Client::spawn`] in the allocation session `opts.session` (on its nodes; an
+    /// unknown one is refused, naming it), and outliving the caller's job when
+    /// `opts.separate`.
+    pub fn spawn_with(
+        &self,
+        apps: &[SpawnApp],
+        opts: &SpawnOptions,
+    ) -> Result<Spawned, SpawnError> {
         if apps.is_empty() {
             return Err(SpawnError::Invalid("no app to start".into()));
         }
@@ -48,9 +60,10 @@ impl Client {
             )));
         }
         let apps = apps.to_vec();
+        let opts = opts.clone();
         let reply = self
             .server("spawn")
-            .and_then(|c| c.call_bounded("spawn", |req| ClientMsg::Spawn { req, apps }));
+            .and_then(|c| c.call_bounded("spawn", |req| ClientMsg::Spawn { req, apps, opts }));
         self.dispatch_events();
         match reply? {
             ServerMsg::Spawned { ns, nspace, .. } => Ok(Spawned { ns, nspace }),

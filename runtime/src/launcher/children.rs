@@ -85,7 +85,7 @@ impl Children {
     }
 
     /// Process `from` (on the server of `node`, request `qid`) asks for a job of `apps`
-    /// (in `session`: its id and nodes; else on the asker's node)
+    /// (in `session`: its id and nodes; else continuing after the parent's last node)
     /// in a launch of `num_nodes` servers whose first job is `base`: its plan goes to every
     /// server. A request that cannot be served is answered at once.
     pub(super) fn on_spawn(
@@ -129,11 +129,16 @@ impl Children {
                 None => return refuse(format!("{from} is of no job of this runtime")),
             }
         };
-        let ns = self.next_ns();
-        let on = match &session {
-            Some((_, nodes)) => nodes.clone(),
-            None => vec![node],
+        let parent_job = match self.jobs.get(&from.ns) {
+            Some(c) => &c.plan.job,
+            None => &base.job,
         };
+        let total = apps.iter().map(|a| a.np).sum();
+        let on = match &session {
+            Some((_, nodes)) => blocks(nodes, total),
+            None => continuing(parent_job, node, total),
+        };
+        let ns = self.next_ns();
         let mut plan = child_plan(base, ns, &on, req);
         plan.parent = Some((from, parent));
         let owner = self.jobs.get(&from.ns).and_then(|c| c.owner);
@@ -172,6 +177,11 @@ impl Children {
             .collect()
     }
 
+    /// The session job `ns` runs in, if not the runtime's.
+    pub(super) fn session_of(&self, ns: NsId) -> Option<u32> {
+        self.jobs.get(&ns).and_then(|c| c.session)
+    }
+
     /// The jobs that run in session `id`.
     pub(super) fn in_session(&self, id: u32) -> Vec<NsId> {
         (self.jobs.iter())
@@ -193,10 +203,15 @@ impl Children {
         &mut self,
         sub: u64,
         plan: JobPlan,
-        policy: EndPolicy,
+        (policy, session): (EndPolicy, Option<u32>),
         num_nodes: u32,
     ) -> Vec<Action> {
-        self.insert(plan, policy, Asker::Submitter(sub), Some(sub), num_nodes)
+        let ns = plan.ns;
+        let out = self.insert(plan, policy, Asker::Submitter(sub), Some(sub), num_nodes);
+        if let Some(c) = self.jobs.get_mut(&ns) {
+            c.session = session;
+        }
+        out
     }
 
     /// Records job `plan` as being set up and sends it to every server.
@@ -568,14 +583,31 @@ fn child_policy() -> EndPolicy {
     }
 }
 
-/// The plan of spawned job `ns`: `apps` on the node of the process that asked (every
-/// server knows the job; the others run none of its processes), the first job's
-/// environment, datastore size, output tagging and PMIx choice.
+/// A session's placement of `total` processes: contiguous blocks of ranks over `nodes`,
+/// sizes differing by at most one.
+fn blocks(nodes: &[u32], total: u32) -> Vec<u32> {
+    (0..total)
+        .map(|r| nodes[(u64::from(r) * nodes.len() as u64 / u64::from(total.max(1))) as usize])
+        .collect()
+}
+
+/// The placement of `total` processes spawned by a job `parent` outside any session:
+/// continuing from the parent's last node (the node of its highest rank), as PRRTE maps a
+/// spawn from its bookmark. Logical nodes have no slot count to fill, so the children stay
+/// together there (programs such as OpenPMIx's `dynamic.c` expect a spawned job's
+/// processes to share a node); a session spreads a job over its nodes. A parent with no
+/// process (none to continue from) places them on `asker`'s node.
+fn continuing(parent: &JobInfo, asker: u32, total: u32) -> Vec<u32> {
+    let node = parent.procs.last().map_or(asker, |p| p.node);
+    vec![node; total as usize]
+}
+
+/// The plan of spawned job `ns`: its processes on `on` (a node per rank; every server
+/// knows the job, the others run none of its processes), the first job's environment,
+/// datastore size, output tagging and PMIx choice.
 pub(super) fn child_plan(base: &JobPlan, ns: NsId, on: &[u32], req: &SpawnReq) -> JobPlan {
     let apps = &req.apps;
-    let total: u32 = apps.iter().map(|a| a.np).sum();
-    // Contiguous blocks of ranks per node, sizes differing by at most one.
-    let node_of = |r: u32| on[(u64::from(r) * on.len() as u64 / u64::from(total.max(1))) as usize];
+    let node_of = |r: u32| on[r as usize];
     let mut local = std::collections::HashMap::<u32, u32>::new();
     let mut procs = Vec::new();
     let mut infos = Vec::new();

@@ -13,7 +13,8 @@ use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
 use super::sessions::Sessions;
 use crate::wire::proto::{
-    AllocOp, AllocReq, ExitKind, FromController, JobCtl, JobPlan, SessionSel, SpawnReq, ToServer,
+    AllocOp, AllocReq, ExitKind, FromController, JobCtl, JobPlan, SessionCtl, SessionSel, SpawnReq,
+    ToServer,
 };
 
 /// How long the launcher waits for every node's server to start and report ready.
@@ -94,12 +95,109 @@ impl Launch {
             return error("weft run: this connection has submitted a job already".into());
         }
         let ns = self.children.next_ns();
-        match super::plan::submit_plan(&self.plan, ns, args, cwd, env) {
+        let sessions = &self.sessions;
+        let session = |name: &str| {
+            let id = (sessions.find(name))
+                .ok_or_else(|| "no such session (see weft session ls)".to_owned())?;
+            Ok((id, sessions.nodes_of(id).unwrap_or_default()))
+        };
+        match super::plan::submit_plan(&self.plan, ns, args, cwd, env, &session) {
             Err(e) => error(e),
-            Ok((plan, policy)) => {
+            Ok((plan, policy, session)) => {
                 let n = self.nodes.num_nodes();
-                self.children.on_submit(sub, plan, policy, n)
+                self.children.on_submit(sub, plan, (policy, session), n)
             }
+        }
+    }
+
+    /// `weft session new|end|pause|resume` of submitter `sub`.
+    pub(super) fn on_session_ctl(&mut self, sub: u64, ctl: SessionCtl) -> Vec<Action> {
+        let tell = |r: Result<String, String>| {
+            Action::Tell(
+                sub,
+                match r {
+                    Ok(t) => FromController::Text(t),
+                    Err(e) => FromController::Error(e),
+                },
+            )
+        };
+        if let Some(why) = self.refusal() {
+            return vec![tell(Err(format!("weft session: {why}")))];
+        }
+        // Sessions made here belong to the runtime's own (process-less) job: they last
+        // until ended, or until the runtime stops.
+        let owner = ProcId::new(self.plan.ns, 0);
+        let name = match &ctl {
+            SessionCtl::New { nodes, alloc_id } => {
+                let req = AllocReq {
+                    op: AllocOp::New,
+                    nodes: Some(*nodes),
+                    alloc_id: alloc_id.clone(),
+                    req_id: None,
+                    session: None,
+                    separate: true,
+                };
+                return match self.sessions.on_request(owner, &req) {
+                    Ok(s) => vec![tell(Ok(format!(
+                        "session {}  {}  nodes {:?}\n",
+                        s.id, s.alloc_id, s.nodes
+                    )))],
+                    Err(e) => vec![tell(Err(format!("weft session new: {e}")))],
+                };
+            }
+            SessionCtl::End { session }
+            | SessionCtl::Pause { session }
+            | SessionCtl::Resume { session } => session,
+        };
+        let Some(id) = self.sessions.find(name) else {
+            return vec![tell(Err(format!(
+                "weft session: no session {name:?} (see weft session ls)"
+            )))];
+        };
+        match ctl {
+            SessionCtl::End { .. } => {
+                let req = AllocReq {
+                    op: AllocOp::Release,
+                    nodes: None,
+                    alloc_id: None,
+                    req_id: None,
+                    session: Some(id),
+                    separate: false,
+                };
+                let jobs = self.children.in_session(id).len();
+                match self.sessions.on_request(owner, &req) {
+                    Ok(info) => {
+                        let mut out = self.session_ended(info);
+                        out.push(tell(Ok(format!(
+                            "ended session {id} (terminating {jobs} job{})\n",
+                            if jobs == 1 { "" } else { "s" }
+                        ))));
+                        out
+                    }
+                    Err(e) => vec![tell(Err(format!("weft session end: {e}")))],
+                }
+            }
+            SessionCtl::Pause { .. } | SessionCtl::Resume { .. } => {
+                let (sig, verb) = match ctl {
+                    SessionCtl::Pause { .. } => (JobCtl::Pause, "paused"),
+                    _ => (JobCtl::Resume, "resumed"),
+                };
+                let jobs = self.children.in_session(id);
+                let mut out = Vec::new();
+                if !jobs.is_empty() {
+                    out.push(Action::SendAll(ToServer::Signal {
+                        procs: jobs.iter().map(|&ns| (ns, None)).collect(),
+                        sig: sig.signal(),
+                    }));
+                }
+                out.push(tell(Ok(format!(
+                    "{verb} session {id} ({} job{})\n",
+                    jobs.len(),
+                    if jobs.len() == 1 { "" } else { "s" }
+                ))));
+                out
+            }
+            SessionCtl::New { .. } => unreachable!("answered above"),
         }
     }
 
@@ -146,6 +244,7 @@ impl Launch {
         from: ProcId,
         targets: &[(NsId, Option<u32>)],
         action: JobCtl,
+        via: &str,
     ) -> Vec<Action> {
         let mut out = Vec::new();
         let mut procs = Vec::new();
@@ -161,7 +260,7 @@ impl Launch {
             }
             match (action, rank) {
                 (JobCtl::Terminate, None) => {
-                    let why = format!("terminated by {who} (PMIx_Job_control)");
+                    let why = format!("terminated by {who} ({via})");
                     if ns == self.plan.ns {
                         let acts = self.job.on_kill(&why, 128 + 15);
                         out.extend(self.first(acts));
@@ -230,7 +329,8 @@ impl Launch {
             };
             let _ = writeln!(out, "node {}  {}  {state}", n.id, n.hostname);
         }
-        self.sessions.table(&mut out);
+        let runtime = self.dvm.then(|| ProcId::new(self.plan.ns, 0));
+        self.sessions.table(&mut out, runtime);
         self.children.table(&mut out);
         out
     }
@@ -319,7 +419,9 @@ impl Launch {
             }];
         }
         let session = match &req.session {
-            None => None,
+            // A spawn that names no session runs in its parent's.
+            None => (self.children.session_of(from.ns))
+                .and_then(|id| self.sessions.nodes_of(id).map(|n| (id, n))),
             Some(sel) => {
                 let id = match sel {
                     SessionSel::Id(id) => Some(*id),
@@ -329,11 +431,15 @@ impl Launch {
                     Some((0, _)) => None,
                     Some(s) => Some(s),
                     None => {
+                        let what = match sel {
+                            SessionSel::Id(id) => format!("session {id}"),
+                            SessionSel::AllocId(a) => format!("allocation {a:?}"),
+                        };
                         return vec![Action::SpawnDone {
                             node,
                             qid,
-                            result: Err(format!("no session {sel:?} in this runtime")),
-                        }]
+                            result: Err(format!("no {what} in this runtime")),
+                        }];
                     }
                 }
             }

@@ -73,6 +73,9 @@ pub struct LaunchSpec {
     /// or the path of the file `weft dvm start --report-uri` wrote) instead of starting
     /// servers for it.
     pub dvm: Option<String>,
+    /// The allocation session of the persistent runtime to run in (`--session ID`: its
+    /// number or allocation id; only with `--dvm`).
+    pub session: Option<String>,
 }
 
 /// Where and how `weft run` starts its node servers and where they reach it.
@@ -151,6 +154,7 @@ impl Default for LaunchSpec {
             servers: ServerLaunch::default(),
             ending: EndPolicy::default(),
             dvm: None,
+            session: None,
         }
     }
 }
@@ -194,6 +198,9 @@ options:
   --job-id ID           name of the job's sockets and segments (default random)
   --dvm URI             run the job in the persistent runtime `weft dvm start` started
                         (its weft:// URI, or the file --report-uri wrote; default $WEFT_DVM)
+  --session ID          with --dvm: run on the nodes of the runtime's allocation session ID
+                        (its number or allocation id, see `weft session ls`); the job ends
+                        with the session
   -x VAR[=VALUE]        export VAR (from this environment, or VALUE) to every process";
 
 fn parse_num<T: std::str::FromStr>(opt: &str, v: Option<&String>) -> Result<T, LaunchError> {
@@ -323,6 +330,7 @@ fn parse_option(
         }
         "--job-id" => spec.job_id = Some(take(val, a)?),
         "--dvm" => spec.dvm = Some(take(val, a)?),
+        "--session" => spec.session = Some(take(val, a)?),
         "-x" => {
             let v = take(val, a)?;
             let kv = match v.split_once('=') {
@@ -499,17 +507,25 @@ pub(crate) fn runtime_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, L
     })
 }
 
+/// Finds a session of the runtime by its number or allocation id: its number and nodes,
+/// or why there is none.
+pub(crate) type SessionLookup<'a> = dyn Fn(&str) -> Result<(u32, Vec<u32>), String> + 'a;
+
 /// The plan of job `ns` that a submitter asks the persistent runtime whose own job is
 /// `base` for: `weft run`'s arguments `args` (`--nodes K`: on the first K of the
 /// runtime's nodes; default: all of them, or one per process if fewer), run in `cwd` with
 /// the submitter's environment `env` (then the `-x` variables); and its end policy.
+///
+/// `--session S` runs it on the nodes of the runtime's session `S` (`session` resolves
+/// a number or allocation id to the session's number and nodes), whose id is returned.
 pub(crate) fn submit_plan(
     base: &JobPlan,
     ns: weft_wireup::NsId,
     args: &[String],
     cwd: &str,
     env: Vec<(String, String)>,
-) -> Result<(JobPlan, EndPolicy), String> {
+    session: &SessionLookup<'_>,
+) -> Result<(JobPlan, EndPolicy, Option<u32>), String> {
     let mut spec = parse_run_args_in(args, &|k| {
         env.iter()
             .find(|(name, _)| name == k)
@@ -527,13 +543,25 @@ pub(crate) fn submit_plan(
             "weft run: {opt} is an option of `weft dvm start`, not of a job in a persistent runtime"
         ));
     }
-    let have = base.job.num_nodes();
+    let in_session = match &spec.session {
+        None => None,
+        Some(s) => Some(session(s).map_err(|e| format!("weft run: --session {s}: {e}"))?),
+    };
+    let have = match &in_session {
+        Some((_, nodes)) => nodes.len() as u32,
+        None => base.job.num_nodes(),
+    };
     let total: u32 = spec.apps.iter().map(|a| a.n).sum();
     let asked = args.iter().any(|a| a == "--nodes");
     if asked && spec.nodes > have {
         return Err(format!(
-            "weft run: --nodes {}: the runtime has {have} node{}",
+            "weft run: --nodes {}: the {} has {have} node{}",
             spec.nodes,
+            if in_session.is_some() {
+                "session"
+            } else {
+                "runtime"
+            },
             if have == 1 { "" } else { "s" }
         ));
     }
@@ -543,6 +571,12 @@ pub(crate) fn submit_plan(
     let mut plan = build_plan(&spec, &job_id).map_err(|e| e.to_string())?;
     plan.ns = ns;
     plan.job.nodes = base.job.nodes.clone();
+    if let Some((_, nodes)) = &in_session {
+        // Planned on nodes 0..K: the session's K nodes, in order.
+        for p in &mut plan.job.procs {
+            p.node = nodes[p.node as usize];
+        }
+    }
     plan.job.world_pgcid = super::children::CHILD_WORLD_PGCID + u64::from(ns.0);
     for app in &mut plan.apps {
         app.cwd = Some(cwd.to_owned());
@@ -551,7 +585,7 @@ pub(crate) fn submit_plan(
     plan.env = env;
     plan.env.extend(extra);
     plan.forward_output = true;
-    Ok((plan, spec.ending))
+    Ok((plan, spec.ending, in_session.map(|(id, _)| id)))
 }
 
 /// The nodes' names: the hosts, or `<this host>-n<i>` for logical nodes.

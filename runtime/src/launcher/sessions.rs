@@ -78,6 +78,14 @@ impl Sessions {
         }
     }
 
+    /// The session named `name`: its number, else its allocation id.
+    pub(super) fn find(&self, name: &str) -> Option<u32> {
+        match name.parse::<u32>() {
+            Ok(id) if self.list.contains_key(&id) => Some(id),
+            _ => self.by_alloc_id(name),
+        }
+    }
+
     /// The session of allocation `alloc_id`.
     pub(super) fn by_alloc_id(&self, alloc_id: &str) -> Option<u32> {
         (self.list.iter())
@@ -174,20 +182,25 @@ impl Sessions {
         out
     }
 
-    /// `weft ps`'s lines about the sessions.
-    pub(super) fn table(&self, out: &mut String) {
+    /// `weft ps`'s lines about the sessions (`runtime`: the owner of the sessions
+    /// `weft session new` made, in a persistent runtime).
+    pub(super) fn table(&self, out: &mut String, runtime: Option<ProcId>) {
         use std::fmt::Write;
         for (id, s) in &self.list {
+            let by = if Some(s.from) == runtime {
+                "made by weft session new".to_owned()
+            } else {
+                format!("asked by {}", s.from)
+            };
             let _ = writeln!(
                 out,
-                "session {id}  {}{}  nodes {:?}  asked by {}",
+                "session {id}  {}{}  nodes {:?}  {by}",
                 s.alloc_id,
                 s.req_id
                     .as_ref()
                     .map(|r| format!(" (request {r})"))
                     .unwrap_or_default(),
                 s.nodes,
-                s.from
             );
         }
     }

@@ -6,15 +6,24 @@
 use std::collections::{BTreeMap, HashMap};
 
 use weft_pmix::server::{AllocDirective, Allocate, Failure, GroupReply, QueryAnswer};
-use weft_wireup::ProcId;
+use weft_wireup::{AllocRequest, Allocation, ProcId, Rank};
 
 use super::State;
-use crate::wire::proto::{AllocOp, AllocReq, SessionInfo, ToLauncher};
+use crate::modex::ConnId;
+use crate::wire::proto::{AllocOp, AllocReq, ServerMsg, SessionInfo, ToLauncher};
+
+/// Who waits for an allocation's answer.
+enum Asker {
+    /// A PMIx client, through the library.
+    Pmix(GroupReply),
+    /// A native client's request `req` on connection `conn`.
+    Native { conn: ConnId, req: u64 },
+}
 
 /// This node's allocation requests in flight, and what is known of every allocation.
 #[derive(Default)]
 pub(super) struct Allocs {
-    waiting: HashMap<u64, GroupReply>,
+    waiting: HashMap<u64, Asker>,
     next: u64,
     /// Per allocation id, its state as `PMIX_QUERY_ALLOC_STATUS` answers it.
     known: BTreeMap<String, String>,
@@ -70,28 +79,67 @@ impl State {
             Some(Ok(n)) => Some(n),
             Some(Err(_)) => return a.reply.fail(Failure::OutOfResource),
         };
+        let req = AllocReq {
+            op,
+            nodes,
+            alloc_id: a.alloc_id,
+            req_id: a.req_id,
+            session: a.session,
+            separate: a.separate,
+        };
+        self.ask_alloc(rank, Asker::Pmix(a.reply), req);
+    }
+
+    /// A native client's allocation request (`Client::allocate`).
+    pub(super) fn native_allocate(&mut self, rank: Rank, conn: ConnId, req: u64, r: AllocRequest) {
+        let op = match r.op {
+            weft_wireup::AllocOp::New => AllocOp::New,
+            weft_wireup::AllocOp::Extend => AllocOp::Extend,
+            weft_wireup::AllocOp::Release => AllocOp::Release,
+        };
+        let a = AllocReq {
+            op,
+            nodes: r.nodes,
+            alloc_id: r.alloc_id,
+            req_id: None,
+            session: r.session,
+            separate: r.separate,
+        };
+        self.ask_alloc(rank, Asker::Native { conn, req }, a);
+    }
+
+    /// Sends local rank `rank`'s request to the launcher; `asker` gets the answer.
+    fn ask_alloc(&mut self, rank: Rank, asker: Asker, req: AllocReq) {
         let qid = self.allocs.next;
         self.allocs.next += 1;
-        self.allocs.waiting.insert(qid, a.reply);
+        self.allocs.waiting.insert(qid, asker);
         self.to_launcher(&ToLauncher::Alloc {
             qid,
             from: ProcId::new(self.job.ns, rank),
-            req: AllocReq {
-                op,
-                nodes,
-                alloc_id: a.alloc_id,
-                req_id: a.req_id,
-                session: a.session,
-                separate: a.separate,
-            },
+            req,
         });
     }
 
     /// The launcher answered allocation request `qid`.
     pub(super) fn alloc_done(&mut self, qid: u64, result: Result<SessionInfo, String>) {
-        let Some(reply) = self.allocs.waiting.remove(&qid) else {
-            tracing::warn!("the launcher answered allocation {qid}, which nobody here asked for");
-            return;
+        let reply = match self.allocs.waiting.remove(&qid) {
+            Some(Asker::Pmix(reply)) => reply,
+            Some(Asker::Native { conn, req }) => {
+                let result = result.map(|s| Allocation {
+                    session: s.id,
+                    alloc_id: s.alloc_id,
+                    nodes: s.nodes,
+                    hostnames: s.hostnames,
+                    active: s.active,
+                });
+                return self.send_client(conn, &ServerMsg::Allocated { req, result });
+            }
+            None => {
+                tracing::warn!(
+                    "the launcher answered allocation {qid}, which nobody here asked for"
+                );
+                return;
+            }
         };
         match result {
             Ok(s) => reply.answers(vec![QueryAnswer::Allocated {
@@ -124,7 +172,8 @@ impl State {
         if !alloc_id.is_empty() {
             self.allocs.known.insert(alloc_id.clone(), state);
         }
-        if self.focus(owner.ns) {
+        // A session the runtime itself made (`weft session new`) has no process to tell.
+        if self.focus(owner.ns) && owner.rank < self.job.plan.job.size() {
             if let (Some(px), Some(pj)) = (self.pmix.as_ref(), self.job.pmix.as_ref()) {
                 let id = session.map(|s| s.id);
                 px.server

@@ -2,10 +2,11 @@
 //! it does to which jobs), and the launcher's signals to this node's processes.
 
 use weft_pmix::server::Failure;
-use weft_wireup::{NsId, ProcId, Rank};
+use weft_wireup::{JobAction, NsId, ProcId, ProcSel, Rank};
 
 use super::State;
-use crate::wire::proto::{JobCtl, ToLauncher};
+use crate::modex::ConnId;
+use crate::wire::proto::{JobCtl, ServerMsg, ToLauncher, WireError};
 
 impl State {
     /// A client's `PMIx_Job_control`: informational directives are answered at once; an
@@ -49,8 +50,71 @@ impl State {
             from: ProcId::new(self.job.ns, rank),
             targets,
             action,
+            via: "PMIx_Job_control".into(),
         });
         j.reply.ok(None, Vec::new());
+    }
+
+    /// A native client's job control (`Client::job_control`) of `targets`: a job this
+    /// server does not serve (ended, or never was) or a rank beyond its job fails the
+    /// request, naming it; otherwise the launcher is told and the request is done.
+    pub(super) fn native_job_control(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        targets: Vec<ProcSel>,
+        action: JobAction,
+    ) {
+        let mut t = Vec::with_capacity(targets.len());
+        for sel in targets {
+            let size = self.job_size(sel.ns());
+            let bad = match (sel, size) {
+                (_, None) => Some(format!(
+                    "no job {} in this runtime (it ended, or never was)",
+                    sel.ns()
+                )),
+                (ProcSel::One(p), Some(n)) if p.rank >= n => {
+                    Some(format!("{p}: job {} has {n} processes", p.ns))
+                }
+                _ => None,
+            };
+            if let Some(reason) = bad {
+                let error = WireError::Invalid {
+                    op: "job control".into(),
+                    reason,
+                };
+                return self.send_client(conn, &ServerMsg::Failed { req, error });
+            }
+            t.push(match sel {
+                ProcSel::One(p) => (p.ns, Some(p.rank)),
+                ProcSel::All(ns) => (ns, None),
+            });
+        }
+        let action = match action {
+            JobAction::Terminate => JobCtl::Terminate,
+            JobAction::Kill => JobCtl::Kill,
+            JobAction::Signal(s) => JobCtl::Signal(s),
+            JobAction::Pause => JobCtl::Pause,
+            JobAction::Resume => JobCtl::Resume,
+        };
+        self.to_launcher(&ToLauncher::JobControl {
+            from: ProcId::new(self.job.ns, rank),
+            targets: t,
+            action,
+            via: "job control".into(),
+        });
+        self.send_client(conn, &ServerMsg::Done { req });
+    }
+
+    /// The number of processes of job `ns`, if this server serves it.
+    fn job_size(&self, ns: NsId) -> Option<u32> {
+        let job = if self.job.ns == ns {
+            &self.job
+        } else {
+            self.parked.get(&ns)?
+        };
+        Some(job.plan.job.size())
     }
 
     /// Sends signal `sig` to this node's processes among `procs` (a rank, or every

@@ -94,12 +94,17 @@ impl State {
         conn: ConnId,
         req: u64,
         apps: Vec<SpawnApp>,
+        opts: weft_wireup::SpawnOptions,
     ) {
+        let session = opts.session.map(|s| match s {
+            weft_wireup::SessionRef::Id(id) => SessionSel::Id(id),
+            weft_wireup::SessionRef::AllocId(a) => SessionSel::AllocId(a),
+        });
         let req_ = SpawnReq {
             apps,
             pmi_preput: None,
-            session: None,
-            separate: false,
+            session,
+            separate: opts.separate,
         };
         self.spawn_for(rank, Asker::Native { conn, req }, req_);
     }

@@ -145,6 +145,8 @@ pub(super) fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::GroupJoin { .. } => "group join",
         ClientMsg::Spawn { .. } => "spawn",
         ClientMsg::Names { .. } => "names",
+        ClientMsg::JobControl { .. } => "job control",
+        ClientMsg::Allocate { .. } => "allocate",
     }
 }
 
@@ -283,7 +285,13 @@ impl State {
                 };
                 self.get(conn, req, target, key, flags, timeout_ms)
             }
-            ClientMsg::Spawn { req, apps } => self.spawn_request(rank, conn, req, apps),
+            ClientMsg::Spawn { req, apps, opts } => self.spawn_request(rank, conn, req, apps, opts),
+            ClientMsg::JobControl {
+                req,
+                targets,
+                action,
+            } => self.native_job_control(rank, conn, req, targets, action),
+            ClientMsg::Allocate { req, request } => self.native_allocate(rank, conn, req, request),
             ClientMsg::Names { req, op } => {
                 self.names_request(rank, super::published::NameReply::Native { conn, req }, op)
             }

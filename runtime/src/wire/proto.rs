@@ -59,7 +59,9 @@ pub struct ModexData {
 /// ended had finalized (`JobMsg::ProcGone::finalized`). Version 8: a persistent runtime
 /// (`weft dvm`): output sent to the launcher (`JobPlan::forward_output`,
 /// `ToLauncher::Output`) and the control protocol of its submitters ([`ToController`]).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 8;
+/// Version 9: a job control says through which call it was asked (`ToLauncher::JobControl::via`),
+/// and submitters control sessions (`ToController::Session`).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 9;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -446,12 +448,13 @@ pub enum ToLauncher {
         error: Option<String>,
         set_up: bool,
     },
-    /// Process `from` asks (`PMIx_Job_control`) for `action` on `targets` (a rank, or a
-    /// whole namespace).
+    /// Process `from` asks (`PMIx_Job_control`, or the native call) for `action` on
+    /// `targets` (a rank, or a whole namespace); `via` names the call (in reports).
     JobControl {
         from: weft_wireup::ProcId,
         targets: Vec<(NsId, Option<Rank>)>,
         action: JobCtl,
+        via: String,
     },
     /// Process `from` asks for an allocation (`PMIx_Allocation_request`); the answer is
     /// [`ToServer::AllocDone`] with the same `qid`.
@@ -617,6 +620,26 @@ pub enum ToController {
     Kill { job: String, sig: i32 },
     /// End every job and the runtime.
     Stop,
+    /// Control the runtime's allocation sessions (`weft session new|end|pause|resume`).
+    Session(SessionCtl),
+}
+
+/// What `weft session` asks of a persistent runtime (a scheduler's session control). A
+/// session is named by its number or allocation id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionCtl {
+    /// A new session of `nodes` logical nodes no other session holds; it lasts until
+    /// ended (or the runtime stops).
+    New {
+        nodes: u32,
+        alloc_id: Option<String>,
+    },
+    /// End a session: its jobs are terminated.
+    End { session: String },
+    /// Stop (SIGSTOP) every process of the session's jobs.
+    Pause { session: String },
+    /// Continue (SIGCONT) them.
+    Resume { session: String },
 }
 
 /// The controller to a submitter.

@@ -181,9 +181,12 @@ fn a_spawn_is_planned_sent_to_every_server_and_answered_once_all_set_it_up() {
     );
     assert_eq!(p.job.size(), 3);
     assert_eq!(p.job.nodes, l.plan.job.nodes, "every node of the runtime");
-    assert!(
-        p.job.procs.iter().all(|pr| pr.node == 1),
-        "on the asker's node"
+    // The parent's last process runs on node 1: the children go there.
+    let nodes: Vec<u32> = p.job.procs.iter().map(|pr| pr.node).collect();
+    assert_eq!(
+        nodes,
+        vec![1, 1, 1],
+        "continuing from the parent's last node"
     );
     assert_eq!(
         p.job
@@ -713,6 +716,7 @@ fn a_submitter_hears_of_its_jobs_end_once_what_it_spawned_has_ended_and_gets_the
 
 #[test]
 fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers() {
+    const PMIX: &str = "PMIx_Job_control";
     let mut l = launch(2, 2);
     start(&mut l, 2);
     spawn(&mut l, 0, 1, "/bin/child", 2);
@@ -723,6 +727,7 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
         own(0),
         &[(NsId(2), Some(1)), (NsId::FIRST, None)],
         JobCtl::Pause,
+        PMIX,
     );
     assert_eq!(
         a,
@@ -733,11 +738,11 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
     );
     // A namespace that runs no more is skipped.
     assert_eq!(
-        l.on_job_control(own(0), &[(NsId(9), None)], JobCtl::Kill),
+        l.on_job_control(own(0), &[(NsId(9), None)], JobCtl::Kill, PMIX),
         vec![]
     );
     // The child job terminated as a whole, naming who asked; its status is 143.
-    let a = l.on_job_control(own(1), &[(NsId(2), None)], JobCtl::Terminate);
+    let a = l.on_job_control(own(1), &[(NsId(2), None)], JobCtl::Terminate, PMIX);
     assert!(
         matches!(&a[0], Action::Report(r) if r.contains("terminated by rank 1 of") && r.contains("PMIx_Job_control")),
         "{a:?}"
@@ -750,7 +755,12 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
         "{a:?}"
     );
     // Its own job: the launch's exit status is 143.
-    let a = l.on_job_control(own(0), &[(NsId::FIRST, None)], JobCtl::Terminate);
+    let a = l.on_job_control(
+        own(0),
+        &[(NsId::FIRST, None)],
+        JobCtl::Terminate,
+        "job control",
+    );
     assert!(
         a.contains(&Action::SendAll(ToServer::Terminate { grace_ms: 500 })),
         "{a:?}"
@@ -782,7 +792,12 @@ fn a_terminated_job_takes_what_it_spawned_unless_separated() {
     let child = spawn_from(&mut l, 1, own(0), false);
     let grandchild = spawn_from(&mut l, 2, ProcId::new(child, 0), false);
     let apart = spawn_from(&mut l, 3, ProcId::new(child, 0), true);
-    let a = l.on_job_control(own(0), &[(child, None)], JobCtl::Terminate);
+    let a = l.on_job_control(
+        own(0),
+        &[(child, None)],
+        JobCtl::Terminate,
+        "PMIx_Job_control",
+    );
     let terminated: Vec<NsId> = (a.iter())
         .filter_map(|a| match a {
             Action::SendAll(ToServer::TerminateJob { ns, .. }) => Some(*ns),
@@ -829,7 +844,17 @@ fn the_first_jobs_end_ends_its_sessions_and_their_jobs() {
     let p = launched_plan(&l.on_spawn(0, 2, own(0), &sreq));
     l.on_launched(0, p.ns, None, true);
     l.on_launched(1, p.ns, None, true);
-    // The job ends: its session ends, the job in it is terminated, the servers wait.
+    // A spawn from the job in the session that names none runs in that session too (on
+    // its node 0; outside it, it would continue on node 1).
+    let inner = SpawnReq {
+        session: None,
+        ..sreq.clone()
+    };
+    let q = launched_plan(&l.on_spawn(0, 3, ProcId::new(p.ns, 0), &inner));
+    assert!(q.job.procs.iter().all(|pr| pr.node == 0), "{q:?}");
+    l.on_launched(0, q.ns, None, true);
+    l.on_launched(1, q.ns, None, true);
+    // The job ends: its session ends, the jobs in it are terminated, the servers wait.
     assert_eq!(l.on_proc_exit(own(1), ExitKind::Code(0)), vec![]);
     let a = l.on_proc_exit(own(0), ExitKind::Code(0));
     assert!(a.iter().any(|a| matches!(a, Action::SendAll(ToServer::AllocEvent { session: Some(s), .. }) if !s.active)), "{a:?}");
@@ -840,8 +865,51 @@ fn the_first_jobs_end_ends_its_sessions_and_their_jobs() {
         })),
         "{a:?}"
     );
+    assert!(
+        a.contains(&Action::SendAll(ToServer::TerminateJob {
+            ns: q.ns,
+            grace_ms: 500
+        })),
+        "{a:?}"
+    );
     assert!(!a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
     let a = l.on_proc_exit(ProcId::new(p.ns, 0), ExitKind::Signal(15));
+    assert!(!a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
+    let a = l.on_proc_exit(ProcId::new(q.ns, 0), ExitKind::Signal(15));
     assert!(a.contains(&Action::SendAll(ToServer::Shutdown)), "{a:?}");
     assert_eq!(l.exit_code(), 0);
+}
+
+#[test]
+fn a_spawn_outside_sessions_continues_from_the_parents_last_node() {
+    // Ranks 0, 1 on node 0 and 2, 3 on node 1: rank 0 (node 0) asks, the children run on
+    // node 1, where the parent's last process runs.
+    let mut l = launch(2, 4);
+    start(&mut l, 2);
+    let p = launched_plan(&spawn(&mut l, 0, 1, "/bin/child", 3));
+    let nodes: Vec<u32> = p.job.procs.iter().map(|pr| pr.node).collect();
+    assert_eq!(nodes, vec![1, 1, 1]);
+    // A spawned job's own spawn continues from its last node: node 1 again, whichever
+    // node asks.
+    l.on_launched(0, p.ns, None, true);
+    l.on_launched(1, p.ns, None, true);
+    let req = SpawnReq {
+        apps: vec![SpawnApp {
+            program: "/bin/grandchild".into(),
+            args: vec![],
+            np: 2,
+            env: vec![],
+            cwd: None,
+        }],
+        pmi_preput: None,
+        session: None,
+        separate: false,
+    };
+    let g = launched_plan(&l.on_spawn(0, 2, ProcId::new(p.ns, 2), &req));
+    assert!(g.job.procs.iter().all(|pr| pr.node == 1), "{g:?}");
+    // A job of one node keeps its children there.
+    let mut one = launch(1, 1);
+    start(&mut one, 1);
+    let q = launched_plan(&spawn(&mut one, 0, 1, "/bin/child", 3));
+    assert!(q.job.procs.iter().all(|pr| pr.node == 0));
 }
