@@ -50,6 +50,9 @@ ci/fuzz.sh "${WEFT_FUZZ_SECS:-30}"
 # Jobs with a rank or server killed or paused at random: they end, name the lost process,
 # leave nothing behind, and give exact data when nothing is killed (the long run: 300).
 ci/chaos.sh "${WEFT_CHAOS_RUNS:-24}"
+# Job families (issue 33): a parent that spawns, into a session or not, with a child, a
+# parent or the spawning rank killed at random: no hang, no orphan, no leak.
+ci/chaos-family.sh "${WEFT_CHAOS_FAMILY_RUNS:-16}"
 # The fastbox publish/consume protocol under loom's model checker.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p weft-shm --lib --release loom
 # The unsafe code of the frame codecs and the shared-memory layout under valgrind's memcheck
