@@ -312,3 +312,26 @@ fn native_runtime_control_allocates_sessions_spawns_into_them_signals_and_termin
     );
     assert!(done.elapsed < Duration::from_secs(20), "{}", done.dump());
 }
+
+#[test]
+fn a_spawned_process_that_ends_without_finalizing_is_an_event_for_its_parent_job() {
+    // wireup_probe's `spawn-watch`: 2 shell children exit with status 3 without ever
+    // connecting; the parent's handler of `SpawnedProcEnded` gets one event for each,
+    // naming it (its namespace and rank) and how it ended. The parent's status stays 0.
+    let p = probe("wireup_probe");
+    let job = Job::start("spawnwatch", &["-n", "1", &p, "spawn-watch"]);
+    let name = job.name.clone();
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for r in 0..2 {
+        let want = format!(
+            "event SpawnedProcEnded ns2:{r}: rank {r} of spawned job weft-{name}.2 (ns2) \
+             exited with code 3 before finalize"
+        );
+        assert!(
+            done.stdout.lines().any(|l| l == want),
+            "{want}\n{}",
+            done.dump()
+        );
+    }
+}

@@ -37,12 +37,14 @@ pub fn is_client_frame(frame: &[u8]) -> bool {
 }
 
 /// Whether `frame` decodes as one client request other than a hello (a second hello
-/// drops the connection, as an undecodable frame does).
+/// drops the connection, as an undecodable frame does) or a job control (a valid one
+/// signals or kills the processes it names, the other ranks of a live server's job
+/// included: a hostile client's mutations must not stumble into that right).
 pub fn is_client_request(frame: &[u8]) -> bool {
     let mut r = frame;
     matches!(
         frame::read_sync::<ClientMsg>(&mut r, frame::MAX_CLIENT_FRAME),
-        Ok(m) if !matches!(m, ClientMsg::Hello { .. })
+        Ok(m) if !matches!(m, ClientMsg::Hello { .. } | ClientMsg::JobControl { .. })
     ) && r.is_empty()
 }
 

@@ -574,6 +574,10 @@ pub enum EventCode {
     ConstructComplete,
     /// To the invitees that accepted: the construct was abandoned (the leader died).
     ConstructAbort,
+    /// To the processes of a job on the node where it happened: a process of a job it
+    /// spawned ended without finalizing ([`Event::proc`] names it; its job is being
+    /// terminated). Since protocol version 7.
+    SpawnedProcEnded,
 }
 
 /// An event delivered to a process.
@@ -591,6 +595,9 @@ pub struct Event {
     pub members: Vec<Rank>,
     /// A human-readable reason.
     pub reason: String,
+    /// The process of another job it concerns (`SpawnedProcEnded`: the spawned process;
+    /// since protocol version 7).
+    pub proc: Option<ProcId>,
 }
 
 /// The first fields of a [`ClientMsg::Hello`], the same in every protocol version (a

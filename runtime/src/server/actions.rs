@@ -397,6 +397,34 @@ impl State {
         self.proc_gone(rank, reason, joined.into_iter().collect(), finalized);
     }
 
+    /// Rank `rank` of the focused job, a spawned one, ended without finalizing: the
+    /// native processes of the job that spawned it, on this node, get a
+    /// `SpawnedProcEnded` event naming it (PMIx programs get `PMIX_ERR_PROC_ABORTED`).
+    fn tell_parent(&self, rank: Rank, reason: &str) {
+        let Some((parent, _)) = &self.job.plan.parent else {
+            return;
+        };
+        let proc = ProcId::new(self.job.ns, rank);
+        let event = weft_wireup::Event {
+            code: weft_wireup::EventCode::SpawnedProcEnded,
+            group: None,
+            rank: None,
+            pset: None,
+            members: Vec::new(),
+            reason: format!(
+                "rank {rank} of spawned job {} ({}) {reason}",
+                self.job.plan.job.nspace, self.job.ns
+            ),
+            proc: Some(proc),
+        };
+        let frame = crate::wire::frame::encode(&ServerMsg::Event(event));
+        for (who, tx) in self.io.clients.values() {
+            if who.is_some_and(|p| p.ns == parent.ns) {
+                let _ = tx.send(super::Out::Frame(frame.clone()));
+            }
+        }
+    }
+
     pub(super) fn proc_gone(
         &mut self,
         rank: Rank,
@@ -411,6 +439,9 @@ impl State {
         let acts = self.job.modex.ended(rank, finalized, &reason);
         self.apply(acts);
         self.pmix_rank_ended(rank, &reason, finalized);
+        if !finalized {
+            self.tell_parent(rank, &reason);
+        }
         let proc = weft_wireup::ProcId::new(self.job.ns, rank);
         self.names.registry.proc_gone(proc);
         // Published in the datastore so that clients waiting on this rank in a transport

@@ -438,6 +438,7 @@ impl Groups {
                 pset: None,
                 members: g.members.clone(),
                 reason: format!("rank {rank} {reason}"),
+                proc: None,
             };
             let to = to.into_iter().filter(|&r| r != rank);
             acts.extend(emits(owners, node, to, &event));
@@ -513,6 +514,7 @@ impl Groups {
             pset: None,
             members: g.members.clone(),
             reason: format!("rank {rank} left the group"),
+            proc: None,
         };
         let to = g.members.clone();
         if !to.iter().any(|r| self.is_local(*r)) {
@@ -570,6 +572,7 @@ impl Groups {
             pset: None,
             members: g.members.clone(),
             reason: format!("rank {rank} declared itself the leader"),
+            proc: None,
         };
         emits(&self.owners, self.node, g.members.iter().copied(), &event)
     }

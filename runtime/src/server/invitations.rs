@@ -85,6 +85,7 @@ fn event(code: EventCode, group: &str, rank: Rank, members: Vec<Rank>, reason: S
         pset: None,
         members,
         reason,
+        proc: None,
     }
 }
 
@@ -482,6 +483,7 @@ impl Invitations {
                 Some(p) => format!("group {:?} formed with PGCID {p}", group.id),
                 None => format!("group {:?} formed", group.id),
             },
+            proc: None,
         };
         for r in local {
             if let Some((_, Some((conn, req)))) = self.invited.remove(&(group.id.clone(), r)) {

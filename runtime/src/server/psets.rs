@@ -193,6 +193,7 @@ impl Psets {
             pset: Some(name),
             members: members.unwrap_or_default(),
             reason: String::new(),
+            proc: None,
         }));
         acts
     }

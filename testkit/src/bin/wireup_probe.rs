@@ -39,6 +39,7 @@ fn main() {
         "spawn-child" => spawn_child(),
         "control" => control(),
         "family" => family(&args),
+        "spawn-watch" => spawn_watch(),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -1125,6 +1126,47 @@ fn family(args: &[String]) -> Res {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("parent {r} ok");
+    std::io::stdout().flush()?;
+    w.finalize()?;
+    Ok(())
+}
+
+/// `spawn-watch` (1 process): spawns 2 shell processes that exit with status 3 without
+/// ever connecting, and prints each `SpawnedProcEnded` event it gets (waiting up to 20 s
+/// for both).
+fn spawn_watch() -> Res {
+    use std::sync::{Arc, Mutex};
+    use weft_wireup::{EventCode, EventCodes, EventFlow};
+    let w = Client::init()?;
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = got.clone();
+    w.register_event_handler(
+        EventCodes::One(EventCode::SpawnedProcEnded),
+        move |ev, _| {
+            let proc = ev.proc.map(|p| p.to_string()).unwrap_or_default();
+            sink.lock()
+                .unwrap()
+                .push(format!("event {:?} {proc}: {}", ev.code, ev.reason));
+            EventFlow::Complete
+        },
+    );
+    let job = w.spawn(&[SpawnApp {
+        program: "/bin/sh".into(),
+        args: vec!["-c".into(), "sleep 0.2; exit 3".into()],
+        np: 2,
+        env: Vec::new(),
+        cwd: None,
+    }])?;
+    println!("spawned {}", job.ns);
+    let t0 = Instant::now();
+    while got.lock().unwrap().len() < 2 && t0.elapsed() < Duration::from_secs(20) {
+        w.process_events(Duration::from_millis(100));
+    }
+    let mut lines = got.lock().unwrap().clone();
+    lines.sort();
+    for l in lines {
+        println!("{l}");
+    }
     std::io::stdout().flush()?;
     w.finalize()?;
     Ok(())

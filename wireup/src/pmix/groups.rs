@@ -640,6 +640,7 @@ impl Link {
                             pset: None,
                             members: g.members.clone(),
                             reason: format!("rank {rank} {why}"),
+                            proc: None,
                         });
                     }
                 }

@@ -201,6 +201,7 @@ fn a_hello_needs_a_local_rank_its_token_one_connection_and_a_running_process() {
         pset: None,
         members: vec![0, 1, n],
         reason: format!("event {n}"),
+        proc: None,
     };
     // An event before the hello waits for it; after it, it goes to the connection.
     assert_eq!(p.on_event(0, &e(1)), None);
