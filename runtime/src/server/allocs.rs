@@ -30,6 +30,13 @@ pub(super) struct Allocs {
 }
 
 impl Allocs {
+    /// Records session `s`'s state under its allocation id.
+    fn record(&mut self, s: &SessionInfo) {
+        if !s.alloc_id.is_empty() {
+            self.known.insert(s.alloc_id.clone(), describe(s));
+        }
+    }
+
     /// The state of allocation `alloc_id`, if one by that name was asked for.
     pub(super) fn status(&self, alloc_id: &str) -> Option<String> {
         self.known.get(alloc_id).cloned()
@@ -122,6 +129,11 @@ impl State {
 
     /// The launcher answered allocation request `qid`.
     pub(super) fn alloc_done(&mut self, qid: u64, result: Result<SessionInfo, String>) {
+        // The state is known here before the asker hears of it (the launcher's news of it,
+        // `AllocEvent`, may come after the asker's next query).
+        if let Ok(s) = &result {
+            self.allocs.record(s);
+        }
         let reply = match self.allocs.waiting.remove(&qid) {
             Some(Asker::Pmix(reply)) => reply,
             Some(Asker::Native { conn, req }) => {
@@ -166,11 +178,16 @@ impl State {
         alloc_id: String,
         session: Option<SessionInfo>,
     ) {
-        let state = session
-            .as_ref()
-            .map_or_else(|| "failed".to_owned(), describe);
-        if !alloc_id.is_empty() {
-            self.allocs.known.insert(alloc_id.clone(), state);
+        match &session {
+            Some(s) => self.allocs.record(s),
+            // A failed request leaves an allocation that exists as it was (an extend
+            // refused); only a name never granted is "failed".
+            None if !alloc_id.is_empty() => {
+                (self.allocs.known)
+                    .entry(alloc_id.clone())
+                    .or_insert_with(|| "failed".to_owned());
+            }
+            None => {}
         }
         // A session the runtime itself made (`weft session new`) has no process to tell.
         if self.focus(owner.ns) && owner.rank < self.job.plan.job.size() {
