@@ -69,7 +69,7 @@ for i in $(seq 1 "$runs"); do
   launcher=$! t0=$(date +%s)
   what=none victim=""
   if ((action >= 3)); then
-    nap 100 1200
+    nap 50 900
     if ((action <= 5)); then
       mapfile -t live < <(procs_of "$bin/chaos_probe")
       role=child
