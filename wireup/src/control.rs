@@ -45,6 +45,21 @@ fn reason(error: WireError) -> String {
     }
 }
 
+/// The error of a reply that is not call `op`'s answer: the server's refusal of the
+/// request, or a reply of another kind.
+fn not_done(op: &'static str, reply: ServerMsg) -> ControlError {
+    match reply {
+        ServerMsg::Failed { error, .. } => ControlError::Invalid {
+            op,
+            reason: reason(error),
+        },
+        other => ControlError::Refused {
+            op,
+            reason: format!("unexpected reply {other:?}"),
+        },
+    }
+}
+
 impl Client {
     /// Applies `action` to `targets`: whole jobs ([`ProcSel::All`]) or single processes,
     /// of any job of the runtime (the caller's own included). Returns once the runtime
@@ -78,14 +93,7 @@ impl Client {
         self.dispatch_events();
         match reply? {
             ServerMsg::Done { .. } => Ok(()),
-            ServerMsg::Failed { error, .. } => Err(ControlError::Invalid {
-                op: OP,
-                reason: reason(error),
-            }),
-            other => Err(ControlError::Refused {
-                op: OP,
-                reason: format!("unexpected reply {other:?}"),
-            }),
+            other => Err(not_done(OP, other)),
         }
     }
 
@@ -122,14 +130,7 @@ impl Client {
             ServerMsg::Allocated { result, .. } => {
                 result.map_err(|reason| ControlError::Refused { op: OP, reason })
             }
-            ServerMsg::Failed { error, .. } => Err(ControlError::Invalid {
-                op: OP,
-                reason: reason(error),
-            }),
-            other => Err(ControlError::Refused {
-                op: OP,
-                reason: format!("unexpected reply {other:?}"),
-            }),
+            other => Err(not_done(OP, other)),
         }
     }
 }

@@ -339,6 +339,19 @@ pub enum JobAction {
     Resume,
 }
 
+impl JobAction {
+    /// The signal it sends to a process.
+    pub fn signal(self) -> i32 {
+        match self {
+            JobAction::Kill => 9,
+            JobAction::Terminate => 15,
+            JobAction::Signal(s) => s,
+            JobAction::Pause => 19,
+            JobAction::Resume => 18,
+        }
+    }
+}
+
 /// What an allocation request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AllocOp {

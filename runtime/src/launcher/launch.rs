@@ -13,8 +13,8 @@ use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
 use super::sessions::Sessions;
 use crate::wire::proto::{
-    AllocOp, AllocReq, ExitKind, FromController, JobCtl, JobPlan, SessionCtl, SessionSel, SpawnReq,
-    ToServer,
+    AllocOp, AllocReq, ExitKind, FromController, JobAction, JobPlan, SessionCtl, SessionSel,
+    SpawnReq, ToServer,
 };
 
 /// How long the launcher waits for every node's server to start and report ready.
@@ -179,8 +179,8 @@ impl Launch {
             }
             SessionCtl::Pause { .. } | SessionCtl::Resume { .. } => {
                 let (sig, verb) = match ctl {
-                    SessionCtl::Pause { .. } => (JobCtl::Pause, "paused"),
-                    _ => (JobCtl::Resume, "resumed"),
+                    SessionCtl::Pause { .. } => (JobAction::Pause, "paused"),
+                    _ => (JobAction::Resume, "resumed"),
                 };
                 let jobs = self.children.in_session(id);
                 let mut out = Vec::new();
@@ -243,7 +243,7 @@ impl Launch {
         &mut self,
         from: ProcId,
         targets: &[(NsId, Option<u32>)],
-        action: JobCtl,
+        action: JobAction,
         via: &str,
     ) -> Vec<Action> {
         let mut out = Vec::new();
@@ -259,7 +259,7 @@ impl Launch {
                 continue;
             }
             match (action, rank) {
-                (JobCtl::Terminate, None) => {
+                (JobAction::Terminate, None) => {
                     let why = format!("terminated by {who} ({via})");
                     if ns == self.plan.ns {
                         let acts = self.job.on_kill(&why, 128 + 15);

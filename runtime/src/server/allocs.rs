@@ -99,13 +99,8 @@ impl State {
 
     /// A native client's allocation request (`Client::allocate`).
     pub(super) fn native_allocate(&mut self, rank: Rank, conn: ConnId, req: u64, r: AllocRequest) {
-        let op = match r.op {
-            weft_wireup::AllocOp::New => AllocOp::New,
-            weft_wireup::AllocOp::Extend => AllocOp::Extend,
-            weft_wireup::AllocOp::Release => AllocOp::Release,
-        };
         let a = AllocReq {
-            op,
+            op: r.op,
             nodes: r.nodes,
             alloc_id: r.alloc_id,
             req_id: None,

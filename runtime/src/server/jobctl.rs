@@ -6,7 +6,7 @@ use weft_wireup::{JobAction, NsId, ProcId, ProcSel, Rank};
 
 use super::State;
 use crate::modex::ConnId;
-use crate::wire::proto::{JobCtl, ServerMsg, ToLauncher, WireError};
+use crate::wire::proto::{ServerMsg, ToLauncher, WireError};
 
 impl State {
     /// A client's `PMIx_Job_control`: informational directives are answered at once; an
@@ -19,11 +19,11 @@ impl State {
                 tracing::debug!("PMIx_Job_control of {:?} notes {keys:?}", j.requestor);
                 return j.reply.ok(None, Vec::new());
             }
-            JobCtrl::Kill => JobCtl::Kill,
-            JobCtrl::Terminate => JobCtl::Terminate,
-            JobCtrl::Signal(s) => JobCtl::Signal(s),
-            JobCtrl::Pause => JobCtl::Pause,
-            JobCtrl::Resume => JobCtl::Resume,
+            JobCtrl::Kill => JobAction::Kill,
+            JobCtrl::Terminate => JobAction::Terminate,
+            JobCtrl::Signal(s) => JobAction::Signal(s),
+            JobCtrl::Pause => JobAction::Pause,
+            JobCtrl::Resume => JobAction::Resume,
         };
         let Some(rank) = j.requestor.rank else {
             return j.reply.fail(Failure::Invalid);
@@ -91,13 +91,6 @@ impl State {
                 ProcSel::All(ns) => (ns, None),
             });
         }
-        let action = match action {
-            JobAction::Terminate => JobCtl::Terminate,
-            JobAction::Kill => JobCtl::Kill,
-            JobAction::Signal(s) => JobCtl::Signal(s),
-            JobAction::Pause => JobCtl::Pause,
-            JobAction::Resume => JobCtl::Resume,
-        };
         self.to_launcher(&ToLauncher::JobControl {
             from: ProcId::new(self.job.ns, rank),
             targets: t,

@@ -453,7 +453,7 @@ pub enum ToLauncher {
     JobControl {
         from: weft_wireup::ProcId,
         targets: Vec<(NsId, Option<Rank>)>,
-        action: JobCtl,
+        action: JobAction,
         via: String,
     },
     /// Process `from` asks for an allocation (`PMIx_Allocation_request`); the answer is
@@ -524,17 +524,6 @@ pub enum ToServer {
     },
 }
 
-/// What an allocation request (`PMIx_Allocation_request`) asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AllocOp {
-    /// A new session of free nodes.
-    New,
-    /// More nodes for a session.
-    Extend,
-    /// Give a session back (it ends, with its jobs).
-    Release,
-}
-
 /// An allocation request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocReq {
@@ -563,34 +552,6 @@ pub struct SessionInfo {
     pub owner: weft_wireup::ProcId,
     /// False once it ended (released, or its owner ended).
     pub active: bool,
-}
-
-/// What a job control (`PMIx_Job_control`) asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobCtl {
-    /// SIGKILL.
-    Kill,
-    /// A whole job: terminated as `weft kill` does; a process: SIGTERM.
-    Terminate,
-    /// This signal.
-    Signal(i32),
-    /// SIGSTOP.
-    Pause,
-    /// SIGCONT.
-    Resume,
-}
-
-impl JobCtl {
-    /// The signal it sends to a process.
-    pub fn signal(self) -> i32 {
-        match self {
-            JobCtl::Kill => 9,
-            JobCtl::Terminate => 15,
-            JobCtl::Signal(s) => s,
-            JobCtl::Pause => 19,
-            JobCtl::Resume => 18,
-        }
-    }
 }
 
 /// The first bytes of a submitter's hello to a persistent runtime's controller.

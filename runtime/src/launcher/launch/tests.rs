@@ -726,7 +726,7 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
     let a = l.on_job_control(
         own(0),
         &[(NsId(2), Some(1)), (NsId::FIRST, None)],
-        JobCtl::Pause,
+        JobAction::Pause,
         PMIX,
     );
     assert_eq!(
@@ -738,11 +738,11 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
     );
     // A namespace that runs no more is skipped.
     assert_eq!(
-        l.on_job_control(own(0), &[(NsId(9), None)], JobCtl::Kill, PMIX),
+        l.on_job_control(own(0), &[(NsId(9), None)], JobAction::Kill, PMIX),
         vec![]
     );
     // The child job terminated as a whole, naming who asked; its status is 143.
-    let a = l.on_job_control(own(1), &[(NsId(2), None)], JobCtl::Terminate, PMIX);
+    let a = l.on_job_control(own(1), &[(NsId(2), None)], JobAction::Terminate, PMIX);
     assert!(
         matches!(&a[0], Action::Report(r) if r.contains("terminated by rank 1 of") && r.contains("PMIx_Job_control")),
         "{a:?}"
@@ -758,7 +758,7 @@ fn job_control_terminates_whole_jobs_and_signals_processes_through_the_servers()
     let a = l.on_job_control(
         own(0),
         &[(NsId::FIRST, None)],
-        JobCtl::Terminate,
+        JobAction::Terminate,
         "job control",
     );
     assert!(
@@ -795,7 +795,7 @@ fn a_terminated_job_takes_what_it_spawned_unless_separated() {
     let a = l.on_job_control(
         own(0),
         &[(child, None)],
-        JobCtl::Terminate,
+        JobAction::Terminate,
         "PMIx_Job_control",
     );
     let terminated: Vec<NsId> = (a.iter())
