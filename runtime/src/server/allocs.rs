@@ -30,6 +30,22 @@ pub(super) struct Allocs {
 }
 
 impl Allocs {
+    /// A request for allocation `alloc_id` completed (`session`: its state; `None`: it
+    /// was refused).
+    fn on_event(&mut self, alloc_id: &str, session: Option<&SessionInfo>) {
+        match session {
+            Some(s) => self.record(s),
+            // A failed request leaves an allocation that exists as it was (an extend
+            // refused); only a name never granted is "failed".
+            None if !alloc_id.is_empty() => {
+                (self.known)
+                    .entry(alloc_id.to_owned())
+                    .or_insert_with(|| "failed".to_owned());
+            }
+            None => {}
+        }
+    }
+
     /// Records session `s`'s state under its allocation id.
     fn record(&mut self, s: &SessionInfo) {
         if !s.alloc_id.is_empty() {
@@ -173,17 +189,7 @@ impl State {
         alloc_id: String,
         session: Option<SessionInfo>,
     ) {
-        match &session {
-            Some(s) => self.allocs.record(s),
-            // A failed request leaves an allocation that exists as it was (an extend
-            // refused); only a name never granted is "failed".
-            None if !alloc_id.is_empty() => {
-                (self.allocs.known)
-                    .entry(alloc_id.clone())
-                    .or_insert_with(|| "failed".to_owned());
-            }
-            None => {}
-        }
+        self.allocs.on_event(&alloc_id, session.as_ref());
         // A session the runtime itself made (`weft session new`) has no process to tell.
         if self.focus(owner.ns) && owner.rank < self.job.plan.job.size() {
             if let (Some(px), Some(pj)) = (self.pmix.as_ref(), self.job.pmix.as_ref()) {
@@ -192,5 +198,34 @@ impl State {
                     .notify_alloc_complete(&pj.nspace, owner.rank, &alloc_id, id);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_wireup::NsId;
+
+    #[test]
+    fn a_refused_request_fails_a_new_name_only() {
+        let mut a = Allocs::default();
+        let s = SessionInfo {
+            id: 1,
+            alloc_id: "A".into(),
+            nodes: vec![0],
+            hostnames: vec!["h".into()],
+            owner: ProcId::new(NsId::FIRST, 0),
+            active: true,
+        };
+        a.on_event("A", Some(&s));
+        // An extend of A refused: A stays as it was.
+        a.on_event("A", None);
+        assert_eq!(
+            a.status("A").as_deref(),
+            Some("active: session 1 on 1 node (h)")
+        );
+        // A new name refused: failed.
+        a.on_event("B", None);
+        assert_eq!(a.status("B").as_deref(), Some("failed"));
     }
 }
