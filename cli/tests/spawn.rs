@@ -33,6 +33,13 @@ fn a_spawned_job_wires_up_on_its_own_and_weft_run_waits_for_it() {
         "{}",
         done.dump()
     );
+    // The job weft run started has no parent; the spawned one's is the spawner.
+    assert_eq!(
+        lines(&done.stdout, "spawner "),
+        ["spawner 0: parent none"],
+        "{}",
+        done.dump()
+    );
     // Each child sleeps 300 ms after its parent has finalized, then fences with its job
     // and reads the next child's key: weft run waited for them.
     let children = lines(&done.stdout, "child ");
@@ -40,7 +47,7 @@ fn a_spawned_job_wires_up_on_its_own_and_weft_run_waits_for_it() {
     for r in 0..3 {
         let next = (r + 1) % 3;
         let want = format!(
-            "child {r} of 3 in weft-{name}.2 (ns2), parent weft-{name}, \
+            "child {r} of 3 in weft-{name}.2 (ns2), parent weft-{name} (ns1:0), \
              read Str(\"child {next}\") from rank {next}"
         );
         assert!(children.contains(&want.as_str()), "{want}\n{}", done.dump());

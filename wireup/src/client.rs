@@ -151,6 +151,8 @@ pub struct Client {
     rank: Rank,
     /// This process's namespace id (its job's).
     ns: NsId,
+    /// The process that spawned this job (only known natively).
+    parent: Option<ProcId>,
     node: u32,
     job: JobInfo,
     local_peers: Vec<Rank>,
@@ -323,6 +325,7 @@ impl Client {
         Client {
             rank,
             ns,
+            parent: None,
             node,
             local_peers: job.ranks_on(node),
             job,
@@ -361,7 +364,7 @@ impl Client {
             reason,
         };
         let mut s = stream;
-        let datastore = handshake::hello(&mut s, ProcId::new(ns, rank), token, hs)?;
+        let (datastore, parent) = handshake::hello(&mut s, ProcId::new(ns, rank), token, hs)?;
         let store = StoreReader::open(&datastore)?;
         let job_bytes = store
             .get(keys::JOB_INFO)
@@ -390,7 +393,7 @@ impl Client {
             .filter(|&p| rustix::process::getppid() == Some(p));
         let progress = Arc::<Progress>::default();
         let conn = Conn::new(s, reader, Arc::clone(&progress));
-        Ok(Client::assemble(
+        let mut client = Client::assemble(
             rank,
             ns,
             node,
@@ -402,7 +405,9 @@ impl Client {
                 server_pid,
             },
             progress,
-        ))
+        );
+        client.parent = parent;
+        Ok(client)
     }
 
     /// This process's rank.
@@ -417,6 +422,12 @@ impl Client {
     /// This process: its namespace id and rank.
     pub fn me(&self) -> ProcId {
         ProcId::new(self.ns, self.rank)
+    }
+    /// The process that spawned this job ([`Client::spawn`] or `PMIx_Spawn`), `None` for
+    /// a job started by `weft run` or submitted to a runtime. Under a PMIx host (such as
+    /// `mpirun`) it is not known here: `None`.
+    pub fn parent(&self) -> Option<ProcId> {
+        self.parent
     }
     /// The job's size.
     pub fn size(&self) -> u32 {

@@ -15,7 +15,9 @@
 //! `Names` (publish, lookup, unpublish). Version 7: a spawn carries [`SpawnOptions`] (the
 //! session to run in, separation from the caller's job), and runtime control: `JobControl`
 //! (signal, pause, resume, terminate, kill jobs or processes) and `Allocate` (allocation
-//! sessions), answered by `Allocated`.
+//! sessions), answered by `Allocated`. Version 8: the welcome names the process that
+//! spawned the job (`parent`), and processes of several jobs connect (`Connect`, answered
+//! by `Connected`; `Disconnect`).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +26,7 @@ use crate::value::{Scope, Value};
 use crate::Rank;
 
 /// The version of the wire-up protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// First bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"WEFT";
 /// How long either end of a new client connection waits for the other's first frame
@@ -640,6 +642,9 @@ pub enum ServerMsg {
         /// The namespace the process was taken into (the one its hello named), since
         /// version 4.
         ns: NsId,
+        /// The process that spawned this job (`None`: a job started by `weft run` or
+        /// submitted to a runtime), since version 8.
+        parent: Option<ProcId>,
     },
     Refused {
         reason: String,
@@ -821,6 +826,7 @@ mod tests {
             datastore: "/weft-x".into(),
             nspace: "weft-x".into(),
             ns: NsId(9),
+            parent: None,
         })
         .unwrap();
         assert_eq!(

@@ -16,6 +16,7 @@ fn server_msgs() -> Vec<ServerMsg> {
             datastore: "/weft-x".into(),
             nspace: "n".into(),
             ns: NsId(2),
+            parent: Some(weft_wireup::ProcId::new(NsId(1), 3)),
         },
         ServerMsg::Refused { reason: "r".into() },
         ServerMsg::Done { req: 1 },

@@ -179,6 +179,7 @@ impl State {
             datastore: self.job.store.name().to_owned(),
             nspace: self.job.plan.job.nspace.clone(),
             ns: self.job.ns,
+            parent: self.job.plan.parent.as_ref().map(|(p, _)| *p),
         })));
         for e in early {
             let _ = tx.send(Out::Frame(frame::encode(&ServerMsg::Event(e))));

@@ -8,14 +8,14 @@ use crate::proto::{ClientMsg, ServerMsg, WelcomeHead, HELLO_TIMEOUT, MAGIC, PROT
 use crate::ProcId;
 
 /// Says hello on `s` as `me` with `token` and waits (`HELLO_TIMEOUT`) for the welcome: the
-/// name of the node's datastore. A refusal, a welcome of another protocol version or into
+/// name of the node's datastore and the process that spawned the job, if one did. A refusal, a welcome of another protocol version or into
 /// another namespace is an error naming it; `hs` makes a handshake error of a reason.
 pub(super) fn hello(
     s: &mut UnixStream,
     me: ProcId,
     token: u64,
     hs: impl Fn(String) -> InitError,
-) -> Result<String, InitError> {
+) -> Result<(String, Option<ProcId>), InitError> {
     let ProcId { ns, rank } = me;
     let msg = ClientMsg::Hello {
         magic: MAGIC,
@@ -47,8 +47,9 @@ pub(super) fn hello(
         Ok(ServerMsg::Welcome {
             datastore,
             ns: theirs,
+            parent,
             ..
-        }) if theirs == ns => Ok(datastore),
+        }) if theirs == ns => Ok((datastore, parent)),
         Ok(ServerMsg::Welcome { ns: theirs, .. }) => Err(hs(format!(
             "the server took this process into namespace {theirs}, its hello named {ns}"
         ))),

@@ -13,7 +13,8 @@ use super::{t, Res};
 
 /// `spawn N [PROGRAM ARGS...]`: spawns N processes of PROGRAM (by default this probe as
 /// `spawn-child`) and prints the new job (or why there is none); the children get
-/// `WEFT_PROBE_PARENT` = this job's nspace. With `WEFT_PROBE_WAIT_MS` set, it then waits
+/// `WEFT_PROBE_PARENT` = this job's nspace; it also prints its own parent
+/// (`Client::parent`: "spawner 0: parent none" for a job `weft run` started). With `WEFT_PROBE_WAIT_MS` set, it then waits
 /// that long and prints the new job's shared-memory segments still in /dev/shm.
 pub(crate) fn spawn(args: &[String]) -> Res {
     let w = Client::init()?;
@@ -32,6 +33,8 @@ pub(crate) fn spawn(args: &[String]) -> Res {
         env: vec![("WEFT_PROBE_PARENT".into(), w.nspace().to_owned())],
         cwd: None,
     };
+    let own = w.parent().map_or("none".to_owned(), |p| p.to_string());
+    println!("spawner {}: parent {own}", w.rank());
     match w.spawn(&[app]) {
         Ok(s) => {
             println!(
@@ -64,7 +67,8 @@ pub(crate) fn spawn(args: &[String]) -> Res {
 }
 
 /// A spawned process: it outlives its parent (300 ms), fences with its job (Full, with
-/// a key of each), reads a sibling's key, and prints who it is.
+/// a key of each), reads a sibling's key, and prints who it is and its parent (the
+/// spawner's nspace it was given, and the process `Client::parent` names).
 pub(crate) fn spawn_child() -> Res {
     let w = Client::init()?;
     std::thread::sleep(Duration::from_millis(300));
@@ -78,12 +82,13 @@ pub(crate) fn spawn_child() -> Res {
     let next = (w.rank() + 1) % w.size();
     let got = w.get(next, "who", GetOpts::default())?;
     println!(
-        "child {} of {} in {} ({}), parent {}, read {got:?} from rank {next}",
+        "child {} of {} in {} ({}), parent {} ({}), read {got:?} from rank {next}",
         w.rank(),
         w.size(),
         w.nspace(),
         w.ns(),
-        std::env::var("WEFT_PROBE_PARENT").unwrap_or_default()
+        std::env::var("WEFT_PROBE_PARENT").unwrap_or_default(),
+        w.parent().map_or("none".to_owned(), |p| p.to_string()),
     );
     std::io::stdout().flush()?;
     w.finalize()?;
