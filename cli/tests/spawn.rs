@@ -342,3 +342,102 @@ fn a_spawned_process_that_ends_without_finalizing_is_an_event_for_its_parent_job
         );
     }
 }
+
+#[test]
+fn a_parent_job_and_its_children_connect_read_each_others_data_disconnect_and_see_an_end() {
+    let p = probe("wireup_probe");
+    // Parents on nodes 0 and 1; the 3 children continue from the parent's last node (1).
+    let job = Job::start(
+        "connect3",
+        &[
+            "--nodes", "2", "--map-by", "node", "-n", "2", &p, "connect", "3",
+        ],
+    );
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let all = [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)];
+    let members = "procs [ns1:0 ns1:1 ns2:0 ns2:1 ns2:2] nodes [0, 1, 1, 1, 1]";
+    let mut pgcids = Vec::new();
+    for (ns, r) in all {
+        let me = format!("connect ns{ns}:{r}: ");
+        let mine: Vec<&str> = lines(&done.stdout, &me)
+            .iter()
+            .map(|l| &l[me.len()..])
+            .collect();
+        let first = mine
+            .iter()
+            .find(|l| l.starts_with("pgcid "))
+            .unwrap_or_else(|| panic!("no connect of ns{ns}:{r}\n{}", done.dump()));
+        let again = mine
+            .iter()
+            .find(|l| l.starts_with("again pgcid "))
+            .unwrap_or_else(|| panic!("no second connect of ns{ns}:{r}\n{}", done.dump()));
+        assert!(first.ends_with(members), "{first}\n{}", done.dump());
+        assert!(again.ends_with(members), "{again}\n{}", done.dump());
+        let pgcid = |l: &str| -> u64 {
+            l.split_whitespace()
+                .skip_while(|w| *w != "pgcid")
+                .nth(1)
+                .and_then(|w| w.parse().ok())
+                .expect("a pgcid")
+        };
+        pgcids.push((pgcid(first), pgcid(again)));
+        // Each side read the other's key, through the servers.
+        let read = if ns == 1 {
+            "read Str(\"child 0\") from ns2:0".to_owned()
+        } else {
+            "read Str(\"parent 1\") from ns1:1".to_owned()
+        };
+        assert!(mine.contains(&read.as_str()), "{read}\n{}", done.dump());
+        if ns == 1 {
+            // After the disconnect the children's data is refused; after the second
+            // connect, a child's end shows in the parent's datastore.
+            assert!(
+                mine.iter().any(|l| l.starts_with("after disconnect: ")
+                    && l.contains("ns2:0 is of job ns2, which is not connected with job ns1")),
+                "{}",
+                done.dump()
+            );
+            assert!(mine.contains(&"ns2:0 has finalized"), "{}", done.dump());
+        } else {
+            let unconnected = format!("child ns2:{r}: unconnected: ");
+            assert!(
+                lines(&done.stdout, &unconnected).iter().any(|l| l
+                    .contains("ns1:0 is of job ns1, which is not connected with job ns2")),
+                "{}",
+                done.dump()
+            );
+        }
+    }
+    // One PGCID per connect, the same for every process, the two different.
+    let (a, b) = pgcids[0];
+    assert_ne!(a, b, "{pgcids:?}");
+    assert!(pgcids.iter().all(|&x| x == (a, b)), "{pgcids:?}");
+}
+
+#[test]
+fn a_child_that_dies_before_connecting_fails_the_connect_for_all_naming_it() {
+    let p = probe("wireup_probe");
+    let job = Job::start(
+        "connectdie",
+        &[
+            "--nodes", "2", "--map-by", "node", "-n", "2", &p, "connect", "3", "die",
+        ],
+    );
+    let done = job.wait(T);
+    // The parent's job handled the failure and ends well; the spawned job failed alone.
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for r in [0, 1] {
+        let line = format!("connect ns1:{r}: failed: connect failed: ns2:1 exited with code 3");
+        assert!(
+            done.stdout.lines().any(|l| l.starts_with(&line)),
+            "{line}\n{}",
+            done.dump()
+        );
+    }
+    assert!(
+        !done.stdout.contains(" pgcid "),
+        "no one may connect: {}",
+        done.dump()
+    );
+}

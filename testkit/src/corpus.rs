@@ -178,6 +178,16 @@ pub fn client_msgs(rank: Rank, size: u32) -> Vec<ClientMsg> {
             // More nodes than a runtime may have: refused.
             request: weft_wireup::AllocRequest::new(u32::MAX).alloc_id("fuzz"),
         },
+        ClientMsg::Connect {
+            req: 17,
+            // Its own job and a namespace of none: refused, naming it.
+            procs: vec![
+                weft_wireup::ProcSel::One(ProcId::new(NsId::FIRST, rank)),
+                weft_wireup::ProcSel::All(NsId(7)),
+            ],
+            disconnect: false,
+            timeout_ms: Some(50),
+        },
     ]
 }
 

@@ -60,6 +60,12 @@ pub mod keys {
         let r = rank.to_le_bytes();
         [3, r[0], r[1], r[2], r[3]]
     }
+    /// Present (holding the reason) once process `p` of a job connected with this one
+    /// (`Client::connect`) has died or finalized.
+    pub fn gone_proc(p: crate::ProcId) -> [u8; 9] {
+        let (n, r) = (p.ns.0.to_le_bytes(), p.rank.to_le_bytes());
+        [9, n[0], n[1], n[2], n[3], r[0], r[1], r[2], r[3]]
+    }
     /// The job's [`crate::JobInfo`].
     pub const JOB_INFO: &[u8] = &[2];
     /// The names of the process sets defined while the job runs (postcard `Vec<String>`).
@@ -215,7 +221,7 @@ impl Client {
             Err(FINALIZED) => return Err(InitError::Finalized),
             Err(_) => return Err(InitError::AlreadyConnected),
         }
-        let c = Self::connect();
+        let c = Self::open();
         if c.is_err() {
             PROCESS_STATE.store(NEVER_CONNECTED, Ordering::Release);
         }
@@ -275,7 +281,7 @@ impl Client {
         self.finalized.load(Ordering::Acquire)
     }
 
-    fn connect() -> Result<Client, InitError> {
+    fn open() -> Result<Client, InitError> {
         if backend()? == Choice::Pmix {
             return Self::connect_pmix();
         }
@@ -516,6 +522,24 @@ impl Client {
             // Under a PMIx host: what its termination events said.
             #[cfg(feature = "pmix")]
             Backend::Pmix(px) => px.gone(rank),
+        }
+    }
+
+    /// Why process `p` is gone (died or finalized), if its end has reached this node: a
+    /// process of this job ([`gone_reason`](Self::gone_reason)) or of a job connected
+    /// with it ([`Client::connect`]); `None` for any other. A lookup in the node's shared
+    /// memory, like `gone_reason`. Under a PMIx host, only this job's processes are
+    /// known.
+    pub fn gone_proc(&self, p: ProcId) -> Option<String> {
+        if p.ns == self.ns {
+            return self.gone_reason(p.rank);
+        }
+        match &self.backend {
+            Backend::Native { store, .. } => store
+                .get(&keys::gone_proc(p))
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => None,
         }
     }
 
@@ -794,8 +818,39 @@ impl Client {
                 });
             }
         }
+        self.get_from_server(conn, ProcId::new(self.ns, rank), key, opts)
+    }
+
+    /// Reads `key` of process `p`, of this job ([`get`](Self::get)) or of a job connected
+    /// with it ([`Client::connect`]): from its server (the owner's node's, as for a
+    /// get of another node's rank), which waits for the owner to commit it as `opts`
+    /// say. A process of a job not connected with this one is refused, naming its
+    /// namespace. Under a PMIx host, only this job's processes.
+    pub fn get_proc(&self, p: ProcId, key: &str, opts: GetOpts) -> Result<Value, GetError> {
+        if p.ns == self.ns {
+            return self.get(p.rank, key, opts);
+        }
+        match &self.backend {
+            Backend::Native { conn, .. } => self.get_from_server(conn, p, key, opts),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => Err(GetError::Failed {
+                rank: p.rank,
+                key: key.to_owned(),
+                reason: format!("{p} is of another job: under a PMIx host, read it with PMIx_Get"),
+            }),
+        }
+    }
+
+    /// A get of `key` of `proc` answered by the server.
+    fn get_from_server(
+        &self,
+        conn: &Conn,
+        proc: ProcId,
+        key: &str,
+        opts: GetOpts,
+    ) -> Result<Value, GetError> {
+        let rank = proc.rank;
         let key_s = key.to_owned();
-        let proc = ProcId::new(self.ns, rank);
         let msg = |req| ClientMsg::Get {
             req,
             proc,

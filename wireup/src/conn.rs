@@ -231,7 +231,8 @@ impl Conn {
                     | ServerMsg::Groups { req, .. }
                     | ServerMsg::Spawned { req, .. }
                     | ServerMsg::Names { req, .. }
-                    | ServerMsg::Allocated { req, .. } => *req,
+                    | ServerMsg::Allocated { req, .. }
+                    | ServerMsg::Connected { req, .. } => *req,
                     other => {
                         rx.broken = Some(format!("unexpected message from the server: {other:?}"));
                         self.cv.notify_all();

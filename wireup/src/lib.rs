@@ -24,6 +24,7 @@
 
 mod client;
 mod conn;
+mod connect;
 mod control;
 mod cpulist;
 mod event;
@@ -69,6 +70,7 @@ pub use client::{
     InitError,
 };
 pub use conn::ConnError;
+pub use connect::ConnectError;
 pub use control::ControlError;
 pub use cpulist::{CpuList, CpuListError};
 pub use event::{EventCodes, EventFlow, EventResults, HandlerId, RequestError, EVENT_CACHE};
@@ -76,9 +78,9 @@ pub use group::{GroupError, PendingConstruct, PendingDestruct};
 pub use job::{AppInfo, JobInfo, NodeInfo, ProcInfo, Pset, PSET_SELF, PSET_WORLD};
 pub use names::{Names, NamesError, NsId, ProcId, ProcSel, MAX_NSPACE_LEN};
 pub use proto::{
-    AllocOp, AllocRequest, Allocation, Event, EventCode, FenceMode, GroupDirectives, GroupInfo,
-    JobAction, NameFailure, NameRange, NameValue, Persistence, Procs, Published, SessionRef,
-    SpawnApp, SpawnOptions, PROTOCOL_VERSION,
+    AllocOp, AllocRequest, Allocation, ConnectFailure, Connection, Event, EventCode, FenceMode,
+    GroupDirectives, GroupInfo, JobAction, NameFailure, NameRange, NameValue, Persistence, Procs,
+    Published, SessionRef, SpawnApp, SpawnOptions, PROTOCOL_VERSION,
 };
 pub use publish::{LookupOptions, NameError};
 pub use spawn::{SpawnError, Spawned};

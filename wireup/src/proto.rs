@@ -303,6 +303,38 @@ pub enum ClientMsg {
     },
     /// An allocation request (since version 7); answered with [`ServerMsg::Allocated`].
     Allocate { req: u64, request: AllocRequest },
+    /// Connect (or, `disconnect`, disconnect) with the processes `procs` (the caller's
+    /// included; of any jobs of the runtime): answered with [`ServerMsg::Connected`] once
+    /// every one of them made the same call, or why they cannot (since version 8).
+    Connect {
+        req: u64,
+        procs: Vec<ProcSel>,
+        disconnect: bool,
+        timeout_ms: Option<u64>,
+    },
+}
+
+/// A completed connect: the processes connected and their context id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connection {
+    /// A process-group context id no other group or connect of the runtime has.
+    pub pgcid: u64,
+    /// Every process connected, sorted (a whole namespace's expanded).
+    pub procs: Vec<ProcId>,
+    /// The logical node of each of `procs`.
+    pub nodes: Vec<u32>,
+}
+
+/// Why a connect or disconnect failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConnectFailure {
+    /// The request is wrong: no participant, the caller not among them, an unknown job
+    /// or rank.
+    Invalid(String),
+    /// A participant ended before it took part (the reason names it).
+    Gone(String),
+    /// The caller's timeout passed first (the reason says who had not called).
+    Timeout(String),
 }
 
 /// Where a spawned job runs, and whether it ends with the job that asked for it.
@@ -694,6 +726,12 @@ pub enum ServerMsg {
     Allocated {
         req: u64,
         result: Result<Allocation, String>,
+    },
+    /// The answer to [`ClientMsg::Connect`] (since version 8): the connection (`None`
+    /// for a disconnect), or why there is none.
+    Connected {
+        req: u64,
+        result: Result<Option<Connection>, ConnectFailure>,
     },
 }
 

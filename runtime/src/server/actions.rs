@@ -448,6 +448,7 @@ impl State {
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
         self.store_put(&gone_key, reason.as_bytes());
+        self.tell_connected_gone(proc, &reason);
         self.job.procs.on_ended(rank, &reason);
         // Collectives the rank never joined can no longer complete, except tolerant
         // groups, which go on without it.

@@ -1,20 +1,26 @@
-//! Collectives across jobs: `PMIx_Connect`, `PMIx_Disconnect`, and a PMIx fence whose
+//! Collectives across jobs: `PMIx_Connect`, `PMIx_Disconnect`, a PMIx fence whose
 //! participants are of several namespaces (Open MPI's `MPI_Comm_disconnect` fences the
-//! processes of both jobs). Each server whose processes take part hands its arrival (and a
-//! fence's data) to the root server (node 0) once the PMIx library gathered its local
-//! participants; the root answers every such node when all have arrived (with every node's
-//! data), or fails the call when a participant ended before its node arrived. After a
-//! connect, the participants read each other's data as usual (every server knows every
-//! job, and a direct modex is routed by the namespace of the process asked about).
+//! processes of both jobs), and the native `Client::connect`/`disconnect`. Each server
+//! whose processes take part hands its arrival (and a fence's data) to the root server
+//! (node 0) once its local participants all called (gathered by the node's PMIx library,
+//! or here for a native call); the root answers every such node when all have arrived
+//! (with every node's data, and a native connect's PGCID), or fails the call when a
+//! participant ended before its node arrived: then every node that has participants is
+//! told, so that a node still gathering fails its callers at once. After a connect, the
+//! participants read each other's data as usual (every server knows every job, and a
+//! direct modex is routed by the namespace of the process asked about); a native connect
+//! records the link between the jobs (`Connects::linked`), which a disconnect removes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use weft_pmix::server as px;
-use weft_wireup::{NsId, ProcId, Rank};
+use weft_wireup::proto::{ConnectFailure, Connection, ServerMsg};
+use weft_wireup::{NsId, ProcId, ProcSel, Rank};
 
 use super::job::Job;
 use super::{after, Event, State};
+use crate::modex::ConnId;
 use crate::wire::frame;
 use crate::wire::proto::{ConnectId, ConnectMsg, CrossKind, PeerMsg};
 
@@ -36,7 +42,21 @@ struct Open {
 enum Reply {
     Op(px::OpReply),
     Modex(px::ModexReply),
+    /// Native callers on this node: connection and request.
+    Native(Vec<(ConnId, u64)>),
 }
+
+/// A native call's participants on this node, gathered before the node arrives at the
+/// root: those expected, those that called, and where the answers go.
+#[derive(Debug)]
+struct Gather {
+    expected: BTreeSet<ProcId>,
+    called: BTreeSet<ProcId>,
+    replies: Vec<(ConnId, u64)>,
+}
+
+/// How many failed native calls a server remembers (a late caller of one fails at once).
+const FAILED_KEPT: usize = 4096;
 
 /// A server's part of connects: its own calls waiting for the root, how many calls of each
 /// participant set it made, and (on the root) the calls not complete yet.
@@ -45,11 +65,58 @@ pub(super) struct Connects {
     waiting: HashMap<ConnectId, Reply>,
     seqs: HashMap<(Participants, CrossKind), u64>,
     open: HashMap<ConnectId, Open>,
+    /// Native calls: each caller counts its own calls of a participant set, so the k-th
+    /// calls of all participants have one id.
+    native_seqs: HashMap<(ProcId, Participants, CrossKind), u64>,
+    /// Native calls whose local participants have not all called yet.
+    gathers: HashMap<ConnectId, Gather>,
+    /// Native calls that failed, and why: a participant that calls later fails at once.
+    failed: HashMap<ConnectId, ConnectFailure>,
+    /// Pairs of namespaces (lower first) that native connects joined, and how many
+    /// connects not disconnected join them.
+    links: BTreeMap<(NsId, NsId), u32>,
+}
+
+impl Connects {
+    /// Whether a native connect joins the processes of namespaces `a` and `b` (a
+    /// namespace is always linked to itself).
+    pub(super) fn linked(&self, a: NsId, b: NsId) -> bool {
+        a == b || self.links.contains_key(&(a.min(b), a.max(b)))
+    }
+
+    fn remember_failed(&mut self, id: ConnectId, why: ConnectFailure) {
+        if self.failed.len() >= FAILED_KEPT {
+            self.failed.clear();
+        }
+        self.failed.insert(id, why);
+    }
+
+    /// Records (or, for a disconnect, removes) the links between the namespaces of `id`.
+    fn relink(&mut self, id: &ConnectId) {
+        let ns: BTreeSet<NsId> = id.procs.iter().map(|&(ns, _)| ns).collect();
+        let ns: Vec<NsId> = ns.into_iter().collect();
+        for (i, &a) in ns.iter().enumerate() {
+            for &b in &ns[i + 1..] {
+                match id.kind {
+                    CrossKind::NativeConnect => *self.links.entry((a, b)).or_insert(0) += 1,
+                    CrossKind::NativeDisconnect => {
+                        if let Some(n) = self.links.get_mut(&(a, b)) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.links.remove(&(a, b));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
 }
 
 impl State {
     /// This server's job of namespace `ns`, if it serves it.
-    fn job_of(&self, ns: NsId) -> Option<&Job> {
+    pub(super) fn job_of(&self, ns: NsId) -> Option<&Job> {
         if self.job.ns == ns {
             Some(&self.job)
         } else {
@@ -202,16 +269,20 @@ impl State {
     pub(super) fn on_connect_msg(&mut self, m: ConnectMsg) {
         match m {
             ConnectMsg::Arrive { id, node, data } => self.connect_arrive(id, node, data),
-            ConnectMsg::Done { id, result } => {
+            ConnectMsg::Done { id, result, pgcid } => {
+                if id.kind.is_native() {
+                    return self.native_done(id, result, pgcid);
+                }
                 let Some(reply) = self.connects.waiting.remove(&id) else {
-                    return; // Timed out here already.
+                    return; // Timed out here already, or its node never arrived.
                 };
                 match (result, reply) {
                     (Ok(_), Reply::Op(r)) => r.ok(),
                     (Ok(data), Reply::Modex(r)) => r.ok(data),
+                    (Ok(_), Reply::Native(_)) => {}
                     (Err(why), reply) => {
                         tracing::warn!("PMIx {:?} of {:?} failed: {why}", id.kind, id.procs);
-                        fail(reply, px::Failure::ProcGone);
+                        self.fail(reply, px::Failure::ProcGone, &why);
                     }
                 }
             }
@@ -248,17 +319,33 @@ impl State {
                 return self.connect_done(&id, open.need, Err(why));
             }
             let all: Vec<u8> = open.arrived.into_values().flatten().collect();
-            return self.connect_done(&id, open.need, Ok(all));
+            let pgcid = (id.kind == CrossKind::NativeConnect).then(|| self.pgcids.take());
+            return self.connect_done_with(&id, open.need, Ok(all), pgcid);
         }
         let lost = self.connect_lost(&id, &self.connects.open[&id].arrived);
         if let Some(why) = lost {
             let open = self.connects.open.remove(&id).expect("present");
-            self.connect_done(&id, open.arrived.into_keys().collect(), Err(why));
+            self.connect_done(&id, open.need, Err(why));
         }
     }
 
-    /// The root: a process ended; connects waiting on it cannot complete.
+    /// A process ended: native calls still gathering here that name it fail, and on the
+    /// root, connects waiting on it cannot complete.
     pub(super) fn connect_proc_gone(&mut self) {
+        let lost: Vec<(ConnectId, String)> = self
+            .connects
+            .gathers
+            .keys()
+            .filter_map(|id| self.connect_any_gone(id).map(|w| (id.clone(), w)))
+            .collect();
+        for (id, why) in lost {
+            if let Some(g) = self.connects.gathers.remove(&id) {
+                tracing::warn!("native {:?} of {:?} failed: {why}", id.kind, id.procs);
+                let failure = ConnectFailure::Gone(why);
+                self.answer(&g.replies, Err(failure.clone()));
+                self.connects.remember_failed(id, failure);
+            }
+        }
         if self.node != ROOT || self.connects.open.is_empty() {
             return;
         }
@@ -270,7 +357,7 @@ impl State {
             .collect();
         for (id, why) in lost {
             if let Some(o) = self.connects.open.remove(&id) {
-                self.connect_done(&id, o.arrived.into_keys().collect(), Err(why));
+                self.connect_done(&id, o.need, Err(why));
             }
         }
     }
@@ -278,8 +365,26 @@ impl State {
     /// Connect `id`'s own call here timed out.
     pub(super) fn connect_timeout(&mut self, id: ConnectId) {
         if let Some(reply) = self.connects.waiting.remove(&id) {
-            tracing::warn!("PMIx {:?} of {:?} timed out", id.kind, id.procs);
-            fail(reply, px::Failure::Timeout);
+            tracing::warn!("{:?} of {:?} timed out", id.kind, id.procs);
+            let why = "every participant on this node called it, but not all of the \
+                       other nodes' had"
+                .to_owned();
+            self.fail(reply, px::Failure::Timeout, &why);
+            if id.kind.is_native() {
+                self.connects
+                    .remember_failed(id, ConnectFailure::Timeout(why));
+            }
+        } else if let Some(g) = self.connects.gathers.remove(&id) {
+            let missing: Vec<String> = g
+                .expected
+                .difference(&g.called)
+                .map(ProcId::to_string)
+                .collect();
+            let why = format!("{} had not called it", missing.join(", "));
+            tracing::warn!("{:?} of {:?} timed out: {why}", id.kind, id.procs);
+            self.answer(&g.replies, Err(ConnectFailure::Timeout(why.clone())));
+            self.connects
+                .remember_failed(id, ConnectFailure::Timeout(why));
         }
     }
 
@@ -289,12 +394,247 @@ impl State {
         nodes: BTreeSet<u32>,
         result: Result<Vec<u8>, String>,
     ) {
+        self.connect_done_with(id, nodes, result, None);
+    }
+
+    fn connect_done_with(
+        &mut self,
+        id: &ConnectId,
+        nodes: BTreeSet<u32>,
+        result: Result<Vec<u8>, String>,
+        pgcid: Option<u64>,
+    ) {
         for n in nodes {
             let m = ConnectMsg::Done {
                 id: id.clone(),
                 result: result.clone(),
+                pgcid,
             };
             self.connect_send(n, m);
+        }
+    }
+
+    /// Process `p` (of the focused job) ended: the datastores of the jobs on this node
+    /// connected with its job say so (`keys::gone_proc`), for `Client::gone_proc`.
+    pub(super) fn tell_connected_gone(&mut self, p: ProcId, reason: &str) {
+        let key = weft_wireup::keys::gone_proc(p);
+        for (&ns, job) in self.parked.iter_mut() {
+            if !self.connects.linked(ns, p.ns) || job.store.overflowed() {
+                continue;
+            }
+            if job.store.insert(&key, reason.as_bytes()).is_err() {
+                tracing::warn!(
+                    "node datastore {} is full: {p}'s end is not recorded in it",
+                    job.store.name()
+                );
+                job.store.set_overflowed();
+            }
+        }
+    }
+
+    /// A native connect or disconnect of local rank `rank` of the focused job, on
+    /// connection `conn`: gathered with the node's other participants, then sent to the
+    /// root.
+    pub(super) fn native_connect(
+        &mut self,
+        rank: Rank,
+        conn: ConnId,
+        req: u64,
+        procs: Vec<ProcSel>,
+        disconnect: bool,
+        timeout_ms: Option<u64>,
+    ) {
+        let me = ProcId::new(self.job.ns, rank);
+        let kind = if disconnect {
+            CrossKind::NativeDisconnect
+        } else {
+            CrossKind::NativeConnect
+        };
+        let answer = |st: &State, result| {
+            st.send_client(conn, &ServerMsg::Connected { req, result });
+        };
+        let mut list: Participants = procs
+            .iter()
+            .map(|p| match *p {
+                ProcSel::One(p) => (p.ns, Some(p.rank)),
+                ProcSel::All(ns) => (ns, None),
+            })
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        // A process of a namespace also named whole is named twice: once is the id.
+        let whole: BTreeSet<NsId> = list
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|&(ns, _)| ns)
+            .collect();
+        list.retain(|&(ns, r)| r.is_none() || !whole.contains(&ns));
+        if !list
+            .iter()
+            .any(|&(ns, r)| ns == me.ns && r.is_none_or(|r| r == rank))
+        {
+            let why = format!("the caller ({me}) is not among the processes named");
+            return answer(self, Err(ConnectFailure::Invalid(why)));
+        }
+        let seq = self
+            .connects
+            .native_seqs
+            .entry((me, list.clone(), kind))
+            .or_insert(0);
+        let id = ConnectId {
+            procs: list,
+            kind,
+            seq: *seq,
+        };
+        *seq += 1;
+        if let Err(why) = self.connect_nodes(&id) {
+            return answer(self, Err(ConnectFailure::Invalid(why)));
+        }
+        if let Some(f) = self.connects.failed.get(&id) {
+            return answer(self, Err(f.clone()));
+        }
+        if let Some(why) = self.connect_any_gone(&id) {
+            return answer(self, Err(ConnectFailure::Gone(why)));
+        }
+        if !self.connects.gathers.contains_key(&id) {
+            let expected: BTreeSet<ProcId> = self
+                .participants(&id)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(p, job)| {
+                    job.plan.job.procs.get(p.rank as usize).map(|i| i.node) == Some(self.node)
+                })
+                .map(|(p, _)| p)
+                .collect();
+            let g = Gather {
+                expected,
+                called: BTreeSet::new(),
+                replies: Vec::new(),
+            };
+            self.connects.gathers.insert(id.clone(), g);
+            if let Some(ms) = timeout_ms {
+                after(
+                    &self.io.ev,
+                    Duration::from_millis(ms),
+                    Event::ConnectTimeout(id.clone()),
+                );
+            }
+        }
+        let g = self.connects.gathers.get_mut(&id).expect("inserted above");
+        g.called.insert(me);
+        g.replies.push((conn, req));
+        if g.called.len() < g.expected.len() {
+            return;
+        }
+        let g = self.connects.gathers.remove(&id).expect("present");
+        self.connects
+            .waiting
+            .insert(id.clone(), Reply::Native(g.replies));
+        let node = self.node;
+        self.connect_send(
+            ROOT,
+            ConnectMsg::Arrive {
+                id,
+                node,
+                data: Vec::new(),
+            },
+        );
+    }
+
+    /// The root's answer to native call `id`.
+    fn native_done(&mut self, id: ConnectId, result: Result<Vec<u8>, String>, pgcid: Option<u64>) {
+        let replies = match self.connects.waiting.remove(&id) {
+            Some(Reply::Native(r)) => r,
+            Some(other) => {
+                return self.fail(other, px::Failure::Invalid, "a native call's answer");
+            }
+            // A node still gathering: the call failed elsewhere (or the answer is late).
+            None => match self.connects.gathers.remove(&id) {
+                Some(g) => g.replies,
+                None => Vec::new(),
+            },
+        };
+        let result = match result {
+            Ok(_) => {
+                self.connects.relink(&id);
+                match (id.kind, pgcid) {
+                    (CrossKind::NativeConnect, Some(pgcid)) => {
+                        Ok(Some(self.connection(&id, pgcid)))
+                    }
+                    (CrossKind::NativeConnect, None) => Err(ConnectFailure::Invalid(
+                        "the root server completed the connect without a PGCID".into(),
+                    )),
+                    _ => Ok(None),
+                }
+            }
+            Err(why) => {
+                tracing::warn!("native {:?} of {:?} failed: {why}", id.kind, id.procs);
+                let failure = ConnectFailure::Gone(why);
+                self.connects.remember_failed(id, failure.clone());
+                Err(failure)
+            }
+        };
+        self.answer(&replies, result);
+    }
+
+    /// The processes of call `id` and their nodes, with its PGCID.
+    fn connection(&self, id: &ConnectId, pgcid: u64) -> Connection {
+        let mut procs: Vec<(ProcId, u32)> = self
+            .participants(id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(p, job)| {
+                let node = job.plan.job.procs.get(p.rank as usize)?.node;
+                Some((p, node))
+            })
+            .collect();
+        procs.sort_unstable();
+        procs.dedup();
+        Connection {
+            pgcid,
+            procs: procs.iter().map(|&(p, _)| p).collect(),
+            nodes: procs.iter().map(|&(_, n)| n).collect(),
+        }
+    }
+
+    /// A participant of `id` (on any node) that ended, and why: one that failed rather
+    /// than one that finalized (which may have finalized because of that failure).
+    fn connect_any_gone(&self, id: &ConnectId) -> Option<String> {
+        let mut finalized = None;
+        for (p, job) in self.participants(id)? {
+            match job.procs.why_gone(p.rank) {
+                Some(why) if why == weft_wireup::FINALIZED => {
+                    finalized.get_or_insert_with(|| format!("{p} {why}"));
+                }
+                Some(why) => return Some(format!("{p} {why}")),
+                None => {}
+            }
+        }
+        finalized
+    }
+
+    fn answer(
+        &self,
+        replies: &[(ConnId, u64)],
+        result: Result<Option<Connection>, ConnectFailure>,
+    ) {
+        for &(conn, req) in replies {
+            let result = result.clone();
+            self.send_client(conn, &ServerMsg::Connected { req, result });
+        }
+    }
+
+    fn fail(&self, reply: Reply, why: px::Failure, reason: &str) {
+        match reply {
+            Reply::Op(r) => r.fail(why),
+            Reply::Modex(r) => r.fail(why),
+            Reply::Native(replies) => {
+                let failure = match why {
+                    px::Failure::Timeout => ConnectFailure::Timeout(reason.to_owned()),
+                    _ => ConnectFailure::Gone(reason.to_owned()),
+                };
+                self.answer(&replies, Err(failure));
+            }
         }
     }
 
@@ -311,5 +651,6 @@ fn fail(reply: Reply, why: px::Failure) {
     match reply {
         Reply::Op(r) => r.fail(why),
         Reply::Modex(r) => r.fail(why),
+        Reply::Native(_) => tracing::error!("a native connect's callers failed as a PMIx call"),
     }
 }

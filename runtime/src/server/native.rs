@@ -147,6 +147,7 @@ pub(super) fn msg_name(m: &ClientMsg) -> &'static str {
         ClientMsg::Names { .. } => "names",
         ClientMsg::JobControl { .. } => "job control",
         ClientMsg::Allocate { .. } => "allocate",
+        ClientMsg::Connect { .. } => "connect",
     }
 }
 
@@ -276,13 +277,16 @@ impl State {
                 immediate,
                 timeout_ms,
             } => {
-                let Some(target) = self.own_rank_or_fail(conn, req, "get", proc) else {
-                    return;
-                };
                 let flags = GetFlags {
                     refresh,
                     local_only,
                     immediate,
+                };
+                if proc.ns != self.job.ns && self.job_of(proc.ns).is_some() {
+                    return self.get_connected(conn, req, proc, key, flags, timeout_ms);
+                }
+                let Some(target) = self.own_rank_or_fail(conn, req, "get", proc) else {
+                    return;
                 };
                 self.get(conn, req, target, key, flags, timeout_ms)
             }
@@ -293,6 +297,12 @@ impl State {
                 action,
             } => self.native_job_control(rank, conn, req, targets, action),
             ClientMsg::Allocate { req, request } => self.native_allocate(rank, conn, req, request),
+            ClientMsg::Connect {
+                req,
+                procs,
+                disconnect,
+                timeout_ms,
+            } => self.native_connect(rank, conn, req, procs, disconnect, timeout_ms),
             ClientMsg::Names { req, op } => {
                 self.names_request(rank, super::published::NameReply::Native { conn, req }, op)
             }
@@ -308,6 +318,33 @@ impl State {
 impl State {
     /// The rank of `p` in this server's job; if it is of another namespace, request `req`
     /// fails (invalid, naming the namespace) and `None` is returned.
+    /// A get of `proc`, of another job than the focused one: served as that job's own
+    /// gets are (its book on this node, or its owner's server) if a native connect links
+    /// the two jobs; refused otherwise, naming the namespace.
+    fn get_connected(
+        &mut self,
+        conn: ConnId,
+        req: u64,
+        proc: ProcId,
+        key: String,
+        flags: GetFlags,
+        timeout_ms: Option<u64>,
+    ) {
+        let own = self.job.ns;
+        if !self.connects.linked(own, proc.ns) || !self.focus(proc.ns) {
+            let error = WireError::Invalid {
+                op: "get".into(),
+                reason: format!(
+                    "{proc} is of job {}, which is not connected with job {own} \
+                     (Client::connect first)",
+                    proc.ns
+                ),
+            };
+            return self.send_client(conn, &ServerMsg::Failed { req, error });
+        }
+        self.get(conn, req, proc.rank, key, flags, timeout_ms)
+    }
+
     fn own_rank_or_fail(&self, conn: ConnId, req: u64, op: &str, p: ProcId) -> Option<Rank> {
         self.own_ranks_or_fail(conn, req, op, &[p])?.pop()
     }

@@ -511,3 +511,165 @@ fn a_pset_change_is_decided_at_the_root_announced_everywhere_and_refused_twice()
     ));
     assert!(n.st.job.psets.defined().is_empty());
 }
+
+/// The root's messages to node 1 that are not about a job: connect answers.
+fn connect_msgs(n: &mut Node0) -> Vec<crate::wire::proto::ConnectMsg> {
+    std::iter::from_fn(|| n.to_node1.try_recv().ok())
+        .filter_map(
+            |f| match frame::read_sync(&mut &f[..], MAX_PEER_FRAME).expect("a frame") {
+                PeerMsg::Connect(m) => Some(m),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+fn native_connect(req: u64) -> ClientMsg {
+    ClientMsg::Connect {
+        req,
+        procs: vec![weft_wireup::ProcSel::All(NsId::FIRST)],
+        disconnect: false,
+        timeout_ms: None,
+    }
+}
+
+fn connected(msgs: &[ServerMsg]) -> weft_wireup::Connection {
+    match msgs {
+        [ServerMsg::Connected {
+            result: Ok(Some(c)),
+            ..
+        }] => c.clone(),
+        other => panic!("expected one connection, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_native_connect_gathers_the_nodes_callers_and_the_root_hands_each_connect_a_new_pgcid() {
+    use crate::wire::proto::{ConnectId, ConnectMsg, CrossKind};
+    let mut n = Node0::new("nconnect");
+    let mut pgcids = Vec::new();
+    for seq in 0..3u64 {
+        n.client(0, native_connect(10 + seq));
+        assert!(n.replies(0).is_empty(), "rank 1 has not called yet");
+        n.client(1, native_connect(20 + seq));
+        assert!(
+            n.replies(0).is_empty() && n.replies(1).is_empty(),
+            "node 1 has not arrived"
+        );
+        let id = ConnectId {
+            procs: vec![(NsId::FIRST, None)],
+            kind: CrossKind::NativeConnect,
+            seq,
+        };
+        n.st.handle(Event::Peer {
+            msg: PeerMsg::Connect(ConnectMsg::Arrive {
+                id: id.clone(),
+                node: 1,
+                data: Vec::new(),
+            }),
+        });
+        let (a, b) = (connected(&n.replies(0)), connected(&n.replies(1)));
+        assert_eq!(a, b);
+        assert_eq!(a.procs, (0..4).map(own).collect::<Vec<_>>());
+        assert_eq!(a.nodes, [0, 0, 1, 1]);
+        // Node 1 gets the same answer.
+        match &connect_msgs(&mut n)[..] {
+            [ConnectMsg::Done {
+                id: got,
+                result: Ok(_),
+                pgcid: Some(p),
+            }] => {
+                assert_eq!(got, &id);
+                assert_eq!(*p, a.pgcid);
+            }
+            other => panic!("expected the answer to node 1, got {other:?}"),
+        }
+        pgcids.push(a.pgcid);
+    }
+    let mut distinct = pgcids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{pgcids:?}");
+}
+
+#[test]
+fn a_participant_that_ends_before_calling_fails_the_native_connect_naming_it() {
+    let mut n = Node0::new("nconnect-gone");
+    n.client(0, native_connect(1));
+    assert!(n.replies(0).is_empty());
+    n.peer(JobMsg::ProcGone {
+        rank: 2,
+        reason: "was killed by signal 9".into(),
+        joined: Vec::new(),
+        finalized: false,
+    });
+    let replies: Vec<ServerMsg> = n
+        .replies(0)
+        .into_iter()
+        .filter(|m| matches!(m, ServerMsg::Connected { .. }))
+        .collect();
+    match &replies[..] {
+        [ServerMsg::Connected {
+            req: 1,
+            result: Err(weft_wireup::ConnectFailure::Gone(why)),
+        }] => assert!(why.contains("ns1:2 was killed by signal 9"), "{why}"),
+        other => panic!("expected the connect to fail, got {other:?}"),
+    }
+    // Rank 1, calling later, fails at once too.
+    n.client(1, native_connect(2));
+    let replies: Vec<ServerMsg> = n
+        .replies(1)
+        .into_iter()
+        .filter(|m| matches!(m, ServerMsg::Connected { .. }))
+        .collect();
+    assert!(
+        matches!(
+            &replies[..],
+            [ServerMsg::Connected {
+                req: 2,
+                result: Err(weft_wireup::ConnectFailure::Gone(_))
+            }]
+        ),
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn a_native_connect_that_does_not_name_its_caller_is_refused() {
+    let mut n = Node0::new("nconnect-bad");
+    n.client(
+        0,
+        ClientMsg::Connect {
+            req: 3,
+            procs: vec![weft_wireup::ProcSel::One(own(1))],
+            disconnect: false,
+            timeout_ms: None,
+        },
+    );
+    match &n.replies(0)[..] {
+        [ServerMsg::Connected {
+            result: Err(weft_wireup::ConnectFailure::Invalid(why)),
+            ..
+        }] => assert!(why.contains("ns1:0") && why.contains("not among"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    n.client(
+        0,
+        ClientMsg::Connect {
+            req: 4,
+            procs: vec![
+                weft_wireup::ProcSel::One(own(0)),
+                weft_wireup::ProcSel::All(NsId(7)),
+            ],
+            disconnect: false,
+            timeout_ms: None,
+        },
+    );
+    match &n.replies(0)[..] {
+        [ServerMsg::Connected {
+            result: Err(weft_wireup::ConnectFailure::Invalid(why)),
+            ..
+        }] => assert!(why.contains("ns7"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

@@ -60,8 +60,10 @@ pub struct ModexData {
 /// (`weft dvm`): output sent to the launcher (`JobPlan::forward_output`,
 /// `ToLauncher::Output`) and the control protocol of its submitters ([`ToController`]).
 /// Version 9: a job control says through which call it was asked (`ToLauncher::JobControl::via`),
-/// and submitters control sessions (`ToController::Session`).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 9;
+/// and submitters control sessions (`ToController::Session`). Version 10: native connects
+/// (`CrossKind::NativeConnect`, `NativeDisconnect`), whose completion carries a PGCID
+/// (`ConnectMsg::Done::pgcid`).
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 10;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +91,19 @@ pub enum CrossKind {
     Disconnect,
     /// A PMIx fence whose participants are of several namespaces.
     Fence,
+    /// A native connect (`Client::connect`): each server gathers its node's callers
+    /// itself, and the root hands the connection a PGCID.
+    NativeConnect,
+    /// A native disconnect (`Client::disconnect`).
+    NativeDisconnect,
+}
+
+impl CrossKind {
+    /// Whether the servers gather the node's callers (a native call) rather than the
+    /// node's PMIx library.
+    pub fn is_native(self) -> bool {
+        matches!(self, CrossKind::NativeConnect | CrossKind::NativeDisconnect)
+    }
 }
 
 /// One collective across jobs: its participants (namespace, rank or `None` for the whole
@@ -112,10 +127,11 @@ pub enum ConnectMsg {
         data: Vec<u8>,
     },
     /// From the root server: `id` is complete (every node's contribution, concatenated),
-    /// or why it cannot be.
+    /// or why it cannot be; a native connect's PGCID.
     Done {
         id: ConnectId,
         result: Result<Vec<u8>, String>,
+        pgcid: Option<u64>,
     },
 }
 

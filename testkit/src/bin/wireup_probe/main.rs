@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use weft_wireup::{Client, FenceError, FenceMode, GetError, GetOpts, Procs, Scope, Value};
 
+mod connect;
 mod jobs;
 use jobs::{control, family, spawn, spawn_child, spawn_watch};
 
@@ -40,6 +41,8 @@ fn main() {
         "control" => control(),
         "family" => family(&args),
         "spawn-watch" => spawn_watch(),
+        "connect" => connect::connect(&args),
+        "connect-child" => connect::connect_child(&args),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {

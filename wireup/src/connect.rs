@@ -1,0 +1,122 @@
+//! Connecting processes of several jobs, the native counterpart of `PMIx_Connect` and
+//! `PMIx_Disconnect`: every process named makes the same call, and each gets the same
+//! [`Connection`] (the processes, their nodes, and a context id unique in the runtime).
+//! Connected processes may read each other's data and learn of each other's end; a
+//! disconnect undoes that.
+
+use std::time::Duration;
+
+use crate::client::{ms, Client};
+use crate::names::ProcSel;
+use crate::proto::{ClientMsg, ConnectFailure, Connection, ServerMsg};
+use crate::ConnError;
+
+/// Why a connect or disconnect failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The request is wrong: no process named, the caller not among them, a job or rank
+    /// the runtime does not have.
+    #[error("{op}: {reason}")]
+    Invalid {
+        /// The call.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A process named ended before it made the call: it cannot complete.
+    #[error("{op} failed: {reason}")]
+    ProcGone {
+        /// The call.
+        op: &'static str,
+        /// Which process, and why it ended.
+        reason: String,
+    },
+    /// The timeout passed before every process named made the call.
+    #[error("{op} timed out: {reason}")]
+    Timeout {
+        /// The call.
+        op: &'static str,
+        /// Who had not made it (as far as this node knows).
+        reason: String,
+    },
+    /// The connection to the server failed (or there is none: under a PMIx host such as
+    /// `mpirun`, use `PMIx_Connect`).
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+}
+
+impl Client {
+    /// Connects with `procs` (whole jobs or single processes of any jobs of the runtime;
+    /// the caller must be among them): returns once every process named made this call
+    /// with the same set (in any order), each getting the same [`Connection`]. A process
+    /// named that ends first fails the call for all, naming it; `timeout` bounds the wait
+    /// (`None`: no limit but the processes' lives).
+    pub fn connect(
+        &self,
+        procs: &[ProcSel],
+        timeout: Option<Duration>,
+    ) -> Result<Connection, ConnectError> {
+        match self.connect_call("connect", procs, false, timeout)? {
+            Some(c) => Ok(c),
+            None => Err(ConnectError::Invalid {
+                op: "connect",
+                reason: "the server answered a connect as a disconnect".into(),
+            }),
+        }
+    }
+
+    /// Disconnects from `procs`, which must name the same processes as the connect: a
+    /// collective like it. Afterwards a process of another job named there can no longer
+    /// be read from (unless another connect still joins the two jobs).
+    pub fn disconnect(
+        &self,
+        procs: &[ProcSel],
+        timeout: Option<Duration>,
+    ) -> Result<(), ConnectError> {
+        self.connect_call("disconnect", procs, true, timeout)
+            .map(|_| ())
+    }
+
+    fn connect_call(
+        &self,
+        op: &'static str,
+        procs: &[ProcSel],
+        disconnect: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Connection>, ConnectError> {
+        let me = self.me();
+        if !procs.iter().any(|p| p.contains(me)) {
+            return Err(ConnectError::Invalid {
+                op,
+                reason: format!("the caller ({me}) is not among the processes named"),
+            });
+        }
+        let procs = procs.to_vec();
+        let timeout_ms = ms(timeout);
+        let reply = self.server(op).and_then(|c| {
+            c.call(
+                op,
+                |req| ClientMsg::Connect {
+                    req,
+                    procs,
+                    disconnect,
+                    timeout_ms,
+                },
+                timeout,
+            )
+        });
+        self.dispatch_events();
+        match reply? {
+            ServerMsg::Connected { result, .. } => result.map_err(|f| match f {
+                ConnectFailure::Invalid(reason) => ConnectError::Invalid { op, reason },
+                ConnectFailure::Gone(reason) => ConnectError::ProcGone { op, reason },
+                ConnectFailure::Timeout(reason) => ConnectError::Timeout { op, reason },
+            }),
+            other => Err(ConnectError::Invalid {
+                op,
+                reason: format!("unexpected reply {other:?}"),
+            }),
+        }
+    }
+}
