@@ -82,9 +82,11 @@ pub mod prelude {
     };
     pub use weft_fabric::{
         wait_all, wait_any, CommError, Communicator, ErrHandler, Fabric, Group, GroupCompare, Info,
-        P2pError, Pod, Request, Session, SessionError, Source, Status, Tag, ThreadLevel,
+        InterComm, InterCommError, P2pError, Pod, Request, Session, SessionError, Source, Status,
+        Tag, ThreadLevel,
     };
     pub use weft_wireup::{
-        Client, FenceError, FenceMode, GetError, GetOpts, GroupDirectives, Procs, Scope, Value,
+        Client, FenceError, FenceMode, GetError, GetOpts, GroupDirectives, ProcId, Procs, Scope,
+        SpawnApp, Value,
     };
 }

@@ -351,3 +351,94 @@ fn a_split_receive_completes_while_its_sender_computes() {
         .unwrap_or_else(|| panic!("no timing line\n{}", done.dump()));
     assert!(ms < 1000, "the receive waited {ms} ms for its busy sender");
 }
+
+/// The lines of `out` that start with `prefix`, without it.
+fn after<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines().filter_map(|l| l.strip_prefix(prefix)).collect()
+}
+
+/// A parent world of 2 spawns `children` through `Communicator::spawn`; each side checks
+/// the 8 B and 1 MiB messages the other sent (one received by a wildcard) and
+/// disconnects. `prefix`: what runs `weft run` (an `env` that sets the transports).
+fn intercomm_job(name: &str, prefix: &[&str], args: &[&str], children: u32) {
+    let probe = probe("intercomm_probe");
+    let mut all: Vec<&str> = args.to_vec();
+    let n = children.to_string();
+    all.extend([probe.as_str(), "parent", n.as_str()]);
+    let done = common::Job::start_as(name, prefix, &all, std::process::Stdio::null()).wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    let parents = "[ns1:0 ns1:1]";
+    let kids: Vec<String> = (0..children).map(|c| format!("ns2:{c}")).collect();
+    let kids = format!("[{}]", kids.join(" "));
+    let mut ctx = Vec::new();
+    for r in 0..2 {
+        let head = after(&done.stdout, &format!("parent {r}/2: ctx "));
+        assert_eq!(head.len(), 1, "{}", done.dump());
+        let (c, remote) = head[0].split_once(" remote ").expect("a remote group");
+        assert_eq!(remote, kids, "{}", done.dump());
+        ctx.push(c.to_owned());
+        let mine = after(&done.stdout, &format!("parent {r}: "));
+        assert_eq!(
+            mine,
+            [
+                format!("exchanged with {children} children").as_str(),
+                "disconnected"
+            ],
+            "{}",
+            done.dump()
+        );
+    }
+    for c in 0..children {
+        let head = after(&done.stdout, &format!("child {c}/{children}: ctx "));
+        assert_eq!(head.len(), 1, "{}", done.dump());
+        let (x, remote) = head[0].split_once(" remote ").expect("a remote group");
+        assert_eq!(remote, parents, "{}", done.dump());
+        ctx.push(x.to_owned());
+        let mine = after(&done.stdout, &format!("child {c}: "));
+        assert_eq!(mine.len(), 2, "{}", done.dump());
+        assert!(
+            mine[0].starts_with("exchanged with 2 parents (first from "),
+            "{}",
+            done.dump()
+        );
+        assert_eq!(mine[1], "disconnected", "{}", done.dump());
+    }
+    // One context id for the connect, not the world's (1).
+    assert!(ctx.iter().all(|c| *c == ctx[0]) && ctx[0] != "1", "{ctx:?}");
+}
+
+#[test]
+fn a_spawned_job_and_its_parents_exchange_messages_through_an_intercommunicator() {
+    // Parents on nodes 0 and 1, children on node 1: parent 0 reaches them by TCP,
+    // parent 1 by shared memory (CMA for 1 MiB).
+    intercomm_job(
+        "icomm",
+        &[],
+        &["--nodes", "2", "--map-by", "node", "-n", "2"],
+        3,
+    );
+}
+
+#[test]
+fn an_intercommunicator_over_tcp_alone() {
+    intercomm_job("icommtcp", &["env", "WEFT_TRANSPORTS=tcp"], &["-n", "2"], 2);
+}
+
+#[test]
+fn a_child_that_dies_fails_its_parents_exchange_naming_a_child() {
+    let probe = probe("intercomm_probe");
+    let done = common::Job::start(
+        "icommdie",
+        &[
+            "--nodes", "2", "--map-by", "node", "-n", "2", &probe, "parent", "3", "die",
+        ],
+    )
+    .wait(T);
+    // The parents handle the failure: their job ends well, the spawned one failed.
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for r in 0..2 {
+        let mine = after(&done.stdout, &format!("parent {r}: failed: rank "));
+        assert_eq!(mine.len(), 1, "{}", done.dump());
+        assert!(mine[0].contains(" is gone: ns2:"), "{}", done.dump());
+    }
+}

@@ -32,6 +32,8 @@ pub(crate) struct CommShared {
     pub(crate) derived: bool,
     /// A collective library's state for this communicator ([`Communicator::coll_state`]).
     pub(crate) coll: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// How many spawns this communicator made ([`Communicator::spawn`]).
+    pub(crate) spawns: std::sync::atomic::AtomicU64,
 }
 
 /// How a communicator's ranks map to job ranks.
@@ -134,10 +136,23 @@ impl Communicator {
             },
             // The reason names the job rank too: the one a user finds in the launcher's
             // and the other processes' messages.
-            P2pError::PeerGone { rank, reason } if c(rank) != rank => P2pError::PeerGone {
-                rank: c(rank),
-                reason: format!("job rank {rank} {reason}"),
-            },
+            P2pError::PeerGone { rank, reason }
+                if c(rank) != rank || self.inner.procs.is_some() =>
+            {
+                let who = match self
+                    .inner
+                    .procs
+                    .as_deref()
+                    .and_then(|p| p.get(rank as usize))
+                {
+                    Some(p) => p.to_string(),
+                    None => format!("job rank {rank}"),
+                };
+                P2pError::PeerGone {
+                    rank: c(rank),
+                    reason: format!("{who} {reason}"),
+                }
+            }
             P2pError::PeerGone { rank, reason } => P2pError::PeerGone { rank, reason },
             P2pError::NoPath { rank, reason } => P2pError::NoPath {
                 rank: c(rank),

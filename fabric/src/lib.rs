@@ -26,6 +26,7 @@ mod backoff;
 mod communicator;
 mod engine;
 mod error;
+mod intercomm;
 mod lock;
 mod message;
 mod path;
@@ -44,6 +45,7 @@ pub use session::{
 pub use communicator::Communicator;
 pub(crate) use communicator::{CommShared, RankMap};
 pub use error::{InitError, P2pError};
+pub use intercomm::{InterComm, InterCommError};
 pub use message::{Source, Status, Tag};
 pub(crate) use pod::{bytes_of, bytes_of_mut};
 pub use pod::{Loc, Pod};
@@ -112,6 +114,9 @@ struct Inner {
     world_shared: Arc<CommShared>,
     /// How long a finalize keeps pushing out frames (`WEFT_FINALIZE_TIMEOUT`).
     finalize_wait: Duration,
+    /// The processes of an engine over a connect (`intercomm`), by engine rank: errors
+    /// name them instead of job ranks. `None` for the world's engine.
+    procs: Option<Arc<[weft_wireup::ProcId]>>,
 }
 
 /// A peer's card fetched once: the fetch, and per peer whether it ran.
@@ -142,6 +147,7 @@ impl Inner {
             connected: (0..size).map(|_| AtomicBool::new(false)).collect(),
             world_shared: Arc::default(),
             finalize_wait: setup::finalize_wait(),
+            procs: None,
         }
     }
 

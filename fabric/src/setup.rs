@@ -199,6 +199,61 @@ fn transports() -> Result<Transports, InitError> {
     Ok(t)
 }
 
+/// How a peer's card is read: `get(peer, key, opts)`.
+pub(crate) type CardGet =
+    Arc<dyn Fn(u32, &str, GetOpts) -> Result<Value, weft_wireup::GetError> + Send + Sync>;
+
+/// What one engine is built over: the world's job, or the processes of a connect. Peers
+/// are numbered `0..size` (job ranks, or positions in the connect's sorted processes).
+pub(crate) struct Spec {
+    pub(crate) me: u32,
+    pub(crate) size: u32,
+    /// The peers on this node, ascending (`me` among them).
+    pub(crate) local: Vec<u32>,
+    /// This process's sender id in the node's inboxes (and its own inbox's owner id).
+    pub(crate) my_local: u32,
+    /// Each peer's node; `None` for one outside `0..size`.
+    pub(crate) node_of: Arc<dyn Fn(u32) -> Option<u32> + Send + Sync>,
+    /// The name of this process's inbox segment, if it makes one.
+    pub(crate) inbox_name: String,
+    /// The keys of the cards (shared memory, verbs, TCP).
+    pub(crate) keys: [String; 3],
+    /// The identity TCP handshakes check (peers of another engine are refused).
+    pub(crate) job: String,
+    /// Reads a peer's card.
+    pub(crate) get: CardGet,
+    /// Why a peer cannot be reached, if it cannot (dead, or this node's server lost).
+    pub(crate) gone: Box<dyn Fn(u32) -> Option<String> + Send + Sync>,
+}
+
+impl Spec {
+    /// The world's: the job's ranks, its cards under the plain keys.
+    fn world(wire: &Arc<Client>) -> Spec {
+        let (w, g, n) = (wire.clone(), wire.clone(), wire.clone());
+        Spec {
+            me: wire.rank(),
+            size: wire.size(),
+            local: wire.local_peers().to_vec(),
+            my_local: wire.local_rank(),
+            node_of: Arc::new(move |rank| n.job().node_of(rank)),
+            inbox_name: format!("{}r{}", wire.segment_prefix(), wire.rank()),
+            keys: [SHM_CARD_KEY, VERBS_CARD_KEY, TCP_CARD_KEY].map(str::to_owned),
+            job: wire.nspace().to_owned(),
+            get: Arc::new(move |rank, key, opts| w.get(rank, key, opts)),
+            // A peer is gone when its server says so, and every peer is when our own
+            // server is (its datastore will never say so then).
+            gone: Box::new(move |rank| g.unreachable(rank)),
+        }
+    }
+}
+
+/// An engine built by [`build_engine`], with what its `Inner` needs.
+pub(crate) struct Built {
+    pub(crate) engine: Engine,
+    pub(crate) shm: bool,
+    pub(crate) prefetch: Prefetch,
+}
+
 impl Fabric {
     pub(crate) fn build(wire: Arc<Client>) -> Result<Inner, InitError> {
         // The job's processes on this machine (logical nodes share its CPUs: the
@@ -208,274 +263,299 @@ impl Fabric {
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(0);
         crate::note_oversubscription(on_host.max(wire.local_size()));
-        let me = wire.rank();
-        let size = wire.size();
-        let local = wire.local_peers().to_vec();
-        let t = transports()?;
-        #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
-        let mut cfg = config()?;
-        let card_wait = card_wait()?;
-        self::t("WEFT_FINALIZE_TIMEOUT").millis(Duration::ZERO, LONGEST_WAIT)?;
-        let remote_peers = size as usize > local.len();
-        let inbox = if t.shm && local.len() > 1 {
-            let name = format!("{}r{me}", wire.segment_prefix());
-            let inbox = Inbox::create_for(&name, &InboxConfig::from_env()?, wire.local_rank())?;
-            wire.put(Scope::Local, SHM_CARD_KEY, shm_card(&name))?;
-            Some(inbox)
-        } else {
-            None
-        };
-        // Verbs when some peer needs it: another node, or every peer when shm is off.
-        let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
-        let mut verbs_down = None;
-        #[cfg(feature = "verbs")]
-        let verbs = if want_verbs {
-            let mut base = weft_verbs::Config::new(me);
-            // Registrations are kept between messages only when the program promises not
-            // to free and reuse its buffers (WEFT_VERBS_RCACHE=on): off unless set.
-            base.rcache = false;
-            let vcfg = base.apply_env().map(|mut c| {
-                cfg.keep_registrations = c.rcache;
-                // A live peer is never given up for a slow handshake: the fabric asks
-                // wire-up whether it lives (a dead one is named by how it ended).
-                c.patient_handshakes = true;
-                c
-            });
-            match vcfg.and_then(weft_verbs::Endpoint::open) {
-                Ok(ep) => {
-                    wire.put(Scope::Global, VERBS_CARD_KEY, ep.card())?;
-                    Some(ep)
-                }
-                Err(e) if !t.shm && !t.tcp => return Err(InitError::Verbs(e)),
-                Err(e) => {
-                    // Said once per process at info level: a send to another node fails
-                    // with this reason (NoPath), which is where a user needs it.
-                    tracing::info!("the verbs transport cannot open ({e}); peers on other nodes are unreachable");
-                    // Peers wait for a card until it is committed: a string tells them
-                    // at once why there is none.
-                    wire.put(Scope::Global, VERBS_CARD_KEY, format!("{e}"))?;
-                    verbs_down = Some(e.to_string());
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        #[cfg(not(feature = "verbs"))]
-        let verbs: Option<crate::engine::VerbsEndpoint> = if want_verbs {
-            if !t.shm && !t.tcp {
-                return Err(InitError::VerbsNotBuilt);
-            }
-            let why =
-                "this build has no verbs transport (the `verbs` feature of weft-fabric is off)";
-            // Peers wait for a card until it is committed: a string tells them at once
-            // why there is none.
-            wire.put(Scope::Global, VERBS_CARD_KEY, why.to_string())?;
-            verbs_down = Some(why.to_string());
-            None
-        } else {
-            None
-        };
-        let verbs_open = verbs.is_some();
-        // TCP when some peer may need it: another node, or every peer when shm is off
-        // (verbs is preferred where both ends have it; TCP reaches the others).
-        let want_tcp = t.tcp && size > 1 && (remote_peers || !t.shm);
-        let mut tcp_down = None;
-        #[cfg(feature = "tcp")]
-        let tcp = if want_tcp {
-            let opened = match (wire.transport_secret(), wire.node_addr()) {
-                (Some(secret), addr) => {
-                    let addr = addr.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-                    weft_tcp::Config::from_env(me, job_hash(wire.nspace()), secret, addr)
-                        .map(|mut c| {
-                            c.max_frame = c.max_frame.max(tcp_max_frame(cfg.tcp_eager_limit));
-                            // A live peer is never given up for a slow handshake (it may be
-                            // busy outside any Weft call): the fabric asks wire-up whether
-                            // it lives, and a dead one is named by how it ended.
-                            if std::env::var_os("WEFT_TCP_HANDSHAKE_TIMEOUT_MS").is_none() {
-                                c.handshake_timeout = Duration::from_secs(365 * 24 * 3600);
-                            }
-                            c
-                        })
-                        .and_then(weft_tcp::Endpoint::open)
-                        .map_err(|e| e.to_string())
-                }
-                (None, _) => Err("the wire-up server gives no transport secret".to_string()),
-            };
-            match opened {
-                Ok(ep) => {
-                    wire.put(Scope::Global, TCP_CARD_KEY, ep.card())?;
-                    Some(ep)
-                }
-                Err(e) if !t.shm && !verbs_open => return Err(InitError::Tcp(e)),
-                Err(e) => {
-                    tracing::info!("the TCP transport cannot open ({e})");
-                    wire.put(Scope::Global, TCP_CARD_KEY, e.clone())?;
-                    tcp_down = Some(e);
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        #[cfg(not(feature = "tcp"))]
-        let tcp: Option<crate::engine::TcpEndpoint> = if want_tcp {
-            if !t.shm && !verbs_open {
-                return Err(InitError::TcpNotBuilt);
-            }
-            let why = "this build has no TCP transport (the `tcp` feature of weft-fabric is off)";
-            // Peers wait for a card until it is committed: a string tells them at once
-            // why there is none.
-            wire.put(Scope::Global, TCP_CARD_KEY, why.to_string())?;
-            tcp_down = Some(why.to_string());
-            None
-        } else {
-            None
-        };
-        let tcp_open = tcp.is_some();
-        wire.commit()?;
-        let my_local = wire.local_rank();
-        let pairs = inbox.as_ref().map(Inbox::pair_host);
-        let w2 = wire.clone();
-        // Which card reaches a peer first: the shared-memory one on this node (when shm
-        // is on), else the verbs one (when verbs opened), else the TCP one; none
-        // otherwise. (A process commits its verbs and TCP cards together: once one is
-        // on the node, so is the other.)
-        let card_key = {
-            let w = wire.clone();
-            move |rank: u32| -> Option<&'static str> {
-                let on_node = w.job().node_of(rank) == Some(w.node());
-                if on_node && t.shm {
-                    Some(SHM_CARD_KEY)
-                } else if t.verbs && verbs_open {
-                    Some(VERBS_CARD_KEY)
-                } else if t.tcp && tcp_open {
-                    Some(TCP_CARD_KEY)
-                } else {
-                    None
-                }
-            }
-        };
-        let prefetched: Arc<Vec<AtomicBool>> =
-            Arc::new((0..size).map(|_| AtomicBool::new(false)).collect());
-        let prefetch: Box<dyn Fn(u32) + Send + Sync> = {
-            let (w, card_key) = (wire.clone(), card_key.clone());
-            Box::new(move |rank: u32| {
-                if let Some(key) = card_key(rank) {
-                    // The outcome is the resolver's to report (from the datastore then).
-                    let _ = w.get(rank, key, GetOpts::default().timeout(card_wait));
-                }
-            })
-        };
-        let done = prefetched.clone();
-        let resolve = Box::new(move |rank: u32| -> Resolved {
-            let node = w2.job().node_of(rank).unwrap_or(u32::MAX);
-            let on_node = node == w2.node();
-            // Once prefetched (it waited up to WEFT_CARD_TIMEOUT) the card is on the node,
-            // or never comes: under the engine lock, only look.
-            let timeout = if done
-                .get(rank as usize)
-                .is_some_and(|d| d.load(Ordering::Relaxed))
-            {
-                GetOpts::default().immediate()
-            } else {
-                GetOpts::default().timeout(card_wait)
-            };
-            let waited = Some(card_wait);
-            if on_node && t.shm {
-                return match w2.get(rank, SHM_CARD_KEY, timeout) {
-                    Ok(v) => match v.as_str().map(parse_shm_card) {
-                        Some(Err(why)) => Resolved::Unreachable(why),
-                        Some(Ok(name)) => connect_shm(name, my_local, pairs.as_ref())
-                            .unwrap_or_else(|e| {
-                                Resolved::Unreachable(format!(
-                                    "cannot connect to its inbox {name}: {e}"
-                                ))
-                            }),
-                        None => Resolved::Unreachable(format!(
-                            "its card {SHM_CARD_KEY} is not a string: {v:?}"
-                        )),
-                    },
-                    Err(e) => Resolved::Unreachable(no_card("shared-memory", &e, waited)),
-                };
-            }
-            // Verbs where both ends have it, else TCP; if neither, every reason.
-            let mut why = Vec::new();
-            if !t.verbs {
-                why.push("WEFT_TRANSPORTS excludes verbs".to_string());
-            } else if !verbs_open {
-                let down = verbs_down.as_deref().unwrap_or("not opened");
-                why.push(format!("the verbs transport cannot open here: {down}"));
-            } else {
-                match w2.get(rank, VERBS_CARD_KEY, timeout) {
-                    #[cfg(feature = "verbs")]
-                    Ok(Value::Bytes(card)) => return Resolved::VerbsCard(card),
-                    Ok(Value::Str(down)) => {
-                        why.push(format!("its verbs transport cannot open: {down}"))
-                    }
-                    Ok(v) => why.push(format!("its card {VERBS_CARD_KEY} is not bytes: {v:?}")),
-                    Err(e) => why.push(no_card("verbs", &e, waited)),
-                }
-            }
-            if !t.tcp {
-                why.push("WEFT_TRANSPORTS excludes tcp".to_string());
-            } else if !tcp_open {
-                let down = tcp_down.as_deref().unwrap_or("not opened");
-                why.push(format!("the TCP transport cannot open here: {down}"));
-            } else {
-                // Committed with the verbs card: no second wait once that one was found.
-                let (timeout, waited) = if t.verbs && verbs_open {
-                    (GetOpts::default().immediate(), None)
-                } else {
-                    (timeout, waited)
-                };
-                match w2.get(rank, TCP_CARD_KEY, timeout) {
-                    #[cfg(feature = "tcp")]
-                    Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
-                    Ok(Value::Str(down)) => {
-                        why.push(format!("its TCP transport cannot open: {down}"))
-                    }
-                    Ok(v) => why.push(format!("its card {TCP_CARD_KEY} is not bytes: {v:?}")),
-                    Err(e) => why.push(no_card("TCP", &e, waited)),
-                }
-            }
-            let place = if on_node && t.shm_not_built {
-                "it runs on this node, and this build has no shared-memory path (the `shm` feature of weft-fabric is off)".to_string()
-            } else if on_node {
-                "it runs on this node, WEFT_TRANSPORTS excludes shm".to_string()
-            } else {
-                format!("it runs on node {node}")
-            };
-            Resolved::Unreachable(format!("{place}; {}", why.join("; ")))
-        });
-        let w3 = wire.clone();
-        // A peer is gone when its server says so, and every peer is when our own server
-        // is (its datastore will never say so then).
-        let gone = Box::new(move |rank: u32| w3.unreachable(rank));
-        let shm_cfg = InboxConfig::from_env()?;
-        let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
-        if cfg.eager_limit > largest {
-            tracing::warn!(
-                "WEFT_SHM_EAGER_LIMIT={} exceeds the largest eager payload a fastbox frame holds ({largest} with WEFT_SHM_FASTBOX_BYTES={}); messages above {largest} bytes use rendezvous",
-                cfg.eager_limit,
-                shm_cfg.fastbox_bytes
-            );
-        }
-        let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs, tcp);
+        let spec = Spec::world(&wire);
+        let (me, size) = (spec.me, spec.size);
+        let built = build_engine(&wire, spec)?;
         let world_ctx = wire.job().world_pgcid;
         Ok(Inner::new(
-            engine,
+            built.engine,
             Some(wire),
             me,
             size,
             world_ctx,
-            t.shm,
-            Some(Prefetch {
-                fetch: prefetch,
-                done: prefetched,
-            }),
+            built.shm,
+            Some(built.prefetch),
         ))
     }
+}
+
+/// Opens the transports `spec`'s peers need, publishes their cards under its keys and
+/// commits them, and makes the engine that reaches each peer by its card.
+pub(crate) fn build_engine(wire: &Arc<Client>, spec: Spec) -> Result<Built, InitError> {
+    let Spec {
+        me,
+        size,
+        local,
+        my_local,
+        node_of,
+        inbox_name,
+        keys,
+        job,
+        get,
+        gone,
+    } = spec;
+    let [shm_key, verbs_key, tcp_key] = keys;
+    #[cfg(not(feature = "tcp"))]
+    let _ = &job;
+    let t = transports()?;
+    #[cfg_attr(not(feature = "verbs"), allow(unused_mut))]
+    let mut cfg = config()?;
+    let card_wait = card_wait()?;
+    self::t("WEFT_FINALIZE_TIMEOUT").millis(Duration::ZERO, LONGEST_WAIT)?;
+    let remote_peers = size as usize > local.len();
+    let inbox = if t.shm && local.len() > 1 {
+        let inbox = Inbox::create_for(&inbox_name, &InboxConfig::from_env()?, my_local)?;
+        wire.put(Scope::Local, &shm_key, shm_card(&inbox_name))?;
+        Some(inbox)
+    } else {
+        None
+    };
+    // Verbs when some peer needs it: another node, or every peer when shm is off.
+    let want_verbs = t.verbs && size > 1 && (remote_peers || !t.shm);
+    let mut verbs_down = None;
+    #[cfg(feature = "verbs")]
+    let verbs = if want_verbs {
+        let mut base = weft_verbs::Config::new(me);
+        // Registrations are kept between messages only when the program promises not
+        // to free and reuse its buffers (WEFT_VERBS_RCACHE=on): off unless set.
+        base.rcache = false;
+        let vcfg = base.apply_env().map(|mut c| {
+            cfg.keep_registrations = c.rcache;
+            // A live peer is never given up for a slow handshake: the fabric asks
+            // wire-up whether it lives (a dead one is named by how it ended).
+            c.patient_handshakes = true;
+            c
+        });
+        match vcfg.and_then(weft_verbs::Endpoint::open) {
+            Ok(ep) => {
+                wire.put(Scope::Global, &verbs_key, ep.card())?;
+                Some(ep)
+            }
+            Err(e) if !t.shm && !t.tcp => return Err(InitError::Verbs(e)),
+            Err(e) => {
+                // Said once per process at info level: a send to another node fails
+                // with this reason (NoPath), which is where a user needs it.
+                tracing::info!(
+                    "the verbs transport cannot open ({e}); peers on other nodes are unreachable"
+                );
+                // Peers wait for a card until it is committed: a string tells them
+                // at once why there is none.
+                wire.put(Scope::Global, &verbs_key, format!("{e}"))?;
+                verbs_down = Some(e.to_string());
+                None
+            }
+        }
+    } else {
+        None
+    };
+    #[cfg(not(feature = "verbs"))]
+    let verbs: Option<crate::engine::VerbsEndpoint> = if want_verbs {
+        if !t.shm && !t.tcp {
+            return Err(InitError::VerbsNotBuilt);
+        }
+        let why = "this build has no verbs transport (the `verbs` feature of weft-fabric is off)";
+        // Peers wait for a card until it is committed: a string tells them at once
+        // why there is none.
+        wire.put(Scope::Global, &verbs_key, why.to_string())?;
+        verbs_down = Some(why.to_string());
+        None
+    } else {
+        None
+    };
+    let verbs_open = verbs.is_some();
+    // TCP when some peer may need it: another node, or every peer when shm is off
+    // (verbs is preferred where both ends have it; TCP reaches the others).
+    let want_tcp = t.tcp && size > 1 && (remote_peers || !t.shm);
+    let mut tcp_down = None;
+    #[cfg(feature = "tcp")]
+    let tcp = if want_tcp {
+        let opened = match (wire.transport_secret(), wire.node_addr()) {
+            (Some(secret), addr) => {
+                let addr = addr.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+                weft_tcp::Config::from_env(me, job_hash(&job), secret, addr)
+                    .map(|mut c| {
+                        c.max_frame = c.max_frame.max(tcp_max_frame(cfg.tcp_eager_limit));
+                        // A live peer is never given up for a slow handshake (it may be
+                        // busy outside any Weft call): the fabric asks wire-up whether
+                        // it lives, and a dead one is named by how it ended.
+                        if std::env::var_os("WEFT_TCP_HANDSHAKE_TIMEOUT_MS").is_none() {
+                            c.handshake_timeout = Duration::from_secs(365 * 24 * 3600);
+                        }
+                        c
+                    })
+                    .and_then(weft_tcp::Endpoint::open)
+                    .map_err(|e| e.to_string())
+            }
+            (None, _) => Err("the wire-up server gives no transport secret".to_string()),
+        };
+        match opened {
+            Ok(ep) => {
+                wire.put(Scope::Global, &tcp_key, ep.card())?;
+                Some(ep)
+            }
+            Err(e) if !t.shm && !verbs_open => return Err(InitError::Tcp(e)),
+            Err(e) => {
+                tracing::info!("the TCP transport cannot open ({e})");
+                wire.put(Scope::Global, &tcp_key, e.clone())?;
+                tcp_down = Some(e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    #[cfg(not(feature = "tcp"))]
+    let tcp: Option<crate::engine::TcpEndpoint> = if want_tcp {
+        if !t.shm && !verbs_open {
+            return Err(InitError::TcpNotBuilt);
+        }
+        let why = "this build has no TCP transport (the `tcp` feature of weft-fabric is off)";
+        // Peers wait for a card until it is committed: a string tells them at once
+        // why there is none.
+        wire.put(Scope::Global, &tcp_key, why.to_string())?;
+        tcp_down = Some(why.to_string());
+        None
+    } else {
+        None
+    };
+    let tcp_open = tcp.is_some();
+    wire.commit()?;
+    let pairs = inbox.as_ref().map(Inbox::pair_host);
+    let my_node = wire.node();
+    let [shm_key, verbs_key, tcp_key]: [Arc<str>; 3] = [shm_key, verbs_key, tcp_key].map(Arc::from);
+    // Which card reaches a peer first: the shared-memory one on this node (when shm
+    // is on), else the verbs one (when verbs opened), else the TCP one; none
+    // otherwise. (A process commits its verbs and TCP cards together: once one is
+    // on the node, so is the other.)
+    let card_key = {
+        let (node_of, shm_key, verbs_key, tcp_key) = (
+            node_of.clone(),
+            shm_key.clone(),
+            verbs_key.clone(),
+            tcp_key.clone(),
+        );
+        move |rank: u32| -> Option<Arc<str>> {
+            let on_node = node_of(rank) == Some(my_node);
+            if on_node && t.shm {
+                Some(shm_key.clone())
+            } else if t.verbs && verbs_open {
+                Some(verbs_key.clone())
+            } else if t.tcp && tcp_open {
+                Some(tcp_key.clone())
+            } else {
+                None
+            }
+        }
+    };
+    let prefetched: Arc<Vec<AtomicBool>> =
+        Arc::new((0..size).map(|_| AtomicBool::new(false)).collect());
+    let prefetch: Box<dyn Fn(u32) + Send + Sync> = {
+        let get = get.clone();
+        Box::new(move |rank: u32| {
+            if let Some(key) = card_key(rank) {
+                // The outcome is the resolver's to report (from the datastore then).
+                let _ = get(rank, &key, GetOpts::default().timeout(card_wait));
+            }
+        })
+    };
+    let done = prefetched.clone();
+    let resolve = Box::new(move |rank: u32| -> Resolved {
+        let node = node_of(rank).unwrap_or(u32::MAX);
+        let on_node = node == my_node;
+        // Once prefetched (it waited up to WEFT_CARD_TIMEOUT) the card is on the node,
+        // or never comes: under the engine lock, only look.
+        let timeout = if done
+            .get(rank as usize)
+            .is_some_and(|d| d.load(Ordering::Relaxed))
+        {
+            GetOpts::default().immediate()
+        } else {
+            GetOpts::default().timeout(card_wait)
+        };
+        let waited = Some(card_wait);
+        if on_node && t.shm {
+            return match get(rank, &shm_key, timeout) {
+                Ok(v) => match v.as_str().map(parse_shm_card) {
+                    Some(Err(why)) => Resolved::Unreachable(why),
+                    Some(Ok(name)) => {
+                        connect_shm(name, my_local, pairs.as_ref()).unwrap_or_else(|e| {
+                            Resolved::Unreachable(format!(
+                                "cannot connect to its inbox {name}: {e}"
+                            ))
+                        })
+                    }
+                    None => {
+                        Resolved::Unreachable(format!("its card {shm_key} is not a string: {v:?}"))
+                    }
+                },
+                Err(e) => Resolved::Unreachable(no_card("shared-memory", &e, waited)),
+            };
+        }
+        // Verbs where both ends have it, else TCP; if neither, every reason.
+        let mut why = Vec::new();
+        if !t.verbs {
+            why.push("WEFT_TRANSPORTS excludes verbs".to_string());
+        } else if !verbs_open {
+            let down = verbs_down.as_deref().unwrap_or("not opened");
+            why.push(format!("the verbs transport cannot open here: {down}"));
+        } else {
+            match get(rank, &verbs_key, timeout) {
+                #[cfg(feature = "verbs")]
+                Ok(Value::Bytes(card)) => return Resolved::VerbsCard(card),
+                Ok(Value::Str(down)) => {
+                    why.push(format!("its verbs transport cannot open: {down}"))
+                }
+                Ok(v) => why.push(format!("its card {verbs_key} is not bytes: {v:?}")),
+                Err(e) => why.push(no_card("verbs", &e, waited)),
+            }
+        }
+        if !t.tcp {
+            why.push("WEFT_TRANSPORTS excludes tcp".to_string());
+        } else if !tcp_open {
+            let down = tcp_down.as_deref().unwrap_or("not opened");
+            why.push(format!("the TCP transport cannot open here: {down}"));
+        } else {
+            // Committed with the verbs card: no second wait once that one was found.
+            let (timeout, waited) = if t.verbs && verbs_open {
+                (GetOpts::default().immediate(), None)
+            } else {
+                (timeout, waited)
+            };
+            match get(rank, &tcp_key, timeout) {
+                #[cfg(feature = "tcp")]
+                Ok(Value::Bytes(card)) => return Resolved::TcpCard(card),
+                Ok(Value::Str(down)) => why.push(format!("its TCP transport cannot open: {down}")),
+                Ok(v) => why.push(format!("its card {tcp_key} is not bytes: {v:?}")),
+                Err(e) => why.push(no_card("TCP", &e, waited)),
+            }
+        }
+        let place = if on_node && t.shm_not_built {
+            "it runs on this node, and this build has no shared-memory path (the `shm` feature of weft-fabric is off)".to_string()
+        } else if on_node {
+            "it runs on this node, WEFT_TRANSPORTS excludes shm".to_string()
+        } else {
+            format!("it runs on node {node}")
+        };
+        Resolved::Unreachable(format!("{place}; {}", why.join("; ")))
+    });
+    let shm_cfg = InboxConfig::from_env()?;
+    let largest = (shm_cfg.fastbox_bytes as usize / 4).saturating_sub(engine::HDR);
+    if cfg.eager_limit > largest {
+        tracing::warn!(
+            "WEFT_SHM_EAGER_LIMIT={} exceeds the largest eager payload a fastbox frame holds ({largest} with WEFT_SHM_FASTBOX_BYTES={}); messages above {largest} bytes use rendezvous",
+            cfg.eager_limit,
+            shm_cfg.fastbox_bytes
+        );
+    }
+    let engine = Engine::new(me, size, inbox, local, cfg, resolve, gone, verbs, tcp);
+    Ok(Built {
+        engine,
+        shm: t.shm,
+        prefetch: Prefetch {
+            fetch: prefetch,
+            done: prefetched,
+        },
+    })
 }
 
 /// Connects to the inbox `name` as local sender `my_local`, giving the outbox this

@@ -1,0 +1,440 @@
+//! Intercommunicators: two groups of processes of different jobs, connected (a parent
+//! communicator and the job it spawned: [`Communicator::spawn`], [`Fabric::parent`]).
+//!
+//! A connect gives the processes of both groups a context id (a PGCID no other group or
+//! connect of the runtime has) and the list of processes connected; each process then
+//! builds a second engine over that list (its own inbox, TCP and verbs endpoints, cards
+//! published under keys of that PGCID), so that the job's own engine, its ranks and its
+//! 8-byte path are untouched. An [`InterComm`] addresses the remote group by rank, as
+//! MPI's intercommunicators do. See `docs/design/native-connect.md`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weft_wireup::{
+    Client, Connection, LookupOptions, NameRange, NameValue, NsId, Persistence, ProcId, ProcSel,
+    SpawnApp,
+};
+
+use crate::setup::{build_engine, Spec};
+use crate::{
+    Backoff, CommShared, Communicator, Fabric, InitError, Inner, P2pError, Pod, RankMap, Source,
+    Status, Tag,
+};
+
+/// How long the processes of a spawn or a connect wait for each other (the other
+/// group's processes start, or the root's spawn completes).
+const CONNECT_WAIT: Duration = Duration::from_secs(120);
+
+/// Why an intercommunicator could not be made or ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InterCommError {
+    /// The fabric does not run under Weft's wire-up (a PMIx host such as `mpirun`, or a
+    /// fabric of explicit pieces).
+    #[error("{0}: needs Weft's own wire-up service (weft run)")]
+    NoWireup(&'static str),
+    /// The root's spawn failed (the reason is the runtime's).
+    #[error("spawn at root {root}: {reason}")]
+    Spawn {
+        /// The root's rank.
+        root: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The processes could not connect (one ended, the wait ran out).
+    #[error(transparent)]
+    Connect(#[from] weft_wireup::ConnectError),
+    /// The processes could not learn each other's groups through the name service.
+    #[error(transparent)]
+    Names(#[from] weft_wireup::NameError),
+    /// The transports of the connected processes could not open.
+    #[error(transparent)]
+    Init(#[from] InitError),
+    /// A root outside the communicator, or data of the name service that is not a
+    /// group.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// An intercommunicator: this process's group (local) and another (remote), of
+/// different jobs. Sends and receives address the remote group's ranks; the status of a
+/// receive names the sender's remote rank.
+pub struct InterComm {
+    p2p: Communicator,
+    local: Arc<[ProcId]>,
+    remote: Arc<[ProcId]>,
+    /// The connect's processes as named to the wire-up service (for the disconnect).
+    named: Vec<ProcSel>,
+    wire: Arc<Client>,
+}
+
+impl std::fmt::Debug for InterComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterComm")
+            .field("ctx", &self.p2p.ctx)
+            .field("rank", &self.p2p.rank)
+            .field("size", &self.local.len())
+            .field("remote_size", &self.remote.len())
+            .finish()
+    }
+}
+
+impl InterComm {
+    /// This process's rank in the local group.
+    pub fn rank(&self) -> u32 {
+        self.p2p.rank
+    }
+    /// The size of the local group.
+    pub fn size(&self) -> u32 {
+        self.local.len() as u32
+    }
+    /// The size of the remote group.
+    pub fn remote_size(&self) -> u32 {
+        self.remote.len() as u32
+    }
+    /// The local group's processes, in rank order.
+    pub fn local_procs(&self) -> &[ProcId] {
+        &self.local
+    }
+    /// The remote group's processes, in rank order.
+    pub fn remote_procs(&self) -> &[ProcId] {
+        &self.remote
+    }
+    /// The context id of the connect (a PGCID unique in the runtime).
+    pub fn context_id(&self) -> u64 {
+        self.p2p.ctx
+    }
+
+    /// Sends `buf` to rank `dest` of the remote group.
+    pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
+        self.p2p.send(buf, dest, tag)
+    }
+
+    /// Receives into `buf` a message from rank `src` of the remote group (or any).
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: Source, tag: Tag) -> Result<Status, P2pError> {
+        self.p2p.recv(buf, src, tag)
+    }
+
+    /// Waits for a message from the remote group matching `src` and `tag`, without
+    /// receiving it.
+    pub fn probe(&self, src: Source, tag: Tag) -> Result<Status, P2pError> {
+        self.p2p.probe(src, tag)
+    }
+
+    /// Disconnects, a collective of both groups: pushes out what this process sent,
+    /// then waits until every process of both groups disconnected (so nothing sent
+    /// before is lost), and closes the connections.
+    pub fn disconnect(self) -> Result<(), InterCommError> {
+        let wait = self.p2p.inner.finalize_wait;
+        let deadline = Instant::now() + wait;
+        let mut backoff = Backoff::default();
+        loop {
+            let mut e = self.p2p.inner.engine();
+            e.progress();
+            if e.backlog() == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                tracing::error!(
+                    "intercommunicator disconnect: {} frames could not be delivered within \
+                     {wait:?} (WEFT_FINALIZE_TIMEOUT)",
+                    e.backlog()
+                );
+                break;
+            }
+            drop(e);
+            backoff.snooze();
+        }
+        self.wire
+            .disconnect(&self.named, Some(CONNECT_WAIT))
+            .map_err(InterCommError::from)
+    }
+}
+
+/// The name the root of a spawn publishes its parent group under, for the children.
+fn parent_key(child: NsId) -> String {
+    format!("weft.dpm.parent.{}", child.0)
+}
+
+/// The name the root of a spawn publishes the children's job under, for the other
+/// members of its communicator (`seq`: the communicator's spawns so far).
+fn child_key(root: ProcId, ctx: u64, seq: u64) -> String {
+    format!("weft.dpm.child.{}.{}.{ctx}.{seq}", root.ns.0, root.rank)
+}
+
+/// A group as published: whether it is its job's whole namespace, and its processes in
+/// rank order (each a little-endian namespace id and rank).
+fn encode_group(whole: bool, procs: &[ProcId]) -> Vec<u8> {
+    let mut v = vec![u8::from(whole)];
+    for p in procs {
+        v.extend_from_slice(&p.ns.0.to_le_bytes());
+        v.extend_from_slice(&p.rank.to_le_bytes());
+    }
+    v
+}
+
+fn decode_group(b: &[u8]) -> Option<(bool, Vec<ProcId>)> {
+    let (&whole, rest) = b.split_first()?;
+    if whole > 1 || rest.len() % 8 != 0 {
+        return None;
+    }
+    let procs = rest
+        .chunks_exact(8)
+        .map(|c| {
+            let ns = u32::from_le_bytes(c[..4].try_into().expect("4 bytes"));
+            let rank = u32::from_le_bytes(c[4..].try_into().expect("4 bytes"));
+            ProcId::new(NsId(ns), rank)
+        })
+        .collect();
+    Some((whole == 1, procs))
+}
+
+/// How a group is named to the wire-up service: its whole namespace, or each process.
+fn selectors(whole: bool, procs: &[ProcId]) -> Vec<ProcSel> {
+    match (whole, procs.first()) {
+        (true, Some(p)) => vec![ProcSel::All(p.ns)],
+        _ => procs.iter().copied().map(ProcSel::One).collect(),
+    }
+}
+
+/// The one value of a lookup of `key`.
+fn looked_up(wire: &Client, key: &str) -> Result<Vec<u8>, InterCommError> {
+    let opts = LookupOptions {
+        range: NameRange::Global,
+        wait: Some(CONNECT_WAIT),
+    };
+    let found = wire.lookup(&[key], opts)?;
+    match found.into_iter().next().map(|p| p.value) {
+        Some(NameValue::Bytes(b)) => Ok(b),
+        other => Err(InterCommError::Invalid(format!(
+            "name {key:?} holds {other:?}, not a group"
+        ))),
+    }
+}
+
+impl Communicator {
+    /// Starts the processes of `apps` as a new job and connects them with this
+    /// communicator's members: a collective of this communicator (`root` spawns; every
+    /// member gets the intercommunicator whose remote group is the new job, in rank
+    /// order). The new job's processes get theirs from [`Fabric::parent`]. Like MPI's
+    /// `MPI_Comm_spawn`; the new job runs where a spawn from `root` runs
+    /// ([`Client::spawn`]).
+    pub fn spawn(&self, apps: &[SpawnApp], root: u32) -> Result<InterComm, InterCommError> {
+        let wire = self
+            .inner
+            .wire
+            .clone()
+            .ok_or(InterCommError::NoWireup("spawn"))?;
+        if root >= self.size {
+            return Err(InterCommError::Invalid(format!(
+                "spawn: root {root} is not a rank of the communicator (size {})",
+                self.size
+            )));
+        }
+        let ns = wire.ns();
+        let members: Vec<ProcId> = (0..self.size)
+            .map(|r| ProcId::new(ns, self.job_rank(r)))
+            .collect();
+        let whole = self.map.is_none();
+        // SYNC: a count of this communicator's spawns, a collective: every member's
+        // calls come in the same order, so the counts agree (no other data hangs on it).
+        let seq = self.shared.spawns.fetch_add(1, Ordering::Relaxed);
+        let key = child_key(members[root as usize], self.ctx, seq);
+        let child = if self.rank == root {
+            let (outcome, result) = match wire.spawn(apps) {
+                Ok(s) => {
+                    let group = encode_group(whole, &members);
+                    wire.publish(
+                        &[(&parent_key(s.ns), &group)],
+                        NameRange::Global,
+                        Persistence::Job,
+                    )?;
+                    (s.ns.0.to_le_bytes().to_vec(), Ok(s.ns))
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    let mut v = vec![0xff];
+                    v.extend_from_slice(reason.as_bytes());
+                    (v, Err(InterCommError::Spawn { root, reason }))
+                }
+            };
+            if self.size > 1 {
+                wire.publish(&[(&key, &outcome)], NameRange::Global, Persistence::Job)?;
+            }
+            result?
+        } else {
+            let b = looked_up(&wire, &key)?;
+            match b.as_slice() {
+                [a, b, c, d] => NsId(u32::from_le_bytes([*a, *b, *c, *d])),
+                [0xff, reason @ ..] => {
+                    return Err(InterCommError::Spawn {
+                        root,
+                        reason: String::from_utf8_lossy(reason).into_owned(),
+                    })
+                }
+                _ => return Err(InterCommError::Invalid(format!("name {key:?}: {b:?}"))),
+            }
+        };
+        let mut named = selectors(whole, &members);
+        named.push(ProcSel::All(child));
+        let conn = wire.connect(&named, Some(CONNECT_WAIT))?;
+        if self.rank == root {
+            let _ = wire.unpublish(&[&parent_key(child)], NameRange::Global);
+            if self.size > 1 {
+                let _ = wire.unpublish(&[&key], NameRange::Global);
+            }
+        }
+        let remote: Vec<ProcId> = conn
+            .procs
+            .iter()
+            .copied()
+            .filter(|p| p.ns == child)
+            .collect();
+        intercomm(&wire, &conn, members, remote, self.rank, named)
+    }
+}
+
+impl Fabric {
+    /// The intercommunicator to the communicator that spawned this job
+    /// ([`Communicator::spawn`]); `None` for a job not spawned that way. A collective of
+    /// the job's processes (every one of them connects with the parents).
+    pub fn parent(&self) -> Result<Option<InterComm>, InterCommError> {
+        let wire = self
+            .inner
+            .wire
+            .clone()
+            .ok_or(InterCommError::NoWireup("parent"))?;
+        if wire.parent().is_none() {
+            return Ok(None);
+        }
+        let key = parent_key(wire.ns());
+        let b = looked_up(&wire, &key)?;
+        let (whole, parents) = decode_group(&b)
+            .ok_or_else(|| InterCommError::Invalid(format!("name {key:?} is not a group")))?;
+        let mut named = selectors(whole, &parents);
+        named.push(ProcSel::All(wire.ns()));
+        let conn = wire.connect(&named, Some(CONNECT_WAIT))?;
+        let local: Vec<ProcId> = conn
+            .procs
+            .iter()
+            .copied()
+            .filter(|p| p.ns == wire.ns())
+            .collect();
+        let rank = wire.rank();
+        intercomm(&wire, &conn, local, parents, rank, named).map(Some)
+    }
+}
+
+/// The intercommunicator of connection `conn` between `local` (where this process has
+/// rank `rank`) and `remote`: an engine over the connection's processes.
+fn intercomm(
+    wire: &Arc<Client>,
+    conn: &Connection,
+    local: Vec<ProcId>,
+    remote: Vec<ProcId>,
+    rank: u32,
+    named: Vec<ProcSel>,
+) -> Result<InterComm, InterCommError> {
+    let inner = Arc::new(union_inner(wire, conn)?);
+    let index = |p: &ProcId| conn.procs.binary_search(p).ok().map(|i| i as u32);
+    let to_union: Option<Vec<u32>> = remote.iter().map(index).collect();
+    let to_union = to_union.ok_or_else(|| {
+        InterCommError::Invalid("a remote process is not among those connected".into())
+    })?;
+    let p2p = Communicator {
+        inner,
+        ctx: conn.pgcid,
+        rank,
+        size: remote.len() as u32,
+        map: Some(Arc::new(RankMap::new(&to_union))),
+        origin: None,
+        shared: Arc::new(CommShared {
+            derived: true,
+            ..CommShared::default()
+        }),
+    };
+    Ok(InterComm {
+        p2p,
+        local: local.into(),
+        remote: remote.into(),
+        named,
+        wire: wire.clone(),
+    })
+}
+
+/// The engine over the processes of `conn` (indexed by their sorted order), its cards
+/// published under keys of the connect's PGCID.
+fn union_inner(wire: &Arc<Client>, conn: &Connection) -> Result<Inner, InterCommError> {
+    let me = wire.me();
+    let at = conn.procs.binary_search(&me).map_err(|_| {
+        InterCommError::Invalid(format!("{me} is not among the processes connected"))
+    })? as u32;
+    let node = wire.node();
+    let local: Vec<u32> = (0..conn.procs.len() as u32)
+        .filter(|&i| conn.nodes[i as usize] == node)
+        .collect();
+    let my_local = local.iter().position(|&i| i == at).unwrap_or(0) as u32;
+    let pgcid = conn.pgcid;
+    let procs: Arc<[ProcId]> = conn.procs.clone().into();
+    let nodes: Arc<[u32]> = conn.nodes.clone().into();
+    let (w, g, p2, p3) = (wire.clone(), wire.clone(), procs.clone(), procs.clone());
+    let spec = Spec {
+        me: at,
+        size: procs.len() as u32,
+        local,
+        my_local,
+        node_of: Arc::new(move |i| nodes.get(i as usize).copied()),
+        inbox_name: format!("{}c{pgcid}r{}", wire.segment_prefix(), wire.rank()),
+        keys: [
+            crate::SHM_CARD_KEY,
+            crate::VERBS_CARD_KEY,
+            crate::TCP_CARD_KEY,
+        ]
+        .map(|k| format!("{k}@{pgcid}")),
+        job: format!("weft.connect/{pgcid}"),
+        get: Arc::new(move |i, key, opts| match p2.get(i as usize) {
+            Some(&p) => w.get_proc(p, key, opts),
+            None => Err(weft_wireup::GetError::InvalidRank {
+                rank: i,
+                size: p2.len() as u32,
+            }),
+        }),
+        gone: Box::new(move |i| {
+            let p = *p3.get(i as usize)?;
+            g.gone_proc(p).or_else(|| g.server_lost())
+        }),
+    };
+    let size = spec.size;
+    let built = build_engine(wire, spec)?;
+    let mut inner = Inner::new(
+        built.engine,
+        None,
+        at,
+        size,
+        pgcid,
+        built.shm,
+        Some(built.prefetch),
+    );
+    inner.procs = Some(procs);
+    Ok(inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_group_reads_back_and_garbage_is_refused() {
+        let procs = vec![ProcId::new(NsId(1), 0), ProcId::new(NsId(1), 3)];
+        let b = encode_group(false, &procs);
+        assert_eq!(decode_group(&b), Some((false, procs.clone())));
+        assert!(decode_group(&encode_group(true, &procs)).unwrap().0);
+        assert_eq!(decode_group(&b[..b.len() - 1]), None);
+        assert_eq!(decode_group(&[7]), None);
+        assert_eq!(decode_group(&[]), None);
+        assert_eq!(selectors(true, &procs), vec![ProcSel::All(NsId(1))]);
+        assert_eq!(selectors(false, &procs).len(), 2);
+    }
+}
