@@ -357,6 +357,21 @@ fn after<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
     out.lines().filter_map(|l| l.strip_prefix(prefix)).collect()
 }
 
+/// What the process of merged rank `rank` prints after the merge of 2 parents (first)
+/// and `children`: the allreduce of the ranks, rank 0's bcast, and the split in even and
+/// odd ranks with the sum of its half's ranks.
+fn merged(rank: u32, children: u32) -> String {
+    let size = 2 + children;
+    let half: Vec<u32> = (0..size).filter(|r| r % 2 == rank % 2).collect();
+    format!(
+        "merged rank {rank} of {size}, sum {}, bcast 4242, half {} of {} sum {}",
+        size * (size - 1) / 2,
+        half.iter().position(|&r| r == rank).expect("a member"),
+        half.len(),
+        half.iter().sum::<u32>()
+    )
+}
+
 /// A parent world of 2 spawns `children` through `Communicator::spawn`; each side checks
 /// the 8 B and 1 MiB messages the other sent (one received by a wildcard) and
 /// disconnects. `prefix`: what runs `weft run` (an `env` that sets the transports).
@@ -382,6 +397,7 @@ fn intercomm_job(name: &str, prefix: &[&str], args: &[&str], children: u32) {
             mine,
             [
                 format!("exchanged with {children} children").as_str(),
+                &merged(r, children),
                 "disconnected"
             ],
             "{}",
@@ -395,13 +411,14 @@ fn intercomm_job(name: &str, prefix: &[&str], args: &[&str], children: u32) {
         assert_eq!(remote, parents, "{}", done.dump());
         ctx.push(x.to_owned());
         let mine = after(&done.stdout, &format!("child {c}: "));
-        assert_eq!(mine.len(), 2, "{}", done.dump());
+        assert_eq!(mine.len(), 3, "{}", done.dump());
         assert!(
             mine[0].starts_with("exchanged with 2 parents (first from "),
             "{}",
             done.dump()
         );
-        assert_eq!(mine[1], "disconnected", "{}", done.dump());
+        assert_eq!(mine[1], merged(2 + c, children), "{}", done.dump());
+        assert_eq!(mine[2], "disconnected", "{}", done.dump());
     }
     // One context id for the connect, not the world's (1).
     assert!(ctx.iter().all(|c| *c == ctx[0]) && ctx[0] != "1", "{ctx:?}");

@@ -447,6 +447,22 @@ fn readme_spawn_runs() {
 }
 
 #[test]
+fn readme_intercomm_runs() {
+    let done = run("rd-icomm", &["-n", "2", &example("readme_intercomm")], T);
+    assert_eq!(done.code(), Some(0), "readme_intercomm: {}", done.dump());
+    let mut got: Vec<String> = done.stdout.lines().map(str::to_owned).collect();
+    got.sort();
+    // Parents first in the merged communicator: children are its ranks 2 and 3.
+    let want = [
+        "child 0: 4 processes, merged rank 2",
+        "child 1: 4 processes, merged rank 3",
+        "parent 0: 4 processes",
+        "parent 1: 4 processes",
+    ];
+    expect(&got, &want.map(str::to_owned), "readme_intercomm");
+}
+
+#[test]
 fn readme_control_runs() {
     let args = ["--nodes", "2", "-n", "2", &example("readme_control")];
     let done = run("rd-control", &args, T);

@@ -32,7 +32,8 @@ pub(crate) struct CommShared {
     pub(crate) derived: bool,
     /// A collective library's state for this communicator ([`Communicator::coll_state`]).
     pub(crate) coll: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
-    /// How many spawns this communicator made ([`Communicator::spawn`]).
+    /// How many spawns, accepts and connects this communicator made
+    /// ([`Communicator::spawn`], [`Communicator::accept`], [`Communicator::connect`]).
     pub(crate) spawns: std::sync::atomic::AtomicU64,
 }
 

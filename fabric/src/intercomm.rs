@@ -49,6 +49,9 @@ pub enum InterCommError {
     /// The processes could not learn each other's groups through the name service.
     #[error(transparent)]
     Names(#[from] weft_wireup::NameError),
+    /// A message of the exchange failed (a process of the other group ended).
+    #[error(transparent)]
+    P2p(#[from] P2pError),
     /// The transports of the connected processes could not open.
     #[error(transparent)]
     Init(#[from] InitError),
@@ -67,8 +70,13 @@ pub struct InterComm {
     remote: Arc<[ProcId]>,
     /// The connect's processes as named to the wire-up service (for the disconnect).
     named: Vec<ProcSel>,
+    /// Every process connected, sorted: the union engine's ranks.
+    union_procs: Vec<ProcId>,
     wire: Arc<Client>,
 }
+
+/// The tag [`InterComm::merge`] exchanges its flags with (not for applications).
+pub const MERGE_TAG: Tag = Tag(u32::MAX - 1);
 
 impl std::fmt::Debug for InterComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,8 +115,11 @@ impl InterComm {
         self.p2p.ctx
     }
 
-    /// Sends `buf` to rank `dest` of the remote group.
+    /// Sends `buf` to rank `dest` of the remote group. Tag [`MERGE_TAG`] is reserved.
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
+        if tag == MERGE_TAG {
+            return Err(P2pError::InvalidTag(tag.0));
+        }
         self.p2p.send(buf, dest, tag)
     }
 
@@ -121,6 +132,71 @@ impl InterComm {
     /// receiving it.
     pub fn probe(&self, src: Source, tag: Tag) -> Result<Status, P2pError> {
         self.p2p.probe(src, tag)
+    }
+
+    /// The intracommunicator of both groups (MPI's `MPI_Intercomm_merge`), a collective
+    /// of both: the group that passes `high = false` comes first (both the same: the group
+    /// whose first process has the lower namespace id and rank). It has a context id of its
+    /// own; it runs point-to-point and `weft-collectives`' operations like any
+    /// communicator, over this intercommunicator's connections: use it before
+    /// [`disconnect`](Self::disconnect), which closes them.
+    pub fn merge(&self, high: bool) -> Result<Communicator, InterCommError> {
+        // Every process tells every remote one its flag (they must agree within a group).
+        for r in 0..self.remote_size() {
+            self.p2p.send(&[u8::from(high)], r, MERGE_TAG)?;
+        }
+        let mut remote_high = None;
+        for r in 0..self.remote_size() {
+            let mut f = [0u8];
+            self.p2p.recv(&mut f, Source::Rank(r), MERGE_TAG)?;
+            match remote_high {
+                None => remote_high = Some(f[0] == 1),
+                Some(h) if h != (f[0] == 1) => {
+                    return Err(InterCommError::Invalid(
+                        "merge: the remote group's processes passed different `high`".into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let remote_high = remote_high.unwrap_or(!high);
+        // A second connect of the same processes: a barrier, and the merged context id.
+        let conn = self.wire.connect(&self.named, Some(CONNECT_WAIT))?;
+        let local_first = if high == remote_high {
+            self.local.first() < self.remote.first()
+        } else {
+            !high
+        };
+        let (a, b) = if local_first {
+            (&self.local, &self.remote)
+        } else {
+            (&self.remote, &self.local)
+        };
+        let order: Vec<ProcId> = a.iter().chain(b.iter()).copied().collect();
+        let to_union: Option<Vec<u32>> = order
+            .iter()
+            .map(|p| self.union_procs.binary_search(p).ok().map(|i| i as u32))
+            .collect();
+        let to_union = to_union.ok_or_else(|| {
+            InterCommError::Invalid("merge: a process is not among those connected".into())
+        })?;
+        let me = self.wire.me();
+        let rank =
+            order.iter().position(|&p| p == me).ok_or_else(|| {
+                InterCommError::Invalid(format!("merge: {me} is in neither group"))
+            })? as u32;
+        Ok(Communicator {
+            inner: self.p2p.inner.clone(),
+            ctx: conn.pgcid,
+            rank,
+            size: order.len() as u32,
+            map: Some(Arc::new(RankMap::new(&to_union))),
+            origin: None,
+            shared: Arc::new(CommShared {
+                derived: true,
+                ..CommShared::default()
+            }),
+        })
     }
 
     /// Disconnects, a collective of both groups: pushes out what this process sent,
@@ -296,6 +372,163 @@ impl Communicator {
     }
 }
 
+/// A port (MPI's `MPI_Open_port`): a name that one communicator accepts on and another,
+/// of another job of the runtime, connects to ([`Communicator::accept`],
+/// [`Communicator::connect`]). Pass it between jobs as text (a published name, a file).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Port(String);
+
+impl Port {
+    /// Reads a port from its text ([`Port::as_str`]); text that is not a port is refused.
+    pub fn parse(text: &str) -> Result<Port, InterCommError> {
+        if text.starts_with("weft-port:") && text.len() > "weft-port:".len() {
+            Ok(Port(text.to_owned()))
+        } else {
+            Err(InterCommError::Invalid(format!(
+                "{text:?} is not a Weft port (weft-port:...)"
+            )))
+        }
+    }
+    /// The port's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which end of a port a communicator is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    Accept,
+    Connect,
+}
+
+impl End {
+    fn key(self, port: &Port) -> String {
+        match self {
+            End::Accept => format!("{port}:accept"),
+            End::Connect => format!("{port}:connect"),
+        }
+    }
+    fn other(self) -> End {
+        match self {
+            End::Accept => End::Connect,
+            End::Connect => End::Accept,
+        }
+    }
+}
+
+impl Communicator {
+    /// Waits for a communicator of another job to connect to `port`
+    /// ([`Communicator::connect`]) and returns the intercommunicator to it: a collective of
+    /// this communicator (`port` counts at `root` only, as in MPI; every member waits up
+    /// to 120 s). Like MPI's `MPI_Comm_accept`.
+    pub fn accept(&self, port: &Port, root: u32) -> Result<InterComm, InterCommError> {
+        self.port_end(port, root, End::Accept)
+    }
+
+    /// Connects to the communicator accepting on `port` ([`Communicator::accept`]): a
+    /// collective of this communicator. Like MPI's `MPI_Comm_connect`.
+    pub fn connect(&self, port: &Port, root: u32) -> Result<InterComm, InterCommError> {
+        self.port_end(port, root, End::Connect)
+    }
+
+    fn port_end(&self, port: &Port, root: u32, end: End) -> Result<InterComm, InterCommError> {
+        let op = if end == End::Accept {
+            "accept"
+        } else {
+            "connect"
+        };
+        let wire = self
+            .inner
+            .wire
+            .clone()
+            .ok_or(InterCommError::NoWireup(op))?;
+        if root >= self.size {
+            return Err(InterCommError::Invalid(format!(
+                "{op}: root {root} is not a rank of the communicator (size {})",
+                self.size
+            )));
+        }
+        let ns = wire.ns();
+        let members: Vec<ProcId> = (0..self.size)
+            .map(|r| ProcId::new(ns, self.job_rank(r)))
+            .collect();
+        let whole = self.map.is_none();
+        // SYNC: a count of this communicator's spawns, accepts and connects, collectives
+        // (see `spawn`).
+        let seq = self.shared.spawns.fetch_add(1, Ordering::Relaxed);
+        // The port counts at the root only (as in MPI); the root hands the other end's
+        // group to the other members under a name of this communicator's.
+        let members_key = format!(
+            "weft.dpm.{op}.{}.{}.{}.{seq}",
+            members[root as usize].ns.0, members[root as usize].rank, self.ctx
+        );
+        let mine = end.key(port);
+        let b = if self.rank == root {
+            let group = encode_group(whole, &members);
+            wire.publish(&[(&mine, &group)], NameRange::Global, Persistence::Job)?;
+            let theirs = end.other().key(port);
+            let b = looked_up(&wire, &theirs)?;
+            if self.size > 1 {
+                wire.publish(&[(&members_key, &b)], NameRange::Global, Persistence::Job)?;
+            }
+            b
+        } else {
+            looked_up(&wire, &members_key)?
+        };
+        let (their_whole, remote) = decode_group(&b)
+            .ok_or_else(|| InterCommError::Invalid(format!("{op}: {b:?} is not a group")))?;
+        let mut named = selectors(whole, &members);
+        named.extend(selectors(their_whole, &remote));
+        let conn = wire.connect(&named, Some(CONNECT_WAIT));
+        if self.rank == root {
+            let _ = wire.unpublish(&[&mine], NameRange::Global);
+            if self.size > 1 {
+                let _ = wire.unpublish(&[&members_key], NameRange::Global);
+            }
+        }
+        let conn = conn?;
+        let remote: Vec<ProcId> = if their_whole {
+            let ns = remote.first().map(|p| p.ns);
+            conn.procs
+                .iter()
+                .copied()
+                .filter(|p| Some(p.ns) == ns)
+                .collect()
+        } else {
+            remote
+        };
+        intercomm(&wire, &conn, members, remote, self.rank, named)
+    }
+}
+
+impl Fabric {
+    /// A new port for [`Communicator::accept`]: unique in the runtime (it names this
+    /// process and a random number). Like MPI's `MPI_Open_port`; nothing needs closing.
+    pub fn open_port(&self) -> Result<Port, InterCommError> {
+        let wire = self
+            .inner
+            .wire
+            .as_ref()
+            .ok_or(InterCommError::NoWireup("open_port"))?;
+        let mut r = [0u8; 8];
+        rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| InterCommError::Invalid(format!("open_port: getrandom: {e}")))?;
+        Ok(Port(format!(
+            "weft-port:{}.{}:{:016x}",
+            wire.ns().0,
+            wire.rank(),
+            u64::from_le_bytes(r)
+        )))
+    }
+}
+
 impl Fabric {
     /// The intercommunicator to the communicator that spawned this job
     /// ([`Communicator::spawn`]); `None` for a job not spawned that way. A collective of
@@ -360,6 +593,7 @@ fn intercomm(
         local: local.into(),
         remote: remote.into(),
         named,
+        union_procs: conn.procs.clone(),
         wire: wire.clone(),
     })
 }

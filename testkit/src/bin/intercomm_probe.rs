@@ -6,7 +6,9 @@
 //!
 //! `intercomm_probe parent N [die]`: the world spawns N children (with `die`, child 1
 //! exits 3 after connecting, before it answers). `intercomm_probe child [die]`: what
-//! the children run.
+//! the children run. `intercomm_probe server NAME` opens a port, publishes it as NAME and
+//! accepts on it; `intercomm_probe client NAME` (another job of the runtime) looks NAME up
+//! and connects: both exchange messages, merge (the server's world first) and disconnect.
 
 use std::io::Write;
 
@@ -21,6 +23,8 @@ fn main() {
     let out = match args.get(1).map(String::as_str) {
         Some("parent") => parent(&args),
         Some("child") => child(&args),
+        Some("server") => port_end(&args, true),
+        Some("client") => port_end(&args, false),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -95,12 +99,37 @@ fn parent(args: &[String]) -> Res {
                 "parent {me}: exchanged with {} children",
                 ic.remote_size()
             ))?;
+            merged("parent", me, &ic, false)?;
             ic.disconnect()?;
             say(format!("parent {me}: disconnected"))?;
         }
     }
     fabric.finalize()?;
     Ok(())
+}
+
+/// Merges (parents first: they pass `high = false`), then runs collectives on the merged
+/// communicator and a split of it, and prints what they gave.
+fn merged(who: &str, me: u32, ic: &InterComm, high: bool) -> Res {
+    let m = ic.merge(high)?;
+    let (rank, size) = (m.rank(), m.size());
+    let mut sum = [0u64];
+    m.allreduce(&[u64::from(rank)], &mut sum, Op::Sum)?;
+    let mut root = [if rank == 0 { 4242u64 } else { 0 }];
+    m.bcast(&mut root, 0)?;
+    m.barrier()?;
+    // Even and odd merged ranks: each half sums its ranks.
+    let half = m.split(Some(rank % 2), rank as i32)?.ok_or("no half")?;
+    let mut part = [0u64];
+    half.allreduce(&[u64::from(rank)], &mut part, Op::Sum)?;
+    say(format!(
+        "{who} {me}: merged rank {rank} of {size}, sum {}, bcast {}, half {} of {} sum {}",
+        sum[0],
+        root[0],
+        half.rank(),
+        half.size(),
+        part[0]
+    ))
 }
 
 fn child(args: &[String]) -> Res {
@@ -147,8 +176,89 @@ fn child(args: &[String]) -> Res {
         "child {me}: exchanged with {parents} parents (first from {})",
         got[0]
     ))?;
+    merged("child", me, &ic, true)?;
     ic.disconnect()?;
     say(format!("child {me}: disconnected"))?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+/// `server NAME` / `client NAME`: the two ends of a port, each a whole job.
+fn port_end(args: &[String], server: bool) -> Res {
+    use weft::fabric::Port;
+    use weft::wireup::{LookupOptions, NameRange, NameValue, Persistence};
+    let who = if server { "server" } else { "client" };
+    let fabric = Fabric::init()?;
+    let world = fabric.world();
+    let wire = fabric.wire();
+    let name = args.get(2).ok_or("server|client NAME")?;
+    let ic = if server {
+        let port = fabric.open_port()?;
+        if world.rank() == 0 {
+            wire.publish(
+                &[(name, port.as_str().as_bytes())],
+                NameRange::Global,
+                Persistence::Job,
+            )?;
+        }
+        world.accept(&port, 0)?
+    } else {
+        let opts = LookupOptions {
+            range: NameRange::Global,
+            wait: Some(std::time::Duration::from_secs(60)),
+        };
+        let found = wire.lookup(&[name], opts)?;
+        let text = match found.into_iter().next().map(|p| p.value) {
+            Some(NameValue::Bytes(b)) => String::from_utf8(b)?,
+            other => return Err(format!("{name}: {other:?}").into()),
+        };
+        world.connect(&Port::parse(&text)?, 0)?
+    };
+    let me = ic.rank();
+    let remote: Vec<String> = ic.remote_procs().iter().map(ToString::to_string).collect();
+    say(format!(
+        "{who} {me}/{}: ctx {} remote [{}]",
+        ic.size(),
+        ic.context_id(),
+        remote.join(" ")
+    ))?;
+    for r in 0..ic.remote_size() {
+        ic.send(&[u64::from(me * 100 + r)], r, Tag(1))?;
+    }
+    for r in 0..ic.remote_size() {
+        let mut got = [0u64];
+        ic.recv(&mut got, Source::Rank(r), Tag(1))?;
+        if got[0] != u64::from(r * 100 + me) {
+            return Err(format!("from remote {r}: {}", got[0]).into());
+        }
+    }
+    // 1 MiB from the server's rank 0 to the client's and back.
+    if me == 0 {
+        let mut big = vec![0u8; BIG];
+        if server {
+            ic.send(&pattern(0, 1), 0, Tag(2))?;
+            ic.recv(&mut big, Source::Rank(0), Tag(3))?;
+            if big != pattern(1, 0) {
+                return Err("the 1 MiB answer is wrong".into());
+            }
+        } else {
+            ic.recv(&mut big, Source::Rank(0), Tag(2))?;
+            if big != pattern(0, 1) {
+                return Err("the 1 MiB message is wrong".into());
+            }
+            ic.send(&pattern(1, 0), 0, Tag(3))?;
+        }
+    }
+    say(format!(
+        "{who} {me}: exchanged with {} remote processes",
+        ic.remote_size()
+    ))?;
+    merged(who, me, &ic, !server)?;
+    ic.disconnect()?;
+    if server && world.rank() == 0 {
+        wire.unpublish(&[name], NameRange::Global)?;
+    }
+    say(format!("{who} {me}: disconnected"))?;
     fabric.finalize()?;
     Ok(())
 }
