@@ -9,6 +9,11 @@
 //! its return ("started": the processes were started, as `PMIx_Spawn` returns) and to the
 //! last child's file ("initialized").
 //!
+//! With `--connect`, the parent's world spawns through `Communicator::spawn` (the children
+//! call `Fabric::parent`): timed until the intercommunicator is there ("connected"), until a
+//! round trip of 8 bytes with every child completed ("first round trip"), and until the
+//! disconnect returned ("disconnected").
+//!
 //! It also reports what the runtime holds before the timed spawns (after the untimed ones)
 //! and after them, once their processes are gone: the open descriptors and resident memory
 //! of this node's server and of the launcher, and the runtime's shared-memory segments. A long
@@ -48,6 +53,9 @@ struct Args {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Spawn through `Communicator::spawn` and time the intercommunicator too.
+    #[arg(long)]
+    connect: bool,
     /// Run as a spawned process (internal).
     #[arg(long, hide = true)]
     child: bool,
@@ -63,8 +71,12 @@ pub(crate) fn main(args: &[String]) -> i32 {
             return e.exit_code();
         }
     };
-    let out = if opts.child {
+    let out = if opts.child && opts.connect {
+        connect_child()
+    } else if opts.child {
         child()
+    } else if weft_wireup::in_a_job() && opts.connect {
+        connect_parent(&opts)
     } else if weft_wireup::in_a_job() {
         parent(&opts)
     } else {
@@ -317,4 +329,117 @@ fn scratch_dir() -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(dir)
+}
+
+/// A process spawned with `--connect`: connects with its parents, answers parent 0's
+/// 8 bytes, disconnects.
+fn connect_child() -> Result<(), String> {
+    use weft_fabric::{Fabric, Source, Tag};
+    let f = Fabric::init().map_err(|e| format!("child init: {e}"))?;
+    let ic = f
+        .parent()
+        .map_err(|e| format!("child parent: {e}"))?
+        .ok_or("a --connect child without a parent")?;
+    let mut x = [0u64];
+    ic.recv(&mut x, Source::Rank(0), Tag(1))
+        .map_err(|e| e.to_string())?;
+    ic.send(&x, 0, Tag(2)).map_err(|e| e.to_string())?;
+    ic.disconnect().map_err(|e| e.to_string())?;
+    f.finalize().map_err(|e| format!("child finalize: {e}"))
+}
+
+/// One `Communicator::spawn` of `procs`: until connected, until the first round trip with
+/// every child, until disconnected.
+fn one_connect(
+    world: &weft_fabric::Communicator,
+    exe: &str,
+    procs: u32,
+) -> Result<[Duration; 3], String> {
+    use weft_fabric::{Source, Tag};
+    let app = SpawnApp {
+        program: exe.to_owned(),
+        args: vec![
+            "bench".into(),
+            "spawn".into(),
+            "--child".into(),
+            "--connect".into(),
+        ],
+        np: procs,
+        env: Vec::new(),
+        cwd: None,
+    };
+    let t0 = Instant::now();
+    let ic = world.spawn(&[app], 0).map_err(|e| e.to_string())?;
+    let connected = t0.elapsed();
+    for c in 0..ic.remote_size() {
+        ic.send(&[u64::from(c)], c, Tag(1))
+            .map_err(|e| e.to_string())?;
+    }
+    for c in 0..ic.remote_size() {
+        let mut x = [0u64];
+        ic.recv(&mut x, Source::Rank(c), Tag(2))
+            .map_err(|e| e.to_string())?;
+        if x[0] != u64::from(c) {
+            return Err(format!("child {c} answered {}", x[0]));
+        }
+    }
+    let trip = t0.elapsed();
+    ic.disconnect().map_err(|e| e.to_string())?;
+    Ok([connected, trip, t0.elapsed()])
+}
+
+/// The parent with `--connect`: a job of one process whose world spawns and connects.
+fn connect_parent(opts: &Args) -> Result<(), String> {
+    let f = weft_fabric::Fabric::init().map_err(|e| format!("init: {e}"))?;
+    let world = f.world();
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot locate this executable: {e}"))?
+        .display()
+        .to_string();
+    for _ in 0..opts.warmup {
+        one_connect(&world, &exe, opts.procs)?;
+    }
+    let mut times: [Vec<f64>; 3] = Default::default();
+    for _ in 0..opts.iters {
+        let t = one_connect(&world, &exe, opts.procs)?;
+        for (v, d) in times.iter_mut().zip(t) {
+            v.push(us(d));
+        }
+    }
+    let [a, b, c] = times;
+    let rows = [
+        ("connected", Summary::of_us(a)),
+        ("first round trip", Summary::of_us(b)),
+        ("disconnected", Summary::of_us(c)),
+    ];
+    if !opts.json {
+        println!("# OSU-style Weft Spawn Test (Communicator::spawn)");
+        println!(
+            "# {} processes on this node, {} timed spawns after {} untimed",
+            opts.procs, opts.iters, opts.warmup
+        );
+        println!(
+            "# {:<16} {:>12} {:>12} {:>12} {:>12}",
+            "Until", "Median(us)", "Min(us)", "P99(us)", "Max(us)"
+        );
+    }
+    for (what, s) in rows {
+        let s = s.ok_or("no sample")?;
+        if opts.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "spawn", "impl": "weft-intercomm", "what": what,
+                    "procs": opts.procs, "median_us": s.median_us, "min_us": s.min_us,
+                    "p99_us": s.p99_us, "max_us": s.max_us, "samples": s.samples,
+                })
+            );
+        } else {
+            println!(
+                "{:<18} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
+                what, s.median_us, s.min_us, s.p99_us, s.max_us
+            );
+        }
+    }
+    f.finalize().map_err(|e| format!("finalize: {e}"))
 }

@@ -459,3 +459,38 @@ fn a_child_that_dies_fails_its_parents_exchange_naming_a_child() {
         assert!(mine[0].contains(" is gone: ns2:"), "{}", done.dump());
     }
 }
+
+#[test]
+fn a_process_waiting_in_its_worlds_barrier_answers_an_intercommunicators_handshake() {
+    // Over TCP the parent's first send to child 0 needs child 0 to take the connection's
+    // handshake, while child 0 waits in a barrier for child 1, which waits for the
+    // parent's message to it, sent after child 0's: without the wait progressing every
+    // engine of the process, this never ends.
+    let probe = probe("intercomm_probe");
+    let done = common::Job::start_as(
+        "icommprog",
+        &["env", "WEFT_TRANSPORTS=tcp"],
+        &["-n", "1", &probe, "progress-parent", "2"],
+        std::process::Stdio::null(),
+    )
+    .wait(Duration::from_secs(60));
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(
+        after(&done.stdout, "parent: "),
+        ["sent to 2 children"],
+        "{}",
+        done.dump()
+    );
+    assert_eq!(
+        after(&done.stdout, "child 0: "),
+        ["got 10"],
+        "{}",
+        done.dump()
+    );
+    assert_eq!(
+        after(&done.stdout, "child 1: "),
+        ["got 11"],
+        "{}",
+        done.dump()
+    );
+}

@@ -225,6 +225,44 @@ fn bench_spawn_prints_both_times_in_json() {
 }
 
 #[test]
+fn bench_spawn_connect_times_the_intercommunicator_in_json() {
+    let tmp = std::env::temp_dir().join(format!("weft-tests/bench-spawnc-{}", std::process::id()));
+    let (rows, stdout) = common::bench_json(
+        &[
+            "bench",
+            "spawn",
+            "--connect",
+            "--procs",
+            "2",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        &tmp,
+    );
+    assert_eq!(rows.len(), 3, "{stdout}");
+    let median = |what: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no {what} row: {stdout}"));
+        assert_eq!(r["impl"], "weft-intercomm");
+        assert_eq!(r["procs"], 2);
+        assert_eq!(r["samples"], 3);
+        r["median_us"].as_f64().unwrap()
+    };
+    let (c, t, d) = (
+        median("connected"),
+        median("first round trip"),
+        median("disconnected"),
+    );
+    assert!(c > 0.0 && t >= c && d >= t, "{stdout}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
 fn a_spawned_process_killed_with_its_fabric_open_leaves_no_segment() {
     // The spawned job's rank 1 opens the fabric (its shared-memory inbox) and kills
     // itself; its server removes the job's segments when the job ends (Job::wait checks

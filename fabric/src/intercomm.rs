@@ -571,6 +571,7 @@ fn intercomm(
     named: Vec<ProcSel>,
 ) -> Result<InterComm, InterCommError> {
     let inner = Arc::new(union_inner(wire, conn)?);
+    crate::register_engine(&inner);
     let index = |p: &ProcId| conn.procs.binary_search(p).ok().map(|i| i as u32);
     let to_union: Option<Vec<u32>> = remote.iter().map(index).collect();
     let to_union = to_union.ok_or_else(|| {

@@ -262,7 +262,48 @@ impl Inner {
             // Spinning, yet another thread wanted the engine: give it a turn.
             std::thread::yield_now();
         }
+        if check {
+            progress_others(self);
+        }
         (self.engine(), check)
+    }
+}
+
+/// Every engine of this process (the world's, each intercommunicator's), so that a thread
+/// waiting on one progresses the others: a peer's TCP or verbs handshake, or a rendezvous
+/// it started, is answered even while this process waits elsewhere.
+static ENGINES: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+/// How many engines `ENGINES` holds (a wait checks it before taking the lock).
+static ENGINE_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// Adds `inner` to the engines every wait progresses.
+pub(crate) fn register_engine(inner: &Arc<Inner>) {
+    let mut list = ENGINES.lock().unwrap_or_else(PoisonError::into_inner);
+    list.retain(|w| w.strong_count() > 0);
+    list.push(Arc::downgrade(inner));
+    // SYNC: a hint read by `progress_others`; the list itself is under the lock.
+    ENGINE_COUNT.store(list.len() as u32, Ordering::Relaxed);
+}
+
+/// Progresses every registered engine but `except` that no other thread holds. Called by
+/// a wait when it checks for dead peers (after its spinning), and by wire-up waits.
+#[cold]
+fn progress_others(except: *const Inner) {
+    // SYNC: a hint (see `register_engine`): with one engine there is no other.
+    if ENGINE_COUNT.load(Ordering::Relaxed) < 2 {
+        return;
+    }
+    let others: Vec<Arc<Inner>> = match ENGINES.try_lock() {
+        Ok(list) => list.iter().filter_map(std::sync::Weak::upgrade).collect(),
+        Err(_) => return,
+    };
+    for inner in others {
+        if std::ptr::eq(Arc::as_ptr(&inner), except) {
+            continue;
+        }
+        if let Some(mut e) = inner.engine.try_lock() {
+            e.progress();
+        }
     }
 }
 
@@ -310,6 +351,7 @@ impl Fabric {
             // A process blocked in a fence or group operation still answers its peers'
             // connection handshakes and rendezvous (a thread already in the engine,
             // including this one, leaves the work to that thread).
+            // So does every intercommunicator's engine (`progress_others`).
             let weak = Arc::downgrade(&inner);
             w.set_progress_hook(move || {
                 if let Some(inner) = weak.upgrade() {
@@ -317,8 +359,10 @@ impl Fabric {
                         e.progress();
                     }
                 }
+                progress_others(std::ptr::null());
             });
         }
+        register_engine(&inner);
         *shared = Some(inner.clone());
         Ok(Fabric { inner })
     }

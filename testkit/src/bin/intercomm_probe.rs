@@ -9,6 +9,10 @@
 //! the children run. `intercomm_probe server NAME` opens a port, publishes it as NAME and
 //! accepts on it; `intercomm_probe client NAME` (another job of the runtime) looks NAME up
 //! and connects: both exchange messages, merge (the server's world first) and disconnect.
+//! `intercomm_probe progress-parent N`: the world's rank 0 sends 8 bytes to each of N
+//! children in turn while child 0 waits in its world's barrier for child 1, which receives
+//! first: the parent's first send to child 0 completes only if child 0's barrier wait
+//! progresses its intercommunicator (over TCP: the connection's handshake).
 
 use std::io::Write;
 
@@ -24,6 +28,8 @@ fn main() {
         Some("parent") => parent(&args),
         Some("child") => child(&args),
         Some("server") => port_end(&args, true),
+        Some("progress-parent") => progress_parent(&args),
+        Some("progress-child") => progress_child(),
         Some("client") => port_end(&args, false),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
@@ -259,6 +265,46 @@ fn port_end(args: &[String], server: bool) -> Res {
         wire.unpublish(&[name], NameRange::Global)?;
     }
     say(format!("{who} {me}: disconnected"))?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+fn progress_parent(args: &[String]) -> Res {
+    let fabric = Fabric::init()?;
+    let n: u32 = args.get(2).ok_or("progress-parent N")?.parse()?;
+    let app = SpawnApp {
+        program: std::env::current_exe()?.display().to_string(),
+        args: vec!["progress-child".into()],
+        np: n,
+        env: Vec::new(),
+        cwd: None,
+    };
+    let ic = fabric.world().spawn(&[app], 0)?;
+    if ic.rank() == 0 {
+        for c in 0..ic.remote_size() {
+            ic.send(&[u64::from(c) + 10], c, Tag(1))?;
+        }
+        say(format!("parent: sent to {} children", ic.remote_size()))?;
+    }
+    ic.disconnect()?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+fn progress_child() -> Res {
+    let fabric = Fabric::init()?;
+    let ic = fabric.parent()?.ok_or("no parent")?;
+    let world = fabric.world();
+    let mut got = [0u64];
+    if world.rank() == 0 {
+        world.barrier()?;
+        ic.recv(&mut got, Source::Rank(0), Tag(1))?;
+    } else {
+        ic.recv(&mut got, Source::Rank(0), Tag(1))?;
+        world.barrier()?;
+    }
+    say(format!("child {}: got {}", world.rank(), got[0]))?;
+    ic.disconnect()?;
     fabric.finalize()?;
     Ok(())
 }
