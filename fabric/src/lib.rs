@@ -413,10 +413,25 @@ impl Fabric {
         let wait = self.inner.finalize_wait;
         let deadline = Instant::now() + wait;
         let mut backoff = Backoff::default();
+        // Intercommunicators not disconnected: what they buffered goes out too.
+        let engines: Vec<Arc<Inner>> = ENGINES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
         loop {
+            let mut others = 0;
+            for inner in &engines {
+                if !Arc::ptr_eq(inner, &self.inner) {
+                    let mut e = inner.engine();
+                    e.progress();
+                    others += e.backlog();
+                }
+            }
             let mut e = self.inner.engine();
             e.progress();
-            if e.backlog() == 0 {
+            if e.backlog() + others == 0 {
                 break;
             }
             if Instant::now() > deadline {
