@@ -291,21 +291,22 @@ fn looked_up(wire: &Client, key: &str) -> Result<Vec<u8>, InterCommError> {
 }
 
 impl Communicator {
-    /// Starts the processes of `apps` as a new job and connects them with this
-    /// communicator's members: a collective of this communicator (`root` spawns; every
-    /// member gets the intercommunicator whose remote group is the new job, in rank
-    /// order). The new job's processes get theirs from [`Fabric::parent`]. Like MPI's
-    /// `MPI_Comm_spawn`; the new job runs where a spawn from `root` runs
-    /// ([`Client::spawn`]).
-    pub fn spawn(&self, apps: &[SpawnApp], root: u32) -> Result<InterComm, InterCommError> {
+    /// What a spawn, accept or connect (`op`) of this communicator starts from: the wire-up
+    /// client, the members as processes (in rank order), whether they are their job's
+    /// whole namespace, and the number of such calls the communicator made before.
+    fn dpm_start(
+        &self,
+        op: &'static str,
+        root: u32,
+    ) -> Result<(Arc<Client>, Vec<ProcId>, bool, u64), InterCommError> {
         let wire = self
             .inner
             .wire
             .clone()
-            .ok_or(InterCommError::NoWireup("spawn"))?;
+            .ok_or(InterCommError::NoWireup(op))?;
         if root >= self.size {
             return Err(InterCommError::Invalid(format!(
-                "spawn: root {root} is not a rank of the communicator (size {})",
+                "{op}: root {root} is not a rank of the communicator (size {})",
                 self.size
             )));
         }
@@ -313,10 +314,23 @@ impl Communicator {
         let members: Vec<ProcId> = (0..self.size)
             .map(|r| ProcId::new(ns, self.job_rank(r)))
             .collect();
-        let whole = self.map.is_none();
-        // SYNC: a count of this communicator's spawns, a collective: every member's
-        // calls come in the same order, so the counts agree (no other data hangs on it).
+        // SYNC: a count of this communicator's spawns, accepts and connects, collectives:
+        // every member's calls come in the same order, so the counts agree (no other data
+        // hangs on it).
         let seq = self.shared.spawns.fetch_add(1, Ordering::Relaxed);
+        Ok((wire, members, self.map.is_none(), seq))
+    }
+}
+
+impl Communicator {
+    /// Starts the processes of `apps` as a new job and connects them with this
+    /// communicator's members: a collective of this communicator (`root` spawns; every
+    /// member gets the intercommunicator whose remote group is the new job, in rank
+    /// order). The new job's processes get theirs from [`Fabric::parent`]. Like MPI's
+    /// `MPI_Comm_spawn`; the new job runs where a spawn from `root` runs
+    /// ([`Client::spawn`]).
+    pub fn spawn(&self, apps: &[SpawnApp], root: u32) -> Result<InterComm, InterCommError> {
+        let (wire, members, whole, seq) = self.dpm_start("spawn", root)?;
         let key = child_key(members[root as usize], self.ctx, seq);
         let child = if self.rank == root {
             let (outcome, result) = match wire.spawn(apps) {
@@ -444,25 +458,7 @@ impl Communicator {
         } else {
             "connect"
         };
-        let wire = self
-            .inner
-            .wire
-            .clone()
-            .ok_or(InterCommError::NoWireup(op))?;
-        if root >= self.size {
-            return Err(InterCommError::Invalid(format!(
-                "{op}: root {root} is not a rank of the communicator (size {})",
-                self.size
-            )));
-        }
-        let ns = wire.ns();
-        let members: Vec<ProcId> = (0..self.size)
-            .map(|r| ProcId::new(ns, self.job_rank(r)))
-            .collect();
-        let whole = self.map.is_none();
-        // SYNC: a count of this communicator's spawns, accepts and connects, collectives
-        // (see `spawn`).
-        let seq = self.shared.spawns.fetch_add(1, Ordering::Relaxed);
+        let (wire, members, whole, seq) = self.dpm_start(op, root)?;
         // The port counts at the root only (as in MPI); the root hands the other end's
         // group to the other members under a name of this communicator's.
         let members_key = format!(

@@ -18,6 +18,25 @@ fn show(c: &Connection) -> String {
     )
 }
 
+/// Connects `all` and prints the connection; on a failure, prints it (`None`: the
+/// scenario ends there).
+fn connect_or_say(
+    w: &Client,
+    all: &[ProcSel],
+) -> Result<Option<Connection>, Box<dyn std::error::Error>> {
+    let me = w.me();
+    match w.connect(all, t(30)) {
+        Ok(c) => {
+            say(format!("connect {me}: {}", show(&c)))?;
+            Ok(Some(c))
+        }
+        Err(e) => {
+            say(format!("connect {me}: failed: {e}"))?;
+            Ok(None)
+        }
+    }
+}
+
 fn say(line: String) -> Res {
     println!("{line}");
     std::io::stdout().flush()?;
@@ -66,15 +85,10 @@ pub(crate) fn connect(args: &[String]) -> Res {
         }
     };
     let all = [ProcSel::All(me.ns), ProcSel::All(child)];
-    let c = match w.connect(&all, t(30)) {
-        Ok(c) => c,
-        Err(e) => {
-            say(format!("connect {me}: failed: {e}"))?;
-            w.finalize()?;
-            return Ok(());
-        }
-    };
-    say(format!("connect {me}: {}", show(&c)))?;
+    if connect_or_say(&w, &all)?.is_none() {
+        w.finalize()?;
+        return Ok(());
+    }
     let got = w.get_proc(
         ProcId::new(child, 0),
         "ckey",
@@ -127,15 +141,10 @@ pub(crate) fn connect_child(args: &[String]) -> Res {
         Err(e) => say(format!("child {me}: unconnected: {e}"))?,
     }
     let all = [ProcSel::All(parent.ns), ProcSel::All(me.ns)];
-    let c = match w.connect(&all, t(30)) {
-        Ok(c) => c,
-        Err(e) => {
-            say(format!("connect {me}: failed: {e}"))?;
-            w.finalize()?;
-            return Ok(());
-        }
+    let Some(c) = connect_or_say(&w, &all)? else {
+        w.finalize()?;
+        return Ok(());
     };
-    say(format!("connect {me}: {}", show(&c)))?;
     let last = ProcId::new(
         parent.ns,
         c.procs.iter().filter(|p| p.ns == parent.ns).count() as u32 - 1,
