@@ -461,6 +461,17 @@ fn a_child_that_dies_fails_its_parents_exchange_naming_a_child() {
 }
 
 #[test]
+fn a_job_spawned_without_an_intercommunicator_has_no_parent_one() {
+    let probe = probe("intercomm_probe");
+    let done = run("icommplain", &["-n", "1", &probe, "plain-parent"], T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    for r in 0..2 {
+        let want = format!("plain child {r}: parent none, in 0 s");
+        assert!(done.stdout.contains(&want), "{want}\n{}", done.dump());
+    }
+}
+
+#[test]
 fn a_process_waiting_in_its_worlds_barrier_answers_an_intercommunicators_handshake() {
     // Over TCP the parent's first send to child 0 needs child 0 to take the connection's
     // handshake, while child 0 waits in a barrier for child 1, which waits for the

@@ -31,10 +31,11 @@ const CONNECT_WAIT: Duration = Duration::from_secs(120);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InterCommError {
-    /// The fabric does not run under Weft's wire-up (a PMIx host such as `mpirun`, or a
-    /// fabric of explicit pieces).
-    #[error("{0}: needs Weft's own wire-up service (weft run)")]
-    NoWireup(&'static str),
+    /// The fabric does not run under Weft's own servers (a PMIx host such as `mpirun`, or
+    /// a fabric of explicit pieces), or the communicator is not one of the job's own (a
+    /// merged one): the reason says which.
+    #[error("{0}")]
+    NoWireup(String),
     /// The root's spawn failed (the reason is the runtime's).
     #[error("spawn at root {root}: {reason}")]
     Spawn {
@@ -72,6 +73,9 @@ pub struct InterComm {
     named: Vec<ProcSel>,
     /// Every process connected, sorted: the union engine's ranks.
     union_procs: Vec<ProcId>,
+    /// The connects of these processes this intercommunicator made (one, and one per
+    /// merge): a disconnect undoes each.
+    connects: std::sync::atomic::AtomicU32,
     wire: Arc<Client>,
 }
 
@@ -162,6 +166,9 @@ impl InterComm {
         let remote_high = remote_high.unwrap_or(!high);
         // A second connect of the same processes: a barrier, and the merged context id.
         let conn = self.wire.connect(&self.named, Some(CONNECT_WAIT))?;
+        // SYNC: a count the disconnect reads; merges and the disconnect are collectives of
+        // the same processes, in the same order.
+        self.connects.fetch_add(1, Ordering::Relaxed);
         let local_first = if high == remote_high {
             self.local.first() < self.remote.first()
         } else {
@@ -223,15 +230,27 @@ impl InterComm {
             drop(e);
             backoff.snooze();
         }
-        self.wire
-            .disconnect(&self.named, Some(CONNECT_WAIT))
-            .map_err(InterCommError::from)
+        // SYNC: see `merge`.
+        for _ in 0..self.connects.load(Ordering::Relaxed) {
+            self.wire.disconnect(&self.named, Some(CONNECT_WAIT))?;
+        }
+        Ok(())
     }
 }
 
-/// The name the root of a spawn publishes its parent group under, for the children.
-fn parent_key(child: NsId) -> String {
-    format!("weft.dpm.parent.{}", child.0)
+/// The variable that gives the processes of a job spawned by [`Communicator::spawn`]
+/// their parent group ([`encode_group`]).
+const PARENT_GROUP_VAR: &str = "WEFT_PARENT_GROUP";
+
+/// Refuses `op` outside Weft's own servers (under a PMIx host, MPI's own calls serve it).
+fn native(wire: &Client, op: &str) -> Result<(), InterCommError> {
+    if wire.is_native() {
+        return Ok(());
+    }
+    Err(InterCommError::NoWireup(format!(
+        "{op}: needs Weft's own servers (weft run); under a PMIx host such as mpirun, use \
+         its MPI's calls"
+    )))
 }
 
 /// The name the root of a spawn publishes the children's job under, for the other
@@ -240,31 +259,31 @@ fn child_key(root: ProcId, ctx: u64, seq: u64) -> String {
     format!("weft.dpm.child.{}.{}.{ctx}.{seq}", root.ns.0, root.rank)
 }
 
-/// A group as published: whether it is its job's whole namespace, and its processes in
-/// rank order (each a little-endian namespace id and rank).
-fn encode_group(whole: bool, procs: &[ProcId]) -> Vec<u8> {
-    let mut v = vec![u8::from(whole)];
+/// A group as text (published, or in [`PARENT_GROUP_VAR`]): `W` or `L` (its job's whole
+/// namespace, or listed processes), then each process as `ns.rank`, space-separated.
+fn encode_group(whole: bool, procs: &[ProcId]) -> String {
+    let mut v = String::from(if whole { "W" } else { "L" });
     for p in procs {
-        v.extend_from_slice(&p.ns.0.to_le_bytes());
-        v.extend_from_slice(&p.rank.to_le_bytes());
+        v.push_str(&format!(" {}.{}", p.ns.0, p.rank));
     }
     v
 }
 
-fn decode_group(b: &[u8]) -> Option<(bool, Vec<ProcId>)> {
-    let (&whole, rest) = b.split_first()?;
-    if whole > 1 || rest.len() % 8 != 0 {
-        return None;
-    }
-    let procs = rest
-        .chunks_exact(8)
-        .map(|c| {
-            let ns = u32::from_le_bytes(c[..4].try_into().expect("4 bytes"));
-            let rank = u32::from_le_bytes(c[4..].try_into().expect("4 bytes"));
-            ProcId::new(NsId(ns), rank)
+fn decode_group(text: &str) -> Option<(bool, Vec<ProcId>)> {
+    let mut parts = text.split(' ');
+    let whole = match parts.next()? {
+        "W" => true,
+        "L" => false,
+        _ => return None,
+    };
+    let procs: Option<Vec<ProcId>> = parts
+        .map(|p| {
+            let (ns, rank) = p.split_once('.')?;
+            Some(ProcId::new(NsId(ns.parse().ok()?), rank.parse().ok()?))
         })
         .collect();
-    Some((whole == 1, procs))
+    let procs = procs?;
+    (!procs.is_empty()).then_some((whole, procs))
 }
 
 /// How a group is named to the wire-up service: its whole namespace, or each process.
@@ -276,14 +295,16 @@ fn selectors(whole: bool, procs: &[ProcId]) -> Vec<ProcSel> {
 }
 
 /// The one value of a lookup of `key`.
-fn looked_up(wire: &Client, key: &str) -> Result<Vec<u8>, InterCommError> {
+fn looked_up(wire: &Client, key: &str) -> Result<String, InterCommError> {
     let opts = LookupOptions {
         range: NameRange::Global,
         wait: Some(CONNECT_WAIT),
     };
     let found = wire.lookup(&[key], opts)?;
     match found.into_iter().next().map(|p| p.value) {
-        Some(NameValue::Bytes(b)) => Ok(b),
+        Some(NameValue::Bytes(b)) => {
+            String::from_utf8(b).map_err(|e| InterCommError::Invalid(format!("name {key:?}: {e}")))
+        }
         other => Err(InterCommError::Invalid(format!(
             "name {key:?} holds {other:?}, not a group"
         ))),
@@ -299,11 +320,13 @@ impl Communicator {
         op: &'static str,
         root: u32,
     ) -> Result<(Arc<Client>, Vec<ProcId>, bool, u64), InterCommError> {
-        let wire = self
-            .inner
-            .wire
-            .clone()
-            .ok_or(InterCommError::NoWireup(op))?;
+        let wire = self.inner.wire.clone().ok_or_else(|| {
+            InterCommError::NoWireup(format!(
+                "{op}: this communicator is not one of the job's own (a merged one, or a \
+                 fabric of explicit pieces): use one made from the job's world"
+            ))
+        })?;
+        native(&wire, op)?;
         if root >= self.size {
             return Err(InterCommError::Invalid(format!(
                 "{op}: root {root} is not a rank of the communicator (size {})",
@@ -333,35 +356,45 @@ impl Communicator {
         let (wire, members, whole, seq) = self.dpm_start("spawn", root)?;
         let key = child_key(members[root as usize], self.ctx, seq);
         let child = if self.rank == root {
-            let (outcome, result) = match wire.spawn(apps) {
-                Ok(s) => {
-                    let group = encode_group(whole, &members);
-                    wire.publish(
-                        &[(&parent_key(s.ns), &group)],
-                        NameRange::Global,
-                        Persistence::Job,
-                    )?;
-                    (s.ns.0.to_le_bytes().to_vec(), Ok(s.ns))
-                }
+            // The children learn their parents' group from their environment.
+            let group = encode_group(whole, &members);
+            let apps: Vec<SpawnApp> = apps
+                .iter()
+                .cloned()
+                .map(|mut a| {
+                    a.env.push((PARENT_GROUP_VAR.into(), group.clone()));
+                    a
+                })
+                .collect();
+            let (outcome, result) = match wire.spawn(&apps) {
+                Ok(s) => (format!("ok {}", s.ns.0), Ok(s.ns)),
                 Err(e) => {
                     let reason = e.to_string();
-                    let mut v = vec![0xff];
-                    v.extend_from_slice(reason.as_bytes());
-                    (v, Err(InterCommError::Spawn { root, reason }))
+                    (
+                        format!("err {reason}"),
+                        Err(InterCommError::Spawn { root, reason }),
+                    )
                 }
             };
             if self.size > 1 {
-                wire.publish(&[(&key, &outcome)], NameRange::Global, Persistence::Job)?;
+                wire.publish(
+                    &[(&key, outcome.as_bytes())],
+                    NameRange::Global,
+                    Persistence::Job,
+                )?;
             }
             result?
         } else {
             let b = looked_up(&wire, &key)?;
-            match b.as_slice() {
-                [a, b, c, d] => NsId(u32::from_le_bytes([*a, *b, *c, *d])),
-                [0xff, reason @ ..] => {
+            match b.split_once(' ') {
+                Some(("ok", ns)) => NsId(
+                    ns.parse()
+                        .map_err(|_| InterCommError::Invalid(format!("name {key:?}: {b:?}")))?,
+                ),
+                Some(("err", reason)) => {
                     return Err(InterCommError::Spawn {
                         root,
-                        reason: String::from_utf8_lossy(reason).into_owned(),
+                        reason: reason.to_owned(),
                     })
                 }
                 _ => return Err(InterCommError::Invalid(format!("name {key:?}: {b:?}"))),
@@ -369,13 +402,11 @@ impl Communicator {
         };
         let mut named = selectors(whole, &members);
         named.push(ProcSel::All(child));
-        let conn = wire.connect(&named, Some(CONNECT_WAIT))?;
-        if self.rank == root {
-            let _ = wire.unpublish(&[&parent_key(child)], NameRange::Global);
-            if self.size > 1 {
-                let _ = wire.unpublish(&[&key], NameRange::Global);
-            }
+        let conn = wire.connect(&named, Some(CONNECT_WAIT));
+        if self.rank == root && self.size > 1 {
+            let _ = wire.unpublish(&[&key], NameRange::Global);
         }
+        let conn = conn?;
         let remote: Vec<ProcId> = conn
             .procs
             .iter()
@@ -468,11 +499,19 @@ impl Communicator {
         let mine = end.key(port);
         let b = if self.rank == root {
             let group = encode_group(whole, &members);
-            wire.publish(&[(&mine, &group)], NameRange::Global, Persistence::Job)?;
+            wire.publish(
+                &[(&mine, group.as_bytes())],
+                NameRange::Global,
+                Persistence::Job,
+            )?;
             let theirs = end.other().key(port);
             let b = looked_up(&wire, &theirs)?;
             if self.size > 1 {
-                wire.publish(&[(&members_key, &b)], NameRange::Global, Persistence::Job)?;
+                wire.publish(
+                    &[(&members_key, b.as_bytes())],
+                    NameRange::Global,
+                    Persistence::Job,
+                )?;
             }
             b
         } else {
@@ -508,11 +547,10 @@ impl Fabric {
     /// A new port for [`Communicator::accept`]: unique in the runtime (it names this
     /// process and a random number). Like MPI's `MPI_Open_port`; nothing needs closing.
     pub fn open_port(&self) -> Result<Port, InterCommError> {
-        let wire = self
-            .inner
-            .wire
-            .as_ref()
-            .ok_or(InterCommError::NoWireup("open_port"))?;
+        let wire = self.inner.wire.as_ref().ok_or_else(|| {
+            InterCommError::NoWireup("open_port: a fabric of explicit pieces has none".into())
+        })?;
+        native(wire, "open_port")?;
         let mut r = [0u8; 8];
         rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty())
             .map_err(|e| InterCommError::Invalid(format!("open_port: getrandom: {e}")))?;
@@ -527,21 +565,28 @@ impl Fabric {
 
 impl Fabric {
     /// The intercommunicator to the communicator that spawned this job
-    /// ([`Communicator::spawn`]); `None` for a job not spawned that way. A collective of
-    /// the job's processes (every one of them connects with the parents).
+    /// ([`Communicator::spawn`]); `None` for a job not spawned that way (by `weft run`, or
+    /// by `Client::spawn`). A collective of the job's processes (every one of them
+    /// connects with the parents); a process makes it once (a second call is an error).
     pub fn parent(&self) -> Result<Option<InterComm>, InterCommError> {
-        let wire = self
-            .inner
-            .wire
-            .clone()
-            .ok_or(InterCommError::NoWireup("parent"))?;
-        if wire.parent().is_none() {
+        let Ok(text) = std::env::var(PARENT_GROUP_VAR) else {
             return Ok(None);
+        };
+        let wire = self.inner.wire.clone().ok_or_else(|| {
+            InterCommError::NoWireup("parent: a fabric of explicit pieces has none".into())
+        })?;
+        native(&wire, "parent")?;
+        // SYNC: one caller makes it; the flag orders nothing else.
+        if PARENT_TAKEN.swap(true, Ordering::Relaxed) {
+            return Err(InterCommError::Invalid(
+                "parent: this process made its parent intercommunicator already (keep the \
+                 first: a second would connect again, alone)"
+                    .into(),
+            ));
         }
-        let key = parent_key(wire.ns());
-        let b = looked_up(&wire, &key)?;
-        let (whole, parents) = decode_group(&b)
-            .ok_or_else(|| InterCommError::Invalid(format!("name {key:?} is not a group")))?;
+        let (whole, parents) = decode_group(&text).ok_or_else(|| {
+            InterCommError::Invalid(format!("{PARENT_GROUP_VAR}={text:?} is not a group"))
+        })?;
         let mut named = selectors(whole, &parents);
         named.push(ProcSel::All(wire.ns()));
         let conn = wire.connect(&named, Some(CONNECT_WAIT))?;
@@ -551,10 +596,23 @@ impl Fabric {
             .copied()
             .filter(|p| p.ns == wire.ns())
             .collect();
+        let remote: Vec<ProcId> = if whole {
+            let ns = parents.first().map(|p| p.ns);
+            conn.procs
+                .iter()
+                .copied()
+                .filter(|p| Some(p.ns) == ns)
+                .collect()
+        } else {
+            parents
+        };
         let rank = wire.rank();
-        intercomm(&wire, &conn, local, parents, rank, named).map(Some)
+        intercomm(&wire, &conn, local, remote, rank, named).map(Some)
     }
 }
+
+/// Whether this process made its parent intercommunicator ([`Fabric::parent`]).
+static PARENT_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The intercommunicator of connection `conn` between `local` (where this process has
 /// rank `rank`) and `remote`: an engine over the connection's processes.
@@ -591,6 +649,7 @@ fn intercomm(
         remote: remote.into(),
         named,
         union_procs: conn.procs.clone(),
+        connects: std::sync::atomic::AtomicU32::new(1),
         wire: wire.clone(),
     })
 }
@@ -662,9 +721,10 @@ mod tests {
         let b = encode_group(false, &procs);
         assert_eq!(decode_group(&b), Some((false, procs.clone())));
         assert!(decode_group(&encode_group(true, &procs)).unwrap().0);
-        assert_eq!(decode_group(&b[..b.len() - 1]), None);
-        assert_eq!(decode_group(&[7]), None);
-        assert_eq!(decode_group(&[]), None);
+        assert_eq!(decode_group(&b[..b.len() - 2]), None);
+        assert_eq!(decode_group("X 1.0"), None);
+        assert_eq!(decode_group("W"), None);
+        assert_eq!(decode_group(""), None);
         assert_eq!(selectors(true, &procs), vec![ProcSel::All(NsId(1))]);
         assert_eq!(selectors(false, &procs).len(), 2);
     }

@@ -436,9 +436,10 @@ impl Fabric {
             }
             if Instant::now() > deadline {
                 tracing::error!(
-                    "finalize: {} frames could not be delivered within {wait:?} (peers not \
-                     receiving? WEFT_FINALIZE_TIMEOUT sets the wait)",
-                    e.backlog()
+                    "finalize: {} frames (of which {others} of intercommunicators) could not \
+                     be delivered within {wait:?} (peers not receiving? WEFT_FINALIZE_TIMEOUT \
+                     sets the wait)",
+                    e.backlog() + others
                 );
                 break;
             }

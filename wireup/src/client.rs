@@ -457,6 +457,11 @@ impl Client {
             Backend::Pmix(px) => px.node_addr(),
         }
     }
+    /// Whether Weft's own servers serve this process (`weft run`), rather than a host's
+    /// PMIx server (such as `mpirun`'s): spawning, connecting and runtime control need them.
+    pub fn is_native(&self) -> bool {
+        matches!(self.backend, Backend::Native { .. })
+    }
     /// A secret shared by the job's processes and no one else (derived by each node's
     /// server from the launcher's job secret), for transports to authenticate the
     /// connections between them.

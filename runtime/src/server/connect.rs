@@ -188,7 +188,12 @@ impl State {
     }
 
     /// The first participant of `id` that ended on a node that has not arrived, and why.
+    /// For a native call, any participant that ended (one that called and died since
+    /// cannot use the connection: its node's other callers must not wait for it).
     fn connect_lost(&self, id: &ConnectId, arrived: &BTreeMap<u32, Vec<u8>>) -> Option<String> {
+        if id.kind.is_native() {
+            return self.connect_any_gone(id);
+        }
         for (p, job) in self.participants(id)? {
             let node = job.plan.job.procs.get(p.rank as usize).map(|i| i.node)?;
             if arrived.contains_key(&node) {
@@ -269,6 +274,7 @@ impl State {
     pub(super) fn on_connect_msg(&mut self, m: ConnectMsg) {
         match m {
             ConnectMsg::Arrive { id, node, data } => self.connect_arrive(id, node, data),
+            ConnectMsg::Withdraw { id, reason } => self.connect_withdraw(id, reason),
             ConnectMsg::Done { id, result, pgcid } => {
                 if id.kind.is_native() {
                     return self.native_done(id, result, pgcid);
@@ -298,6 +304,14 @@ impl State {
             );
         }
         if !self.connects.open.contains_key(&id) {
+            if let Some(f) = self.connects.failed.get(&id) {
+                let why = match f {
+                    ConnectFailure::Invalid(w)
+                    | ConnectFailure::Gone(w)
+                    | ConnectFailure::Timeout(w) => w.clone(),
+                };
+                return self.connect_done(&id, [node].into(), Err(why));
+            }
             match self.connect_nodes(&id) {
                 Ok(need) => {
                     let open = Open {
@@ -327,6 +341,28 @@ impl State {
             let open = self.connects.open.remove(&id).expect("present");
             self.connect_done(&id, open.need, Err(why));
         }
+    }
+
+    /// The root: a node's callers of native call `id` gave up (their timeout passed):
+    /// the call fails for every node, unless it completed already. A call no node arrived
+    /// in yet is remembered as failed, for the arrivals to come.
+    fn connect_withdraw(&mut self, id: ConnectId, reason: String) {
+        if self.node != ROOT {
+            return tracing::error!(
+                "a connect withdrawal reached node {}, not the root",
+                self.node
+            );
+        }
+        let need = match self.connects.open.remove(&id) {
+            Some(o) => o.need,
+            None => match self.connect_nodes(&id) {
+                Ok(need) => need,
+                Err(_) => return,
+            },
+        };
+        self.connects
+            .remember_failed(id.clone(), ConnectFailure::Timeout(reason.clone()));
+        self.connect_done(&id, need, Err(reason));
     }
 
     /// A process ended: native calls still gathering here that name it fail, and on the
@@ -372,7 +408,9 @@ impl State {
             self.fail(reply, px::Failure::Timeout, &why);
             if id.kind.is_native() {
                 self.connects
-                    .remember_failed(id, ConnectFailure::Timeout(why));
+                    .remember_failed(id.clone(), ConnectFailure::Timeout(why.clone()));
+                let reason = format!("node {}'s callers timed out: {why}", self.node);
+                self.connect_send(ROOT, ConnectMsg::Withdraw { id, reason });
             }
         } else if let Some(g) = self.connects.gathers.remove(&id) {
             let missing: Vec<String> = g
@@ -384,7 +422,9 @@ impl State {
             tracing::warn!("{:?} of {:?} timed out: {why}", id.kind, id.procs);
             self.answer(&g.replies, Err(ConnectFailure::Timeout(why.clone())));
             self.connects
-                .remember_failed(id, ConnectFailure::Timeout(why));
+                .remember_failed(id.clone(), ConnectFailure::Timeout(why.clone()));
+            let reason = format!("timed out on node {}: {why}", self.node);
+            self.connect_send(ROOT, ConnectMsg::Withdraw { id, reason });
         }
     }
 
@@ -414,12 +454,18 @@ impl State {
         }
     }
 
-    /// Process `p` (of the focused job) ended: the datastores of the jobs on this node
-    /// connected with its job say so (`keys::gone_proc`), for `Client::gone_proc`.
+    /// Process `p` ended: the datastores of the jobs on this node connected with its job
+    /// say so (`keys::gone_proc`), for `Client::gone_proc`.
     pub(super) fn tell_connected_gone(&mut self, p: ProcId, reason: &str) {
         let key = weft_wireup::keys::gone_proc(p);
-        for (&ns, job) in self.parked.iter_mut() {
-            if !self.connects.linked(ns, p.ns) || job.store.overflowed() {
+        let focused = (self.job.ns, &mut self.job);
+        let jobs = self
+            .parked
+            .iter_mut()
+            .map(|(&ns, j)| (ns, j))
+            .chain([focused]);
+        for (ns, job) in jobs {
+            if ns == p.ns || !self.connects.linked(ns, p.ns) || job.store.overflowed() {
                 continue;
             }
             if job.store.insert(&key, reason.as_bytes()).is_err() {
@@ -462,13 +508,20 @@ impl State {
             .collect();
         list.sort_unstable();
         list.dedup();
-        // A process of a namespace also named whole is named twice: once is the id.
-        let whole: BTreeSet<NsId> = list
-            .iter()
-            .filter(|(_, r)| r.is_none())
-            .map(|&(ns, _)| ns)
-            .collect();
-        list.retain(|&(ns, r)| r.is_none() || !whole.contains(&ns));
+        // A whole namespace is its processes: callers that name it whole and those that
+        // list its ranks make one id.
+        let mut expanded = Vec::with_capacity(list.len());
+        for (ns, r) in list {
+            match (r, self.job_of(ns)) {
+                (None, Some(job)) => {
+                    expanded.extend((0..job.plan.job.procs.len() as Rank).map(|r| (ns, Some(r))))
+                }
+                _ => expanded.push((ns, r)),
+            }
+        }
+        expanded.sort_unstable();
+        expanded.dedup();
+        let list = expanded;
         if !list
             .iter()
             .any(|&(ns, r)| ns == me.ns && r.is_none_or(|r| r == rank))
@@ -554,9 +607,23 @@ impl State {
                 None => Vec::new(),
             },
         };
+        if replies.is_empty() {
+            return; // Its callers here gave up (timed out) or failed already.
+        }
         let result = match result {
             Ok(_) => {
                 self.connects.relink(&id);
+                // A participant that ended before the link existed: its end was not
+                // written into the linked jobs' datastores then.
+                let ended: Vec<(ProcId, String)> = self
+                    .participants(&id)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(p, job)| Some((p, job.procs.why_gone(p.rank)?.to_owned())))
+                    .collect();
+                for (p, why) in ended {
+                    self.tell_connected_gone(p, &why);
+                }
                 match (id.kind, pgcid) {
                     (CrossKind::NativeConnect, Some(pgcid)) => {
                         Ok(Some(self.connection(&id, pgcid)))

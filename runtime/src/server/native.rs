@@ -316,8 +316,6 @@ impl State {
 }
 
 impl State {
-    /// The rank of `p` in this server's job; if it is of another namespace, request `req`
-    /// fails (invalid, naming the namespace) and `None` is returned.
     /// A get of `proc`, of another job than the focused one: served as that job's own
     /// gets are (its book on this node, or its owner's server) if a native connect links
     /// the two jobs; refused otherwise, naming the namespace.
@@ -345,6 +343,8 @@ impl State {
         self.get(conn, req, proc.rank, key, flags, timeout_ms)
     }
 
+    /// The rank of `p` in this server's job; if it is of another namespace, request `req`
+    /// fails (invalid, naming the namespace) and `None` is returned.
     fn own_rank_or_fail(&self, conn: ConnId, req: u64, op: &str, p: ProcId) -> Option<Rank> {
         self.own_ranks_or_fail(conn, req, op, &[p])?.pop()
     }

@@ -556,8 +556,9 @@ fn a_native_connect_gathers_the_nodes_callers_and_the_root_hands_each_connect_a_
             n.replies(0).is_empty() && n.replies(1).is_empty(),
             "node 1 has not arrived"
         );
+        // The whole namespace, as its processes.
         let id = ConnectId {
-            procs: vec![(NsId::FIRST, None)],
+            procs: (0..4).map(|r| (NsId::FIRST, Some(r))).collect(),
             kind: CrossKind::NativeConnect,
             seq,
         };
@@ -672,4 +673,54 @@ fn a_native_connect_that_does_not_name_its_caller_is_refused() {
         }] => assert!(why.contains("ns7"), "{why}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+#[test]
+fn a_native_connect_whose_callers_time_out_fails_for_every_node() {
+    use crate::wire::proto::{ConnectId, ConnectMsg, CrossKind};
+    let mut n = Node0::new("nconnect-timeout");
+    n.client(0, native_connect(1));
+    n.client(1, native_connect(2));
+    let id = ConnectId {
+        procs: (0..4).map(|r| (NsId::FIRST, Some(r))).collect(),
+        kind: CrossKind::NativeConnect,
+        seq: 0,
+    };
+    // This node arrived; its callers' timeout passes before node 1 arrives.
+    n.st.handle(Event::ConnectTimeout(id.clone()));
+    for r in [0, 1] {
+        assert!(
+            matches!(
+                &n.replies(r)[..],
+                [ServerMsg::Connected {
+                    result: Err(weft_wireup::ConnectFailure::Timeout(_)),
+                    ..
+                }]
+            ),
+            "rank {r}"
+        );
+    }
+    // Node 1 is told the call failed (its callers must not wait for ever) ...
+    assert!(
+        matches!(
+            &connect_msgs(&mut n)[..],
+            [ConnectMsg::Done { result: Err(_), .. }]
+        ),
+        "node 1 was not told"
+    );
+    // ... and so is an arrival after it.
+    n.st.handle(Event::Peer {
+        msg: PeerMsg::Connect(ConnectMsg::Arrive {
+            id,
+            node: 1,
+            data: Vec::new(),
+        }),
+    });
+    assert!(
+        matches!(
+            &connect_msgs(&mut n)[..],
+            [ConnectMsg::Done { result: Err(_), .. }]
+        ),
+        "a late arrival was not refused"
+    );
 }

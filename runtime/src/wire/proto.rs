@@ -62,7 +62,7 @@ pub struct ModexData {
 /// Version 9: a job control says through which call it was asked (`ToLauncher::JobControl::via`),
 /// and submitters control sessions (`ToController::Session`). Version 10: native connects
 /// (`CrossKind::NativeConnect`, `NativeDisconnect`), whose completion carries a PGCID
-/// (`ConnectMsg::Done::pgcid`).
+/// (`ConnectMsg::Done::pgcid`), and callers' withdrawal (`ConnectMsg::Withdraw`).
 pub const RUNTIME_PROTOCOL_VERSION: u32 = 10;
 
 /// Server to server (TCP): a hello, then messages each about one job.
@@ -126,6 +126,9 @@ pub enum ConnectMsg {
         node: u32,
         data: Vec<u8>,
     },
+    /// To the root server: a node's callers of native call `id` gave up (their timeout),
+    /// and why; the call fails for every node unless it completed already.
+    Withdraw { id: ConnectId, reason: String },
     /// From the root server: `id` is complete (every node's contribution, concatenated),
     /// or why it cannot be; a native connect's PGCID.
     Done {

@@ -9,6 +9,8 @@
 //! the children run. `intercomm_probe server NAME` opens a port, publishes it as NAME and
 //! accepts on it; `intercomm_probe client NAME` (another job of the runtime) looks NAME up
 //! and connects: both exchange messages, merge (the server's world first) and disconnect.
+//! `intercomm_probe plain-parent`: spawns 2 `plain-child` with `Client::spawn`, whose
+//! `Fabric::parent` is `None` at once (no intercommunicator was asked for).
 //! `intercomm_probe progress-parent N`: the world's rank 0 sends 8 bytes to each of N
 //! children in turn while child 0 waits in its world's barrier for child 1, which receives
 //! first: the parent's first send to child 0 completes only if child 0's barrier wait
@@ -30,6 +32,8 @@ fn main() {
         Some("server") => port_end(&args, true),
         Some("progress-parent") => progress_parent(&args),
         Some("progress-child") => progress_child(),
+        Some("plain-parent") => plain_parent(),
+        Some("plain-child") => plain_child(),
         Some("client") => port_end(&args, false),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
@@ -106,8 +110,16 @@ fn parent(args: &[String]) -> Res {
                 ic.remote_size()
             ))?;
             merged("parent", me, &ic, false)?;
+            let child0 = ic.remote_procs()[0];
             ic.disconnect()?;
-            say(format!("parent {me}: disconnected"))?;
+            // The merge's connect is undone too: the children's data is refused again.
+            let opts = GetOpts::default().immediate();
+            match fabric.wire().get_proc(child0, "weft.none", opts) {
+                Err(e) if e.to_string().contains("not connected") => {
+                    say(format!("parent {me}: disconnected"))?
+                }
+                other => say(format!("parent {me}: disconnected, yet {other:?}"))?,
+            }
         }
     }
     fabric.finalize()?;
@@ -305,6 +317,34 @@ fn progress_child() -> Res {
     }
     say(format!("child {}: got {}", world.rank(), got[0]))?;
     ic.disconnect()?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+fn plain_parent() -> Res {
+    let fabric = Fabric::init()?;
+    let app = SpawnApp {
+        program: std::env::current_exe()?.display().to_string(),
+        args: vec!["plain-child".into()],
+        np: 2,
+        env: Vec::new(),
+        cwd: None,
+    };
+    fabric.wire().spawn(&[app])?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+fn plain_child() -> Res {
+    let fabric = Fabric::init()?;
+    let t0 = std::time::Instant::now();
+    let p = fabric.parent()?;
+    say(format!(
+        "plain child {}: parent {}, in {} s",
+        fabric.world().rank(),
+        if p.is_some() { "some" } else { "none" },
+        t0.elapsed().as_secs()
+    ))?;
     fabric.finalize()?;
     Ok(())
 }
