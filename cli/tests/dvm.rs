@@ -448,55 +448,72 @@ fn sessions_are_made_run_in_paused_resumed_and_ended_from_the_command_line() {
 fn two_jobs_of_a_runtime_accept_and_connect_on_a_port_and_merge() {
     let dvm = Dvm::start("dvmport", &["--nodes", "2"]);
     let probe = probe("intercomm_probe");
-    // The server's 2 processes on both nodes, the client's 3 (one node or two).
-    let server = dvm.submit(&["--map-by", "node", "-n", "2", &probe, "server", "svc"]);
-    let client = dvm.submit(&["-n", "3", &probe, "client", "svc"]);
+    // The server's 2 processes on both nodes accept twice on one port; two client jobs
+    // (3 processes, then 1) connect at once: each meets its own accept.
+    let server = dvm.submit(&["--map-by", "node", "-n", "2", &probe, "server", "svc", "2"]);
+    let c3 = dvm.submit(&["-n", "3", &probe, "client", "svc"]);
+    let c1 = dvm.submit(&["-n", "1", &probe, "client", "svc"]);
     let t = Duration::from_secs(120);
-    let (s, c) = (server.wait(t), client.wait(t));
-    assert_eq!(s.code(), Some(0), "{}", s.dump());
-    assert_eq!(c.code(), Some(0), "{}", c.dump());
-    // Each end names the other's processes; both have one context id.
-    let ctx = |out: &str, who: &str, r: u32, size: u32, remote: &str| -> String {
-        let head = format!("{who} {r}/{size}: ctx ");
+    let (s, c3, c1) = (server.wait(t), c3.wait(t), c1.wait(t));
+    for d in [&s, &c3, &c1] {
+        assert_eq!(d.code(), Some(0), "{}", d.dump());
+    }
+    let ctx = |out: &str, head: &str| -> String {
         let line = out
             .lines()
-            .find_map(|l| l.strip_prefix(&head))
+            .find_map(|l| l.strip_prefix(head))
             .unwrap_or_else(|| panic!("no {head}\n{out}"));
-        let (x, rem) = line.split_once(" remote ").expect("a remote group");
-        assert!(rem.starts_with(remote), "{line}");
-        x.to_owned()
+        line.split_once(" remote ")
+            .expect("a remote group")
+            .0
+            .to_owned()
     };
-    let mut ids = Vec::new();
+    // The server met a client of 3 and one of 1, in either order.
     for r in 0..2 {
-        ids.push(ctx(&s.stdout, "server", r, 2, "[ns"));
-        assert!(
-            s.stdout
-                .contains(&format!("server {r}: exchanged with 3 remote processes")),
+        let mut sizes: Vec<&str> = s
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("server {r}: exchanged with ")))
+            .collect();
+        sizes.sort();
+        assert_eq!(
+            sizes,
+            ["1 remote processes", "3 remote processes"],
             "{}",
             s.dump()
         );
-        let m = format!("server {r}: merged rank {r} of 5, sum 10, bcast 4242,");
-        assert!(s.stdout.contains(&m), "{m}\n{}", s.dump());
-        assert!(
-            s.stdout.contains(&format!("server {r}: disconnected")),
-            "{}",
-            s.dump()
-        );
+        for size in [3, 5] {
+            let m = format!(
+                "server {r}: merged rank {r} of {size}, sum {}, bcast 4242,",
+                size * (size - 1) / 2
+            );
+            assert!(s.stdout.contains(&m), "{m}\n{}", s.dump());
+        }
+        let n = s
+            .stdout
+            .matches(&format!("server {r}: disconnected"))
+            .count();
+        assert_eq!(n, 2, "{}", s.dump());
     }
-    for r in 0..3 {
-        ids.push(ctx(&c.stdout, "client", r, 3, "[ns"));
-        let m = format!(
-            "client {r}: merged rank {} of 5, sum 10, bcast 4242,",
-            2 + r
-        );
-        assert!(c.stdout.contains(&m), "{m}\n{}", c.dump());
-        assert!(
-            c.stdout.contains(&format!("client {r}: disconnected")),
-            "{}",
-            c.dump()
-        );
+    for (c, n) in [(&c3, 3u32), (&c1, 1)] {
+        let size = n + 2;
+        let mut ids = Vec::new();
+        for r in 0..n {
+            ids.push(ctx(&c.stdout, &format!("client {r}/{n}: ctx ")));
+            let m = format!(
+                "client {r}: merged rank {} of {size}, sum {}, bcast 4242,",
+                2 + r,
+                size * (size - 1) / 2
+            );
+            assert!(c.stdout.contains(&m), "{m}\n{}", c.dump());
+            assert!(
+                c.stdout.contains(&format!("client {r}: disconnected")),
+                "{}",
+                c.dump()
+            );
+        }
+        assert!(ids.iter().all(|x| *x == ids[0]), "{ids:?}");
     }
-    assert!(ids.iter().all(|x| *x == ids[0]), "{ids:?}");
     let (code, err) = dvm.stop();
     assert_eq!(code, Some(0), "{err}");
 }

@@ -467,8 +467,14 @@ fn a_child_that_dies_before_connecting_fails_the_connect_for_all_naming_it() {
     assert_eq!(done.code(), Some(0), "{}", done.dump());
     for r in [0, 1] {
         let line = format!("connect ns1:{r}: failed: connect failed: ns2:1 exited with code 3");
+        // A parent slow enough (a loaded machine) calls after the spawned job ended (a
+        // second after its failure): then the job is named, no longer its process.
+        let late =
+            format!("connect ns1:{r}: failed: connect: namespace ns2 is not served here (it ended");
         assert!(
-            done.stdout.lines().any(|l| l.starts_with(&line)),
+            done.stdout
+                .lines()
+                .any(|l| l.starts_with(&line) || l.starts_with(&late)),
             "{line}\n{}",
             done.dump()
         );

@@ -453,17 +453,60 @@ enum End {
     Connect,
 }
 
-impl End {
-    fn key(self, port: &Port) -> String {
-        match self {
-            End::Accept => format!("{port}:accept"),
-            End::Connect => format!("{port}:connect"),
-        }
-    }
-    fn other(self) -> End {
-        match self {
-            End::Accept => End::Connect,
-            End::Connect => End::Accept,
+/// The names of a port's meeting: each accept publishes `{port}:accept` = `{nonce}
+/// {group}`; the connector that takes it publishes `{port}:connect:{nonce}` = its group,
+/// which the acceptor waits for and then removes its own name (the next accept on the port
+/// publishes a new nonce, so no connector meets a finished accept).
+fn accept_key(port: &Port) -> String {
+    format!("{port}:accept")
+}
+
+/// The accepting root's side of the meeting: the connector's group.
+fn accept_meet(wire: &Client, port: &Port, group: &str) -> Result<String, InterCommError> {
+    let mut r = [0u8; 8];
+    rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| InterCommError::Invalid(format!("accept: getrandom: {e}")))?;
+    let nonce = format!("{:016x}", u64::from_le_bytes(r));
+    let key = accept_key(port);
+    let offer = format!("{nonce} {group}");
+    wire.publish(
+        &[(&key, offer.as_bytes())],
+        NameRange::Global,
+        Persistence::Job,
+    )?;
+    let theirs = looked_up(wire, &format!("{port}:connect:{nonce}"));
+    let _ = wire.unpublish(&[&key], NameRange::Global);
+    theirs
+}
+
+/// The connecting root's side: the acceptor's group, and the name to remove once
+/// connected. An accept already taken by another connector (its name not removed yet) is
+/// waited out.
+fn connect_meet(
+    wire: &Client,
+    port: &Port,
+    group: &str,
+) -> Result<(String, String), InterCommError> {
+    let deadline = Instant::now() + CONNECT_WAIT;
+    loop {
+        let offer = looked_up(wire, &accept_key(port))?;
+        let (nonce, theirs) = offer
+            .split_once(' ')
+            .ok_or_else(|| InterCommError::Invalid(format!("port {port}: offer {offer:?}")))?;
+        let key = format!("{port}:connect:{nonce}");
+        match wire.publish(
+            &[(&key, group.as_bytes())],
+            NameRange::Global,
+            Persistence::Job,
+        ) {
+            Ok(()) => return Ok((key, theirs.to_owned())),
+            Err(weft_wireup::NameError::Refused {
+                failure: weft_wireup::NameFailure::Duplicate(_),
+                ..
+            }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -484,10 +527,9 @@ impl Communicator {
     }
 
     fn port_end(&self, port: &Port, root: u32, end: End) -> Result<InterComm, InterCommError> {
-        let op = if end == End::Accept {
-            "accept"
-        } else {
-            "connect"
+        let op = match end {
+            End::Accept => "accept",
+            End::Connect => "connect",
         };
         let (wire, members, whole, seq) = self.dpm_start(op, root)?;
         // The port counts at the root only (as in MPI); the root hands the other end's
@@ -496,16 +538,18 @@ impl Communicator {
             "weft.dpm.{op}.{}.{}.{}.{seq}",
             members[root as usize].ns.0, members[root as usize].rank, self.ctx
         );
-        let mine = end.key(port);
+        let group = encode_group(whole, &members);
+        // The root's name to remove once connected (the connect end's), if any.
+        let mut mine = None;
         let b = if self.rank == root {
-            let group = encode_group(whole, &members);
-            wire.publish(
-                &[(&mine, group.as_bytes())],
-                NameRange::Global,
-                Persistence::Job,
-            )?;
-            let theirs = end.other().key(port);
-            let b = looked_up(&wire, &theirs)?;
+            let b = match end {
+                End::Accept => accept_meet(&wire, port, &group)?,
+                End::Connect => {
+                    let (key, b) = connect_meet(&wire, port, &group)?;
+                    mine = Some(key);
+                    b
+                }
+            };
             if self.size > 1 {
                 wire.publish(
                     &[(&members_key, b.as_bytes())],
@@ -523,7 +567,9 @@ impl Communicator {
         named.extend(selectors(their_whole, &remote));
         let conn = wire.connect(&named, Some(CONNECT_WAIT));
         if self.rank == root {
-            let _ = wire.unpublish(&[&mine], NameRange::Global);
+            if let Some(key) = mine {
+                let _ = wire.unpublish(&[&key], NameRange::Global);
+            }
             if self.size > 1 {
                 let _ = wire.unpublish(&[&members_key], NameRange::Global);
             }

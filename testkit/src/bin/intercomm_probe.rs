@@ -210,7 +210,9 @@ fn port_end(args: &[String], server: bool) -> Res {
     let world = fabric.world();
     let wire = fabric.wire();
     let name = args.get(2).ok_or("server|client NAME")?;
-    let ic = if server {
+    if server {
+        // `server NAME [ROUNDS]`: accepts ROUNDS connectors in turn on one port.
+        let rounds: u32 = args.get(3).map_or(Ok(1), |r| r.parse())?;
         let port = fabric.open_port()?;
         if world.rank() == 0 {
             wire.publish(
@@ -219,7 +221,12 @@ fn port_end(args: &[String], server: bool) -> Res {
                 Persistence::Job,
             )?;
         }
-        world.accept(&port, 0)?
+        for _ in 0..rounds {
+            port_round(who, world.accept(&port, 0)?, true)?;
+        }
+        if world.rank() == 0 {
+            wire.unpublish(&[name], NameRange::Global)?;
+        }
     } else {
         let opts = LookupOptions {
             range: NameRange::Global,
@@ -230,8 +237,15 @@ fn port_end(args: &[String], server: bool) -> Res {
             Some(NameValue::Bytes(b)) => String::from_utf8(b)?,
             other => return Err(format!("{name}: {other:?}").into()),
         };
-        world.connect(&Port::parse(&text)?, 0)?
-    };
+        port_round(who, world.connect(&Port::parse(&text)?, 0)?, false)?;
+    }
+    fabric.finalize()?;
+    Ok(())
+}
+
+/// One accept or connect's intercommunicator: 8 B between every pair, 1 MiB between the
+/// rank 0s both ways, the merge (the server first), the disconnect.
+fn port_round(who: &str, ic: InterComm, server: bool) -> Res {
     let me = ic.rank();
     let remote: Vec<String> = ic.remote_procs().iter().map(ToString::to_string).collect();
     say(format!(
@@ -273,11 +287,7 @@ fn port_end(args: &[String], server: bool) -> Res {
     ))?;
     merged(who, me, &ic, !server)?;
     ic.disconnect()?;
-    if server && world.rank() == 0 {
-        wire.unpublish(&[name], NameRange::Global)?;
-    }
     say(format!("{who} {me}: disconnected"))?;
-    fabric.finalize()?;
     Ok(())
 }
 
