@@ -407,12 +407,7 @@ impl Communicator {
             let _ = wire.unpublish(&[&key], NameRange::Global);
         }
         let conn = conn?;
-        let remote: Vec<ProcId> = conn
-            .procs
-            .iter()
-            .copied()
-            .filter(|p| p.ns == child)
-            .collect();
+        let remote = of_ns(&conn, child);
         intercomm(&wire, &conn, members, remote, self.rank, named)
     }
 }
@@ -575,16 +570,7 @@ impl Communicator {
             }
         }
         let conn = conn?;
-        let remote: Vec<ProcId> = if their_whole {
-            let ns = remote.first().map(|p| p.ns);
-            conn.procs
-                .iter()
-                .copied()
-                .filter(|p| Some(p.ns) == ns)
-                .collect()
-        } else {
-            remote
-        };
+        let remote = expand(&conn, their_whole, remote);
         intercomm(&wire, &conn, members, remote, self.rank, named)
     }
 }
@@ -636,22 +622,8 @@ impl Fabric {
         let mut named = selectors(whole, &parents);
         named.push(ProcSel::All(wire.ns()));
         let conn = wire.connect(&named, Some(CONNECT_WAIT))?;
-        let local: Vec<ProcId> = conn
-            .procs
-            .iter()
-            .copied()
-            .filter(|p| p.ns == wire.ns())
-            .collect();
-        let remote: Vec<ProcId> = if whole {
-            let ns = parents.first().map(|p| p.ns);
-            conn.procs
-                .iter()
-                .copied()
-                .filter(|p| Some(p.ns) == ns)
-                .collect()
-        } else {
-            parents
-        };
+        let local = of_ns(&conn, wire.ns());
+        let remote = expand(&conn, whole, parents);
         let rank = wire.rank();
         intercomm(&wire, &conn, local, remote, rank, named).map(Some)
     }
@@ -659,6 +631,19 @@ impl Fabric {
 
 /// Whether this process made its parent intercommunicator ([`Fabric::parent`]).
 static PARENT_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The processes of namespace `ns` among those connected, in rank order.
+fn of_ns(conn: &Connection, ns: NsId) -> Vec<ProcId> {
+    conn.procs.iter().copied().filter(|p| p.ns == ns).collect()
+}
+
+/// A group as its processes: a whole namespace's from the connection, else as listed.
+fn expand(conn: &Connection, whole: bool, listed: Vec<ProcId>) -> Vec<ProcId> {
+    match listed.first() {
+        Some(p) if whole => of_ns(conn, p.ns),
+        _ => listed,
+    }
+}
 
 /// The intercommunicator of connection `conn` between `local` (where this process has
 /// rank `rank`) and `remote`: an engine over the connection's processes.

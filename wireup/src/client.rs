@@ -530,24 +530,6 @@ impl Client {
         }
     }
 
-    /// Why process `p` is gone (died or finalized), if its end has reached this node: a
-    /// process of this job ([`gone_reason`](Self::gone_reason)) or of a job connected
-    /// with it ([`Client::connect`]); `None` for any other. A lookup in the node's shared
-    /// memory, like `gone_reason`. Under a PMIx host, only this job's processes are
-    /// known.
-    pub fn gone_proc(&self, p: ProcId) -> Option<String> {
-        if p.ns == self.ns {
-            return self.gone_reason(p.rank);
-        }
-        match &self.backend {
-            Backend::Native { store, .. } => store
-                .get(&keys::gone_proc(p))
-                .map(|b| String::from_utf8_lossy(b).into_owned()),
-            #[cfg(feature = "pmix")]
-            Backend::Pmix(_) => None,
-        }
-    }
-
     /// Why `rank` cannot be reached, if it cannot: it is gone ([`gone_reason`]), or this
     /// node's server is lost ([`server_lost`]: then no peer's end would ever be told here).
     /// What a wait on a peer checks.
@@ -826,28 +808,8 @@ impl Client {
         self.get_from_server(conn, ProcId::new(self.ns, rank), key, opts)
     }
 
-    /// Reads `key` of process `p`, of this job ([`get`](Self::get)) or of a job connected
-    /// with it ([`Client::connect`]): from its server (the owner's node's, as for a
-    /// get of another node's rank), which waits for the owner to commit it as `opts`
-    /// say. A process of a job not connected with this one is refused, naming its
-    /// namespace. Under a PMIx host, only this job's processes.
-    pub fn get_proc(&self, p: ProcId, key: &str, opts: GetOpts) -> Result<Value, GetError> {
-        if p.ns == self.ns {
-            return self.get(p.rank, key, opts);
-        }
-        match &self.backend {
-            Backend::Native { conn, .. } => self.get_from_server(conn, p, key, opts),
-            #[cfg(feature = "pmix")]
-            Backend::Pmix(_) => Err(GetError::Failed {
-                rank: p.rank,
-                key: key.to_owned(),
-                reason: format!("{p} is of another job: under a PMIx host, read it with PMIx_Get"),
-            }),
-        }
-    }
-
     /// A get of `key` of `proc` answered by the server.
-    fn get_from_server(
+    pub(crate) fn get_from_server(
         &self,
         conn: &Conn,
         proc: ProcId,

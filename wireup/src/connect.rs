@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use crate::client::{ms, Client};
-use crate::names::ProcSel;
+use crate::client::{ms, Backend, Client};
+use crate::names::{ProcId, ProcSel};
 use crate::proto::{ClientMsg, ConnectFailure, Connection, ServerMsg};
 use crate::ConnError;
+use crate::{GetError, GetOpts, Value};
 
 /// Why a connect or disconnect failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,44 @@ impl Client {
     ) -> Result<(), ConnectError> {
         self.connect_call("disconnect", procs, true, timeout)
             .map(|_| ())
+    }
+
+    /// Why process `p` is gone (died or finalized), if its end has reached this node: a
+    /// process of this job ([`gone_reason`](Self::gone_reason)) or of a job connected
+    /// with it ([`Client::connect`]); `None` for any other. A lookup in the node's shared
+    /// memory, like `gone_reason`. Under a PMIx host, only this job's processes are
+    /// known.
+    pub fn gone_proc(&self, p: ProcId) -> Option<String> {
+        if p.ns == self.ns() {
+            return self.gone_reason(p.rank);
+        }
+        match self.backend() {
+            Backend::Native { store, .. } => store
+                .get(&crate::client::keys::gone_proc(p))
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => None,
+        }
+    }
+
+    /// Reads `key` of process `p`, of this job ([`get`](Self::get)) or of a job connected
+    /// with it ([`Client::connect`]): from its server (the owner's node's, as for a
+    /// get of another node's rank), which waits for the owner to commit it as `opts`
+    /// say. A process of a job not connected with this one is refused, naming its
+    /// namespace. Under a PMIx host, only this job's processes.
+    pub fn get_proc(&self, p: ProcId, key: &str, opts: GetOpts) -> Result<Value, GetError> {
+        if p.ns == self.ns() {
+            return self.get(p.rank, key, opts);
+        }
+        match self.backend() {
+            Backend::Native { conn, .. } => self.get_from_server(conn, p, key, opts),
+            #[cfg(feature = "pmix")]
+            Backend::Pmix(_) => Err(GetError::Failed {
+                rank: p.rank,
+                key: key.to_owned(),
+                reason: format!("{p} is of another job: under a PMIx host, read it with PMIx_Get"),
+            }),
+        }
     }
 
     fn connect_call(
