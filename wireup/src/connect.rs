@@ -52,7 +52,9 @@ impl Client {
     /// the caller must be among them): returns once every process named made this call
     /// with the same set (in any order), each getting the same [`Connection`]. A process
     /// named that ends first fails the call for all, naming it; `timeout` bounds the wait
-    /// (`None`: no limit but the processes' lives).
+    /// (`None`: no limit but the processes' lives). Each caller's timeout is its own, and
+    /// the first to pass fails the call for every process, as a participant that left
+    /// would.
     pub fn connect(
         &self,
         procs: &[ProcSel],

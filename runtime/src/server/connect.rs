@@ -12,7 +12,7 @@
 //! records the link between the jobs (`Connects::linked`), which a disconnect removes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weft_pmix::server as px;
 use weft_wireup::proto::{ConnectFailure, Connection, ServerMsg};
@@ -53,6 +53,9 @@ struct Gather {
     expected: BTreeSet<ProcId>,
     called: BTreeSet<ProcId>,
     replies: Vec<(ConnId, u64)>,
+    /// The earliest deadline of the callers so far (each caller's timeout is its own; the
+    /// first to pass fails the call for all, as a participant that left would).
+    deadline: Option<Instant>,
 }
 
 /// How many failed native calls a server remembers (a late caller of one fails at once).
@@ -82,6 +85,34 @@ impl Connects {
     /// namespace is always linked to itself).
     pub(super) fn linked(&self, a: NsId, b: NsId) -> bool {
         a == b || self.links.contains_key(&(a.min(b), a.max(b)))
+    }
+
+    /// Job `ns` ended here: the counts, failures and links that name it go (no call can
+    /// name an ended job again).
+    pub(super) fn job_ended(&mut self, ns: NsId) {
+        let names = |procs: &Participants| procs.iter().any(|&(n, _)| n == ns);
+        self.native_seqs
+            .retain(|(me, procs, _), _| me.ns != ns && !names(procs));
+        self.seqs.retain(|(procs, _), _| !names(procs));
+        self.failed.retain(|id, _| !names(&id.procs));
+        self.links.retain(|&(a, b), _| a != ns && b != ns);
+    }
+
+    /// For tests: `id` made by its first process, failed, and linked.
+    #[cfg(test)]
+    pub(super) fn test_record(&mut self, id: &ConnectId) {
+        let (ns, rank) = id.procs[0];
+        let me = ProcId::new(ns, rank.unwrap_or(0));
+        self.native_seqs.insert((me, id.procs.clone(), id.kind), 1);
+        self.failed
+            .insert(id.clone(), ConnectFailure::Timeout("a test".into()));
+        self.relink(id);
+    }
+
+    /// For tests: how many call counts, failures and links are kept.
+    #[cfg(test)]
+    pub(super) fn test_sizes(&self) -> (usize, usize, usize) {
+        (self.native_seqs.len(), self.failed.len(), self.links.len())
     }
 
     fn remember_failed(&mut self, id: ConnectId, why: ConnectFailure) {
@@ -563,19 +594,22 @@ impl State {
                 expected,
                 called: BTreeSet::new(),
                 replies: Vec::new(),
+                deadline: None,
             };
             self.connects.gathers.insert(id.clone(), g);
-            if let Some(ms) = timeout_ms {
-                after(
-                    &self.io.ev,
-                    Duration::from_millis(ms),
-                    Event::ConnectTimeout(id.clone()),
-                );
-            }
         }
         let g = self.connects.gathers.get_mut(&id).expect("inserted above");
         g.called.insert(me);
         g.replies.push((conn, req));
+        // A timer per caller whose deadline comes before the others': a timer that fires
+        // after the call completed (or failed) finds nothing to do.
+        if let Some(wait) = timeout_ms.map(Duration::from_millis) {
+            let deadline = Instant::now().checked_add(wait);
+            if deadline.is_some_and(|d| g.deadline.is_none_or(|old| d < old)) {
+                g.deadline = deadline;
+                after(&self.io.ev, wait, Event::ConnectTimeout(id.clone()));
+            }
+        }
         if g.called.len() < g.expected.len() {
             return;
         }

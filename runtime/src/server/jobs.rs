@@ -263,6 +263,7 @@ impl State {
         if let Some(mut job) = self.parked.remove(&ns) {
             self.ended.insert(ns);
             self.names.registry.job_ended(ns);
+            self.connects.job_ended(ns);
             if let (Some(px), Some(pj)) = (self.pmix.as_mut(), job.pmix.take()) {
                 px.remove_job(pj);
             }

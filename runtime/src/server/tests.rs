@@ -1,7 +1,8 @@
 //! Tests of the server's concerns (fences, group constructs, process sets) driven
 //! through its state without sockets: the clients and the other node's server are
 //! channels, the datastore a small segment, and what the server sends is decoded and
-//! asserted on. No task runs: these paths set no timer and open no connection.
+//! asserted on. No task runs (one test runs a runtime for the timers it checks), and
+//! no connection is opened.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -723,4 +724,69 @@ fn a_native_connect_whose_callers_time_out_fails_for_every_node() {
         ),
         "a late arrival was not refused"
     );
+}
+
+#[test]
+fn the_earliest_callers_timeout_fails_a_native_connect_for_every_caller_of_the_node() {
+    use crate::wire::proto::{ConnectId, CrossKind};
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime for the timers");
+    let _in_rt = rt.enter();
+    let mut n = Node0::new("nconnect-percaller");
+    let with_timeout = |req, ms| ClientMsg::Connect {
+        req,
+        procs: vec![weft_wireup::ProcSel::All(NsId::FIRST)],
+        disconnect: false,
+        timeout_ms: Some(ms),
+    };
+    // The first caller would wait a minute; the second only 100 ms.
+    n.client(0, with_timeout(1, 60_000));
+    n.client(1, with_timeout(2, 100));
+    let id = ConnectId {
+        procs: (0..4).map(|r| (NsId::FIRST, Some(r))).collect(),
+        kind: CrossKind::NativeConnect,
+        seq: 0,
+    };
+    let fired = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), n._ev.recv()).await })
+        .expect("the second caller's 100 ms timeout armed no timer");
+    match fired {
+        Some(Event::ConnectTimeout(got)) => assert_eq!(got, id),
+        Some(_) => panic!("expected the connect's timeout, got another event"),
+        None => panic!("the server's event channel closed"),
+    }
+    n.st.handle(Event::ConnectTimeout(id));
+    for r in [0, 1] {
+        assert!(
+            matches!(
+                &n.replies(r)[..],
+                [ServerMsg::Connected {
+                    result: Err(weft_wireup::ConnectFailure::Timeout(_)),
+                    ..
+                }]
+            ),
+            "rank {r}"
+        );
+    }
+}
+
+#[test]
+fn an_ended_jobs_connect_counts_failures_and_links_are_pruned() {
+    use crate::wire::proto::{ConnectId, CrossKind};
+    let mut c = super::connect::Connects::default();
+    let (a, b) = (NsId::FIRST, NsId(2));
+    let id = ConnectId {
+        procs: vec![(a, Some(0)), (b, Some(0))],
+        kind: CrossKind::NativeConnect,
+        seq: 0,
+    };
+    c.test_record(&id);
+    assert!(c.linked(a, b));
+    assert_eq!(c.test_sizes(), (1, 1, 1));
+    c.job_ended(b);
+    assert!(!c.linked(a, b));
+    assert_eq!(c.test_sizes(), (0, 0, 0));
 }
