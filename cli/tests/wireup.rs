@@ -318,6 +318,34 @@ fn a_finalized_process_fails_later_fences_but_keeps_its_data() {
     assert_eq!(done.lines_with(" ok"), 2, "{}", done.dump());
 }
 
+/// A node's datastore that other keys filled still records a process's end (its reserve),
+/// which waits on a peer look for without asking the server.
+#[test]
+fn a_full_datastore_still_records_a_processs_end() {
+    let probe = probe("wireup_probe");
+    let done = common::Job::start_as(
+        "full-store",
+        &["env", "WEFT_DATASTORE_BYTES=1m"],
+        &["-n", "2", &probe, "full-store"],
+        std::process::Stdio::null(),
+    )
+    .wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(
+        done.lines_with("read its peer's keys"),
+        2,
+        "{}",
+        done.dump()
+    );
+    assert_eq!(
+        done.lines_with("saw: rank 1 has finalized"),
+        1,
+        "{}",
+        done.dump()
+    );
+    assert!(done.stderr.contains("is full"), "{}", done.dump());
+}
+
 #[test]
 fn bad_connections_are_dropped_and_the_job_carries_on() {
     let probe = probe("wireup_probe");

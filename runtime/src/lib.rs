@@ -29,7 +29,7 @@ pub const TUNABLES: &[weft_tunables::Tunable] = &[
     weft_tunables::Tunable::new(
         "WEFT_DATASTORE_BYTES",
         "256m",
-        "size of each node's datastore segment (sparse)",
+        "size of each node's datastore segment (sparse; an eighth is kept for processes' ends)",
     ),
 ];
 

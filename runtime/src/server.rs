@@ -790,6 +790,19 @@ impl State {
         }
     }
 
+    /// [`store_put`](Self::store_put) of a key that readers look up without a fallback
+    /// (a process's end): into the store's reserve, even once other keys overflowed it.
+    fn store_put_vital(&mut self, key: &[u8], value: &[u8]) {
+        if self.job.store.insert_vital(key, value).is_err() {
+            tracing::error!(
+                "node datastore {} is full, its reserve too: key {key:?} is not recorded; \
+                 processes waiting on it notice only by their own checks",
+                self.job.store.name(),
+            );
+            self.job.store.set_overflowed();
+        }
+    }
+
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Job { ns, ev } => {

@@ -284,6 +284,8 @@ pub struct StoreWriter {
     entries: usize,
     /// Most distinct keys the index takes (75% load).
     max_entries: usize,
+    /// Keys and data bytes that only [`StoreWriter::insert_vital`] may take.
+    reserve: (usize, usize),
 }
 
 // SAFETY: `table.base` points into `seg`'s mapping, which is owned by the
@@ -359,6 +361,7 @@ impl StoreWriter {
             entries: 0,
             max_entries: index_slots / MAX_LOAD_DEN * MAX_LOAD_NUM
                 + index_slots % MAX_LOAD_DEN * MAX_LOAD_NUM / MAX_LOAD_DEN,
+            reserve: (0, 0),
         })
     }
 
@@ -374,14 +377,37 @@ impl StoreWriter {
     /// record and atomically swaps the slot's offset, so concurrent readers
     /// see the old or the new value. On `Err(StoreFull)` (data area full, or
     /// the index would exceed 75% load) nothing was published.
+    /// Inserts leave the [reserve](Self::set_reserve) untouched.
     pub fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreFull> {
+        self.insert_with(key, value, self.reserve)
+    }
+
+    /// Keeps `keys` distinct keys and `bytes` bytes of the data area (both capped at what
+    /// the store has) for [`insert_vital`](Self::insert_vital): once ordinary inserts
+    /// filled the rest, records that must stay readable still fit (a process's end, which
+    /// readers look up without a fallback).
+    pub fn set_reserve(&mut self, keys: usize, bytes: usize) {
+        self.reserve = (keys.min(self.max_entries), bytes.min(self.data_capacity()));
+    }
+
+    /// [`insert`](Self::insert) that may take the reserve.
+    pub fn insert_vital(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreFull> {
+        self.insert_with(key, value, (0, 0))
+    }
+
+    fn insert_with(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        (keys_kept, bytes_kept): (usize, usize),
+    ) -> Result<(), StoreFull> {
         let hash = key_hash(key);
         let key_len = u32::try_from(key.len()).map_err(|_| StoreFull)?;
         let val_len = u32::try_from(value.len()).map_err(|_| StoreFull)?;
         let (slot, is_new) = match self.table.probe(key, hash) {
             Probe::Found { value: old, .. } if old == value => return Ok(()),
             Probe::Found { slot, .. } => (slot, false),
-            Probe::Vacant { slot } if self.entries < self.max_entries => (slot, true),
+            Probe::Vacant { slot } if self.entries + keys_kept < self.max_entries => (slot, true),
             Probe::Vacant { .. } | Probe::Exhausted => return Err(StoreFull),
         };
         let size = RECORD_HEADER_BYTES
@@ -391,7 +417,7 @@ impl StoreWriter {
             .ok_or(StoreFull)?;
         let off = self.used;
         let end = off.checked_add(size).ok_or(StoreFull)?;
-        if end > self.table.data_end {
+        if end > self.table.data_end - bytes_kept {
             return Err(StoreFull);
         }
         let dst = self.seg.as_ptr();

@@ -447,7 +447,7 @@ impl State {
         // Published in the datastore so that clients waiting on this rank in a transport
         // notice without a message (a lookup in shared memory).
         let gone_key = keys::gone(rank);
-        self.store_put(&gone_key, reason.as_bytes());
+        self.store_put_vital(&gone_key, reason.as_bytes());
         self.tell_connected_gone(proc, &reason);
         self.job.procs.on_ended(rank, &reason);
         // Collectives the rank never joined can no longer complete, except tolerant

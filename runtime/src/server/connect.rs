@@ -496,12 +496,14 @@ impl State {
             .map(|(&ns, j)| (ns, j))
             .chain([focused]);
         for (ns, job) in jobs {
-            if ns == p.ns || !self.connects.linked(ns, p.ns) || job.store.overflowed() {
+            if ns == p.ns || !self.connects.linked(ns, p.ns) {
                 continue;
             }
-            if job.store.insert(&key, reason.as_bytes()).is_err() {
-                tracing::warn!(
-                    "node datastore {} is full: {p}'s end is not recorded in it",
+            // Into the store's reserve: `gone_proc` has no fallback to the server.
+            if job.store.insert_vital(&key, reason.as_bytes()).is_err() {
+                tracing::error!(
+                    "node datastore {} is full, its reserve too: {p}'s end is not recorded \
+                     in it",
                     job.store.name()
                 );
                 job.store.set_overflowed();

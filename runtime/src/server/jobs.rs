@@ -72,6 +72,9 @@ pub(super) fn create_store(
     let mut store = StoreWriter::create(&name, plan.datastore_bytes as usize, 1 << 16)
         .map_err(|e| format!("datastore {name}: {e}"))?;
     let job_bytes = postcard::to_stdvec(&plan.job).expect("postcard encoding into a Vec");
+    // An eighth of the store is kept for processes' ends, which readers look up without
+    // a fallback to the server: they stay recorded after other keys filled the store.
+    store.set_reserve(store.key_capacity() / 8, store.data_capacity() / 8);
     store.insert(keys::JOB_INFO, &job_bytes).map_err(|_| {
         format!(
             "job info of {} bytes does not fit the datastore",

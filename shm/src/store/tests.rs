@@ -514,3 +514,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_reserve_keeps_keys_and_bytes_for_vital_inserts() {
+    let name = test_name("reserve");
+    let mut w = StoreWriter::create(&name, 1 << 16, 16).unwrap();
+    assert_eq!(w.key_capacity(), 12);
+    w.set_reserve(4, 1024);
+    let r = StoreReader::open(&name).unwrap();
+    for i in 0..8u8 {
+        w.insert(&[i], &[i; 3]).unwrap();
+    }
+    // Ordinary inserts stop short of the reserved keys ...
+    assert_eq!(w.insert(&[8], b"x"), Err(StoreFull));
+    // ... vital ones take them, up to the index's own limit.
+    for i in 8..12u8 {
+        w.insert_vital(&[i], b"gone").unwrap();
+    }
+    assert_eq!(w.insert_vital(&[12], b"gone"), Err(StoreFull));
+    for i in 8..12u8 {
+        assert_eq!(r.get(&[i]), Some(&b"gone"[..]));
+    }
+
+    // The reserved bytes: a record that fits only into them is vital or refused.
+    let name = test_name("reserve-bytes");
+    let mut w = StoreWriter::create(&name, 8192, 64).unwrap();
+    let free = w.data_capacity() - w.bytes_used();
+    w.set_reserve(0, free - 512);
+    assert_eq!(w.insert(b"big", &[1u8; 1024]), Err(StoreFull));
+    w.insert(b"small", &[1u8; 100]).unwrap();
+    w.insert_vital(b"big", &[1u8; 1024]).unwrap();
+    assert_eq!(w.get(b"big").map(<[u8]>::len), Some(1024));
+}

@@ -30,6 +30,7 @@ fn main() {
         "sleep" => sleep(&args),
         "stdin" => stdin(),
         "finalized-peer" => finalized_peer(),
+        "full-store" => full_store(),
         "bad-requests" => bad_requests(),
         "sparse-rounds" => sparse_rounds(),
         "get-waits" => get_waits(),
@@ -599,6 +600,42 @@ fn finalized_peer() -> Res {
     }
     println!("rank {} ok", w.rank());
     Ok(())
+}
+
+/// Two ranks on one node fill its datastore (run with a small `WEFT_DATASTORE_BYTES`):
+/// gets still answer (through the server), and rank 1's end still reaches the store, where
+/// waits on a peer look for it.
+fn full_store() -> Res {
+    let w = Client::init()?;
+    let value = "x".repeat(256);
+    for i in 0..4000 {
+        w.put(Scope::Global, &format!("k{i}"), value.as_str())?;
+    }
+    w.commit()?;
+    w.fence(Procs::All, FenceMode::Full, t(60))?;
+    let peer = 1 - w.rank();
+    let got = w.get(
+        peer,
+        "k3999",
+        GetOpts::default().timeout(Duration::from_secs(10)),
+    )?;
+    if got.as_str() != Some(value.as_str()) {
+        return Err(format!("rank {peer}'s k3999 is {got:?}").into());
+    }
+    println!("rank {} read its peer's keys", w.rank());
+    if w.rank() == 1 {
+        w.finalize()?;
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(why) = w.gone_reason(1) {
+            println!("rank 0 saw: rank 1 {why}");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err("rank 1's end never reached the full datastore".into())
 }
 
 /// Invalid requests get clear errors and change nothing.
