@@ -17,6 +17,7 @@ use weft_wireup::{
     SpawnApp,
 };
 
+use crate::sched::COLL_PLANE;
 use crate::setup::{build_engine, Spec};
 use crate::{
     Backoff, CommShared, Communicator, Fabric, InitError, Inner, P2pError, Pod, RankMap, Source,
@@ -77,10 +78,9 @@ pub struct InterComm {
     /// merge): a disconnect undoes each.
     connects: std::sync::atomic::AtomicU32,
     wire: Arc<Client>,
+    /// Set by [`InterComm::disconnect`]: a drop without it is logged.
+    disconnected: bool,
 }
-
-/// The tag [`InterComm::merge`] exchanges its flags with (not for applications).
-pub const MERGE_TAG: Tag = Tag(u32::MAX - 1);
 
 impl std::fmt::Debug for InterComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,11 +119,8 @@ impl InterComm {
         self.p2p.ctx
     }
 
-    /// Sends `buf` to rank `dest` of the remote group. Tag [`MERGE_TAG`] is reserved.
+    /// Sends `buf` to rank `dest` of the remote group.
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: Tag) -> Result<(), P2pError> {
-        if tag == MERGE_TAG {
-            return Err(P2pError::InvalidTag(tag.0));
-        }
         self.p2p.send(buf, dest, tag)
     }
 
@@ -145,14 +142,19 @@ impl InterComm {
     /// communicator, over this intercommunicator's connections: use it before
     /// [`disconnect`](Self::disconnect), which closes them.
     pub fn merge(&self, high: bool) -> Result<Communicator, InterCommError> {
-        // Every process tells every remote one its flag (they must agree within a group).
+        // Every process tells every remote one its flag (they must agree within a group),
+        // on the connect's collective plane: no receive of the application's matches them.
+        let flags = Communicator {
+            ctx: self.p2p.ctx | COLL_PLANE,
+            ..self.p2p.clone()
+        };
         for r in 0..self.remote_size() {
-            self.p2p.send(&[u8::from(high)], r, MERGE_TAG)?;
+            flags.send(&[u8::from(high)], r, Tag(0))?;
         }
         let mut remote_high = None;
         for r in 0..self.remote_size() {
             let mut f = [0u8];
-            self.p2p.recv(&mut f, Source::Rank(r), MERGE_TAG)?;
+            flags.recv(&mut f, Source::Rank(r), Tag(0))?;
             match remote_high {
                 None => remote_high = Some(f[0] == 1),
                 Some(h) if h != (f[0] == 1) => {
@@ -209,7 +211,8 @@ impl InterComm {
     /// Disconnects, a collective of both groups: pushes out what this process sent,
     /// then waits until every process of both groups disconnected (so nothing sent
     /// before is lost), and closes the connections.
-    pub fn disconnect(self) -> Result<(), InterCommError> {
+    pub fn disconnect(mut self) -> Result<(), InterCommError> {
+        self.disconnected = true;
         let wait = self.p2p.inner.finalize_wait;
         let deadline = Instant::now() + wait;
         let mut backoff = Backoff::default();
@@ -235,6 +238,24 @@ impl InterComm {
             self.wire.disconnect(&self.named, Some(CONNECT_WAIT))?;
         }
         Ok(())
+    }
+}
+
+impl Drop for InterComm {
+    /// Dropped without [`InterComm::disconnect`]: the connections stay open until
+    /// [`Fabric::finalize`] (which still pushes out what was sent), and the runtime keeps the
+    /// jobs connected until one of them ends. Logged as a warning: MPI programs must
+    /// disconnect too.
+    fn drop(&mut self) {
+        if !self.disconnected && !std::thread::panicking() {
+            tracing::warn!(
+                "an intercommunicator (context {}, {} local and {} remote processes) was \
+                 dropped without disconnect: its jobs stay connected until one ends",
+                self.p2p.ctx,
+                self.local.len(),
+                self.remote.len()
+            );
+        }
     }
 }
 
@@ -682,6 +703,7 @@ fn intercomm(
         union_procs: conn.procs.clone(),
         connects: std::sync::atomic::AtomicU32::new(1),
         wire: wire.clone(),
+        disconnected: false,
     })
 }
 

@@ -45,7 +45,7 @@ pub use session::{
 pub use communicator::Communicator;
 pub(crate) use communicator::{CommShared, RankMap};
 pub use error::{InitError, P2pError};
-pub use intercomm::{InterComm, InterCommError, Port, MERGE_TAG};
+pub use intercomm::{InterComm, InterCommError, Port};
 pub use message::{Source, Status, Tag};
 pub(crate) use pod::{bytes_of, bytes_of_mut};
 pub use pod::{Loc, Pod};

@@ -109,6 +109,18 @@ fn parent(args: &[String]) -> Res {
                 "parent {me}: exchanged with {} children",
                 ic.remote_size()
             ))?;
+            // A wildcard receive while child 0 is already in the merge, whose flag has
+            // come: it gets the last child's late message, never the flag.
+            let mut late = [0u64];
+            let st = ic.recv(&mut late, Source::Any, Tag::ANY)?;
+            let last = ic.remote_size() - 1;
+            if (st.source, st.tag, late[0]) != (last, 5, u64::from(5000 + me)) {
+                return Err(format!(
+                    "the wildcard receive got {late:?} from child {} with tag {}",
+                    st.source, st.tag
+                )
+                .into());
+            }
             merged("parent", me, &ic, false)?;
             let child0 = ic.remote_procs()[0];
             ic.disconnect()?;
@@ -194,6 +206,13 @@ fn child(args: &[String]) -> Res {
         "child {me}: exchanged with {parents} parents (first from {})",
         got[0]
     ))?;
+    if me + 1 == ic.size() {
+        // The late message (after child 0's merge flag reached the parents).
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        for p in 0..parents {
+            ic.send(&[u64::from(5000 + p)], p, Tag(5))?;
+        }
+    }
     merged("child", me, &ic, true)?;
     ic.disconnect()?;
     say(format!("child {me}: disconnected"))?;
