@@ -103,6 +103,24 @@ fn a_dead_peer_fails_the_wait_within_two_seconds() {
     }
 }
 
+/// A wildcard receive fails when every possible sender is gone, and names the one that
+/// failed of itself, not one terminated (SIGTERM) after it.
+#[test]
+fn a_failed_wildcard_receive_names_the_cause_not_a_terminated_rank() {
+    let probe = probe("fabric_probe");
+    let done = run(
+        "wildcard-cause",
+        &["--keep-going", "-n", "3", &probe, "wildcard-cause"],
+        T,
+    );
+    assert!(
+        done.stdout
+            .contains("wildcard receive failed naming rank 2: exited with code 5"),
+        "{}",
+        done.dump()
+    );
+}
+
 #[test]
 fn a_process_on_another_node_without_verbs_or_tcp_is_a_clear_no_path_error() {
     let probe = probe("fabric_probe");

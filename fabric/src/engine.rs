@@ -613,15 +613,26 @@ impl Engine {
         self.all_gone_among(0..self.st.peers.len() as u32)
     }
 
-    /// If every rank of `ranks` but this one is gone, the first of them and why.
+    /// If every rank of `ranks` but this one is gone, one of them and why: the first that
+    /// failed of itself, rather than one the runtime terminated after a failure (SIGTERM)
+    /// or one that finalized, so that the error names the cause.
     pub(crate) fn all_gone_among(&self, ranks: impl Iterator<Item = u32>) -> Option<(u32, String)> {
         let me = self.st.me;
-        let mut first = None;
+        let mut best: Option<(u8, u32, String)> = None;
         for r in ranks.filter(|&r| r != me) {
             let why = (self.st.wireup.gone)(r)?;
-            first.get_or_insert((r, format!("{why} (and so is every other possible sender)")));
+            let rank = if why.contains("(SIGTERM)") {
+                1
+            } else if why.contains(weft_wireup::FINALIZED) {
+                2
+            } else {
+                0
+            };
+            if best.as_ref().is_none_or(|(b, _, _)| rank < *b) {
+                best = Some((rank, r, why));
+            }
         }
-        first
+        best.map(|(_, r, why)| (r, format!("{why} (and so is every other possible sender)")))
     }
 
     /// Cancels a receive that has not matched yet; returns false if it is already

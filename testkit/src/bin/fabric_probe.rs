@@ -14,6 +14,7 @@ fn main() {
     let out = match scenario.as_str() {
         "dead-peer" => dead_peer(),
         "dead-peer-rendezvous" => dead_peer_rendezvous(),
+        "wildcard-cause" => wildcard_cause(),
         "dead-receiver-mid-transfer" => dead_mid_transfer(1),
         "flow-control" => flow_control(),
         "dead-sender-mid-transfer" => dead_mid_transfer(0),
@@ -79,6 +80,37 @@ fn dead_peer() -> Res {
     }
     // Exit 0 without finalizing, so that the launcher reports the killed rank as the
     // first failure (a non-zero exit here could race with it).
+    std::process::exit(0);
+}
+
+/// Run with 3 ranks and `--keep-going`: rank 1 is terminated (SIGTERM, as the runtime
+/// ends the rest of a failed job), then rank 2 exits with code 5. Rank 0's wildcard
+/// receive fails once both are gone, naming the cause: rank 2.
+fn wildcard_cause() -> Res {
+    let f = Fabric::init()?;
+    let w = f.world();
+    let mut x = [0u64];
+    match w.rank() {
+        1 => {
+            let _ = std::io::stdout().flush();
+            let me = rustix::process::getpid();
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::TERM);
+            std::thread::sleep(Duration::from_secs(60));
+            std::process::exit(99)
+        }
+        2 => {
+            while f.wire().gone_reason(1).is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::process::exit(5)
+        }
+        _ => match w.recv(&mut x, Source::Any, Tag::ANY) {
+            Err(P2pError::PeerGone { rank, reason }) => {
+                println!("rank 0: wildcard receive failed naming rank {rank}: {reason}")
+            }
+            other => return Err(format!("expected PeerGone, got {other:?}").into()),
+        },
+    }
     std::process::exit(0);
 }
 

@@ -15,6 +15,13 @@
 //! children in turn while child 0 waits in its world's barrier for child 1, which receives
 //! first: the parent's first send to child 0 completes only if child 0's barrier wait
 //! progresses its intercommunicator (over TCP: the connection's handshake).
+//! `intercomm_probe chaos-parent N ROUNDS` (for `ci/chaos-family.sh`): the world spawns N
+//! `chaos-child ROUNDS`; in each round every parent sends every child 8 bytes (every
+//! tenth round 64 KiB), and every child, once it took all (wildcard receives), answers
+//! each; then both merge, sum on the merged communicator and disconnect. A parent
+//! prints `parent R ok`, or `parent R error: ...` when a child was lost (then it ends
+//! well: the loss of a spawned job is the parents' to handle); a child prints `rank R ok`
+//! or `rank R error: ...` (and exits 1).
 
 use std::io::Write;
 
@@ -35,6 +42,8 @@ fn main() {
         Some("plain-parent") => plain_parent(),
         Some("plain-child") => plain_child(),
         Some("client") => port_end(&args, false),
+        Some("chaos-parent") => chaos_parent(&args),
+        Some("chaos-child") => chaos_child(&args),
         other => Err(format!("unknown scenario {other:?}").into()),
     };
     if let Err(e) = out {
@@ -374,6 +383,102 @@ fn plain_child() -> Res {
         if p.is_some() { "some" } else { "none" },
         t0.elapsed().as_secs()
     ))?;
+    fabric.finalize()?;
+    Ok(())
+}
+
+/// Round `round`'s message from parent `p` to child `c` (every tenth: 64 KiB).
+fn chaos_msg(round: u32, p: u32, c: u32) -> Vec<u8> {
+    let len = if round % 10 == 9 { 64 << 10 } else { 8 };
+    (0..len)
+        .map(|i| (i as u32 ^ round.wrapping_mul(7) ^ (p * 31 + c * 17)) as u8)
+        .collect()
+}
+
+fn chaos_parent(args: &[String]) -> Res {
+    let fabric = Fabric::init()?;
+    let me = fabric.world().rank();
+    let n: u32 = args.get(2).ok_or("chaos-parent N ROUNDS")?.parse()?;
+    let rounds: u32 = args.get(3).ok_or("chaos-parent N ROUNDS")?.parse()?;
+    let run = || -> Res {
+        let app = SpawnApp {
+            program: std::env::current_exe()?.display().to_string(),
+            args: vec!["chaos-child".into(), rounds.to_string()],
+            np: n,
+            env: Vec::new(),
+            cwd: None,
+        };
+        let ic = fabric.world().spawn(&[app], 0)?;
+        let mut buf = vec![0u8; 64 << 10];
+        for round in 0..rounds {
+            for c in 0..n {
+                ic.send(&chaos_msg(round, me, c), c, Tag(round))?;
+            }
+            for _ in 0..n {
+                let st = ic.recv(&mut buf, Source::Any, Tag(round))?;
+                let want = chaos_msg(round, st.source, me);
+                if buf[..st.count] != want[..] {
+                    return Err(
+                        format!("round {round}: child {}'s answer is wrong", st.source).into(),
+                    );
+                }
+            }
+        }
+        let m = ic.merge(false)?;
+        let mut sum = [0u64];
+        m.allreduce(&[1u64], &mut sum, Op::Sum)?;
+        if sum[0] != u64::from(m.size()) {
+            return Err(format!("the merged sum is {} of {}", sum[0], m.size()).into());
+        }
+        ic.disconnect()?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => say(format!("parent {me} ok"))?,
+        Err(e) => say(format!("parent {me} error: {e}"))?,
+    }
+    fabric.finalize()?;
+    Ok(())
+}
+
+fn chaos_child(args: &[String]) -> Res {
+    let fabric = Fabric::init()?;
+    let me = fabric.world().rank();
+    let rounds: u32 = args.get(2).ok_or("chaos-child ROUNDS")?.parse()?;
+    let run = || -> Res {
+        let ic = fabric.parent()?.ok_or("no parent")?;
+        let mut buf = vec![0u8; 64 << 10];
+        for round in 0..rounds {
+            // Every parent's message first, then the answers: a parent's large send waits
+            // for its receive, never for one of this child's sends.
+            for _ in 0..ic.remote_size() {
+                let st = ic.recv(&mut buf, Source::Any, Tag(round))?;
+                if buf[..st.count] != chaos_msg(round, st.source, me)[..] {
+                    return Err(
+                        format!("round {round}: parent {}'s message is wrong", st.source).into(),
+                    );
+                }
+            }
+            for p in 0..ic.remote_size() {
+                ic.send(&chaos_msg(round, me, p), p, Tag(round))?;
+            }
+        }
+        let m = ic.merge(true)?;
+        let mut sum = [0u64];
+        m.allreduce(&[1u64], &mut sum, Op::Sum)?;
+        if sum[0] != u64::from(m.size()) {
+            return Err(format!("the merged sum is {} of {}", sum[0], m.size()).into());
+        }
+        ic.disconnect()?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => say(format!("rank {me} ok"))?,
+        Err(e) => {
+            say(format!("rank {me} error: {e}"))?;
+            std::process::exit(1);
+        }
+    }
     fabric.finalize()?;
     Ok(())
 }
