@@ -10,6 +10,12 @@
 # which ends with the job that asked for it). A killed parent fails the family: weft run exits non-zero, the parents' errors name
 # it, and its children (not spawned separate) and its session end with it. No process,
 # segment or socket directory of the family may be left behind.
+# A third of the runs are connected families (issue 33's intercommunicators): the job is
+# testkit's `intercomm_probe chaos-parent`, whose world spawns its children with
+# `Communicator::spawn` and exchanges messages with them every round (8 times the rounds;
+# 8 B, every tenth 64 KiB), then merges, sums and disconnects. There a killed child also fails its parents'
+# exchange: each parent prints ok or an error naming the lost child (ns2:RANK), and weft run
+# still exits 0.
 #
 #   ci/chaos-family.sh [RUNS] [SEED]      (default 12 runs, a random seed)
 set -uo pipefail
@@ -23,7 +29,7 @@ tmp=$(mktemp -d /var/tmp/weft-chaosf.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export TMPDIR=$tmp
 uid=$(id -u)
-ran=0 child_kills=0 parent_kills=0 spawner_kills=0 sessions=0 hangs=0 leaks=0 wrong=0 misnamed=0 late=0
+ran=0 child_kills=0 parent_kills=0 spawner_kills=0 sessions=0 connected=0 hangs=0 leaks=0 wrong=0 misnamed=0 late=0
 start=$(date +%s)
 
 # Sleeps a random number of milliseconds in [lo, hi).
@@ -61,20 +67,31 @@ for i in $(seq 1 "$runs"); do
   iters=$((80 + RANDOM % 120))
   job=chaosf$seed-$i
   mode=""
-  if ((nodes >= 2 && RANDOM % 2)); then mode=session; sessions=$((sessions + 1)); fi
+  if ((RANDOM % 3 == 0)); then
+    mode=connect; connected=$((connected + 1))
+  elif ((nodes >= 2 && RANDOM % 2)); then
+    mode=session; sessions=$((sessions + 1))
+  fi
   # 0-2 nothing, 3-5 kill a child, 6-7 kill a parent rank, 8 kill rank 0 (the spawner)
   action=$((RANDOM % 9))
-  timeout -s KILL 90 "$bin/weft" run --job-id "$job" --timeout 60 --nodes "$nodes" -n "$n" \
-    "$bin/wireup_probe" family "$nchild" "$iters" $mode >"$tmp/out" 2>"$tmp/err" &
+  if [[ $mode == connect ]]; then
+    parents="$bin/intercomm_probe chaos-parent" children="$bin/intercomm_probe chaos-child"
+    timeout -s KILL 90 "$bin/weft" run --job-id "$job" --timeout 60 --nodes "$nodes" \
+      -n "$n" $parents "$nchild" "$((iters * 8))" >"$tmp/out" 2>"$tmp/err" &
+  else
+    parents="$bin/wireup_probe family" children="$bin/chaos_probe"
+    timeout -s KILL 90 "$bin/weft" run --job-id "$job" --timeout 60 --nodes "$nodes" \
+      -n "$n" $parents "$nchild" "$iters" $mode >"$tmp/out" 2>"$tmp/err" &
+  fi
   launcher=$! t0=$(date +%s)
   what=none victim=""
   if ((action >= 3)); then
     nap 50 900
     if ((action <= 5)); then
-      mapfile -t live < <(procs_of "$bin/chaos_probe")
+      mapfile -t live < <(procs_of "$children")
       role=child
     else
-      mapfile -t live < <(procs_of "$bin/wireup_probe family")
+      mapfile -t live < <(procs_of "$parents")
       role=parent
       if ((action == 8)); then
         mapfile -t live < <(printf '%s\n' "${live[@]}" | awk '$2 == 0')
@@ -89,7 +106,7 @@ for i in $(seq 1 "$runs"); do
   fi
   wait "$launcher"; rc=$?
   ran=$((ran + 1))
-  desc="--nodes $nodes -n $n, $nchild children${mode:+ in a session}, $iters rounds, $what${victim:+ $victim}, exit $rc"
+  desc="--nodes $nodes -n $n, $nchild children${mode:+ ($mode)}, $iters rounds, $what${victim:+ $victim}, exit $rc"
   case $what in
     kill-child) child_kills=$((child_kills + 1)) ;;
     kill-parent) parent_kills=$((parent_kills + 1)) ;;
@@ -99,13 +116,22 @@ for i in $(seq 1 "$runs"); do
     fail hangs "the family did not end by itself (exit $rc after $(( $(date +%s) - t0 )) s)"
   fi
   pok=$(grep -c '^parent [0-9]* ok$' "$tmp/out")
+  perr=$(grep -c '^parent [0-9]* error: ' "$tmp/out")
   cok=$(grep -c '^rank [0-9]* ok$' "$tmp/out")
+  if [[ $mode == connect && $what == kill-child ]]; then
+    # The parents are connected with the lost child: their exchange may fail, naming it.
+    ((rc == 0 && pok + perr == n)) ||
+      fail wrong "a child's loss: expected exit 0 and $n parents ok or failed, got $pok ok and $perr failed"
+    ((cok < nchild)) || fail wrong "every child ok although child $victim was killed"
+    check_named parent "ns[0-9]+:$victim[^0-9]"
+    what=connected-kill-child
+  fi
   case $what in
     none)
       # A session ends with the job that asked for it: children still running in it when
       # the parents finish are terminated then (said on weft run's stderr).
       ended=0
-      [[ -n $mode ]] && grep -q "its session 1 ended; terminating the job" "$tmp/err" && ended=1
+      [[ $mode == session ]] && grep -q "its session 1 ended; terminating the job" "$tmp/err" && ended=1
       ((rc == 0 && pok == n && (cok == nchild || ended))) ||
         fail wrong "expected exit 0, $n parent and $nchild child ok lines, got $pok and $cok" ;;
     kill-child)
@@ -118,7 +144,7 @@ for i in $(seq 1 "$runs"); do
       check_named parent "rank $victim[^0-9]|\[$victim[],]|, $victim[],]" ;;
   esac
   for _ in 1 2 3 4 5 6 7 8 9 10; do
-    left=$(pgrep -f "$bin/chaos_probe|$bin/wireup_probe family|--job-dir [^ ]*/$job" || true)
+    left=$(pgrep -f "$bin/chaos_probe|$bin/wireup_probe family|$bin/intercomm_probe chaos-|--job-dir [^ ]*/$job" || true)
     [[ -z $left ]] && break
     sleep 0.5
   done
@@ -129,5 +155,5 @@ for i in $(seq 1 "$runs"); do
     for s in $segs; do rm -f "/dev/shm/$s"; done
   fi
 done
-echo "chaos-family: seed $seed, $(($(date +%s) - start)) s: runs $ran (in a session: $sessions), child kills $child_kills, parent kills $parent_kills, spawner kills $spawner_kills (actions too late to land: $late), hangs $hangs, leaks $leaks, wrong answers $wrong, misnamed errors $misnamed"
+echo "chaos-family: seed $seed, $(($(date +%s) - start)) s: runs $ran (in a session: $sessions, connected: $connected), child kills $child_kills, parent kills $parent_kills, spawner kills $spawner_kills (actions too late to land: $late), hangs $hangs, leaks $leaks, wrong answers $wrong, misnamed errors $misnamed"
 ((hangs + leaks + wrong + misnamed == 0))
