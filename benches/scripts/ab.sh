@@ -5,7 +5,7 @@
 #   benches/scripts/ab.sh OLD_RELEASE_DIR NEW_RELEASE_DIR [ROUNDS]
 # Each RELEASE_DIR is a target/release of `cargo build --release --bins` (build the old
 # one from a worktree: git worktree add ../old COMMIT). Measures `weft bench latency` 8 B
-# (shm, 2 ranks on one node; median), `mr` 8 B and `bw` 1 MiB (shm), and with
+# (shm, 2 ranks on one node; median), `mr` 8 B, 64 B and 1 KiB and `bw` 1 MiB (shm), and with
 # WEFT_TRANSPORTS=tcp the latency at 8 B and 4 MiB, ROUNDS times (default 9); prints every
 # sample, then per benchmark the median over the rounds of each build, its min-max, and
 # the ratio new/old. (verbs_ab.sh does the same for verbs inside the soft-RoCE VM.)
@@ -18,7 +18,7 @@ one() { # LABEL DIR: one sample of every benchmark, as "LABEL NAME VALUE" lines
   local v=$1 d=$2 j
   j=$(timeout 120 "$d/weft" bench latency --sizes 8 --no-limit --percentiles --json)
   echo "$j" | sed -n 's/.*"size":\([0-9]*\),"latency_us":\([0-9.]*\).*"median_us":\([0-9.]*\).*/shm_lat\1_median \3/p' | sed "s/^/$v /"
-  j=$(timeout 120 "$d/weft" bench mr --sizes 8 --no-limit --json)
+  j=$(timeout 120 "$d/weft" bench mr --sizes 8,64,1024 --no-limit --json)
   echo "$j" | sed -n 's/.*"size":\([0-9]*\),"msg_rate":\([0-9.]*\).*/shm_mr\1 \2/p' | sed "s/^/$v /"
   j=$(timeout 120 "$d/weft" bench bw --sizes 1048576 --no-limit --json)
   echo "$j" | sed -n 's/.*"size":\([0-9]*\),"bandwidth_mbs":\([0-9.]*\).*/shm_bw\1 \2/p' | sed "s/^/$v /"

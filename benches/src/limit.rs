@@ -146,12 +146,23 @@ pub(crate) fn main(args: &[String]) -> i32 {
 
 /// Runs a two-process benchmark: `run_rank` when this process is a rank of a job
 /// (`WEFT_RANK` is set), else launches `weft bench NAME ARGS...` as a job of two
-/// processes (see [`launch_pair`]). Returns the exit status; errors are printed as
+/// processes (see [`launch_job`]). Returns the exit status; errors are printed as
 /// `weft bench NAME: ...`.
 pub(crate) fn run_or_launch(
     name: &str,
     bind: Bind,
     args: &[String],
+    run_rank: impl FnOnce() -> Result<(), String>,
+) -> i32 {
+    run_or_launch_n(name, bind, args, 2, run_rank)
+}
+
+/// [`run_or_launch`] with a job of `procs` processes when started alone.
+pub(crate) fn run_or_launch_n(
+    name: &str,
+    bind: Bind,
+    args: &[String],
+    procs: u32,
     run_rank: impl FnOnce() -> Result<(), String>,
 ) -> i32 {
     if std::env::var_os(weft_wireup::env::RANK).is_some() {
@@ -163,7 +174,7 @@ pub(crate) fn run_or_launch(
             }
         };
     }
-    match launch_pair(name, bind, args) {
+    match launch_job(name, bind, args, procs) {
         Ok(0) => 0,
         Ok(code) => {
             eprintln!("weft bench {name}: the benchmark job failed (exit status {code})");
@@ -176,17 +187,23 @@ pub(crate) fn run_or_launch(
     }
 }
 
-/// Launches `weft bench NAME ARGS...` as a job of two copies of this executable, bound as
-/// `bind` says ([`Bind::Auto`]: one core each when the machine has two or more), with
-/// the progress-bar setting of [`progress_env`]; returns the job's exit status.
-pub(crate) fn launch_pair(name: &str, bind: Bind, args: &[String]) -> Result<i32, String> {
+/// Launches `weft bench NAME ARGS...` as a job of `procs` copies of this executable, bound
+/// as `bind` says ([`Bind::Auto`]: one core each when the machine has that many, and two
+/// or more), with the progress-bar setting of [`progress_env`]; returns the job's exit
+/// status.
+pub(crate) fn launch_job(
+    name: &str,
+    bind: Bind,
+    args: &[String],
+    procs: u32,
+) -> Result<i32, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot locate this executable to launch the job: {e}"))?;
     let bind_to = match bind {
         Bind::Core => BindTo::Core,
         Bind::None => BindTo::None,
         Bind::Auto => match topology::cores() {
-            Ok(c) if c.len() >= 2 => BindTo::Core,
+            Ok(c) if c.len() >= procs.max(2) as usize => BindTo::Core,
             _ => BindTo::None,
         },
     };
@@ -194,7 +211,7 @@ pub(crate) fn launch_pair(name: &str, bind: Bind, args: &[String]) -> Result<i32
     child_args.extend(args.iter().cloned());
     let spec = LaunchSpec {
         apps: vec![AppContext {
-            n: 2,
+            n: procs,
             pset: None,
             program: exe.display().to_string(),
             args: child_args,

@@ -231,6 +231,12 @@ struct Args {
     /// per round trip costs a few nanoseconds, which shows at shared-memory latencies.
     #[arg(long)]
     percentiles: bool,
+    /// mr only: pairs sending at once, as osu_mbw_mr: ranks 0 to N-1 each send windows to
+    /// rank i+N, and the aggregate message rate (the sum of the senders' rates) is
+    /// printed. Needs a job of 2N processes (started alone, it launches one).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pairs: u32,
 }
 
 /// Parses the options of `bench` (the arguments after its name).
@@ -243,6 +249,15 @@ fn parse(bench: Bench, args: &[String]) -> Result<Args, clap::Error> {
         .long_about(None)
         .try_get_matches_from(argv)?;
     let args = Args::from_arg_matches(&matches)?;
+    if args.pairs > 1 && bench != Bench::Mr {
+        return Err(Args::command().bin_name(bench.command_name()).error(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!(
+                "--pairs is for `weft bench mr` (osu_mbw_mr), not `{}`",
+                bench.command_name()
+            ),
+        ));
+    }
     if args.percentiles && bench != Bench::Latency {
         return Err(Args::command().bin_name(bench.command_name()).error(
             clap::error::ErrorKind::ArgumentConflict,
@@ -265,7 +280,10 @@ pub(crate) fn main(bench: Bench, args: &[String]) -> i32 {
             return e.exit_code();
         }
     };
-    limit::run_or_launch(bench.name(), opts.bind_to, args, || run_rank(bench, &opts))
+    let procs = 2 * opts.pairs;
+    limit::run_or_launch_n(bench.name(), opts.bind_to, args, procs, || {
+        run_rank(bench, &opts)
+    })
 }
 
 /// One rank of the job: joins the fabric, measures, finalizes.
@@ -428,9 +446,13 @@ fn check_stamp(got: &[u8], count: usize, size: usize, w: u32) -> Result<(), Stri
 /// Aligns the two ranks (as OSU's barrier before each size): rank 0 sends an empty
 /// message and waits for rank 1's answer.
 fn sync(world: &Communicator) -> Result<(), P2pError> {
-    let peer = 1 - world.rank();
+    sync_with(world, 1 - world.rank(), world.rank() == 0)
+}
+
+/// [`sync`] of this rank and `peer`: the one that is `first` sends first.
+fn sync_with(world: &Communicator, peer: u32, first: bool) -> Result<(), P2pError> {
     let mut none: [u8; 0] = [];
-    if world.rank() == 0 {
+    if first {
         world.send(&none, peer, TAG_SYNC)?;
         world.recv(&mut none, Source::Rank(peer), TAG_SYNC)?;
     } else {
@@ -548,11 +570,30 @@ fn cycles() -> u64 {
     }
 }
 
-/// `bw` and `mr`: windows of `window` messages from rank 0 to rank 1, each followed by a
-/// 1-byte ack; the last window's data is checked. Returns this rank's time of the timed
-/// windows.
+/// The two ends of a [`unidirectional`] exchange: this rank's peer, and whether this rank
+/// sends.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    peer: u32,
+    sender: bool,
+}
+
+impl Pair {
+    /// Rank 0 sends to rank 1.
+    fn of_two(world: &Communicator) -> Pair {
+        Pair {
+            peer: 1 - world.rank(),
+            sender: world.rank() == 0,
+        }
+    }
+}
+
+/// `bw` and `mr`: windows of `window` messages from the sender to its peer (rank 0 to rank
+/// 1, or a pair of `mr --pairs`), each followed by a 1-byte ack; the last window's data is
+/// checked. Returns this rank's time of the timed windows.
 fn unidirectional(
     world: &Communicator,
+    pair: Pair,
     size: usize,
     window: u32,
     reps: Reps,
@@ -560,17 +601,16 @@ fn unidirectional(
     slots: &mut RecvSlots,
 ) -> Result<Duration, String> {
     let p2p = |e: P2pError| format!("size {size}: {e}");
-    let me = world.rank();
-    let peer = 1 - me;
+    let Pair { peer, sender } = pair;
     let last = reps.total() - 1;
     let mut ack = [ACK_OK];
-    sync(world).map_err(p2p)?;
+    sync_with(world, peer, sender).map_err(p2p)?;
     let mut t0 = Instant::now();
     for w in 0..reps.total() {
         if w == reps.warmup {
             t0 = Instant::now();
         }
-        if me == 0 {
+        if sender {
             stamp(&mut sbuf[..size], w);
             let data = &sbuf[..size];
             world
@@ -598,9 +638,9 @@ fn unidirectional(
         }
     }
     let t = t0.elapsed();
-    if me == 0 && ack[0] != ACK_OK {
+    if sender && ack[0] != ACK_OK {
         return Err(format!(
-            "size {size}: rank 1 found the data of the last window corrupted (it says how)"
+            "size {size}: rank {peer} found the data of the last window corrupted (it says how)"
         ));
     }
     Ok(t)
@@ -748,9 +788,13 @@ fn describe(bench: Bench, opts: &Args, cpus: (&str, &str)) -> String {
 /// Everything both ranks do; rank 0 prints.
 fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<(), String> {
     let world = fabric.world();
+    if opts.pairs > 1 {
+        return measure_pairs(opts, sweep, &world);
+    }
     if world.size() != 2 {
         return Err(format!(
-            "needs a job of exactly 2 processes (weft run -n 2), this one has {}",
+            "needs a job of exactly 2 processes (weft run -n 2; mr --pairs N takes 2N), this \
+             one has {}",
             world.size()
         ));
     }
@@ -837,6 +881,7 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
                 let mut slots = RecvSlots::new(if me == 1 { size } else { 0 }, opts.window);
                 let t = unidirectional(
                     &world,
+                    Pair::of_two(&world),
                     size,
                     opts.window,
                     reps,
@@ -899,4 +944,93 @@ fn measure(bench: Bench, opts: &Args, sweep: &Sweep, fabric: &Fabric) -> Result<
         idle_until_sync(&world).map_err(|e| format!("waiting for rank 0's memcpy: {e}"))?;
     }
     sync(&world).map_err(|e| format!("final sync: {e}"))
+}
+
+/// `mr --pairs N` (osu_mbw_mr): ranks 0 to N-1 each send windows to rank i+N, all pairs at
+/// once after a barrier; each size's figure is the sum of the senders' message rates.
+/// Neither the same-job reference nor the time budget applies (OSU's counts, or --iters).
+fn measure_pairs(opts: &Args, sweep: &Sweep, world: &Communicator) -> Result<(), String> {
+    use weft_collectives::{Collectives, Op};
+    let pairs = opts.pairs;
+    if world.size() != 2 * pairs {
+        return Err(format!(
+            "--pairs {pairs} needs a job of {} processes (weft run -n {}), this one has {}",
+            2 * pairs,
+            2 * pairs,
+            world.size()
+        ));
+    }
+    let me = world.rank();
+    let pair = Pair {
+        peer: (me + pairs) % (2 * pairs),
+        sender: me < pairs,
+    };
+    let io_err = |e: io::Error| format!("writing the report: {e}");
+    let coll = |e: weft_collectives::CollError| e.to_string();
+    let sizes = sweep.sizes().to_vec();
+    let mut report = if me == 0 {
+        let mut r = Report::new(
+            &opts.sweep,
+            sweep,
+            Bench::Mr.name(),
+            Bench::Mr.title(),
+            Bench::Mr.metric(),
+        )
+        .label("weft")
+        .field("impl", "weft")
+        .field("pairs", pairs);
+        let counts = (
+            Bench::Mr.reps(LARGE, opts.iters, opts.warmup),
+            Bench::Mr.reps(LARGE + 1, opts.iters, opts.warmup),
+        );
+        r.comment(&format!(
+            "{pairs} pairs at once: rank i sends to rank i+{pairs} (i < {pairs}), as osu_mbw_mr;\n\
+             windows of {w} isend + wait_all, then a 1-byte ack; windows: {} after {} warm-up \
+             up to 8 KiB, {} after {} above;\n\
+             messages/s = the sum of the senders' rates; data checked as for one pair\n{}",
+            counts.0.iters,
+            counts.0.warmup,
+            counts.1.iters,
+            counts.1.warmup,
+            tunables(),
+            w = opts.window,
+        ))
+        .map_err(io_err)?;
+        Some(r)
+    } else {
+        None
+    };
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let mut sbuf = AlignedBuf::filled(if pair.sender { max } else { 0 }, SEND_FILL);
+    for &size in &sizes {
+        let reps = Bench::Mr.reps(size, opts.iters, opts.warmup);
+        let mut slots = RecvSlots::new(if pair.sender { 0 } else { size }, opts.window);
+        world.barrier().map_err(coll)?;
+        let t = unidirectional(
+            world,
+            pair,
+            size,
+            opts.window,
+            reps,
+            sbuf.as_mut_slice(),
+            &mut slots,
+        )?
+        .as_secs_f64();
+        let rate = if pair.sender {
+            f64::from(opts.window) * f64::from(reps.iters) / t
+        } else {
+            0.0
+        };
+        let mut total = [0f64];
+        world
+            .allreduce(&[rate], &mut total, Op::Sum)
+            .map_err(coll)?;
+        if let Some(r) = &mut report {
+            r.row(size, total[0]).map_err(io_err)?;
+        }
+    }
+    if let Some(r) = report {
+        r.finish().map_err(io_err)?;
+    }
+    world.barrier().map_err(coll)
 }

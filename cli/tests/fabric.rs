@@ -523,3 +523,32 @@ fn a_process_waiting_in_its_worlds_barrier_answers_an_intercommunicators_handsha
         done.dump()
     );
 }
+
+/// `weft bench mr --pairs 2` (osu_mbw_mr): a job of 4 started by the benchmark itself, one
+/// JSON row per size with the pairs' aggregate; `--pairs` is for `mr` only.
+#[test]
+fn bench_mr_pairs_prints_the_aggregate_rate_in_json() {
+    let tmp = std::env::temp_dir().join(format!("weft-tests/bench-mr-{}", std::process::id()));
+    let (rows, stdout) = common::bench_json(
+        &[
+            "bench", "mr", "--pairs", "2", "--sizes", "8,100", "--iters", "5", "--warmup", "1",
+            "--json",
+        ],
+        &tmp,
+    );
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for (r, size) in rows.iter().zip([8, 100]) {
+        assert_eq!(r["bench"], "mr", "{stdout}");
+        assert_eq!(r["pairs"], 2, "{stdout}");
+        assert_eq!(r["size"], size, "{stdout}");
+        assert!(r["msg_rate"].as_f64().unwrap() > 0.0, "{stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    let out = std::process::Command::new(common::weft())
+        .args(["bench", "latency", "--pairs", "2"])
+        .output()
+        .expect("weft bench");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--pairs is for `weft bench mr`"), "{err}");
+}

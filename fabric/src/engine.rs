@@ -83,12 +83,11 @@ use split::Cma;
 #[cfg(feature = "verbs")]
 use verbs::Reads;
 pub(crate) use wire::Frame;
+pub(crate) use wire::HDR;
 /// The short header's size (what the connection adapters' inline limits leave out).
-#[cfg(any(feature = "tcp", feature = "verbs"))]
 pub(crate) use wire::SHORT_HDR;
 #[cfg(test)]
 pub(crate) use wire::{short_header, Envelope};
-pub(crate) use wire::{HDR, SHORT_MAX};
 
 /// Bytes of eager frames queued for a peer reached over TCP (beyond the socket's buffer
 /// and the endpoint's queue) past which messages to it go by rendezvous.

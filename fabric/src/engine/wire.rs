@@ -39,17 +39,16 @@ pub(crate) const CMA_WRITE: u8 = 7;
 pub(crate) const CMA_DONE: u8 = 8;
 /// A short eager message: `[SHORT, tag u32, ctx u64, payload]`, no source (the transport
 /// knows the sender) and no length (the frame's). Small enough (13 bytes of header) that an
-/// 8-byte message fits the 24 bytes of a pair line. Shared memory sends it for payloads up
-/// to [`SHORT_MAX`], verbs for any frame it sends inline from the send fast path, TCP for
-/// every eager message.
+/// 8-byte message fits the 24 bytes of a pair line. Shared memory and TCP send it for every
+/// eager message that fits a frame (over shared memory: up to 11 bytes in a pair line, larger
+/// ones in the peer's fastbox ring or the shared queue, the inbox naming each frame's
+/// sender), verbs for any frame it sends inline from the send fast path.
 pub(crate) const SHORT: u8 = 9;
 pub(crate) const RTS_TCP: u8 = 10;
 pub(crate) const COLL_ABORT: u8 = 11;
 
 /// Bytes of the short header.
 pub(crate) const SHORT_HDR: usize = 13;
-/// Largest payload sent as a short message over shared memory.
-pub(crate) const SHORT_MAX: usize = weft_shm::layout::PAIR_FRAME_MAX - SHORT_HDR;
 /// Bytes of a CMA_WRITE payload ([`CmaWrite`]).
 pub(crate) const CMA_WRITE_LEN: usize = 52;
 /// Bytes of the fixed payload of an offer (RTS, RTS_RDMA).

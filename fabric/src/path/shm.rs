@@ -7,7 +7,7 @@ use weft_shm::{Inbox, Outbox};
 
 use super::{Adapter, Caps, Deliver, Link, OfferVia, RndvKind};
 use crate::engine::RemoteRegion;
-use crate::engine::SHORT_MAX;
+use crate::engine::SHORT_HDR;
 
 impl Link for &mut Outbox {
     type Error = std::convert::Infallible;
@@ -16,8 +16,8 @@ impl Link for &mut Outbox {
     #[inline(always)]
     fn caps(&self) -> Caps {
         Caps {
-            inline_max: SHORT_MAX,
-            short_max: Some(SHORT_MAX),
+            inline_max: self.inline_max(),
+            short_max: Some(self.inline_max()),
             max_frame: self.max_frame(),
             rndv: Self::RNDV,
             reads_remote: true,
@@ -25,9 +25,11 @@ impl Link for &mut Outbox {
         }
     }
 
+    /// Every eager message that fits a frame goes with a short header, from the send fast
+    /// path: a pair line takes up to 11 bytes, the fastbox ring or the queue the rest.
     #[inline(always)]
     fn inline_max(&self) -> usize {
-        SHORT_MAX
+        self.max_frame().saturating_sub(SHORT_HDR)
     }
 
     #[inline(always)]
