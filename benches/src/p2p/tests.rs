@@ -278,7 +278,16 @@ fn a_failed_data_check_fails_both_ranks() {
         let size = if world.rank() == 0 { 8 } else { 16 };
         let mut sbuf = AlignedBuf::filled(16, SEND_FILL);
         let mut slots = RecvSlots::new(16, 4);
-        let e = unidirectional(world, size, 4, reps, sbuf.as_mut_slice(), &mut slots).unwrap_err();
+        let e = unidirectional(
+            world,
+            Pair::of_two(world),
+            size,
+            4,
+            reps,
+            sbuf.as_mut_slice(),
+            &mut slots,
+        )
+        .unwrap_err();
         if world.rank() == 0 {
             assert!(e.contains("rank 1 found the data"), "{e}");
         } else {
@@ -313,7 +322,15 @@ fn kernels_run_between_two_endpoints() {
             // Rank 0 times each round trip when asked; rank 1 never does.
             assert_eq!(l.dist.is_some(), timed && world.rank() == 0, "{l:?}");
             let mut slots = RecvSlots::new(size, 5);
-            let t = unidirectional(world, size, 5, reps, sbuf.as_mut_slice(), &mut slots);
+            let t = unidirectional(
+                world,
+                Pair::of_two(world),
+                size,
+                5,
+                reps,
+                sbuf.as_mut_slice(),
+                &mut slots,
+            );
             assert!(t.unwrap() > Duration::ZERO);
             if size > 0 {
                 // The last message of the last window carries its stamp.
