@@ -351,3 +351,38 @@ fn servers_of_a_killed_launcher_reap_their_ranks() {
     drop(job);
     assert!(left.is_empty(), "ranks left by their servers: {left:#?}");
 }
+
+/// A rank that leaves a process of its own running, holding its output open (a shell's
+/// background job): the job still ends with its ranks (the rest of that output is
+/// dropped after a grace), and the process is killed with the job.
+#[test]
+fn a_process_a_rank_left_running_ends_with_the_job() {
+    let job = Job::start(
+        "reap-leftover",
+        &[
+            "--nodes",
+            "2",
+            "-n",
+            "2",
+            "/bin/sh",
+            "-c",
+            "sleep 3137 & echo started",
+        ],
+    );
+    let done = job.wait(T);
+    assert_eq!(done.code(), Some(0), "{}", done.dump());
+    assert_eq!(done.lines_with("started"), 2, "{}", done.dump());
+    assert!(done.elapsed < Duration::from_secs(20), "{}", done.dump());
+    assert!(
+        done.stderr.contains("still holds its output open"),
+        "{}",
+        done.dump()
+    );
+    let left = common::pids_whose("cmdline", |c| c.starts_with("sleep 3137"));
+    for &pid in &left {
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    assert!(left.is_empty(), "left running: {left:?}\n{}", done.dump());
+}

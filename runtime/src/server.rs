@@ -561,6 +561,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     reap_children(&mut st, &mut ev_rx).await;
     let mut job_ids = Vec::new();
     st.each_job(|st| job_ids.push(st.job.plan.job_id.clone()));
+    for ns in st.namespaces() {
+        jobs::say_leftovers(ns, &crate::process::kill_leftovers(ns));
+    }
     // The children's output is written before the launcher connection closes (the
     // launcher may end this process then).
     output.flush();

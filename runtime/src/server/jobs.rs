@@ -273,6 +273,18 @@ impl State {
             let prefix = segment_prefix(&job.plan.job_id, self.node);
             drop(job);
             unlink_segments(&prefix);
+            say_leftovers(ns, &crate::process::kill_leftovers(ns));
         }
+    }
+}
+
+/// Logs the processes [`crate::process::kill_leftovers`] killed for job `ns`, if any.
+pub(super) fn say_leftovers(ns: NsId, pids: &[u32]) {
+    if !pids.is_empty() {
+        tracing::warn!(
+            "job {ns} ended with {} process(es) its ranks started still running (pids \
+             {pids:?}): killed",
+            pids.len()
+        );
     }
 }

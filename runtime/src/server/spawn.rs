@@ -11,6 +11,10 @@ use super::{pmi, JobEvent, State};
 
 /// Starts local rank `rank` of the focused job; an error says why it could not be (it is
 /// also reported as the process's end, `SpawnFailed`).
+/// How long a rank's output is still forwarded after the rank exited, when a process it
+/// started holds its stdout or stderr open.
+const OUTPUT_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
     let plan = &st.job.plan;
     let sock = &st.starter.sock;
@@ -119,8 +123,25 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
                 .map(|e| tokio::spawn(forward(e, true, tag("stderr"), sink2)));
             tokio::spawn(async move {
                 let status = child.wait().await;
+                // The output ends with the process, unless a process it started (and left
+                // running) holds its stdout or stderr: then what is left is dropped after a
+                // grace, rather than the rank's end waiting for that process, which the
+                // job's end kills (`process::kill_leftovers`).
+                let until = tokio::time::Instant::now() + OUTPUT_AFTER_EXIT;
+                let mut held = false;
                 for t in [out, err].into_iter().flatten() {
-                    let _ = t.await;
+                    let abort = t.abort_handle();
+                    if tokio::time::timeout_at(until, t).await.is_err() {
+                        abort.abort();
+                        held = true;
+                    }
+                }
+                if held {
+                    tracing::warn!(
+                        "rank {rank} ended, but a process it started still holds its output \
+                         open: that output is no longer forwarded, and the process is killed \
+                         when the job ends"
+                    );
                 }
                 let how = match status {
                     Ok(s) => {
