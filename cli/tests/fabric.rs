@@ -478,6 +478,31 @@ fn a_child_that_dies_fails_its_parents_exchange_naming_a_child() {
     }
 }
 
+/// A wildcard receive on an intercommunicator whose remote group is one process fails
+/// when that process dies (a one-process remote group has no other sender to wait for).
+#[test]
+fn a_wildcard_receive_from_a_lone_parent_fails_when_it_dies() {
+    let probe = probe("intercomm_probe");
+    // --keep-going: the parent job's failure does not end the child, which must notice.
+    let done = run(
+        "icommlone",
+        &["--keep-going", "-n", "1", &probe, "lone-parent"],
+        T,
+    );
+    assert_eq!(done.code(), Some(3), "{}", done.dump());
+    assert!(
+        done.stdout
+            .contains("lone child: rank 0 is gone: ns1:0 exited with code 3"),
+        "{}",
+        done.dump()
+    );
+    // A child that waits on nothing ends with its parent job's failure all the same.
+    let done = run("icommidle", &["-n", "1", &probe, "lone-parent", "idle"], T);
+    assert_eq!(done.code(), Some(3), "{}", done.dump());
+    assert!(done.elapsed < Duration::from_secs(30), "{}", done.dump());
+    assert!(!done.stdout.contains("slept"), "{}", done.dump());
+}
+
 #[test]
 fn a_job_spawned_without_an_intercommunicator_has_no_parent_one() {
     let probe = probe("intercomm_probe");

@@ -223,8 +223,9 @@ impl Communicator {
         match src {
             Some(r) if r == self.inner.me => None,
             Some(r) => e.gone_reason(r).map(|why| (r, why)),
-            None if self.size > 1 => self.all_others_gone(e),
-            None => None,
+            // Any member but this process (an intercommunicator's remote group, even of
+            // one process; none for a communicator of this process alone).
+            None => self.all_others_gone(e),
         }
     }
 

@@ -348,6 +348,16 @@ impl Launch {
                     for info in self.sessions.on_job_end(self.plan.ns) {
                         more.extend(self.session_ended(info));
                     }
+                    if self.job.is_terminating() {
+                        // It failed (or was terminated) after its processes had all
+                        // ended, so no termination reached the servers: the jobs it
+                        // spawned without separating them end with it all the same.
+                        let why = format!("its parent job {} failed", self.plan.job.nspace);
+                        for c in self.children.children_of(self.plan.ns) {
+                            let acts = self.children.kill(c, &why, 128 + 15);
+                            more.extend(self.child(acts));
+                        }
+                    }
                     if self.children.all_over() {
                         out.push(a);
                     }

@@ -42,6 +42,8 @@ fn main() {
         Some("plain-parent") => plain_parent(),
         Some("plain-child") => plain_child(),
         Some("client") => port_end(&args, false),
+        Some("lone-parent") => lone_parent(&args),
+        Some("lone-child") => lone_child(&args),
         Some("chaos-parent") => chaos_parent(&args),
         Some("chaos-child") => chaos_child(&args),
         other => Err(format!("unknown scenario {other:?}").into()),
@@ -387,6 +389,53 @@ fn plain_child() -> Res {
     Ok(())
 }
 
+/// `lone-parent [idle]`: a job of one process spawns one `lone-child`, then exits with
+/// code 3 without sending; the child's wildcard receive from its parent group (of one)
+/// fails, naming it. With `idle` the child only sleeps: the parent job's failure must end
+/// it.
+fn lone_parent(args: &[String]) -> Res {
+    let fabric = Fabric::init()?;
+    let mut cargs = vec!["lone-child".to_owned()];
+    cargs.extend(args.get(2).cloned());
+    let app = SpawnApp {
+        program: std::env::current_exe()?.display().to_string(),
+        args: cargs,
+        np: 1,
+        env: Vec::new(),
+        cwd: None,
+    };
+    let _ic = fabric.world().spawn(&[app], 0)?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::process::exit(3);
+}
+
+fn lone_child(args: &[String]) -> Res {
+    let fabric = Fabric::init()?;
+    let ic = fabric.parent()?.ok_or("no parent")?;
+    if args.get(2).is_some_and(|a| a == "idle") {
+        std::thread::sleep(std::time::Duration::from_secs(100));
+        return say("lone child: slept".into());
+    }
+    let mut buf = [0u8; 8];
+    match ic.recv(&mut buf, Source::Any, Tag::ANY) {
+        Err(e) => say(format!("lone child: {e}")),
+        Ok(st) => Err(format!("a message from parent {}", st.source).into()),
+    }
+}
+
+/// The end of a chaos family's exchange: merge (`high` as given), count the merged
+/// processes with an allreduce, disconnect.
+fn merge_count_disconnect(ic: InterComm, high: bool) -> Res {
+    let m = ic.merge(high)?;
+    let mut sum = [0u64];
+    m.allreduce(&[1u64], &mut sum, Op::Sum)?;
+    if sum[0] != u64::from(m.size()) {
+        return Err(format!("the merged sum is {} of {}", sum[0], m.size()).into());
+    }
+    ic.disconnect()?;
+    Ok(())
+}
+
 /// Round `round`'s message from parent `p` to child `c` (every tenth: 64 KiB).
 fn chaos_msg(round: u32, p: u32, c: u32) -> Vec<u8> {
     let len = if round % 10 == 9 { 64 << 10 } else { 8 };
@@ -424,14 +473,7 @@ fn chaos_parent(args: &[String]) -> Res {
                 }
             }
         }
-        let m = ic.merge(false)?;
-        let mut sum = [0u64];
-        m.allreduce(&[1u64], &mut sum, Op::Sum)?;
-        if sum[0] != u64::from(m.size()) {
-            return Err(format!("the merged sum is {} of {}", sum[0], m.size()).into());
-        }
-        ic.disconnect()?;
-        Ok(())
+        merge_count_disconnect(ic, false)
     };
     match run() {
         Ok(()) => say(format!("parent {me} ok"))?,
@@ -463,14 +505,7 @@ fn chaos_child(args: &[String]) -> Res {
                 ic.send(&chaos_msg(round, me, p), p, Tag(round))?;
             }
         }
-        let m = ic.merge(true)?;
-        let mut sum = [0u64];
-        m.allreduce(&[1u64], &mut sum, Op::Sum)?;
-        if sum[0] != u64::from(m.size()) {
-            return Err(format!("the merged sum is {} of {}", sum[0], m.size()).into());
-        }
-        ic.disconnect()?;
-        Ok(())
+        merge_count_disconnect(ic, true)
     };
     match run() {
         Ok(()) => say(format!("rank {me} ok"))?,
