@@ -778,34 +778,6 @@ impl State {
     fn to_launcher(&self, msg: &ToLauncher) {
         let _ = self.io.ctl.send(frame::encode(msg));
     }
-
-    fn store_put(&mut self, key: &[u8], value: &[u8]) {
-        if self.job.store.overflowed() {
-            return;
-        }
-        if self.job.store.insert(key, value).is_err() {
-            tracing::warn!(
-                "node datastore {} is full ({} bytes used); further gets go through the server",
-                self.job.store.name(),
-                self.job.store.bytes_used()
-            );
-            self.job.store.set_overflowed();
-        }
-    }
-
-    /// [`store_put`](Self::store_put) of a key that readers look up without a fallback
-    /// (a process's end): into the store's reserve, even once other keys overflowed it.
-    fn store_put_vital(&mut self, key: &[u8], value: &[u8]) {
-        if self.job.store.insert_vital(key, value).is_err() {
-            tracing::error!(
-                "node datastore {} is full, its reserve too: key {key:?} is not recorded; \
-                 processes waiting on it notice only by their own checks",
-                self.job.store.name(),
-            );
-            self.job.store.set_overflowed();
-        }
-    }
-
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::Job { ns, ev } => {

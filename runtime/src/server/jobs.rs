@@ -253,6 +253,35 @@ impl State {
         self.to_launcher(&ToLauncher::Launched { ns, error, set_up });
     }
 
+    /// Writes `key` into the focused job's node datastore; once the store is full it is
+    /// marked overflowed, and gets go through the server.
+    pub(super) fn store_put(&mut self, key: &[u8], value: &[u8]) {
+        if self.job.store.overflowed() {
+            return;
+        }
+        if self.job.store.insert(key, value).is_err() {
+            tracing::warn!(
+                "node datastore {} is full ({} bytes used); further gets go through the server",
+                self.job.store.name(),
+                self.job.store.bytes_used()
+            );
+            self.job.store.set_overflowed();
+        }
+    }
+
+    /// [`store_put`](Self::store_put) of a key that readers look up without a fallback
+    /// (a process's end): into the store's reserve, even once other keys overflowed it.
+    pub(super) fn store_put_vital(&mut self, key: &[u8], value: &[u8]) {
+        if self.job.store.insert_vital(key, value).is_err() {
+            tracing::error!(
+                "node datastore {} is full, its reserve too: key {key:?} is not recorded; \
+                 processes waiting on it notice only by their own checks",
+                self.job.store.name(),
+            );
+            self.job.store.set_overflowed();
+        }
+    }
+
     /// Job `ns` is over: its state goes, and its segments with it (the datastore unlinks
     /// when dropped). The server's last job stays until the server ends.
     pub(super) fn end_job(&mut self, ns: NsId) {

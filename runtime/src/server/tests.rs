@@ -534,6 +534,22 @@ fn native_connect(req: u64) -> ClientMsg {
     }
 }
 
+/// Both local ranks got one answer: their connect timed out.
+fn assert_connect_timed_out(n: &mut Node0) {
+    for r in [0, 1] {
+        assert!(
+            matches!(
+                &n.replies(r)[..],
+                [ServerMsg::Connected {
+                    result: Err(weft_wireup::ConnectFailure::Timeout(_)),
+                    ..
+                }]
+            ),
+            "rank {r}"
+        );
+    }
+}
+
 fn connected(msgs: &[ServerMsg]) -> weft_wireup::Connection {
     match msgs {
         [ServerMsg::Connected {
@@ -689,18 +705,7 @@ fn a_native_connect_whose_callers_time_out_fails_for_every_node() {
     };
     // This node arrived; its callers' timeout passes before node 1 arrives.
     n.st.handle(Event::ConnectTimeout(id.clone()));
-    for r in [0, 1] {
-        assert!(
-            matches!(
-                &n.replies(r)[..],
-                [ServerMsg::Connected {
-                    result: Err(weft_wireup::ConnectFailure::Timeout(_)),
-                    ..
-                }]
-            ),
-            "rank {r}"
-        );
-    }
+    assert_connect_timed_out(&mut n);
     // Node 1 is told the call failed (its callers must not wait for ever) ...
     assert!(
         matches!(
@@ -759,18 +764,7 @@ fn the_earliest_callers_timeout_fails_a_native_connect_for_every_caller_of_the_n
         None => panic!("the server's event channel closed"),
     }
     n.st.handle(Event::ConnectTimeout(id));
-    for r in [0, 1] {
-        assert!(
-            matches!(
-                &n.replies(r)[..],
-                [ServerMsg::Connected {
-                    result: Err(weft_wireup::ConnectFailure::Timeout(_)),
-                    ..
-                }]
-            ),
-            "rank {r}"
-        );
-    }
+    assert_connect_timed_out(&mut n);
 }
 
 #[test]
