@@ -543,6 +543,57 @@ fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data()
     }
 }
 
+/// Issue 34: a small bcast's root runs ahead of a member that is late (asleep, or waiting
+/// for a CPU) through its ring in the node segment, but no further than the ring's slots
+/// (the 200 bcasts wait for the sleeper), and every member gets every payload right.
+/// Members that each name another the root (so nobody sends) all get errors.
+#[test]
+fn a_small_bcasts_root_runs_ahead_of_a_late_member_but_not_past_its_ring() {
+    let probe = probe("coll_probe");
+    for n in ["3", "4"] {
+        let name = format!("coll-run-ahead-{n}");
+        let done = run(&name, &["-n", n, &probe, "run-ahead"], T);
+        assert_eq!(done.code(), Some(0), "{name}: {}", done.dump());
+        let n: usize = n.parse().unwrap_or(0);
+        assert_eq!(
+            done.lines_with("run-ahead ok"),
+            n - 1,
+            "{name}: {}",
+            done.dump()
+        );
+        let line = done
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("rank 0 run-ahead first 32 in "))
+            .unwrap_or_else(|| panic!("{name}: no timing\n{}", done.dump()));
+        let ms: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // "rank 0 run-ahead first 32 in X ms, all 200 in Y ms": [0, 32, X, 200, Y].
+        let (first, all) = (ms[2], ms[4]);
+        assert!(
+            first < 300,
+            "{name}: the root waited for the sleeper: {line}"
+        );
+        assert!(all >= 550, "{name}: the root ran past its ring: {line}");
+        for r in 0..n {
+            let said = done
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("rank {r} roots: ")))
+                .unwrap_or_else(|| panic!("{name}: rank {r} said nothing\n{}", done.dump()));
+            assert!(said.contains("disagree"), "{name}: {said}\n{}", done.dump());
+        }
+        assert_eq!(
+            done.lines_with("after the roots ok"),
+            n,
+            "{name}: {}",
+            done.dump()
+        );
+    }
+}
+
 #[test]
 fn members_in_different_collectives_or_with_different_roots_get_errors_not_hangs() {
     let probe = probe("coll_probe");

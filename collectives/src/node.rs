@@ -17,6 +17,18 @@
 //!   that differs ([`CollError::Mismatch`]), another root or another operation
 //!   ([`CollError::OutOfOrder`]) is an error, never a wrong read.
 //!
+//! # Small bcasts: the root's ring (up to 240 bytes)
+//! A bcast of up to 240 bytes (and `WEFT_COLL_SHM_MAX`) goes through the root's ring of
+//! 64 slots instead of its line: the root writes slot `k % 64` of operation `k`, stamps
+//! it and enters `3k + 3` without waiting for anyone, unless the slot was last used by
+//! an operation some member has not returned from (a member's `done` word, or the stage
+//! it entered, says how far it got). So when members wait for a CPU the root runs up to
+//! 64 operations ahead, as eager point-to-point sends would, while the checks stay: the
+//! slot carries the root's word (a member that expects another count fails with
+//! `Mismatch`), and a root that entered the operation's last stage without stamping
+//! called something else (`OutOfOrder`, not a hang). This is the one exception to the
+//! rule above: the ring is the root's alone, and nothing of a parity is written.
+//!
 //! # Small payloads (up to `WEFT_COLL_SHM_MAX`, 4 KiB)
 //! Payloads go inline in the member's line (48 B) or in its cell: a member writes its
 //! own, enters `3k + 3`, and reads the others' once they entered it. Reductions run in
@@ -157,6 +169,9 @@ struct State {
     broken: Option<String>,
     /// Chunks and partial results of single-copy reductions (16-byte aligned).
     scratch: Vec<u128>,
+    /// Operations every other member was seen to have returned from (what a ring
+    /// bcast's root checks before rewriting a slot).
+    ring_free: u64,
 }
 
 /// Makes the segment of `comm` (collective over its members), or `None` when the
@@ -575,6 +590,56 @@ impl Run<'_> {
         }
     }
 
+    /// Waits until every other member returned from every operation before `need` (a
+    /// ring bcast's root, before it rewrites the slot operation `need - 1` used): its
+    /// done word or the stage it entered says so.
+    fn ring_room(&mut self, need: u64) -> Result<(), CollError> {
+        let seg = &self.nc.seg;
+        let n = seg.members();
+        let me = self.comm.rank() as usize;
+        let mut next = 0;
+        let mut low = u64::MAX;
+        self.wait(|| {
+            while next < n {
+                if next != me {
+                    let stage = |p: u64| seg.seq(next, p);
+                    let (a, b) = (stage(0), stage(1));
+                    let clean = (a & !CollSegment::ABORTED).max(b & !CollSegment::ABORTED);
+                    // Entering any stage of operation j means it returned from j - 1.
+                    let returned = seg.done(next).max(clean.saturating_sub(1) / STAGES);
+                    if returned < need {
+                        if (a | b) & CollSegment::ABORTED != 0 {
+                            return Err(self.gave_up(next));
+                        }
+                        return Ok(Some(next));
+                    }
+                    low = low.min(returned);
+                }
+                next += 1;
+            }
+            Ok(None)
+        })?;
+        self.st.ring_free = low;
+        Ok(())
+    }
+
+    /// The error when the root `r` of a ring bcast ended the operation without
+    /// stamping its slot (its word, of that operation, says what it called instead).
+    #[cold]
+    #[inline(never)]
+    fn not_rooted(&self, r: usize, mine: u64) -> CollError {
+        let got = self.nc.seg.word(r, self.slot());
+        if got >> 52 == mine >> 52 && got != mine {
+            return self.mismatch(r, got, mine);
+        }
+        CollError::OutOfOrder {
+            op: self.op,
+            rank: r as u32,
+            what: "did not send as the root (it called bcast with another root, or another collective)"
+                .into(),
+        }
+    }
+
     /// Checks every member's word (after all passed the slot).
     #[inline]
     fn check_all(&self, mine: u64) -> Result<(), CollError> {
@@ -702,7 +767,11 @@ impl NodeColl {
         let mut run = self.begin("bcast", comm)?;
         let w = word(run.base, Kind::Bcast, Some(root), buf.len());
         let root = root as usize;
-        if buf.len() > crate::Config::get().shm_max {
+        let max = crate::Config::get().shm_max;
+        if buf.len() <= max.min(CollSegment::RING_INLINE) {
+            return self.bcast_ring(&mut run, w, buf, root);
+        }
+        if buf.len() > max {
             return self.bcast_large(&mut run, w, buf, root);
         }
         if comm.rank() as usize == root {
@@ -720,6 +789,67 @@ impl NodeColl {
         run.check(root, w)?;
         self.seg.get(root, run.slot(), buf);
         Ok(())
+    }
+
+    /// A small bcast through the root's ring (see `weft_shm::CollSegment`): the root
+    /// waits only when the slot it needs was last used by an operation some member has
+    /// not returned from (`RING_SLOTS` operations back), so it runs ahead of members that
+    /// wait for a CPU instead of meeting every member at every operation. A member enters
+    /// the last stage at once (as in the segment bcast), waits for the root's stamp,
+    /// checks the root's word, reads, and says it is done with the slot.
+    fn bcast_ring(
+        &self,
+        run: &mut Run<'_>,
+        w: u64,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollError> {
+        let op = run.base / STAGES;
+        if run.comm.rank() as usize == root {
+            let need = (op + 1).saturating_sub(CollSegment::RING_SLOTS as u64);
+            if run.st.ring_free < need {
+                run.ring_room(need)?;
+            }
+            // Stamped before the stage: a member that sees the root past this
+            // operation without the stamp knows it called something else.
+            self.seg.ring_put(op, w, buf);
+            run.enter(run.fin());
+            return Ok(());
+        }
+        run.enter(run.fin());
+        let seg = &self.seg;
+        let fin = run.fin();
+        let mut polls = 0u32;
+        let res = run.wait(|| {
+            if seg.ring_stamp(root, op) == op + 1 {
+                return Ok(None);
+            }
+            polls = polls.wrapping_add(1);
+            // Now and then: whether the root ended this operation without stamping
+            // the slot (it called something else) or gave up.
+            if polls % 64 != 0 || !run.passed(root, fin)? {
+                return Ok(Some(root));
+            }
+            if seg.ring_stamp(root, op) == op + 1 {
+                return Ok(None);
+            }
+            Err(run.not_rooted(root, w))
+        });
+        let res = res.and_then(|()| {
+            let got = seg.ring_word(root, op);
+            if got != w {
+                return Err(run.mismatch(root, got, w));
+            }
+            seg.ring_get(root, op, buf);
+            Ok(())
+        });
+        if !matches!(
+            res,
+            Err(CollError::MemberGone { .. } | CollError::Aborted { .. })
+        ) {
+            seg.set_done(op + 1);
+        }
+        res
     }
 
     /// A bcast above the cells' limit: the root publishes its buffer's address, every

@@ -6,6 +6,11 @@
 //! the others read them after an Acquire load of its sequence number (one writer per
 //! line, as Open MPI's coll/xhc and MPICH's release/gather collectives do).
 //!
+//! Each member also owns a ring of [`CollSegment::RING_SLOTS`] slots for small bcasts
+//! it roots (see [`CollRingSlot`]): the root writes slot `k % RING_SLOTS` of operation `k`
+//! and stamps it, the others read it and say so in their `done` word, so the root can
+//! run ahead of members that wait for a CPU.
+//!
 //! The creator (member 0) creates and publishes the segment; the others open it once
 //! they know it exists (the collective library tells them, with a message), and the
 //! creator unlinks the name once every member has it mapped, so nothing is left behind
@@ -15,8 +20,9 @@
 use core::sync::atomic::Ordering;
 
 use crate::layout::{
-    coll_cells_offset, coll_segment_bytes, CollHeader, CollLine, COLL_CELL_BYTES,
-    COLL_HEADER_OFFSET, COLL_INLINE, COLL_LINES_OFFSET,
+    coll_cells_offset, coll_rings_offset, coll_segment_bytes, CollHeader, CollLine, CollRingSlot,
+    COLL_CELL_BYTES, COLL_HEADER_OFFSET, COLL_INLINE, COLL_LINES_OFFSET, COLL_RING_INLINE,
+    COLL_RING_SLOTS,
 };
 use crate::segment::{SegmentError, SegmentKind, SharedSegment, WritableSegment};
 
@@ -48,6 +54,10 @@ impl CollSegment {
     pub const INLINE: usize = COLL_INLINE;
     /// Bytes of a member's cell (per parity).
     pub const CELL: usize = COLL_CELL_BYTES;
+    /// Slots of a member's bcast ring.
+    pub const RING_SLOTS: usize = COLL_RING_SLOTS;
+    /// Payload bytes of a ring slot.
+    pub const RING_INLINE: usize = COLL_RING_INLINE;
     /// The bit of a sequence word that says its member gave up (see [`Self::abort`]).
     pub const ABORTED: u64 = 1 << 63;
 
@@ -228,6 +238,95 @@ impl CollSegment {
         self.line(self.me).tree.down.store(stage, Ordering::Release);
     }
 
+    fn ring_slot(&self, r: usize, op: u64) -> &CollRingSlot {
+        assert!(r < self.members, "member {r} of {}", self.members);
+        let s = (op % COLL_RING_SLOTS as u64) as usize;
+        // SAFETY: the slot lies inside the mapping (r < members, size checked at create
+        // or open), 64-byte aligned (the rings' offset is 128 past a multiple of 256, and
+        // slots are 256 bytes); its atomics are read by anyone, its payload written only
+        // by member r under the ring's protocol.
+        unsafe {
+            &*self
+                .base
+                .add(
+                    coll_rings_offset(self.members)
+                        + (r * COLL_RING_SLOTS + s) * core::mem::size_of::<CollRingSlot>(),
+                )
+                .cast::<CollRingSlot>()
+        }
+    }
+
+    /// Writes operation `op`'s bcast payload and word into this member's ring and stamps
+    /// the slot (Release). The caller keeps the protocol: every other member returned
+    /// from operation `op - RING_SLOTS` (its [`done`](Self::done) or its stage says so).
+    pub fn ring_put(&self, op: u64, word: u64, data: &[u8]) {
+        assert!(
+            data.len() <= COLL_RING_INLINE,
+            "ring payload of {} bytes",
+            data.len()
+        );
+        let slot = self.ring_slot(self.me, op);
+        // SAFETY: the payload has room (asserted); only this member writes its ring, and
+        // by the protocol nobody reads this slot until the stamp below.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                slot.payload.as_ptr().cast_mut(),
+                data.len(),
+            );
+        }
+        // Relaxed: published by the Release store of the stamp.
+        slot.word.store(word, Ordering::Relaxed);
+        // SYNC: pairs with the Acquire load in `ring_stamp`.
+        slot.stamp.store(op + 1, Ordering::Release);
+    }
+
+    /// The stamp of member `r`'s ring slot for operation `op`: `op + 1` once it holds
+    /// that operation (Acquire: its word and payload are visible then).
+    #[inline]
+    pub fn ring_stamp(&self, r: usize, op: u64) -> u64 {
+        // SYNC: pairs with the Release store in `ring_put`.
+        self.ring_slot(r, op).stamp.load(Ordering::Acquire)
+    }
+
+    /// Member `r`'s ring word for operation `op`, read after its stamp said `op + 1`.
+    #[inline]
+    pub fn ring_word(&self, r: usize, op: u64) -> u64 {
+        // Relaxed: ordered by the Acquire load of the stamp before it.
+        self.ring_slot(r, op).word.load(Ordering::Relaxed)
+    }
+
+    /// Member `r`'s ring payload for operation `op`, read after its stamp said `op + 1`
+    /// (the root does not rewrite it before this member says it is done with it).
+    pub fn ring_get(&self, r: usize, op: u64, out: &mut [u8]) {
+        assert!(
+            out.len() <= COLL_RING_INLINE,
+            "ring payload of {} bytes",
+            out.len()
+        );
+        let slot = self.ring_slot(r, op);
+        // SAFETY: the payload holds `out.len()` bytes (asserted); written before the
+        // stamp the caller acquired, and stable until the caller says it is done.
+        unsafe {
+            core::ptr::copy_nonoverlapping(slot.payload.as_ptr(), out.as_mut_ptr(), out.len());
+        }
+    }
+
+    /// Member `r`'s done word: the operations whose ring slot it finished reading
+    /// (Acquire: its reads came before).
+    #[inline]
+    pub fn done(&self, r: usize) -> u64 {
+        // SYNC: pairs with the Release store in `set_done`.
+        self.line(r).tree.done.load(Ordering::Acquire)
+    }
+
+    /// Says this member finished reading the ring slot of every operation before `ops`.
+    #[inline]
+    pub fn set_done(&self, ops: u64) {
+        // SYNC: pairs with the Acquire load in `done`.
+        self.line(self.me).tree.done.store(ops, Ordering::Release);
+    }
+
     /// Where member `r`'s payload of `parity` lives: inline for up to [`Self::INLINE`]
     /// bytes, else its cell.
     fn payload(&self, r: usize, parity: u64, len: usize) -> *mut u8 {
@@ -342,6 +441,41 @@ mod tests {
         b.abort();
         assert_eq!(a.seq(1, 1), 1 | CollSegment::ABORTED);
         assert_eq!(a.seq(1, 0), CollSegment::ABORTED);
+    }
+
+    #[test]
+    fn ring_slots_carry_stamp_word_and_payload_per_member_and_operation() {
+        let name = format!("/weft-test-{}-collring", std::process::id());
+        let a = CollSegment::create(&name, 3).unwrap();
+        let b = CollSegment::open(&name, 3, 2).unwrap();
+        a.unlink().unwrap();
+        assert_eq!((b.ring_stamp(0, 5), b.done(0)), (0, 0));
+        a.ring_put(5, 0xabc, b"eight by");
+        b.ring_put(5, 0xdef, &[9u8; CollSegment::RING_INLINE]);
+        assert_eq!((b.ring_stamp(0, 5), b.ring_word(0, 5)), (6, 0xabc));
+        let mut got = [0u8; 8];
+        b.ring_get(0, 5, &mut got);
+        assert_eq!(&got, b"eight by");
+        // Member 2's ring is its own; the last byte of a full slot stays in it.
+        let mut full = [0u8; CollSegment::RING_INLINE];
+        a.ring_get(2, 5, &mut full);
+        assert_eq!(
+            (a.ring_word(2, 5), full),
+            (0xdef, [9u8; CollSegment::RING_INLINE])
+        );
+        assert_eq!(
+            a.ring_stamp(0, 5),
+            6,
+            "member 2 did not touch member 0's slot"
+        );
+        // Operation 5 + RING_SLOTS uses the same slot; another slot is untouched.
+        let again = 5 + CollSegment::RING_SLOTS as u64;
+        assert_eq!(b.ring_stamp(0, again), 6, "not yet rewritten");
+        a.ring_put(again, 1, b"x");
+        assert_eq!(b.ring_stamp(0, again), again + 1);
+        assert_eq!(b.ring_stamp(0, 6), 0);
+        b.set_done(7);
+        assert_eq!((a.done(2), a.done(1), a.up(2), a.down(2)), (7, 0, 0, 0));
     }
 
     #[test]

@@ -147,11 +147,47 @@ pub struct CollTree {
     /// The last stage this member saw released (the root's gather complete), which its
     /// children wait for, with bit 63 set once it gave up.
     pub down: AtomicU64,
+    /// Reserved, zero.
+    pub _pad: [u64; 6],
+    /// Operations this member has finished reading the ring of (see [`CollRingSlot`]):
+    /// `k + 1` once it returned from operation `k` as a non-root of a ring bcast. On the
+    /// second line of the pair, away from the tree words.
+    pub done: AtomicU64,
+    /// Reserved, zero.
+    pub _pad2: [u64; 7],
 }
 
 const _: () = assert!(size_of::<CollTree>() == 128);
 const _: () = assert!(offset_of!(CollTree, up) == 0);
 const _: () = assert!(offset_of!(CollTree, down) == 8);
+const _: () = assert!(offset_of!(CollTree, done) == 64);
+
+/// Slots of a member's bcast ring.
+pub const COLL_RING_SLOTS: usize = 64;
+/// Payload bytes of a ring slot.
+pub const COLL_RING_INLINE: usize = 240;
+
+/// One slot of a member's bcast ring: small bcasts whose root is this member go through
+/// its ring, slot `k % COLL_RING_SLOTS` for operation `k`, so that the root runs ahead of
+/// the other members by up to that many operations (it rewrites a slot once every member
+/// has returned from the operation that used it last). The root writes `word` and
+/// `payload`, then stores `stamp` (`k + 1`, Release); a reader waits for that stamp
+/// (Acquire) and reads the rest after it.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct CollRingSlot {
+    /// `k + 1` once the slot holds operation `k`'s payload (0: never written).
+    pub stamp: AtomicU64,
+    /// The operation's word, as [`CollHalf::word`].
+    pub word: AtomicU64,
+    /// The payload.
+    pub payload: [u8; COLL_RING_INLINE],
+}
+
+const _: () = assert!(size_of::<CollRingSlot>() == 256);
+const _: () = assert!(offset_of!(CollRingSlot, stamp) == 0);
+const _: () = assert!(offset_of!(CollRingSlot, word) == 8);
+const _: () = assert!(offset_of!(CollRingSlot, payload) == 16);
 
 /// One member's line of a collective segment (one [`CollHalf`] per parity, then its tree
 /// words): written by that member only, read by the others.
@@ -197,9 +233,15 @@ pub const fn coll_cells_offset(members: usize) -> usize {
     COLL_LINES_OFFSET + members * size_of::<CollLine>()
 }
 
+/// Offset of the bcast rings of a segment of `members`, after the cells: member r's
+/// slot s is at `rings + (r * COLL_RING_SLOTS + s) * 256`.
+pub const fn coll_rings_offset(members: usize) -> usize {
+    coll_cells_offset(members) + members * 2 * COLL_CELL_BYTES
+}
+
 /// Total bytes of a collective segment of `members`.
 pub const fn coll_segment_bytes(members: usize) -> usize {
-    coll_cells_offset(members) + members * 2 * COLL_CELL_BYTES
+    coll_rings_offset(members) + members * COLL_RING_SLOTS * size_of::<CollRingSlot>()
 }
 
 /// Header at offset 0 of every Weft shared-memory segment.

@@ -10,6 +10,12 @@
 //!   (from that time to the error; the variant of `CollError` and the rank it names),
 //!   then `rank R: then on a dup: <error> [<variant> <rank>]` for an allreduce on a dup
 //!   of the world made before, or `rank R: no error` and exit 3.
+//! - `run-ahead`: after a barrier the last rank sleeps 600 ms, then every rank runs 200
+//!   bcasts of 8 bytes from rank 0 (the i-th carries i, checked by every member); rank 0
+//!   prints `rank 0 run-ahead first 32 in X ms, all 200 in Y ms` (from the barrier), the
+//!   others `rank R run-ahead ok`; then a bcast where rank 0 names rank 1 the root and
+//!   the others rank 0: `rank R roots: <error>` (or `no error`), then a barrier and
+//!   `rank R after the roots ok`.
 //! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
 //!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
 //!   `rank R: barrier after the mismatch ok`.
@@ -46,7 +52,7 @@
 //!   no server is asked) and checks the values of that round: `rank R fence ok`.
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use weft::prelude::*;
 
@@ -243,6 +249,42 @@ fn run(args: &[String]) -> Res<()> {
                 }
             }
             println!("rank {me} barrier ok");
+        }
+        Some("run-ahead") => {
+            let n = world.size();
+            world.barrier()?;
+            let t = Instant::now();
+            if me == n - 1 {
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            let mut first = Duration::ZERO;
+            for i in 0..200u64 {
+                let mut buf = if me == 0 { i } else { u64::MAX }.to_le_bytes();
+                world.bcast(&mut buf, 0)?;
+                if u64::from_le_bytes(buf) != i {
+                    return Err(format!("rank {me}: bcast {i} gave {buf:?}").into());
+                }
+                if i == 31 {
+                    first = t.elapsed();
+                }
+            }
+            if me == 0 {
+                println!(
+                    "rank 0 run-ahead first 32 in {} ms, all 200 in {} ms",
+                    first.as_millis(),
+                    t.elapsed().as_millis()
+                );
+            } else {
+                println!("rank {me} run-ahead ok");
+            }
+            // Then rank 0 names rank 1 the root, the others rank 0: nobody stamps.
+            let mut buf = [0u8; 8];
+            match world.bcast(&mut buf, u32::from(me == 0)) {
+                Ok(()) => println!("rank {me} roots: no error"),
+                Err(e) => println!("rank {me} roots: {e}"),
+            }
+            world.barrier()?;
+            println!("rank {me} after the roots ok");
         }
         Some("mismatch-bcast") | Some("mismatch-gather") => {
             // bcast: the last rank expects one byte more than the root's 100; gather: rank
@@ -449,7 +491,7 @@ fn run(args: &[String]) -> Res<()> {
         }
         Some("self") => {
             // A send to oneself (a communicator of one, say): no card, no connection.
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             world.send(&[7u64], me, Tag(1))?;
             let mut got = [0u64];
             world.recv(&mut got, Source::Rank(me), Tag(1))?;
