@@ -277,6 +277,44 @@ fn a_card_that_does_not_come_within_weft_card_timeout_names_it() {
     assert!(t0.elapsed() < Duration::from_secs(30), "{}", done.dump());
 }
 
+/// `WEFT_OVERSUBSCRIBED` takes a switch (or auto): anything else fails the fabric's init,
+/// naming the variable and its value.
+#[test]
+fn a_bad_weft_oversubscribed_fails_init_naming_it() {
+    let p = probe("fabric_probe");
+    let done = run(
+        "oversub-bad",
+        &[
+            "-x",
+            "WEFT_OVERSUBSCRIBED=maybe",
+            "-n",
+            "2",
+            &p,
+            "slow-peer",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ne!(done.code(), Some(0), "{}", done.dump());
+    let want = "WEFT_OVERSUBSCRIBED=\"maybe\"";
+    assert!(done.stderr.contains(want), "{}", done.dump());
+    // Set on (and off), the job runs.
+    for v in ["on", "off"] {
+        let done = run(
+            &format!("oversub-{v}"),
+            &[
+                "-x",
+                &format!("WEFT_OVERSUBSCRIBED={v}"),
+                "-n",
+                "2",
+                &p,
+                "all-to-all",
+            ],
+            Duration::from_secs(60),
+        );
+        assert_eq!(done.code(), Some(0), "{v}: {}", done.dump());
+    }
+}
+
 /// When a node's server dies, its processes, waiting on each other in shared memory
 /// (nothing in their datastore will ever say a peer is gone), notice that their server
 /// is lost and end within seconds instead of waiting for ever; the job leaves nothing.

@@ -21,20 +21,19 @@ pub fn spin_limit() -> u32 {
 /// Spins before yielding when the node is oversubscribed.
 const OVERSUBSCRIBED_SPIN: u32 = 16;
 
-/// Notes whether this host runs more of the job's processes (`local`) than it has online
-/// CPUs.
-pub(crate) fn note_oversubscription(local: u32) {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    // The machine's online CPUs, not this process's affinity (a process bound to one
-    // core is not oversubscribed because of it).
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| cpu_list_len(s.trim()))
-        .unwrap_or(cpus);
-    let over = local as usize > online;
-    if over {
-        tracing::debug!("{local} processes on {online} CPUs: waiting loops yield early");
-    }
+/// Notes whether this host runs more of the job's processes (`local`) than it has CPUs
+/// for them (`WEFT_OVERSUBSCRIBED`: `on`, `off`, or by default `auto`, which compares
+/// with the CPUs of this process's cgroup cpuset, else the machine's online CPUs).
+pub(crate) fn note_oversubscription(local: u32) -> Result<(), weft_tunables::BadTunable> {
+    let set = crate::setup::oversubscribed_tunable()?;
+    let over = set.unwrap_or_else(|| {
+        let cpus = host_cpus();
+        let over = local as usize > cpus;
+        if over {
+            tracing::debug!("{local} processes on {cpus} CPUs: waiting loops yield early");
+        }
+        over
+    });
     // Relaxed: read as a hint by wait loops.
     SPIN_LIMIT.store(
         if over {
@@ -44,6 +43,43 @@ pub(crate) fn note_oversubscription(local: u32) {
         },
         Ordering::Relaxed,
     );
+    Ok(())
+}
+
+/// The CPUs this host gives the job: its cgroup's cpuset (a container or a batch
+/// system's allocation) when there is one, else the machine's online CPUs; not this
+/// process's affinity (a process bound to one core is not oversubscribed because of it).
+fn host_cpus() -> usize {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let online = read("/sys/devices/system/cpu/online")
+        .and_then(|s| cpu_list_len(s.trim()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let cpuset = read("/proc/self/cgroup")
+        .and_then(|c| cpuset_file(&c))
+        .and_then(|f| read(&f))
+        .and_then(|s| cpu_list_len(s.trim()));
+    cpuset.map_or(online, |c| c.min(online))
+}
+
+/// The file that lists this process's cgroup cpuset, from `/proc/self/cgroup`: cgroup v2
+/// (`0::/path`: `cpuset.cpus.effective` under `/sys/fs/cgroup/path`) or v1's cpuset
+/// controller (`N:cpuset:/path`).
+fn cpuset_file(cgroup: &str) -> Option<String> {
+    for line in cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+        let path = path.trim_end_matches('/');
+        if ctl.split(',').any(|c| c == "cpuset") {
+            return Some(format!("/sys/fs/cgroup/cpuset{path}/cpuset.effective_cpus"));
+        }
+        if ctl.is_empty() {
+            let v2 = format!("/sys/fs/cgroup{path}/cpuset.cpus.effective");
+            if std::path::Path::new(&v2).exists() {
+                return Some(v2);
+            }
+        }
+    }
+    None
 }
 
 /// The number of CPUs in a Linux CPU list such as `0-3,8,10-11`.
@@ -129,6 +165,20 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpuset_file_comes_from_cgroup_v1_or_v2() {
+        assert_eq!(
+            cpuset_file("4:memory:/x\n3:cpuset:/job/7\n0::/\n").as_deref(),
+            Some("/sys/fs/cgroup/cpuset/job/7/cpuset.effective_cpus")
+        );
+        assert_eq!(
+            cpuset_file("3:cpuset:/\n").as_deref(),
+            Some("/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+        );
+        assert_eq!(cpuset_file("1:cpu:/\n"), None);
+        assert!(host_cpus() >= 1);
+    }
 
     #[test]
     fn cpu_lists_count_their_cpus() {

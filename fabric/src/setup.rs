@@ -58,6 +58,11 @@ pub const TUNABLES: &[Tunable] = &[
         "transports to use, in this order of preference: shm for peers on the node, then verbs (when both ends have a usable RDMA device), then tcp for the others; without shm, peers on the node use the others too; `shm` alone refuses other nodes",
     ),
     Tunable::new(
+        "WEFT_OVERSUBSCRIBED",
+        "auto",
+        "whether waiting loops hand the CPU to other processes after a few polls (on) or spin for a while first (off); auto: on when the job's processes on this host outnumber the CPUs of its cgroup cpuset (else the online CPUs)",
+    ),
+    Tunable::new(
         "WEFT_TCP_EAGER_LIMIT",
         "65536",
         "largest message sent eagerly over TCP (bytes); larger ones go by rendezvous, written straight from the sender's buffer into the receiver's",
@@ -77,6 +82,12 @@ impl From<weft_tunables::BadTunable> for InitError {
             value: e.value,
         }
     }
+}
+
+/// `WEFT_OVERSUBSCRIBED`: `None` for auto.
+pub(crate) fn oversubscribed_tunable() -> Result<Option<bool>, weft_tunables::BadTunable> {
+    let t = t("WEFT_OVERSUBSCRIBED");
+    t.if_set(&weft_tunables::env, Tunable::switch)
 }
 
 /// Longest `WEFT_CARD_TIMEOUT` and `WEFT_FINALIZE_TIMEOUT` (a year: "for ever").
@@ -262,7 +273,7 @@ impl Fabric {
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(0);
-        crate::note_oversubscription(on_host.max(wire.local_size()));
+        crate::note_oversubscription(on_host.max(wire.local_size()))?;
         let spec = Spec::world(&wire);
         let (me, size) = (spec.me, spec.size);
         let built = build_engine(&wire, spec)?;
