@@ -386,7 +386,10 @@ impl Run<'_> {
         mut ready: impl FnMut() -> Result<Option<usize>, CollError>,
     ) -> Result<(), CollError> {
         let mut spins = 0u32;
-        // Taken once spinning stops (reading the clock costs more than a short wait).
+        // Taken once spinning stops (reading the clock costs more than a short wait); the
+        // first check comes `CHECK_EVERY` after that, not at the first yield: waits of a
+        // few yields are most of them when processes outnumber CPUs, and a check costs
+        // system calls (whether the server is still there).
         let mut checked: Option<Instant> = None;
         loop {
             let Some(waited) = ready()? else {
@@ -405,7 +408,8 @@ impl Run<'_> {
                 } else {
                     std::thread::sleep(Duration::from_micros(50));
                 }
-                checked.is_none_or(|t| t.elapsed() >= CHECK_EVERY)
+                let since = *checked.get_or_insert_with(Instant::now);
+                since.elapsed() >= CHECK_EVERY
             };
             if check {
                 checked = Some(Instant::now());

@@ -151,10 +151,17 @@ impl Backoff {
         } else {
             std::thread::yield_now();
         }
+        // The first check comes CHECK_EVERY after the first yield, not at it: when
+        // processes outnumber CPUs most waits last a few yields, and a check costs system
+        // calls (whether the server is still there).
         let now = Instant::now();
         match self.checked {
+            None => {
+                self.checked = Some(now);
+                false
+            }
             Some(t) if now.duration_since(t) < Self::CHECK_EVERY => false,
-            _ => {
+            Some(_) => {
                 self.checked = Some(now);
                 true
             }
@@ -194,12 +201,12 @@ mod tests {
         let mut b = Backoff::default();
         let ticks = (0..4096).filter(|_| b.snooze()).count();
         assert_eq!(ticks, 4);
-        // Past the spin phase: the first yield reports, then never again within 5 ms of
-        // the last report (measured by the reports' own clock readings, so that a
-        // loaded machine that deschedules the test cannot fail it).
+        // Past the spin phase: the first yield starts the clock without reporting, then
+        // reports come at most every 5 ms (measured by the reports' own clock readings,
+        // so that a loaded machine that deschedules the test cannot fail it).
         b.spins = Backoff::SPIN;
-        assert!(b.snooze());
-        let mut last = b.checked.expect("a report sets the clock");
+        assert!(!b.snooze(), "the first yield reported");
+        let mut last = b.checked.expect("the first yield sets the clock");
         let t = Instant::now();
         let (mut calls, mut reports) = (0u64, 0u32);
         while t.elapsed() < Duration::from_millis(20) {
