@@ -619,6 +619,9 @@ mod spawn;
 #[cfg(weft_pmix)]
 mod events;
 
+#[cfg(weft_pmix)]
+mod quickack;
+
 #[cfg(test)]
 mod tests {
     use super::Nspace;

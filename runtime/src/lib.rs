@@ -27,6 +27,11 @@ pub const TUNABLES: &[weft_tunables::Tunable] = &[
         "after a process fails, how long before the others are terminated (SIGTERM, SIGKILL 0.5 s later); ms, or with a unit ms or s",
     ),
     weft_tunables::Tunable::new(
+        "WEFT_PMIX_QUICKACK",
+        "on",
+        "acknowledge at once what hosted PMIx clients send to the node's server (TCP_QUICKACK on its ends of their connections): OpenPMIx 4.2's client does not set TCP_NODELAY, so a small request behind an unacknowledged one otherwise waits for the delayed ACK, up to 40 ms",
+    ),
+    weft_tunables::Tunable::new(
         "WEFT_DATASTORE_BYTES",
         "256m",
         "size of each node's datastore segment (sparse; an eighth is kept for processes' ends)",

@@ -292,6 +292,7 @@ unsafe extern "C" fn client_connected(
     _cb: sys::pmix_op_cbfunc_t,
     _cbdata: *mut c_void,
 ) -> sys::pmix_status_t {
+    super::quickack::client_connected();
     if let Some(h) = host() {
         // SAFETY: the library passes a valid name.
         h.connected(unsafe { name_of(p) });
@@ -847,7 +848,15 @@ impl Server {
         if rc != SUCCESS {
             return Err(status(OP, rc, ""));
         }
+        super::quickack::note_env(&out);
         Ok(out)
+    }
+
+    /// Acknowledges what clients send at once (see `quickack.rs`: OpenPMIx's client
+    /// does not set `TCP_NODELAY`, so otherwise a small request can wait for this end's
+    /// delayed ACK, up to 40 ms). Call before clients connect.
+    pub fn ack_promptly(&self) {
+        super::quickack::enable();
     }
 
     /// Asks the library for local rank `rank`'s data for another node (answered

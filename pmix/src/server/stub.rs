@@ -93,6 +93,8 @@ impl Server {
         Err(crate::unavailable())
     }
     /// Never called (no server exists in this build).
+    pub fn ack_promptly(&self) {}
+    /// Never called (no server exists in this build).
     pub fn register_nspace(&self, _ns: &Nspace) -> Result<(), PmixError> {
         Err(crate::unavailable())
     }

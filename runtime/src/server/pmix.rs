@@ -266,6 +266,11 @@ impl PmixFront {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
             .map_err(|e| e.to_string())?;
+        if crate::tunable_or_default("WEFT_PMIX_QUICKACK", |get| {
+            weft_tunables::find(crate::TUNABLES, "WEFT_PMIX_QUICKACK").switch_in(get)
+        }) {
+            server.ack_promptly();
+        }
         Ok(PmixFront {
             server,
             output,
