@@ -501,17 +501,24 @@ fn mismatched_arguments_give_errors_naming_the_operation_and_ranks() {
 #[test]
 fn a_disagreement_fails_where_it_is_seen_and_completed_members_keep_right_data() {
     let probe = probe("coll_probe");
-    for (scenario, seer) in [("mismatch-bcast", 3), ("mismatch-gather", 0)] {
+    // 200 and 300 bytes: the root's ring (up to 240) against the cells, both ways round.
+    for (scenario, seer) in [
+        ("mismatch-bcast", 3),
+        ("mismatch-gather", 0),
+        ("mismatch-bcast 200 300", 3),
+        ("mismatch-bcast 300 200", 3),
+    ] {
         for (cfg, opts) in [
             ("seg", &[][..]),
             ("p2p", &["-x", "WEFT_COLL_SHM=off"][..]),
             ("2n", &["--nodes", "2"][..]),
             ("4n", &["--nodes", "4"][..]),
         ] {
-            let name = format!("coll-{scenario}-{cfg}");
+            let name = format!("coll-{}-{cfg}", scenario.replace(' ', "-"));
             let mut args = vec!["-n", "4", "-x", "WEFT_TRANSPORTS=shm,tcp"];
             args.extend(opts);
-            args.extend([probe.as_str(), scenario]);
+            args.push(probe.as_str());
+            args.extend(scenario.split(' '));
             let done = run(&name, &args, T);
             assert_eq!(done.code(), Some(0), "{name}: {}", done.dump());
             for r in 0..4 {

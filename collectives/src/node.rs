@@ -627,6 +627,17 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The error when root `r` of a bcast this member expected through the cells (more
+    /// than a ring slot holds) sent it through its ring: the count mismatch it is (the
+    /// root stamps the slot before it enters the stage this member saw).
+    #[cold]
+    #[inline(never)]
+    fn rooted_by_ring(&self, r: usize, mine: u64) -> Option<CollError> {
+        let op = self.base / STAGES;
+        (self.nc.seg.ring_stamp(r, op) == op + 1)
+            .then(|| self.mismatch(r, self.nc.seg.ring_word(r, op), mine))
+    }
+
     /// The error when the root `r` of a ring bcast ended the operation without
     /// stamping its slot (its word, of that operation, says what it called instead).
     #[cold]
@@ -790,7 +801,8 @@ impl NodeColl {
         // A member writes nothing here (so it need not wait for the others).
         run.enter(run.fin());
         run.wait_member(root, run.slot())?;
-        run.check(root, w)?;
+        run.check(root, w)
+            .map_err(|e| run.rooted_by_ring(root, w).unwrap_or(e))?;
         self.seg.get(root, run.slot(), buf);
         Ok(())
     }
@@ -876,7 +888,7 @@ impl NodeColl {
         run.wait_member(root, run.slot())?;
         if let Err(e) = run.check(root, w) {
             run.enter(run.fin());
-            return Err(e);
+            return Err(run.rooted_by_ring(root, w).unwrap_or(e));
         }
         let d = run.desc(root);
         let res = run.read(root, d[0], buf);

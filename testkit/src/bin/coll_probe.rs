@@ -19,8 +19,8 @@
 //! - `mismatch [COUNT]`: an allreduce of COUNT u64s (default 8) where rank 1 gives one
 //!   element more; every rank prints `rank R: <error>` (or `rank R: no error`), then
 //!   `rank R: barrier after the mismatch ok`.
-//! - `mismatch-bcast`, `mismatch-gather`: a bcast of 100 bytes from rank 0 where the last
-//!   rank expects 101, or a gather to rank 0 of 4 bytes each where rank 1 sends 5; every
+//! - `mismatch-bcast [ROOT LAST]`, `mismatch-gather`: a bcast of ROOT bytes (100) from
+//!   rank 0 where the last rank expects LAST (ROOT + 1), or a gather to rank 0 of 4 bytes each where rank 1 sends 5; every
 //!   rank prints `rank R: ok` (its data checked), `rank R: mismatch: <error>`,
 //!   `rank R: aborted: <error>` or `rank R: other: <error>`, then
 //!   `rank R: barrier after the mismatch ok`.
@@ -287,11 +287,18 @@ fn run(args: &[String]) -> Res<()> {
             println!("rank {me} after the roots ok");
         }
         Some("mismatch-bcast") | Some("mismatch-gather") => {
-            // bcast: the last rank expects one byte more than the root's 100; gather: rank
-            // 1 sends 5 bytes where the others (and the root) count 4 each.
+            // bcast: the last rank expects one byte more than the root's 100 (or LAST
+            // bytes where the others send and expect ROOT); gather: rank 1 sends 5 bytes
+            // where the others (and the root) count 4 each.
             let n = world.size() as usize;
             let r = if arg(0) == Some("mismatch-bcast") {
-                let len = 100 + usize::from(me as usize == n - 1);
+                let root_len: usize = arg(1).map_or(Ok(100), str::parse)?;
+                let last_len: usize = arg(2).map_or(Ok(root_len + 1), str::parse)?;
+                let len = if me as usize == n - 1 {
+                    last_len
+                } else {
+                    root_len
+                };
                 let mut buf = vec![if me == 0 { 7u8 } else { 0 }; len];
                 let r = world.bcast(&mut buf, 0);
                 if r.is_ok() && buf.iter().any(|&b| b != 7) {
