@@ -11,6 +11,9 @@ PKGS=(build-essential pkg-config libhwloc-dev libudev-dev
   # MPI's mpirun hosts a PMIx server for the tests of Weft under a foreign engine, and its
   # mpicc builds the Open MPI programs run under `weft run` (cli/tests/mpi.rs)
   libpmix-dev openmpi-bin libopenmpi-dev
+  # PMIx tools and a debugger attached to a running job (cli/tests/tools.rs): OpenPMIx's
+  # command-line tools (pps, ...) and gdb, which reads the launcher's MPIR table
+  libpmix-bin gdb
   # MPICH programs under `weft run` (PMI-1, cli/tests/mpi.rs), and Slurm's PMI-2 client
   # library for the PMI-2 test
   mpich libmpich-dev libpmi2-0-dev

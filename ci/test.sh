@@ -19,7 +19,7 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo
 eval "$($SUDO ci/slurm.sh start)"
 trap '$SUDO ci/slurm.sh stop' EXIT
-export WEFT_REQUIRE_PMIX_HOSTS=1 WEFT_REQUIRE_MPICH=1 WEFT_REQUIRE_OPENMPI=1 WEFT_REQUIRE_PMI2=1
+export WEFT_REQUIRE_PMIX_HOSTS=1 WEFT_REQUIRE_MPICH=1 WEFT_REQUIRE_OPENMPI=1 WEFT_REQUIRE_PMI2=1 WEFT_REQUIRE_GDB=1
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
 else

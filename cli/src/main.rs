@@ -38,6 +38,15 @@ enum Cmd {
         /// The job's socket directory.
         #[arg(long)]
         job_dir: PathBuf,
+        /// Also let PMIx tools find this server by this pid (the launcher's).
+        #[arg(long)]
+        tool_pid: Option<u32>,
+        /// Write the PMIx server's URI to this file (`-`: stdout).
+        #[arg(long)]
+        report_pmix_uri: Option<String>,
+        /// Serve PMIx tools as the host's system server.
+        #[arg(long)]
+        pmix_system_server: bool,
     },
     /// A persistent runtime: `weft dvm start` (stays up), `weft dvm stop`.
     Dvm {
@@ -206,6 +215,8 @@ fn init_logging() {
         .try_init();
 }
 
+mod mpir;
+
 fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
@@ -245,6 +256,7 @@ fn main() -> ExitCode {
                 println!("{}", weft_runtime::launcher::USAGE);
                 return ExitCode::SUCCESS;
             }
+            weft_runtime::launcher::on_proc_table(mpir::publish);
             let spec = match weft_runtime::launcher::parse_run_args(&args) {
                 Ok(s) => s,
                 Err(e) => {
@@ -280,6 +292,9 @@ fn main() -> ExitCode {
             node,
             node_env,
             job_dir,
+            tool_pid,
+            report_pmix_uri,
+            pmix_system_server,
         } => {
             let node = match (node, node_env) {
                 (Some(n), _) => n,
@@ -304,6 +319,11 @@ fn main() -> ExitCode {
                 node,
                 secret,
                 job_dir,
+                tools: weft_runtime::server::ToolAttach {
+                    launcher_pid: tool_pid,
+                    report_uri: report_pmix_uri,
+                    system: pmix_system_server,
+                },
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -162,6 +162,62 @@ impl Infos {
         );
     }
 
+    /// Appends a status (`PMIX_STATUS`).
+    pub(crate) fn push_status(&mut self, key: &[u8], v: i32) {
+        let v: sys::pmix_status_t = v;
+        self.push_raw(
+            key,
+            (&v as *const sys::pmix_status_t).cast(),
+            sys::PMIX_STATUS,
+        );
+    }
+
+    /// Appends a process table (a `PMIX_DATA_ARRAY` of `PMIX_PROC_INFO`, copied deeply
+    /// by `PMIx_Info_load`). Texts with a NUL byte are cut at it.
+    #[cfg(weft_pmix)]
+    pub(crate) fn push_proc_infos(&mut self, key: &[u8], v: &[crate::server::ProcInfo]) {
+        use crate::server::ProcState;
+        let text = |s: &str| {
+            let cut = s.split('\0').next().unwrap_or("");
+            CString::new(cut).unwrap_or_default()
+        };
+        // The strings the rows point at, alive until the copy is made.
+        let texts: Vec<(CString, CString)> = v
+            .iter()
+            .map(|p| (text(&p.hostname), text(&p.executable)))
+            .collect();
+        let rows: Vec<sys::pmix_proc_info_t> = v
+            .iter()
+            .zip(&texts)
+            .map(|(p, (host, exe))| sys::pmix_proc_info_t {
+                proc_: proc_of(p.nspace.as_bytes(), p.rank),
+                hostname: host.as_ptr().cast_mut(),
+                executable_name: exe.as_ptr().cast_mut(),
+                pid: p.pid as sys::pid_t,
+                exit_code: p.exit_code,
+                state: match p.state {
+                    ProcState::Starting => sys::PMIX_PROC_STATE_LAUNCH_UNDERWAY,
+                    ProcState::Running => sys::PMIX_PROC_STATE_RUNNING,
+                    ProcState::Connected => sys::PMIX_PROC_STATE_CONNECTED,
+                    ProcState::Terminated => sys::PMIX_PROC_STATE_TERMINATED,
+                    ProcState::Signaled => sys::PMIX_PROC_STATE_ABORTED_BY_SIG,
+                    ProcState::Aborted => sys::PMIX_PROC_STATE_CALLED_ABORT,
+                    ProcState::FailedToStart => sys::PMIX_PROC_STATE_FAILED_TO_START,
+                } as sys::pmix_proc_state_t,
+            })
+            .collect();
+        let darray = sys::pmix_data_array_t {
+            type_: sys::PMIX_PROC_INFO as u16,
+            size: rows.len(),
+            array: rows.as_ptr().cast_mut().cast(),
+        };
+        self.push_raw(
+            key,
+            (&darray as *const sys::pmix_data_array_t).cast(),
+            sys::PMIX_DATA_ARRAY,
+        );
+    }
+
     /// Appends a process name (`PMIX_PROC`, copied).
     pub(crate) fn push_proc(&mut self, key: &[u8], p: &sys::pmix_proc_t) {
         self.push_raw(key, (p as *const sys::pmix_proc_t).cast(), sys::PMIX_PROC);

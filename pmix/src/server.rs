@@ -107,6 +107,74 @@ pub struct QueryKey {
     pub pset: Option<String>,
     /// The allocation it is about (`PMIX_ALLOC_ID` qualifier), if any.
     pub alloc_id: Option<String>,
+    /// The namespace it is about (`PMIX_NSPACE` qualifier), if any.
+    pub nspace: Option<String>,
+}
+
+/// What became of a process, as a tool's process table shows it (`pmix_proc_state_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcState {
+    /// Being started (`PMIX_PROC_STATE_LAUNCH_UNDERWAY`).
+    Starting,
+    /// Running (`PMIX_PROC_STATE_RUNNING`).
+    Running,
+    /// Connected to its server (`PMIX_PROC_STATE_CONNECTED`).
+    Connected,
+    /// Ended normally (`PMIX_PROC_STATE_TERMINATED`).
+    Terminated,
+    /// Killed by a signal (`PMIX_PROC_STATE_ABORTED_BY_SIG`).
+    Signaled,
+    /// Called abort (`PMIX_PROC_STATE_CALLED_ABORT`).
+    Aborted,
+    /// Could not be started (`PMIX_PROC_STATE_FAILED_TO_START`).
+    FailedToStart,
+}
+
+/// One row of a process table (`pmix_proc_info_t`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// Its namespace.
+    pub nspace: String,
+    /// Its rank.
+    pub rank: u32,
+    /// The host it runs on.
+    pub hostname: String,
+    /// Its executable (as started).
+    pub executable: String,
+    /// Its pid (0 while not started).
+    pub pid: u32,
+    /// Its exit code, once ended.
+    pub exit_code: i32,
+    /// Its state.
+    pub state: ProcState,
+}
+
+/// A tool connecting (`PMIx_tool_init` against this server), handed to
+/// [`Host::tool_connected`].
+#[derive(Debug)]
+pub struct ToolConnect {
+    /// The name the tool gave itself (`PMIX_TOOL_NSPACE`, `PMIX_TOOL_RANK`), if any;
+    /// without one the host assigns one.
+    pub name: Option<ProcName>,
+    /// The tool's pid (`PMIX_PROC_PID`), if it said.
+    pub pid: Option<u32>,
+    /// Its command line (`PMIX_CMD_LINE`), if it said.
+    pub cmdline: Option<String>,
+    /// Where the name it is given goes.
+    pub reply: ToolReply,
+}
+
+/// Which tool connections a server accepts ([`Server::init`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolSupport {
+    /// Tools of this user, found by the server's pid or namespace, or by URI
+    /// (`PMIX_SERVER_TOOL_SUPPORT`; the library writes `pmix.<host>.tool.<pid>` in the
+    /// server's directory).
+    pub tools: bool,
+    /// Also as the node's system server (`PMIX_SERVER_SYSTEM_SUPPORT`:
+    /// `pmix.sys.<host>` in the system temporary directory, `$TMPDIR` or `/tmp`; the
+    /// library removes it at finalize, [`remove_stale_system_file`] after a crash).
+    pub system: bool,
 }
 
 /// An answer to one query key.
@@ -120,6 +188,27 @@ pub enum QueryAnswer {
     PsetMembers(Vec<ProcName>),
     /// `PMIX_QUERY_ALLOC_STATUS`: the state of the allocation named in the query.
     AllocStatus(String),
+    /// `PMIX_QUERY_NAMESPACES`: the active namespaces (sent comma-delimited).
+    Namespaces(Vec<String>),
+    /// `PMIX_QUERY_NAMESPACE_INFO`: each active namespace with its command line.
+    NamespaceInfo(Vec<(String, String)>),
+    /// `PMIX_QUERY_PROC_TABLE` (or `PMIX_QUERY_LOCAL_PROC_TABLE` when `local`): the
+    /// processes of the namespace named in the query.
+    ProcTable {
+        /// Only this node's processes were asked for.
+        local: bool,
+        /// The rows, in rank order.
+        procs: Vec<ProcInfo>,
+    },
+    /// `PMIX_QUERY_SPAWN_SUPPORT`: the spawn attributes served (sent comma-delimited).
+    SpawnSupport(Vec<String>),
+    /// `PMIX_QUERY_DEBUG_SUPPORT`: the debugger attributes served (sent comma-delimited).
+    DebugSupport(Vec<String>),
+    /// `PMIX_JOB_SIZE` of the namespace named in the query.
+    JobSize(u32),
+    /// `PMIX_QUERY_JOB_STATUS`: the state of the namespace named in the query, as a
+    /// status (`PMIX_SUCCESS` while it runs, else how it ended).
+    JobStatus(i32),
     /// The answer to an allocation request: `PMIX_SESSION_ID`, `PMIX_ALLOC_ID` and the
     /// nodes (`PMIX_ALLOC_NODE_LIST`, comma-delimited host names).
     Allocated {
@@ -130,6 +219,22 @@ pub enum QueryAnswer {
         /// Its nodes' host names.
         nodes: Vec<String>,
     },
+}
+
+/// Removes the system server's rendezvous file (`pmix.sys.<host>` in the system
+/// temporary directory) if the server that wrote it (its third line: the pid) is gone.
+pub fn remove_stale_system_file(host: &str) {
+    let path = std::env::temp_dir().join(format!("pmix.sys.{host}"));
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let pid = text
+        .lines()
+        .nth(2)
+        .and_then(|l| l.trim().parse::<u32>().ok());
+    if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// `PMIX_SPAWN_CHILD_SEP` of OpenPMIx 5 (not in 4.2's headers).
@@ -293,6 +398,8 @@ pub mod codes {
     pub const GROUP_INVITE_DECLINED: i32 = -162;
     /// `PMIX_GROUP_CONSTRUCT_COMPLETE`.
     pub const GROUP_CONSTRUCT_COMPLETE: i32 = -166;
+    /// `PMIX_ERR_JOB_TERMINATED`.
+    pub const JOB_TERMINATED: i32 = -145;
 }
 
 /// What the host does for the library (called on the library's progress thread: return
@@ -311,8 +418,13 @@ pub trait Host: Send + Sync + 'static {
     fn direct_modex(&self, req: DirectModex);
     /// A group construct or destruct of local clients.
     fn group(&self, req: Group);
-    /// A query of a local client (answer with [`GroupReply::answers`]).
+    /// A query of a local client or a tool (answer with [`GroupReply::answers`]).
     fn query(&self, req: Query);
+    /// A tool connects: give it a name (its own, or one assigned) or refuse it. Tools
+    /// are refused unless overridden.
+    fn tool_connected(&self, req: ToolConnect) {
+        req.reply.fail(Failure::NotSupported);
+    }
     /// A `PMIx_Log` of a local client.
     fn log(&self, req: Log);
     /// An event a local client notified beyond its node.
@@ -586,12 +698,14 @@ pub use log::{log_time, OpReply};
 pub use names::LookupReply;
 #[cfg(weft_pmix)]
 pub use spawn::SpawnReply;
+#[cfg(weft_pmix)]
+pub use tools::ToolReply;
 /// Where a query's answers go (the same callback as a group operation's).
 pub type QueryReply = GroupReply;
 
 #[cfg(not(weft_pmix))]
 pub use stub::{
-    log_time, preload, GroupReply, LookupReply, ModexReply, OpReply, Server, SpawnReply,
+    log_time, preload, GroupReply, LookupReply, ModexReply, OpReply, Server, SpawnReply, ToolReply,
 };
 
 #[cfg(not(weft_pmix))]
@@ -621,6 +735,12 @@ mod events;
 
 #[cfg(weft_pmix)]
 mod quickack;
+
+#[cfg(weft_pmix)]
+mod tools;
+
+#[cfg(weft_pmix)]
+mod attrs_guard;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,30 @@ pub fn user_dir() -> PathBuf {
     std::env::temp_dir().join(format!("weft-{uid}"))
 }
 
+/// This machine's host name (`localhost` if it has none).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// The host a node of label `label` is on, for tools that reach its processes (a
+/// debugger attaching, MPIR): this machine for its logical nodes (`<host>-n<i>`, as
+/// `weft run --nodes` names them), else the label itself (a host of `--hosts`).
+pub fn physical_host(label: &str, this_host: &str) -> String {
+    let logical = label
+        .strip_prefix(this_host)
+        .and_then(|rest| rest.strip_prefix("-n"))
+        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    if logical {
+        this_host.to_owned()
+    } else {
+        label.to_owned()
+    }
+}
+
 /// The name of node `node`'s datastore segment for job `job_id`.
 pub fn datastore_name(job_id: &str, node: u32) -> String {
     format!("/weft-{job_id}-n{node}")
@@ -87,4 +111,18 @@ pub(crate) fn remove_job(job_id: &str, job_dir: &Path, nodes: u32) {
     // The jobs its processes spawned (`<job_id>.<id>`), crash or not.
     unlink_segments(&format!("/weft-{job_id}."));
     let _ = std::fs::remove_dir(job_dir);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logical_nodes_are_on_this_host_and_others_keep_their_names() {
+        let p = super::physical_host;
+        assert_eq!(p("vm-n0", "vm"), "vm");
+        assert_eq!(p("vm-n12", "vm"), "vm");
+        assert_eq!(p("vm-n", "vm"), "vm-n");
+        assert_eq!(p("vm-nx", "vm"), "vm-nx");
+        assert_eq!(p("node7", "vm"), "node7");
+        assert_eq!(p("vm2-n0", "vm"), "vm2-n0");
+    }
 }

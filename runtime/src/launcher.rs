@@ -31,6 +31,7 @@ mod job;
 mod launch;
 mod nodes;
 mod plan;
+mod proctable;
 mod servers;
 mod sessions;
 use job::{Action, Timer};
@@ -44,6 +45,7 @@ use servers::Servers;
 
 /// Exit status of `weft run` when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
+pub use proctable::{on_proc_table, ProcRow, ProcTableHook};
 pub use weft_wireup::job::WORLD_PGCID;
 /// Exit status when the launcher itself failed (bad setup, lost server).
 pub const EXIT_LAUNCH_FAILED: i32 = 1;
@@ -123,6 +125,10 @@ async fn run_async(spec: LaunchSpec) -> Result<i32, LaunchError> {
     let job_dir = create_job_dir(&job_id)?;
     let out = run_in(&spec, &plan, &job_dir).await;
     crate::jobdir::remove_job(&plan.job_id, &job_dir, plan.job.num_nodes());
+    if spec.servers.pmix_system_server {
+        // A killed server leaves its system rendezvous file behind.
+        weft_pmix::server::remove_stale_system_file(&crate::jobdir::hostname());
+    }
     out
 }
 
@@ -315,6 +321,16 @@ fn server_command(
             c.args(&server_cmd[1..])
                 .args(sargs)
                 .env("WEFT_JOB_SECRET", format_secret(secret));
+            // Node 0's server is found by tools by this launcher's pid too.
+            if node == 0 {
+                c.arg("--tool-pid").arg(std::process::id().to_string());
+                if let Some(f) = &spec.servers.report_pmix_uri {
+                    c.arg("--report-pmix-uri").arg(f);
+                }
+                if spec.servers.pmix_system_server {
+                    c.arg("--pmix-system-server");
+                }
+            }
             c
         }
         Some(hosts) => {
@@ -463,6 +479,7 @@ impl Executor {
                     launch.on_launched(node, ns, error, set_up)
                 }
                 ToLauncher::Output { ns, stderr, bytes } => launch.on_output(ns, stderr, bytes),
+                ToLauncher::Pids { ns, pids } => launch.on_pids(node, ns, pids),
                 ToLauncher::Alloc { qid, from, req } => launch.on_alloc(node, qid, from, &req),
                 ToLauncher::JobControl {
                     from,
@@ -533,6 +550,7 @@ impl Executor {
                     });
                 }
                 Action::KillServers => self.servers.kill_all(),
+                Action::ProcTable(rows) => proctable::publish(&rows),
                 Action::ArmJob(ns, timer, after) => {
                     let ev = self.ev_tx.clone();
                     tokio::spawn(async move {

@@ -71,6 +71,7 @@ mod leaders;
 mod native;
 mod output;
 mod pgcids;
+mod pids;
 mod pmi;
 mod pmi2;
 mod pmi_keys;
@@ -79,6 +80,7 @@ mod pmix;
 mod pmix_book;
 mod pmix_events;
 mod pmix_log;
+mod pmix_tools;
 mod procs;
 mod psets;
 mod published;
@@ -144,6 +146,20 @@ pub struct ServerArgs {
     pub secret: [u64; 2],
     /// The job's 0700 directory for sockets.
     pub job_dir: PathBuf,
+    /// How PMIx tools find this server, if it serves them.
+    pub tools: ToolAttach,
+}
+
+/// How PMIx tools find a server beyond its own rendezvous files (`--tool-pid`,
+/// `--report-pmix-uri`, `--pmix-system-server` of `weft server`).
+#[derive(Debug, Clone, Default)]
+pub struct ToolAttach {
+    /// Also answer to tools looking for this pid (the launcher's: `pps --pid`).
+    pub launcher_pid: Option<u32>,
+    /// Write the PMIx URI there (`-`: stdout).
+    pub report_uri: Option<String>,
+    /// Be the host's system server.
+    pub system: bool,
 }
 
 pub(crate) use crate::jobdir::random_u64;
@@ -527,13 +543,35 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // A build without libpmix has none to offer (`weft info` says so).
     if plan.pmix && weft_pmix::built_with().is_some() {
         let dir = pmix_dir(&args.job_dir, node);
-        let started = pmix::PmixFront::start(dir.clone(), ev_tx.clone(), output.tx.clone())
+        // Tools attach to one server per host: the first node on it (several logical
+        // nodes on a host would leave a tool searching for "the" server with a choice).
+        let here = crate::jobdir::hostname();
+        let host_of = |label: &str| crate::jobdir::physical_host(label, &here);
+        let host = plan
+            .job
+            .nodes
+            .get(node as usize)
+            .map(|n| host_of(&n.hostname));
+        let first_on_host = plan
+            .job
+            .nodes
+            .iter()
+            .find(|n| Some(host_of(&n.hostname)) == host)
+            .is_none_or(|n| n.id == node);
+        let tools = weft_pmix::server::ToolSupport {
+            tools: first_on_host,
+            system: first_on_host && args.tools.system,
+        };
+        let started = pmix::PmixFront::start(dir.clone(), ev_tx.clone(), output.tx.clone(), tools)
             .and_then(|mut px| {
                 let job = px.add_job(&plan, node)?;
                 Ok((px, job))
             });
         match started {
             Ok((px, job)) => {
+                if tools.tools {
+                    px.publish_attach(&args.tools);
+                }
                 st.pmix = Some(px);
                 st.job.pmix = Some(job);
             }
@@ -874,6 +912,11 @@ impl State {
             Event::ConnectTimeout(id) => self.connect_timeout(id),
             Event::Ctl(ToServer::Shutdown) => self.done = true,
             Event::Ctl(ToServer::Launch(plan)) => self.launch_job(*plan),
+            Event::Ctl(ToServer::Pids { ns, pids }) => {
+                if self.focus(ns) {
+                    self.job.pids.on_report(&pids);
+                }
+            }
             Event::Ctl(ToServer::TerminateJob { ns, grace_ms }) => {
                 if self.focus(ns) {
                     let acts = self.job.procs.on_terminate(Duration::from_millis(grace_ms));
@@ -928,7 +971,13 @@ impl State {
                 let acts = self.job.procs.on_abort_grace_over(rank);
                 self.apply_procs(acts);
             }
-            JobEvent::Spawned { rank, pid } => self.job.procs.on_spawned(rank, pid),
+            JobEvent::Spawned { rank, pid } => {
+                self.job.procs.on_spawned(rank, pid);
+                if let Some(pids) = self.job.pids.on_spawned(rank, pid) {
+                    let ns = self.job.ns;
+                    self.to_launcher(&ToLauncher::Pids { ns, pids });
+                }
+            }
             JobEvent::ChildExit { rank, how } => {
                 let acts = self.job.procs.on_child_exit(rank, how);
                 self.apply_procs(acts);

@@ -188,6 +188,37 @@ impl GroupReply {
                 QueryAnswer::AllocStatus(s) => {
                     info.push_string(sys::PMIX_QUERY_ALLOC_STATUS, &s);
                 }
+                QueryAnswer::Namespaces(ns) => {
+                    info.push_string(sys::PMIX_QUERY_NAMESPACES, &ns.join(","));
+                }
+                QueryAnswer::NamespaceInfo(ns) => {
+                    // One info array per namespace: its name and command line (as
+                    // PRRTE answers; OpenPMIx's tool.c prints each entry as a string).
+                    let mut outer = Infos::new();
+                    for (nspace, cmd) in ns {
+                        let mut inner = Infos::new();
+                        inner.push_string(sys::PMIX_NSPACE, &nspace);
+                        inner.push_string(sys::PMIX_CMD_LINE, &cmd);
+                        outer.push_infos(sys::PMIX_QUERY_NAMESPACE_INFO, &mut inner);
+                    }
+                    info.push_infos(sys::PMIX_QUERY_NAMESPACE_INFO, &mut outer);
+                }
+                QueryAnswer::ProcTable { local, procs } => {
+                    let key = if local {
+                        &sys::PMIX_QUERY_LOCAL_PROC_TABLE[..]
+                    } else {
+                        &sys::PMIX_QUERY_PROC_TABLE[..]
+                    };
+                    info.push_proc_infos(key, &procs);
+                }
+                QueryAnswer::SpawnSupport(keys) => {
+                    info.push_string(sys::PMIX_QUERY_SPAWN_SUPPORT, &keys.join(","));
+                }
+                QueryAnswer::DebugSupport(keys) => {
+                    info.push_string(sys::PMIX_QUERY_DEBUG_SUPPORT, &keys.join(","));
+                }
+                QueryAnswer::JobSize(n) => info.push_u32(sys::PMIX_JOB_SIZE, n),
+                QueryAnswer::JobStatus(st) => info.push_status(sys::PMIX_QUERY_JOB_STATUS, st),
                 QueryAnswer::Allocated {
                     session,
                     alloc_id,
@@ -533,6 +564,7 @@ unsafe extern "C" fn query(
         let q = unsafe { &*queries.add(qi) };
         let mut pset = None;
         let mut alloc_id = None;
+        let mut nspace = None;
         for i in 0..q.nqual {
             if q.qualifiers.is_null() {
                 break;
@@ -551,6 +583,11 @@ unsafe extern "C" fn query(
                 if let crate::PmixValue::Str(n) = unsafe { crate::owned::value_of(&inf.value) } {
                     alloc_id = Some(n);
                 }
+            } else if k == sys::PMIX_NSPACE {
+                // SAFETY: the union member read is the one the type tag names.
+                if let crate::PmixValue::Str(n) = unsafe { crate::owned::value_of(&inf.value) } {
+                    nspace = Some(n);
+                }
             }
         }
         let mut i = 0;
@@ -565,6 +602,7 @@ unsafe extern "C" fn query(
                 key: unsafe { CStr::from_ptr(k) }.to_string_lossy().into_owned(),
                 pset: pset.clone(),
                 alloc_id: alloc_id.clone(),
+                nspace: nspace.clone(),
             });
             i += 1;
         }
@@ -579,6 +617,44 @@ unsafe extern "C" fn query(
         reply: GroupReply { cb, cbdata },
     });
     SUCCESS
+}
+
+/// Tells the library which functions the host serves, with the attributes each honours
+/// (what `pattrs --host` lists).
+fn register_host_attributes() {
+    let table: &[(&CStr, &[&[u8]])] = &[
+        (
+            c"PMIx_Query_info",
+            &[
+                sys::PMIX_QUERY_NAMESPACES,
+                sys::PMIX_QUERY_NAMESPACE_INFO,
+                sys::PMIX_QUERY_PROC_TABLE,
+                sys::PMIX_QUERY_LOCAL_PROC_TABLE,
+                sys::PMIX_QUERY_SPAWN_SUPPORT,
+                sys::PMIX_QUERY_DEBUG_SUPPORT,
+                sys::PMIX_QUERY_JOB_STATUS,
+                sys::PMIX_QUERY_PSET_NAMES,
+                sys::PMIX_QUERY_NUM_PSETS,
+                sys::PMIX_QUERY_PSET_MEMBERSHIP,
+            ],
+        ),
+        (c"PMIx_Spawn", &[sys::PMIX_SESSION_ID, sys::PMIX_ALLOC_ID]),
+        (c"PMIx_Fence", &[sys::PMIX_COLLECT_DATA, sys::PMIX_TIMEOUT]),
+    ];
+    for (func, attrs) in table {
+        let mut ptrs: Vec<*mut c_char> = attrs
+            .iter()
+            .map(|a| a.as_ptr().cast::<c_char>().cast_mut())
+            .collect();
+        ptrs.push(std::ptr::null_mut());
+        // SAFETY: a NUL-terminated function name and a NULL-terminated array of
+        // NUL-terminated keys, valid for the call; the library copies both.
+        let rc =
+            unsafe { sys::PMIx_Register_attributes(func.as_ptr().cast_mut(), ptrs.as_mut_ptr()) };
+        if rc != SUCCESS {
+            tracing::debug!("PMIx_Register_attributes({func:?}): status {rc}");
+        }
+    }
 }
 
 /// The running PMIx server of this process; finalized on drop.
@@ -618,7 +694,12 @@ fn wait(op: &'static str, done: &Done) -> Result<(), PmixError> {
 impl Server {
     /// Starts the server library, its Unix socket in `dir`, with `host` answering
     /// for it. Fails if a server was already started in this process.
-    pub fn init(dir: &std::path::Path, host_: Arc<dyn Host>) -> Result<Server, PmixError> {
+    /// `tools` says which tool connections it accepts.
+    pub fn init(
+        dir: &std::path::Path,
+        host_: Arc<dyn Host>,
+        tools: ToolSupport,
+    ) -> Result<Server, PmixError> {
         const OP: &str = "PMIx_server_init";
         let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
         if *started {
@@ -652,13 +733,30 @@ impl Server {
         module.job_control = Some(super::jobctl::job_control);
         module.allocate = Some(super::alloc::allocate);
         module.disconnect = Some(super::connect::disconnect);
+        module.tool_connected = Some(super::tools::tool_connected);
         let mut info = Infos::new();
-        for k in [&sys::PMIX_SERVER_TMPDIR[..], &sys::PMIX_SYSTEM_TMPDIR[..]] {
-            info.push_string(k, dir_s)
+        // The system server's file goes where tools look for it (the system temporary
+        // directory); everything else the library writes stays in `dir`.
+        let system_dir = std::env::temp_dir();
+        let system_dir = match system_dir.to_str() {
+            Some(d) if tools.system => d,
+            _ => dir_s,
+        };
+        for (k, d) in [
+            (&sys::PMIX_SERVER_TMPDIR[..], dir_s),
+            (&sys::PMIX_SYSTEM_TMPDIR[..], system_dir),
+        ] {
+            info.push_string(k, d)
                 .ok_or_else(|| PmixError::InvalidArgs {
                     op: OP,
-                    what: format!("directory {dir_s:?} holds a NUL byte"),
+                    what: format!("directory {d:?} holds a NUL byte"),
                 })?;
+        }
+        if tools.tools {
+            info.push_bool(sys::PMIX_SERVER_TOOL_SUPPORT, true);
+        }
+        if tools.system {
+            info.push_bool(sys::PMIX_SERVER_SYSTEM_SUPPORT, true);
         }
         // The node's topology without I/O devices: left to itself, the library
         // discovers the PCI devices too, which took 15 of its 20 ms of start here.
@@ -682,6 +780,8 @@ impl Server {
             return Err(status(OP, rc, ""));
         }
         *started = true;
+        super::attrs_guard::keep();
+        register_host_attributes();
         Ok(Server { _topo: topo })
     }
 

@@ -42,6 +42,19 @@ impl LookupReply {
     pub fn fail(self, _why: Failure) {}
 }
 
+/// Where a tool's name goes (none exists in this build).
+#[derive(Debug)]
+pub struct ToolReply {
+    _none: (),
+}
+
+impl ToolReply {
+    /// Never called (no reply exists in this build).
+    pub fn ok(self, _name: ProcName) {}
+    /// Never called (no reply exists in this build).
+    pub fn fail(self, _why: Failure) {}
+}
+
 /// Nothing to load in this build.
 pub fn preload() {}
 
@@ -89,6 +102,7 @@ impl Server {
     pub fn init(
         _dir: &std::path::Path,
         _host: std::sync::Arc<dyn Host>,
+        _tools: ToolSupport,
     ) -> Result<Server, PmixError> {
         Err(crate::unavailable())
     }

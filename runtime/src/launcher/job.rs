@@ -49,6 +49,8 @@ pub(super) enum Action {
     },
     /// Send a message to submitter `u64` of a persistent runtime (`weft run --dvm`, `ps`).
     Tell(u64, FromController),
+    /// The first job's process table is complete (`proctable`).
+    ProcTable(Vec<super::proctable::ProcRow>),
     /// Write output of a job nobody submitted (or whose submitter left) to the
     /// launcher's own stdout or stderr.
     Output { stderr: bool, bytes: Vec<u8> },

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use weft_wireup::{NsId, ProcId};
+use weft_wireup::{NsId, ProcId, Rank};
 
 use super::children::Children;
 use super::job::{Action, Job, Timer};
@@ -41,6 +41,8 @@ pub(super) struct Launch {
     dvm: bool,
     /// The allocation sessions carved out of the runtime's nodes.
     sessions: Sessions,
+    /// The first job's pids, until every node reported them.
+    first_pids: super::proctable::FirstPids,
 }
 
 impl Launch {
@@ -49,12 +51,13 @@ impl Launch {
         Launch {
             nodes: Nodes::new(plan.job.num_nodes()),
             job: Job::new(plan.job.clone(), policy),
-            plan,
             children: Children::new(),
             first_over: false,
             timed_out: false,
             dvm: false,
             sessions: Sessions::new(hostnames),
+            first_pids: super::proctable::FirstPids::new(&plan),
+            plan,
         }
     }
 
@@ -521,6 +524,20 @@ impl Launch {
                 .kill(ns, &format!("its session {id} ended"), 128 + 15);
             out.extend(self.child(acts));
         }
+        out
+    }
+
+    /// The server of `node` reports the pids of its processes of job `ns`: every server
+    /// learns them (tools' process tables); the first job's complete table goes to the
+    /// MPIR hook.
+    pub(super) fn on_pids(&mut self, node: u32, ns: NsId, pids: Vec<(Rank, u32)>) -> Vec<Action> {
+        let mut out = Vec::new();
+        if ns == self.plan.ns && !self.dvm {
+            if let Some(rows) = self.first_pids.on_report(&self.plan, node, &pids) {
+                out.push(Action::ProcTable(rows));
+            }
+        }
+        out.push(Action::SendAll(ToServer::Pids { ns, pids }));
         out
     }
 

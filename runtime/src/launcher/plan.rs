@@ -92,6 +92,12 @@ pub struct ServerLaunch {
     /// Start the servers with one `srun` step, one per node of the Slurm allocation this
     /// runs in (`weft dvm start` inside an allocation).
     pub slurm: bool,
+    /// Write the PMIx server's URI (node 0's, for tools: `pps --uri file:PATH`) to this
+    /// file, or to stdout for `-` (`--report-pmix-uri`).
+    pub report_pmix_uri: Option<String>,
+    /// Node 0's PMIx server is also this host's system server (`--pmix-system-server`:
+    /// tools connecting with `--system-server` find it).
+    pub pmix_system_server: bool,
 }
 
 /// When a job is ended other than by all its processes exiting.
@@ -113,6 +119,8 @@ impl Default for ServerLaunch {
             listen: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             server_command: None,
             slurm: false,
+            report_pmix_uri: None,
+            pmix_system_server: false,
         }
     }
 }
@@ -196,6 +204,9 @@ options:
   --no-pmix             do not serve PMIx (Open MPI programs need it; Weft programs and
                         MPICH's PMI-1 do not)
   --job-id ID           name of the job's sockets and segments (default random)
+  --report-pmix-uri F   write the PMIx server's URI for tools to file F (- : stdout);
+                        tools also find it by this launcher's pid (pps --pid PID)
+  --pmix-system-server  serve PMIx tools as this host's system server (--system-server)
   --dvm URI             run the job in the persistent runtime `weft dvm start` started
                         (its weft:// URI, or the file --report-uri wrote; default $WEFT_DVM)
   --session ID          with --dvm: run on the nodes of the runtime's allocation session ID
@@ -299,6 +310,11 @@ fn parse_option(
             )
         }
         "--launch-agent" => spec.servers.launch_agent = take(val, a)?,
+        "--report-pmix-uri" => spec.servers.report_pmix_uri = Some(take(val, a)?),
+        "--pmix-system-server" => {
+            spec.servers.pmix_system_server = true;
+            return Ok(Opt::Flag);
+        }
         "--listen" => {
             let v = take(val, a)?;
             spec.servers.listen = v
@@ -412,13 +428,7 @@ fn parse_app_context(
     })
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
+use crate::jobdir::hostname;
 
 /// Builds the job map: placement, app contexts, psets, bindings.
 pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, LaunchError> {

@@ -44,6 +44,8 @@ pub(super) struct Job {
     pub(super) pmi: pmi::PmiFront,
     /// What the node's PMIx server keeps of the job, when it serves it PMIx (`pmix`).
     pub(super) pmix: Option<super::pmix::PmixJob>,
+    /// Every rank's pid, as far as known here (`pids`).
+    pub(super) pids: super::pids::Pids,
 }
 
 impl Job {
@@ -76,6 +78,7 @@ impl Job {
             invitations: Invitations::new(node, nodes()),
             pmi: pmi::PmiFront::default(),
             pmix: None,
+            pids: super::pids::Pids::new(plan.job.size() as usize, plan.job.ranks_on(node)),
             store,
             plan,
         }

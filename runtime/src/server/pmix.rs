@@ -180,6 +180,22 @@ impl Host for Bridge {
         let ns = q.requester.nspace.clone();
         self.send(&ns, PmixEv::Query(q));
     }
+    fn tool_connected(&self, t: weft_pmix::server::ToolConnect) {
+        // Any tool of this user (the library checked the uid): its own name, or one
+        // given here. Its queries are answered as the node's (`pmix_tools`).
+        let name = t.name.unwrap_or_else(|| ProcName {
+            nspace: super::pmix_tools::tool_name(),
+            rank: Some(0),
+        });
+        tracing::debug!(
+            "PMIx tool {}.{} connected (pid {:?}, {:?})",
+            name.nspace,
+            name.rank.unwrap_or(0),
+            t.pid,
+            t.cmdline
+        );
+        t.reply.ok(name);
+    }
     fn log(&self, l: Log) {
         let ns = l.source.nspace.clone();
         self.send(&ns, PmixEv::Log(l));
@@ -223,6 +239,23 @@ impl Host for Bridge {
     }
 }
 
+/// Writes `text` to `path` readable by its owner only (a tool's rendezvous file), in
+/// full before it is seen under its name.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+
 /// The key a node's contribution to group construct `id` is committed under.
 fn group_key(id: &str) -> String {
     format!("pmix/grp/{id}")
@@ -258,13 +291,15 @@ pub(super) struct PmixJob {
 
 impl PmixFront {
     /// Starts the node's PMIx server in `dir` (created).
+    /// `tools`: which tool connections it accepts.
     pub(super) fn start(
         dir: PathBuf,
         ev: UnboundedSender<Event>,
         output: std::sync::mpsc::Sender<Chunk>,
+        tools: weft_pmix::server::ToolSupport,
     ) -> Result<PmixFront, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }))
+        let server = weft_pmix::server::Server::init(&dir, Arc::new(Bridge { ev }), tools)
             .map_err(|e| e.to_string())?;
         if crate::tunable_or_default("WEFT_PMIX_QUICKACK", |get| {
             weft_tunables::find(crate::TUNABLES, "WEFT_PMIX_QUICKACK").switch_in(get)
@@ -282,6 +317,59 @@ impl PmixFront {
     /// The job of namespace `nspace`, if this server serves it PMIx.
     pub(super) fn ns_of(&self, nspace: &str) -> Option<NsId> {
         self.names.get(nspace).copied()
+    }
+
+    /// Lets tools find the server beyond the library's own files: by the launcher's pid
+    /// (a copy of the library's `pmix.<host>.tool.<pid>` file under that pid, in the
+    /// same directory, removed with it) and through a URI file. Failures are logged:
+    /// the job runs without.
+    pub(super) fn publish_attach(&self, how: &super::ToolAttach) {
+        let me = format!(".tool.{}", std::process::id());
+        let found = std::fs::read_dir(&self.dir).ok().and_then(|d| {
+            d.flatten().map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("pmix.") && n.ends_with(&me))
+            })
+        });
+        let Some(file) = found else {
+            tracing::warn!(
+                "no PMIx tool rendezvous file in {}: tools cannot attach",
+                self.dir.display()
+            );
+            return;
+        };
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("{}: {e}: tools cannot attach", file.display());
+                return;
+            }
+        };
+        if let Some(pid) = how.launcher_pid {
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let alias = self.dir.join(format!(
+                "{}.tool.{pid}",
+                name.strip_suffix(&me).unwrap_or(name)
+            ));
+            if let Err(e) = write_private(&alias, &text) {
+                tracing::warn!("{}: {e}: tools cannot attach by pid {pid}", alias.display());
+            }
+        }
+        match how.report_uri.as_deref() {
+            None => {}
+            Some("-") => println!("{}", text.lines().next().unwrap_or("")),
+            Some(path) => {
+                if let Err(e) = write_private(Path::new(path), &text) {
+                    eprintln!("weft: --report-pmix-uri {path}: {e}");
+                }
+            }
+        }
+    }
+
+    /// The namespaces it serves, with their ids.
+    pub(super) fn names(&self) -> impl Iterator<Item = (&str, NsId)> {
+        self.names.iter().map(|(n, &ns)| (n.as_str(), ns))
     }
 
     /// The first job it serves (the one the runtime was started for, while it runs).
@@ -665,7 +753,11 @@ impl State {
     /// A client's query: the process sets (the job's, and those defined while it runs)
     /// by name, their number, one's members. Keys this host does not know are left out;
     /// none known: not supported; an unknown set: not found.
-    fn pmix_query(&mut self, q: Query) {
+    fn pmix_query(&mut self, mut q: Query) {
+        // A tool's keys first (`pmix_tools`), then the job's own.
+        let (tool_answers, keys) =
+            self.tool_query(std::mem::take(&mut q.keys), &q.requester.nspace);
+        q.keys = keys;
         let Some(px) = self.job.pmix.as_ref() else {
             return q.reply.fail(Failure::Other);
         };
@@ -683,7 +775,7 @@ impl State {
             }
         }
         // The state of an allocation (`allocs`), then the job's own keys.
-        let mut answers = Vec::new();
+        let mut answers = tool_answers;
         let (alloc, keys): (Vec<_>, Vec<_>) = q
             .keys
             .into_iter()

@@ -63,7 +63,7 @@ pub struct ModexData {
 /// and submitters control sessions (`ToController::Session`). Version 10: native connects
 /// (`CrossKind::NativeConnect`, `NativeDisconnect`), whose completion carries a PGCID
 /// (`ConnectMsg::Done::pgcid`), and callers' withdrawal (`ConnectMsg::Withdraw`).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 10;
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 11;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -482,6 +482,12 @@ pub enum ToLauncher {
         from: weft_wireup::ProcId,
         req: AllocReq,
     },
+    /// This node's processes of job `ns` all started (or failed to): the pids of those
+    /// that did, by rank (for tools: MPIR, `PMIX_QUERY_PROC_TABLE`).
+    Pids {
+        ns: NsId,
+        pids: Vec<(Rank, u32)>,
+    },
     /// Output of a process of job `ns` (one whose plan says `forward_output`): whole
     /// lines, sent before the process's `ProcExit`.
     Output {
@@ -534,6 +540,11 @@ pub enum ToServer {
     Signal {
         procs: Vec<(NsId, Option<Rank>)>,
         sig: i32,
+    },
+    /// Another node's [`ToLauncher::Pids`] for job `ns`, passed on to every server.
+    Pids {
+        ns: NsId,
+        pids: Vec<(Rank, u32)>,
     },
     /// The answer to the [`ToLauncher::Spawn`] of `qid`: the new job's namespace id and
     /// name, or why there is none.

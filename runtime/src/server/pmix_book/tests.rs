@@ -249,6 +249,7 @@ fn a_query_answers_the_keys_it_knows_and_refuses_when_it_knows_none() {
         key: k.into(),
         pset: pset.map(Into::into),
         alloc_id: None,
+        nspace: None,
     };
     assert_eq!(
         query_answers(&[key("pmix.qry.nodes", None)], &sets, "ns"),

@@ -1,0 +1,343 @@
+//! Tools and debuggers attached to a running `weft run` (issue 35): PMIx tools by the
+//! launcher's pid and by URI file (`benches/mpi/pmix_tool.c`, OpenPMIx's unmodified
+//! `tool.c`, Debian's `pps`), the process table job-wide and per node, and MPIR read by
+//! `gdb` from the launcher.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::progs::{pmix_example, pmix_flags};
+use common::{assert_clean, available, build_c, Job};
+
+/// `benches/mpi/pmix_tool.c` built against libpmix, or `None` (skipped, reason printed).
+fn pmix_tool() -> Option<String> {
+    let hint = "weft was built without libpmix (apt-get install libpmix-dev)";
+    available(
+        weft_pmix::built_with().is_some(),
+        "WEFT_REQUIRE_OPENMPI",
+        hint,
+    )
+    .then(|| build_c("cc", "pmix_tool.c", "pmix_tool", &pmix_flags()))
+}
+
+/// Runs `prog args` with TMPDIR `tmp` (where the job's servers write their rendezvous
+/// files), killed after 30 s.
+fn tool(tmp: &Path, prog: &str, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .arg("30")
+        .arg(prog)
+        .args(args)
+        .env("TMPDIR", tmp)
+        .output()
+        .unwrap_or_else(|e| panic!("{prog}: {e}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One `proc NS RANK HOST EXE PID STATE` line of `pmix_tool`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    nspace: String,
+    rank: u32,
+    host: String,
+    exe: String,
+    pid: u32,
+}
+
+fn rows(o: &Output) -> Vec<Row> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("proc "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Row {
+                nspace: f[0].to_owned(),
+                rank: f[1].parse().unwrap(),
+                host: f[2].to_owned(),
+                exe: f[3].to_owned(),
+                pid: f[4].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // pid (comm) state ppid ...
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// A job of 3 processes on 2 logical nodes that wait for a file: a tool finds it by the
+/// launcher's pid and by the URI file `--report-pmix-uri` wrote, reads its namespace and
+/// its process table (every rank's pid, once the other node's server reported them
+/// through the launcher), and the table of node 0 only; OpenPMIx's `tool.c` lists the
+/// namespace with its command line, `pps` finds it by itself, and `gdb` reads the same
+/// pids from the launcher's MPIR table. The job then ends normally, leaving no
+/// rendezvous file behind.
+#[test]
+fn tools_attach_by_pid_and_uri_file_and_read_the_process_table_and_mpir() {
+    let (Some(ptool), Some(example)) = (pmix_tool(), pmix_example("tool")) else {
+        return;
+    };
+    let name = format!("tools-attach-{}", std::process::id());
+    let stop = std::env::temp_dir().join(format!("{name}.stop"));
+    let _ = std::fs::remove_file(&stop);
+    let wait = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
+    let uri = std::env::temp_dir().join(format!("{name}.uri"));
+    let _ = std::fs::remove_file(&uri);
+    let uri_path = uri.clone();
+    let job = Job::start(
+        "tools-attach",
+        &[
+            "--nodes",
+            "2",
+            "--timeout",
+            "90",
+            "--report-pmix-uri",
+            uri_path.to_str().unwrap(),
+            "-n",
+            "3",
+            "sh",
+            "-c",
+            &wait,
+        ],
+    );
+    let tmp = job.tmp.clone();
+    let launcher = job.pid().to_string();
+    // Every rank's pid reaches the tool once both servers reported them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (by_pid, table) = loop {
+        let o = tool(&tmp, &ptool, &["--pid", &launcher]);
+        let r = rows(&o);
+        if o.status.success() && r.len() == 3 && r.iter().all(|r| r.pid != 0) {
+            break (o, r);
+        }
+        assert!(Instant::now() < deadline, "no full table: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = String::from_utf8_lossy(&by_pid.stdout).into_owned();
+    let ns = table[0].nspace.clone();
+    assert!(out.contains(&format!("namespaces {ns}\n")), "{out}");
+    let here = this_host();
+    for (i, r) in table.iter().enumerate() {
+        assert_eq!(r.rank, i as u32, "{out}");
+        assert_eq!(
+            r.host, here,
+            "a logical node's processes are on this host: {out}"
+        );
+        assert_eq!(r.exe, "sh", "{out}");
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", r.pid)).unwrap_or_default();
+        assert_eq!(
+            comm.trim(),
+            "sh",
+            "rank {i}'s pid {} is not its process",
+            r.pid
+        );
+    }
+    // Ranks 0 and 1 on node 0, rank 2 on node 1: two servers' children.
+    let (s0, s2) = (parent_of(table[0].pid), parent_of(table[2].pid));
+    assert_eq!(parent_of(table[1].pid), s0, "{out}");
+    assert_ne!(s0, s2, "rank 2 runs under the other node's server: {out}");
+
+    // By the URI file, this node's table only.
+    let uri_arg = format!("file:{}", uri.display());
+    let local = tool(&tmp, &ptool, &["--uri", &uri_arg, "--local"]);
+    assert!(local.status.success(), "{}", text(&local));
+    assert_eq!(rows(&local), table[..2].to_vec(), "{}", text(&local));
+
+    // OpenPMIx's own tool example, by URI: the namespace and its command line.
+    let uri_text = std::fs::read_to_string(&uri).unwrap();
+    let server_uri = uri_text.lines().next().unwrap();
+    let ex = tool(&tmp, &example, &["-u", server_uri]);
+    let ex_err = String::from_utf8_lossy(&ex.stderr).into_owned();
+    assert!(ex.status.success(), "{}", text(&ex));
+    assert!(
+        ex_err.contains(&format!("\t{ns}\tsh -c {wait}")),
+        "tool.c lists the namespace and its command line: {}",
+        text(&ex)
+    );
+
+    // Debian's pps (libpmix-bin) finds the only server under TMPDIR by itself.
+    let have_pps = Command::new("pps").arg("--version").output().is_ok();
+    if available(
+        have_pps,
+        "WEFT_REQUIRE_OPENMPI",
+        "pps is not installed (apt-get install libpmix-bin)",
+    ) {
+        let pps = tool(&tmp, "pps", &[]);
+        assert!(
+            String::from_utf8_lossy(&pps.stderr).contains(&format!("Active nspaces: {ns}")),
+            "{}",
+            text(&pps)
+        );
+    }
+
+    // MPIR: gdb reads the table from the launcher (casts: the symbols' types are the
+    // MPIR specification's, which a debugger knows).
+    let have_gdb = Command::new("gdb").arg("--version").output().is_ok();
+    if available(
+        have_gdb,
+        "WEFT_REQUIRE_GDB",
+        "gdb is not installed (apt-get install gdb)",
+    ) {
+        let mut args = vec![
+            "-batch".to_owned(),
+            "-p".to_owned(),
+            launcher.clone(),
+            "-ex".to_owned(),
+            "print (int)MPIR_proctable_size".to_owned(),
+            "-ex".to_owned(),
+            "print (int)MPIR_debug_state".to_owned(),
+        ];
+        for i in 0..3 {
+            args.push("-ex".into());
+            args.push(format!("print *(char**)((char*)MPIR_proctable+{})", 24 * i));
+            args.push("-ex".into());
+            args.push(format!(
+                "print *(int*)((char*)MPIR_proctable+{})",
+                24 * i + 16
+            ));
+        }
+        let g = Command::new("timeout")
+            .arg("60")
+            .arg("gdb")
+            .args(&args)
+            .output()
+            .unwrap();
+        let values: Vec<String> = String::from_utf8_lossy(&g.stdout)
+            .lines()
+            .filter(|l| l.starts_with('$'))
+            .filter_map(|l| l.split_once(" = ").map(|(_, v)| v.to_owned()))
+            .collect();
+        let mut want = vec!["3".to_owned(), "1".to_owned()];
+        for r in &table {
+            want.push(format!("{:?}", r.host));
+            want.push(r.pid.to_string());
+        }
+        let got: Vec<String> = values
+            .iter()
+            .map(|v| match v.split_once(' ') {
+                // `0x55... "host"`: the string.
+                Some((p, s)) if p.starts_with("0x") => s.to_owned(),
+                _ => v.clone(),
+            })
+            .collect();
+        assert_eq!(got, want, "{}", text(&g));
+    }
+
+    std::fs::write(&stop, b"").unwrap();
+    let d = job.wait(Duration::from_secs(60));
+    let _ = std::fs::remove_file(&stop);
+    let _ = std::fs::remove_file(&uri);
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_clean(&name, &tmp, &d);
+}
+
+/// `--report-pmix-uri -` prints the URI on stdout before the processes' output; with
+/// `--pmix-system-server` a tool asking for the host's system server finds the job;
+/// `pattrs` (an attribute query, which OpenPMIx 4.2's server library answers with a
+/// stray pointer) is refused as not supported and the job goes on; a tool given a pid no
+/// server answers to is refused, naming the call.
+#[test]
+fn the_uri_on_stdout_the_system_server_and_what_tools_cannot_break() {
+    let Some(ptool) = pmix_tool() else {
+        return;
+    };
+    let name = format!("tools-sys-{}", std::process::id());
+    let stop = std::env::temp_dir().join(format!("{name}.stop"));
+    let _ = std::fs::remove_file(&stop);
+    let wait = format!(
+        "echo hello; while [ ! -e {} ]; do sleep 0.05; done",
+        stop.display()
+    );
+    let job = Job::start(
+        "tools-sys",
+        &[
+            "--timeout",
+            "90",
+            "--report-pmix-uri",
+            "-",
+            "--pmix-system-server",
+            "-n",
+            "1",
+            "sh",
+            "-c",
+            &wait,
+        ],
+    );
+    let tmp = job.tmp.clone();
+    let launcher = job.pid().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sys = loop {
+        let o = tool(&tmp, &ptool, &["--system"]);
+        if o.status.success() && rows(&o).iter().all(|r| r.pid != 0) {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "no system server: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(rows(&sys).len(), 1, "{}", text(&sys));
+    let have_pattrs = Command::new("pattrs").arg("--version").output().is_ok();
+    if available(
+        have_pattrs,
+        "WEFT_REQUIRE_OPENMPI",
+        "pattrs is not installed (apt-get install libpmix-bin)",
+    ) {
+        let p = tool(&tmp, "pattrs", &["--pid", &launcher, "--host", "all"]);
+        assert!(
+            String::from_utf8_lossy(&p.stdout).contains("NOT-SUPPORTED")
+                || String::from_utf8_lossy(&p.stderr).contains("NOT-SUPPORTED"),
+            "{}",
+            text(&p)
+        );
+        // The server is still there.
+        let again = tool(&tmp, &ptool, &["--pid", &launcher]);
+        assert!(again.status.success(), "after pattrs: {}", text(&again));
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let d = job.wait(Duration::from_secs(60));
+    let _ = std::fs::remove_file(&stop);
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    let lines: Vec<&str> = d.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", d.dump());
+    assert!(
+        lines[0].contains(";tcp4://127.0.0.1:"),
+        "the URI first: {}",
+        d.dump()
+    );
+    assert_eq!(lines[1], "hello", "{}", d.dump());
+    assert_clean(&name, &tmp, &d);
+
+    let empty = std::env::temp_dir().join(format!("tools-none-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = tool(&empty, &ptool, &["--pid", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("PMIx_tool_init"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&empty);
+}

@@ -1,0 +1,99 @@
+//! The first job's process table, as the launcher learns it (every node's servers
+//! report their processes' pids once all have started): what a legacy debugger reads
+//! through MPIR (`weft`'s `MPIR_proctable`), handed to the hook the program set with
+//! [`on_proc_table`].
+
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use weft_wireup::Rank;
+
+use crate::wire::proto::JobPlan;
+
+/// One process of the table, in rank order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcRow {
+    /// The host it runs on (this machine's name for a logical node).
+    pub host: String,
+    /// The program it runs (as given on the command line).
+    pub executable: String,
+    /// Its pid (0: it could not start).
+    pub pid: u32,
+}
+
+/// What is called, once, when the first job's table is complete.
+pub type ProcTableHook = fn(&[ProcRow]);
+
+static HOOK: OnceLock<ProcTableHook> = OnceLock::new();
+
+/// Has `hook` called with the first job's process table once every process of it has
+/// started (or failed to), before the launcher goes on (the `weft` binary fills its
+/// MPIR table there). Only the first call sets it.
+pub fn on_proc_table(hook: ProcTableHook) {
+    let _ = HOOK.set(hook);
+}
+
+/// Calls the hook, if one is set.
+pub(super) fn publish(rows: &[ProcRow]) {
+    if let Some(h) = HOOK.get() {
+        h(rows);
+    }
+}
+
+/// The first job's pids as the nodes report them.
+#[derive(Debug)]
+pub(super) struct FirstPids {
+    pids: Vec<u32>,
+    /// The nodes holding processes of the job that have not reported.
+    left: BTreeSet<u32>,
+}
+
+impl FirstPids {
+    pub(super) fn new(plan: &JobPlan) -> FirstPids {
+        FirstPids {
+            pids: vec![0; plan.job.procs.len()],
+            left: plan.job.procs.iter().map(|p| p.node).collect(),
+        }
+    }
+
+    /// Node `node` reported `pids`: the table, once every node has.
+    pub(super) fn on_report(
+        &mut self,
+        plan: &JobPlan,
+        node: u32,
+        pids: &[(Rank, u32)],
+    ) -> Option<Vec<ProcRow>> {
+        if !self.left.remove(&node) {
+            return None;
+        }
+        for &(r, pid) in pids {
+            if let Some(p) = self.pids.get_mut(r as usize) {
+                *p = pid;
+            }
+        }
+        if !self.left.is_empty() {
+            return None;
+        }
+        let here = crate::jobdir::hostname();
+        let rows = plan
+            .job
+            .procs
+            .iter()
+            .zip(&self.pids)
+            .map(|(p, &pid)| ProcRow {
+                host: plan
+                    .job
+                    .nodes
+                    .get(p.node as usize)
+                    .map_or_else(String::new, |n| {
+                        crate::jobdir::physical_host(&n.hostname, &here)
+                    }),
+                executable: plan
+                    .apps
+                    .get(p.app as usize)
+                    .map_or_else(String::new, |a| a.program.clone()),
+                pid,
+            });
+        Some(rows.collect())
+    }
+}

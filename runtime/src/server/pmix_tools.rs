@@ -1,0 +1,174 @@
+//! What PMIx tools ask a server (`pps`, `pquery`, debuggers, through
+//! `PMIx_Query_info`): the namespaces it serves and their command lines, a job's
+//! process table (job-wide or this node's) and size, the spawn and debugger support, a
+//! job's state. A tool connects under a name of its own or one given here
+//! ([`tool_name`]).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use weft_pmix::server::{ProcInfo, ProcState, QueryAnswer, QueryKey};
+use weft_wireup::NsId;
+
+use super::State;
+
+/// The spawn attributes a `PMIx_Spawn` here honours (`PMIX_QUERY_SPAWN_SUPPORT`).
+const SPAWN_SUPPORT: &[&str] = &["pmix.ssn.id", "pmix.alloc.id", "pmix.spchildsep"];
+
+/// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): none yet (no stop in
+/// init, no co-launched daemons).
+const DEBUG_SUPPORT: &[&str] = &[];
+
+/// The name for a tool that did not bring one: `weft-tool.<server pid>.<n>`, rank 0.
+pub(super) fn tool_name() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("weft-tool.{}.{n}", std::process::id())
+}
+
+impl State {
+    /// Answers the tool keys of `keys` (asked by a process of namespace `requester`, a
+    /// tool's or a job's); returns the answers and the keys left for the job's own
+    /// query. Leaves the focus on the job it found.
+    pub(super) fn tool_query(
+        &mut self,
+        keys: Vec<QueryKey>,
+        requester: &str,
+    ) -> (Vec<QueryAnswer>, Vec<QueryKey>) {
+        let mut answers = Vec::new();
+        let mut rest = Vec::new();
+        let home = self.job.ns;
+        for k in keys {
+            match k.key.as_str() {
+                "pmix.qry.ns" => {
+                    let names = self.served().into_iter().map(|(_, n)| n).collect();
+                    answers.push(QueryAnswer::Namespaces(names));
+                }
+                "pmix.qry.nsinfo" => {
+                    let mut info = Vec::new();
+                    for (ns, name) in self.served() {
+                        if self.focus(ns) {
+                            info.push((name, self.command_line()));
+                        }
+                    }
+                    answers.push(QueryAnswer::NamespaceInfo(info));
+                }
+                "pmix.qry.ptable" | "pmix.qry.lptable" => {
+                    let local = k.key == "pmix.qry.lptable";
+                    if let Some(ns) = self.asked_job(k.nspace.as_deref(), requester, home) {
+                        if self.focus(ns) {
+                            let procs = self.proc_table(local);
+                            answers.push(QueryAnswer::ProcTable { local, procs });
+                        }
+                    }
+                }
+                "pmix.qry.jst" => {
+                    if let Some(ns) = self.asked_job(k.nspace.as_deref(), requester, home) {
+                        if self.focus(ns) {
+                            // Running while any process is; then how the job ended.
+                            let st = if self.job.procs.all_gone() {
+                                weft_pmix::server::codes::JOB_TERMINATED
+                            } else {
+                                0
+                            };
+                            answers.push(QueryAnswer::JobStatus(st));
+                        }
+                    }
+                }
+                "pmix.job.size" => {
+                    if let Some(ns) = self.asked_job(k.nspace.as_deref(), requester, home) {
+                        if self.focus(ns) {
+                            answers.push(QueryAnswer::JobSize(self.job.plan.job.size()));
+                        }
+                    }
+                }
+                "pmix.qry.spawn" => answers.push(QueryAnswer::SpawnSupport(
+                    SPAWN_SUPPORT.iter().map(|s| (*s).to_owned()).collect(),
+                )),
+                "pmix.qry.debug" => answers.push(QueryAnswer::DebugSupport(
+                    DEBUG_SUPPORT.iter().map(|s| (*s).to_owned()).collect(),
+                )),
+                _ => rest.push(k),
+            }
+        }
+        self.focus(home);
+        (answers, rest)
+    }
+
+    /// The namespaces this node's PMIx server serves, in the runtime's order.
+    fn served(&self) -> Vec<(NsId, String)> {
+        let mut v: Vec<(NsId, String)> = self
+            .pmix
+            .as_ref()
+            .map(|px| px.names().map(|(n, ns)| (ns, n.to_owned())).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// The job a query is about: the one its `PMIX_NSPACE` qualifier names, else the
+    /// asker's own, else (a tool asking) the node's first.
+    fn asked_job(&self, named: Option<&str>, requester: &str, first: NsId) -> Option<NsId> {
+        let px = self.pmix.as_ref()?;
+        match named {
+            Some(n) => px.ns_of(n),
+            None => px.ns_of(requester).or(Some(first)),
+        }
+    }
+
+    /// The focused job's command line: its apps, `:`-separated as `weft run` takes them.
+    fn command_line(&self) -> String {
+        let apps = self.job.plan.apps.iter().map(|a| {
+            std::iter::once(a.program.as_str())
+                .chain(a.args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        apps.collect::<Vec<_>>().join(" : ")
+    }
+
+    /// The focused job's process table: every rank's, or this node's (`local`); hosts
+    /// as tools reach them (this machine for a logical node).
+    fn proc_table(&self, local: bool) -> Vec<ProcInfo> {
+        let job = &self.job.plan.job;
+        let nspace = job.nspace.clone();
+        let here = crate::jobdir::hostname();
+        let ranks: Vec<_> = if local {
+            job.ranks_on(self.node)
+        } else {
+            (0..job.size()).collect()
+        };
+        ranks
+            .into_iter()
+            .filter_map(|r| {
+                let p = job.procs.get(r as usize)?;
+                let pid = self.job.pids.pid(r);
+                let state = if self.job.procs.is_gone(r) {
+                    ProcState::Terminated
+                } else if pid == 0 {
+                    ProcState::Starting
+                } else {
+                    ProcState::Running
+                };
+                Some(ProcInfo {
+                    nspace: nspace.clone(),
+                    rank: r,
+                    hostname: job
+                        .nodes
+                        .get(p.node as usize)
+                        .map_or_else(String::new, |n| {
+                            crate::jobdir::physical_host(&n.hostname, &here)
+                        }),
+                    executable: self
+                        .job
+                        .plan
+                        .apps
+                        .get(p.app as usize)
+                        .map_or_else(String::new, |a| a.program.clone()),
+                    pid,
+                    exit_code: 0,
+                    state,
+                })
+            })
+            .collect()
+    }
+}
