@@ -3,6 +3,7 @@
  * by benches/scripts/tool_attach.sh.
  *
  *   pmix_tool (--pid PID | --uri URI | --uri file:PATH | --system) [--local] [--repeat N]
+ *             [--release]
  *
  * Connects (PMIx_tool_init), asks for the namespaces (PMIX_QUERY_NAMESPACES), then for
  * the first namespace's process table (PMIX_QUERY_PROC_TABLE, or the node's with
@@ -13,6 +14,10 @@
  *   ...
  *   attach_us T      (tool init to the namespaces' answer)
  *   ptable_us T      (the process table query; with --repeat N, the best of N)
+ *
+ * With --release it then releases the first namespace's processes held in PMIx_Init
+ * (PMIX_DEBUGGER_RELEASE to all of them) and prints "release_sent_us T" (CLOCK_MONOTONIC,
+ * taken just before the event is sent).
  *
  * Exit status 0 on success, 1 with a message naming what failed otherwise.
  */
@@ -52,7 +57,7 @@ int main(int argc, char **argv)
     pmix_info_t *res = NULL;
     pmix_proc_t me;
     pmix_status_t rc;
-    int local = 0, repeat = 1;
+    int local = 0, repeat = 1, release = 0;
     pid_t pid;
     char nspace[PMIX_MAX_NSLEN + 1];
 
@@ -69,6 +74,8 @@ int main(int argc, char **argv)
             ninfo++;
         } else if (0 == strcmp(argv[a], "--local")) {
             local = 1;
+        } else if (0 == strcmp(argv[a], "--release")) {
+            release = 1;
         } else if (0 == strcmp(argv[a], "--repeat") && a + 1 < argc) {
             repeat = atoi(argv[++a]);
         } else {
@@ -138,6 +145,22 @@ int main(int argc, char **argv)
     printf("attach_us %.0f\n", t1 - t0);
     printf("ptable_us %.0f\n", best);
     fflush(stdout);
+    if (release) {
+        pmix_info_t ev[2];
+        pmix_proc_t all;
+        PMIX_LOAD_PROCID(&all, nspace, PMIX_RANK_WILDCARD);
+        PMIX_INFO_LOAD(&ev[0], PMIX_EVENT_CUSTOM_RANGE, &all, PMIX_PROC);
+        PMIX_INFO_LOAD(&ev[1], PMIX_EVENT_NON_DEFAULT, NULL, PMIX_BOOL);
+        double s = now_us();
+        rc = PMIx_Notify_event(PMIX_DEBUGGER_RELEASE, &me, PMIX_RANGE_CUSTOM, ev, 2, NULL, NULL);
+        if (PMIX_SUCCESS != rc && PMIX_OPERATION_SUCCEEDED != rc) {
+            fprintf(stderr, "pmix_tool: release of %s: %s\n", nspace, PMIx_Error_string(rc));
+            PMIx_tool_finalize();
+            return 1;
+        }
+        printf("release_sent_us %.0f\n", s);
+        fflush(stdout);
+    }
     PMIx_tool_finalize();
     return 0;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A PMIx tool attaching to a running job (issue 35): how long from PMIx_tool_init to the
 # first answer (the namespaces), and how long the job-wide process table takes, for a
-# job of N processes on K logical nodes of this machine; then the same tool against Open
-# MPI's mpirun (4.1, the same libpmix) for comparison.
+# job of N processes on K logical nodes of this machine; how long after a debugger's
+# release the last of N processes held in PMIx_Init (weft run --stop-in-init) goes on;
+# then the same tool against Open MPI's mpirun (4.1, the same libpmix) for comparison.
 #
 # usage: benches/scripts/tool_attach.sh [N [K [ROUNDS]]]     (default 64 4 10)
 # Needs cc and libpmix-dev; uses target/release/weft (cargo build --release -p weft-cli).
@@ -17,6 +18,8 @@ weft=$PWD/target/release/weft
 mkdir -p target
 tool=$PWD/target/pmix_tool
 cc -O2 -o "$tool" benches/mpi/pmix_tool.c $(pkg-config --cflags --libs pmix)
+held=$PWD/target/pmix_held
+cc -O2 -o "$held" benches/mpi/pmix_held.c $(pkg-config --cflags --libs pmix)
 
 # A private TMPDIR: tools search it for rendezvous files (all of it, recursively).
 tmp=$(mktemp -d /tmp/weft-tool-attach.XXXXXX)
@@ -60,6 +63,30 @@ done
 kill -TERM "$launcher"
 wait "$launcher" 2>/dev/null || true
 launcher=
+
+# Held in init, then released: the last process's delay after the release was sent.
+: > "$tmp/rel"
+for _ in $(seq 1 "$rounds"); do
+  rm -f "$tmp/huri"
+  TMPDIR=$tmp "$weft" run --nodes "$k" -n "$n" --timeout 120 --stop-in-init \
+    --report-pmix-uri "$tmp/huri" "$held" > "$tmp/held.out" &
+  launcher=$!
+  for _ in $(seq 1 600); do
+    if [ -e "$tmp/huri" ] && TMPDIR=$tmp "$tool" --uri "file:$tmp/huri" 2>/dev/null \
+        | awk '/^proc /{ if ($6 == 0) z++; c++ } END { exit !(c == '"$n"' && z == 0) }'; then
+      break
+    fi
+    sleep 0.1
+  done
+  sent=$(TMPDIR=$tmp "$tool" --uri "file:$tmp/huri" --release | awk '/^release_sent_us/{print $2}')
+  wait "$launcher"
+  launcher=
+  last=$(awk '/init_done_us/{ if ($4 > m) m = $4 } END { printf "%.0f", m }' "$tmp/held.out")
+  first=$(awk '/init_done_us/{ if (m == "" || $4 < m) m = $4 } END { printf "%.0f", m }' "$tmp/held.out")
+  echo "weft release: first of $n released $((first - sent)) us, last $((last - sent)) us after the release"
+  echo "$((last - sent))" >> "$tmp/rel"
+done
+echo "weft release median: $(median < "$tmp/rel") us (N=$n, K=$k)"
 
 # Open MPI's mpirun, same tool, same library.
 if command -v mpirun.openmpi >/dev/null; then

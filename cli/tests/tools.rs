@@ -341,3 +341,70 @@ fn the_uri_on_stdout_the_system_server_and_what_tools_cannot_break() {
     );
     let _ = std::fs::remove_dir_all(&empty);
 }
+
+/// `weft run --stop-in-init` on 2 logical nodes: every PMIx process waits in
+/// `PMIx_Init` (the job is still running a second later, its table full), until a tool
+/// attached to node 0 sends `PMIX_DEBUGGER_RELEASE`: then all four, on both nodes, go on
+/// (each left `PMIx_Init` after the release was sent) and the job ends normally.
+#[test]
+fn a_job_held_in_init_goes_on_when_the_debugger_releases_it() {
+    let Some(ptool) = pmix_tool() else {
+        return;
+    };
+    let held = build_c("cc", "pmix_held.c", "pmix_held", &pmix_flags());
+    let name = format!("tools-held-{}", std::process::id());
+    let uri = std::env::temp_dir().join(format!("{name}.uri"));
+    let _ = std::fs::remove_file(&uri);
+    let job = Job::start(
+        "tools-held",
+        &[
+            "--timeout",
+            "90",
+            "--nodes",
+            "2",
+            "--stop-in-init",
+            "--report-pmix-uri",
+            uri.to_str().unwrap(),
+            "-n",
+            "4",
+            &held,
+        ],
+    );
+    let tmp = job.tmp.clone();
+    let uri_arg = format!("file:{}", uri.display());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = tool(&tmp, &ptool, &["--uri", &uri_arg]);
+        let r = rows(&o);
+        if o.status.success() && r.len() == 4 && r.iter().all(|r| r.pid != 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no full table: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let procs = common::pids_whose("cmdline", |c| c.starts_with(&held));
+    assert_eq!(procs.len(), 4, "all four wait in init: {procs:?}");
+    let rel = tool(&tmp, &ptool, &["--uri", &uri_arg, "--release"]);
+    assert!(rel.status.success(), "{}", text(&rel));
+    let sent: f64 = String::from_utf8_lossy(&rel.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("release_sent_us "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{}", text(&rel)));
+    let d = job.wait(Duration::from_secs(60));
+    let _ = std::fs::remove_file(&uri);
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    let done: Vec<f64> = d
+        .stdout
+        .lines()
+        .filter_map(|l| l.split(" init_done_us ").nth(1))
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    assert_eq!(done.len(), 4, "{}", d.dump());
+    assert!(
+        done.iter().all(|&t| t >= sent),
+        "every process left PMIx_Init after the release ({sent}): {done:?}"
+    );
+    assert_clean(&name, &tmp, &d);
+}

@@ -400,6 +400,10 @@ pub mod codes {
     pub const GROUP_CONSTRUCT_COMPLETE: i32 = -166;
     /// `PMIX_ERR_JOB_TERMINATED`.
     pub const JOB_TERMINATED: i32 = -145;
+    /// `PMIX_READY_FOR_DEBUG`.
+    pub const READY_FOR_DEBUG: i32 = -58;
+    /// `PMIX_DEBUGGER_RELEASE`.
+    pub const DEBUGGER_RELEASE: i32 = -3;
 }
 
 /// What the host does for the library (called on the library's progress thread: return
@@ -644,6 +648,9 @@ pub struct Nspace {
     /// The process that spawned this job (namespace, rank): `PMIX_SPAWNED` and
     /// `PMIX_PARENT_ID` in the job's information. `None` for a job started otherwise.
     pub parent: Option<(String, u32)>,
+    /// Hold every process in `PMIx_Init` until a debugger's `PMIX_DEBUGGER_RELEASE`
+    /// (`PMIX_DEBUG_STOP_IN_INIT` in the job's information).
+    pub stop_in_init: bool,
 }
 
 impl Nspace {
@@ -759,6 +766,7 @@ mod tests {
             tmpdir: "/tmp".into(),
             oversubscribed: false,
             parent: None,
+            stop_in_init: false,
         }
     }
 

@@ -890,10 +890,11 @@ impl State {
             }),
             Event::Pmix { nspace, ev } => {
                 // A query the library makes in its own name (a key it could not resolve
-                // locally, say) is answered as the node's first job would answer it.
+                // locally, say), and a tool's query or event, are taken by the node's
+                // first job.
                 let ns = self.pmix.as_ref().and_then(|px| {
                     px.ns_of(&nspace).or_else(|| {
-                        matches!(ev, pmix::PmixEv::Query(_))
+                        matches!(ev, pmix::PmixEv::Query(_) | pmix::PmixEv::Notify(_))
                             .then(|| px.first_ns())
                             .flatten()
                     })

@@ -807,6 +807,10 @@ impl Server {
             .ok_or_else(|| bad("the namespace"))?;
         info.push_u32(sys::PMIX_UNIV_SIZE, size);
         info.push_u32(sys::PMIX_JOB_SIZE, size);
+        if ns.stop_in_init {
+            // Every rank waits (the wildcard), as PRRTE says it.
+            info.push_rank(sys::PMIX_DEBUG_STOP_IN_INIT, sys::PMIX_RANK_WILDCARD);
+        }
         info.push_u32(sys::PMIX_MAX_PROCS, size);
         info.push_u32(
             sys::PMIX_JOB_NUM_APPS,

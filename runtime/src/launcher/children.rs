@@ -668,5 +668,7 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, on: &[u32], req: &SpawnReq) -
         pmi_preput: req.pmi_preput.clone(),
         parent: None,
         forward_output: base.forward_output,
+        // A spawned job is not held (a debugger asks for that per job).
+        stop_in_init: false,
     }
 }

@@ -76,6 +76,9 @@ pub struct LaunchSpec {
     /// The allocation session of the persistent runtime to run in (`--session ID`: its
     /// number or allocation id; only with `--dvm`).
     pub session: Option<String>,
+    /// Hold every process in `PMIx_Init` until a PMIx tool (a debugger) releases it
+    /// (`--stop-in-init`).
+    pub stop_in_init: bool,
 }
 
 /// Where and how `weft run` starts its node servers and where they reach it.
@@ -163,6 +166,7 @@ impl Default for LaunchSpec {
             ending: EndPolicy::default(),
             dvm: None,
             session: None,
+            stop_in_init: false,
         }
     }
 }
@@ -207,6 +211,8 @@ options:
   --report-pmix-uri F   write the PMIx server's URI for tools to file F (- : stdout);
                         tools also find it by this launcher's pid (pps --pid PID)
   --pmix-system-server  serve PMIx tools as this host's system server (--system-server)
+  --stop-in-init        hold every PMIx process in PMIx_Init until a debugger releases it
+                        (the PMIX_DEBUGGER_RELEASE event)
   --dvm URI             run the job in the persistent runtime `weft dvm start` started
                         (its weft:// URI, or the file --report-uri wrote; default $WEFT_DVM)
   --session ID          with --dvm: run on the nodes of the runtime's allocation session ID
@@ -311,6 +317,10 @@ fn parse_option(
         }
         "--launch-agent" => spec.servers.launch_agent = take(val, a)?,
         "--report-pmix-uri" => spec.servers.report_pmix_uri = Some(take(val, a)?),
+        "--stop-in-init" => {
+            spec.stop_in_init = true;
+            return Ok(Opt::Flag);
+        }
         "--pmix-system-server" => {
             spec.servers.pmix_system_server = true;
             return Ok(Opt::Flag);
@@ -477,6 +487,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         pmi_preput: None,
         parent: None,
         forward_output: false,
+        stop_in_init: spec.stop_in_init,
     })
 }
 
@@ -514,6 +525,7 @@ pub(crate) fn runtime_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, L
         pmi_preput: None,
         parent: None,
         forward_output: true,
+        stop_in_init: spec.stop_in_init,
     })
 }
 

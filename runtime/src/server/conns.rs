@@ -213,6 +213,12 @@ impl State {
                 members,
                 info,
             } => self.pmix_event_arrived(code, source, range, group, members, info),
+            JobMsg::PmixToolEvent {
+                code,
+                source,
+                range,
+                info,
+            } => self.tool_event_arrived(code, &source, range, &info),
             JobMsg::ModexResp { qid, rank, result } => {
                 let acts = self.job.modex.answer(qid, rank, result);
                 self.apply(acts);

@@ -397,6 +397,7 @@ impl PmixFront {
             locality_of: job.procs.iter().map(|p| p.locality.clone()).collect(),
             tmpdir: nsdir.to_string_lossy().into_owned(),
             oversubscribed: oversubscribed(plan, node),
+            stop_in_init: plan.stop_in_init,
             parent: plan
                 .parent
                 .as_ref()

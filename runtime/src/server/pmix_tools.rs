@@ -6,17 +6,19 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use weft_pmix::server::{ProcInfo, ProcState, QueryAnswer, QueryKey};
-use weft_wireup::NsId;
+use weft_pmix::server::{Notification, ProcInfo, ProcName, ProcState, QueryAnswer, QueryKey};
+use weft_wireup::{NsId, Rank};
+
+use crate::wire::proto::JobMsg;
 
 use super::State;
 
 /// The spawn attributes a `PMIx_Spawn` here honours (`PMIX_QUERY_SPAWN_SUPPORT`).
 const SPAWN_SUPPORT: &[&str] = &["pmix.ssn.id", "pmix.alloc.id", "pmix.spchildsep"];
 
-/// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): none yet (no stop in
-/// init, no co-launched daemons).
-const DEBUG_SUPPORT: &[&str] = &[];
+/// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): stop in init (for jobs
+/// `weft run --stop-in-init` starts; no co-launched daemons yet).
+const DEBUG_SUPPORT: &[&str] = &["pmix.dbg.init"];
 
 /// The name for a tool that did not bring one: `weft-tool.<server pid>.<n>`, rank 0.
 pub(super) fn tool_name() -> String {
@@ -170,5 +172,46 @@ impl State {
                 })
             })
             .collect()
+    }
+
+    /// A tool's event (`n`): the library already gave it to this node's clients in its
+    /// range; the other nodes' servers give it to theirs (a debugger's
+    /// `PMIX_DEBUGGER_RELEASE` reaches every held process of the job).
+    pub(super) fn tool_event(&mut self, n: Notification) {
+        let source = (n.source.nspace.clone(), n.source.rank.unwrap_or(0));
+        tracing::debug!("PMIx tool {source:?}: event {}", n.code);
+        let me = self.node;
+        let nodes = self.job.plan.job.nodes.len() as u32;
+        for node in (0..nodes).filter(|&x| x != me) {
+            let m = JobMsg::PmixToolEvent {
+                code: n.code,
+                source: source.clone(),
+                range: n.range.raw(),
+                info: n.info.clone(),
+            };
+            self.send_peer(node, &m);
+        }
+        n.reply.ok();
+    }
+
+    /// Another node's tool event, for this node's clients.
+    pub(super) fn tool_event_arrived(
+        &mut self,
+        code: i32,
+        source: &(String, Rank),
+        range: u8,
+        info: &[u8],
+    ) {
+        let Some(front) = self.pmix.as_ref() else {
+            return;
+        };
+        let src = ProcName {
+            nspace: source.0.clone(),
+            rank: Some(source.1),
+        };
+        let range = weft_pmix::server::Range::from_raw(range);
+        if let Err(e) = front.server.notify_packed(code, &src, range, info) {
+            tracing::warn!("PMIx event {code} of tool {src:?} from another node: {e}");
+        }
     }
 }

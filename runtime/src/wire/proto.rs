@@ -316,6 +316,15 @@ pub enum JobMsg {
         members: Vec<Rank>,
         info: Vec<u8>,
     },
+    /// A PMIx tool's event (a debugger's `PMIX_DEBUGGER_RELEASE`, say) for the receiving
+    /// node's clients: `source` is the tool's name (namespace, rank); the rest as
+    /// [`JobMsg::PmixEvent`].
+    PmixToolEvent {
+        code: i32,
+        source: (String, Rank),
+        range: u8,
+        info: Vec<u8>,
+    },
 }
 
 /// Why a PMIx direct modex could not be answered (what the asking client is told).
@@ -409,6 +418,9 @@ pub struct JobPlan {
     /// writing it to the server's own stdout and stderr: a job submitted to a persistent
     /// runtime, whose submitter prints it.
     pub forward_output: bool,
+    /// Hold every process in `PMIx_Init` until a debugger releases it
+    /// (`PMIX_DEBUG_STOP_IN_INIT`; `weft run --stop-in-init`).
+    pub stop_in_init: bool,
 }
 
 /// A new job a running process asks for ([`ToLauncher::Spawn`]).

@@ -17,6 +17,7 @@ pub(crate) fn plan(nodes: u32, n: u32) -> JobPlan {
         pmi_preput: None,
         parent: None,
         forward_output: false,
+        stop_in_init: false,
     }
 }
 
