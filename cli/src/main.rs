@@ -58,11 +58,14 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SessionCmd,
     },
-    /// List the jobs and processes of a persistent runtime.
+    /// List the jobs and processes of a persistent runtime, or of a running `weft run`.
     Ps {
         /// The runtime (a weft:// URI or the file `--report-uri` wrote; default $WEFT_DVM).
         #[arg(long)]
         dvm: Option<String>,
+        /// A `weft run` job of this user on this machine, by its job id (may be left out
+        /// when only one runs, and no runtime is named).
+        job: Option<String>,
     },
     /// Terminate a job of a persistent runtime (its number or namespace, see `weft ps`).
     Kill {
@@ -181,6 +184,55 @@ fn dvm_uri(arg: Option<&str>, who: &str) -> Result<weft_runtime::launcher::dvm::
         eprintln!("{who}: {e}");
         ExitCode::from(2)
     })
+}
+
+/// `weft ps`: the runtime named (`--dvm`, `$WEFT_DVM`), else the `weft run` job named
+/// (or the only one running).
+fn ps(dvm: Option<&str>, job: Option<&str>) -> ExitCode {
+    use weft_runtime::launcher::dvm;
+    let req = weft_runtime::wire::proto::ToController::Ps;
+    if dvm.is_some() || (job.is_none() && std::env::var_os(dvm::DVM_ENV).is_some()) {
+        return dvm_request(dvm, "weft ps", req);
+    }
+    let runs = dvm::local_runs();
+    let chosen: Vec<_> = runs
+        .iter()
+        .filter(|(id, _)| job.is_none_or(|j| j == id))
+        .collect();
+    let (id, uri) = match (chosen.as_slice(), job) {
+        ([one], _) => (&one.0, &one.1),
+        ([], Some(j)) => {
+            eprintln!("weft ps: no weft run job {j:?} of yours runs here");
+            return ExitCode::from(1);
+        }
+        ([], None) => {
+            eprintln!(
+                "weft ps: no weft run job of yours runs here; for a persistent runtime \
+                 give --dvm URI or set {}",
+                dvm::DVM_ENV
+            );
+            return ExitCode::from(2);
+        }
+        (many, _) => {
+            let ids: Vec<&str> = many.iter().map(|(id, _)| id.as_str()).collect();
+            eprintln!(
+                "weft ps: {} weft run jobs of yours run here ({}): name one",
+                ids.len(),
+                ids.join(", ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match dvm::request(uri, "weft ps", req) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weft ps: job {id}: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Sends `req` to the runtime and prints its answer.
@@ -426,11 +478,7 @@ fn main() -> ExitCode {
             };
             dvm_request(dvm.as_deref(), what, ToController::Session(ctl))
         }
-        Cmd::Ps { dvm } => dvm_request(
-            dvm.as_deref(),
-            "weft ps",
-            weft_runtime::wire::proto::ToController::Ps,
-        ),
+        Cmd::Ps { dvm, job } => ps(dvm.as_deref(), job.as_deref()),
         Cmd::Kill { dvm, signal, job } => dvm_request(
             dvm.as_deref(),
             "weft kill",

@@ -248,15 +248,20 @@ fn a_lost_server_fails_only_the_jobs_on_its_node() {
     }
 }
 
-/// Clear errors: no runtime named, a URI nobody listens at, a wrong secret, an option of
-/// `weft dvm start` given to a job.
+/// Clear errors: no runtime named (and no `weft run` job to ask), a URI nobody listens
+/// at, a wrong secret, an option of `weft dvm start` given to a job.
 #[test]
 fn submitters_get_clear_errors() {
+    // A TMPDIR of its own: no other test's `weft run` job is found there.
+    let empty = std::env::temp_dir().join(format!("dvm-errors-none-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
     let o = std::process::Command::new(weft())
         .args(["ps"])
         .env_remove("WEFT_DVM")
+        .env("TMPDIR", &empty)
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&empty);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("give --dvm URI or set WEFT_DVM"));
     let dvm = Dvm::start("dvm-errors", &[]);

@@ -161,6 +161,28 @@ fn tools_attach_by_pid_and_uri_file_and_read_the_process_table_and_mpir() {
     assert_eq!(parent_of(table[1].pid), s0, "{out}");
     assert_ne!(s0, s2, "rank 2 runs under the other node's server: {out}");
 
+    // `weft ps` (the only job of this TMPDIR, or named) lists the same processes.
+    for args in [vec!["ps"], vec!["ps", name.as_str()]] {
+        let ps = Command::new(common::weft())
+            .args(&args)
+            .env("TMPDIR", &tmp)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&ps.stdout).into_owned();
+        assert!(ps.status.success(), "{}", text(&ps));
+        assert!(out.contains(&format!("job {ns}  3 processes")), "{out}");
+        for r in &table {
+            let node = if r.rank < 2 { 0 } else { 1 };
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with(&format!("rank {}  node {node} ", r.rank))
+                        && l.ends_with(&format!("pid {}  running", r.pid))),
+                "rank {} in weft ps: {out}",
+                r.rank
+            );
+        }
+    }
+
     // By the URI file, this node's table only.
     let uri_arg = format!("file:{}", uri.display());
     let local = tool(&tmp, &ptool, &["--uri", &uri_arg, "--local"]);
@@ -253,6 +275,18 @@ fn tools_attach_by_pid_and_uri_file_and_read_the_process_table_and_mpir() {
     let _ = std::fs::remove_file(&uri);
     assert_eq!(d.code(), Some(0), "{}", d.dump());
     assert_clean(&name, &tmp, &d);
+    let ps = Command::new(common::weft())
+        .arg("ps")
+        .env("TMPDIR", &tmp)
+        .env_remove("WEFT_DVM")
+        .output()
+        .unwrap();
+    assert_eq!(ps.status.code(), Some(2), "{}", text(&ps));
+    assert!(
+        String::from_utf8_lossy(&ps.stderr).contains("no weft run job of yours runs here"),
+        "{}",
+        text(&ps)
+    );
 }
 
 /// `--report-pmix-uri -` prints the URI on stdout before the processes' output; with

@@ -11,6 +11,10 @@ pub fn user_dir() -> PathBuf {
     std::env::temp_dir().join(format!("weft-{uid}"))
 }
 
+/// The name of the file in a `weft run` job's directory that holds its control URI
+/// (for `weft ps`; the directory is the user's alone).
+pub const CONTROL_FILE: &str = "control";
+
 /// This machine's host name (`localhost` if it has none).
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -110,6 +114,8 @@ pub(crate) fn remove_job(job_id: &str, job_dir: &Path, nodes: u32) {
     }
     // The jobs its processes spawned (`<job_id>.<id>`), crash or not.
     unlink_segments(&format!("/weft-{job_id}."));
+    // `weft ps`'s way in.
+    let _ = std::fs::remove_file(job_dir.join(CONTROL_FILE));
     let _ = std::fs::remove_dir(job_dir);
 }
 

@@ -170,13 +170,24 @@ async fn run_in(spec: &LaunchSpec, plan: &JobPlan, job_dir: &Path) -> Result<i32
     let secret = [random_u64(), random_u64()];
     let (ev_tx, ev_rx) = unbounded_channel::<Ev>();
     let addr = listen(spec, secret, &ev_tx).await?;
+    // `weft ps` asks the job through a control socket, as it asks a persistent runtime.
+    let control = TcpListener::bind(SocketAddr::new(spec.servers.listen, 0))
+        .await
+        .map_err(|e| setup_error("listen for weft ps", e))?;
+    let control_uri = dvm::DvmUri {
+        addr: control
+            .local_addr()
+            .map_err(|e| setup_error("listen for weft ps", e))?,
+        id: plan.job_id.clone(),
+        secret: [random_u64(), random_u64()],
+    };
     let servers = start_servers(spec, plan.job.num_nodes(), addr, job_dir, secret, &ev_tx).await?;
     watch_signals(&ev_tx);
     let mut run = Executor::new(
         Launch::new(plan.clone(), spec.ending.clone()),
         servers,
         plan,
-        ev_tx,
+        ev_tx.clone(),
         ev_rx,
     );
     let timers = run.launch.timers();
@@ -184,6 +195,13 @@ async fn run_in(spec: &LaunchSpec, plan: &JobPlan, job_dir: &Path) -> Result<i32
     // Wait for every server's hello and ready (or the launch's failure), then for the
     // job's end; the same decisions apply in both.
     run.until(Launch::started).await;
+    if run.launch.started() && !run.launch.is_over() {
+        tokio::spawn(dvm::accept_submitters(control, control_uri.secret, ev_tx));
+        let file = job_dir.join(dvm::CONTROL_FILE);
+        if let Err(e) = dvm::write_uri(&file, &control_uri) {
+            tracing::warn!("{}: {e}: weft ps cannot find this job", file.display());
+        }
+    }
     run.until(|_: &Launch| false).await;
     // Every server's connection is closed (or its process gone): wait for the processes
     // themselves, so that none outlives the launcher as a zombie.
@@ -496,6 +514,20 @@ impl Executor {
             Ev::SubGone { sub } => {
                 self.subs.remove(&sub);
                 launch.on_submitter_gone(sub)
+            }
+            // A `weft run` job answers `weft ps` only.
+            Ev::SubMsg { sub, msg }
+                if !launch.is_dvm()
+                    && !matches!(msg, ToController::Ps | ToController::Hello { .. }) =>
+            {
+                vec![Action::Tell(
+                    sub,
+                    FromController::Error(
+                        "this is a weft run job: it answers weft ps only (a persistent \
+                         runtime, weft dvm start, takes jobs and the rest)"
+                            .into(),
+                    ),
+                )]
             }
             Ev::SubMsg { sub, msg } => match msg {
                 ToController::Submit { args, cwd, env } => launch.on_submit(sub, &args, &cwd, env),

@@ -615,6 +615,9 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
         unlink_segments(&segment_prefix(&job_id, node));
     }
     let _ = std::fs::remove_file(&sock_path);
+    // The launcher's `weft ps` socket file: the job is over (and a killed launcher
+    // cannot remove it).
+    let _ = std::fs::remove_file(args.job_dir.join(crate::jobdir::CONTROL_FILE));
     let _ = std::fs::remove_dir(&args.job_dir);
     Ok(())
 }

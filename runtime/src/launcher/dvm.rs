@@ -98,6 +98,28 @@ impl DvmUri {
     }
 }
 
+pub use crate::jobdir::CONTROL_FILE;
+
+/// The `weft run` jobs of this user that run on this machine: each job's id and control
+/// URI (found in the job directories, `CONTROL_FILE`), in id order. A job that ended
+/// badly may have left its file behind: a request to it then fails to connect.
+pub fn local_runs() -> Vec<(String, DvmUri)> {
+    let mut out = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(crate::jobdir::user_dir()) {
+        for e in dir.flatten() {
+            let file = e.path().join(CONTROL_FILE);
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            if let Ok(uri) = DvmUri::parse(text.lines().next().unwrap_or("")) {
+                out.push((e.file_name().to_string_lossy().into_owned(), uri));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 /// Runs a persistent runtime over the nodes `spec` names (`--nodes`, `--hosts`) until it
 /// is stopped; writes its URI to `report` (mode 0600) and stdout once every server is
 /// ready. Returns the exit status of `weft dvm start`.
@@ -224,7 +246,7 @@ fn slurm_nodes() -> Result<Vec<String>, String> {
 }
 
 /// Writes the URI to `path`, readable by its owner only (it holds the secret).
-fn write_uri(path: &Path, uri: &DvmUri) -> io::Result<()> {
+pub(super) fn write_uri(path: &Path, uri: &DvmUri) -> io::Result<()> {
     let tmp = path.with_extension("tmp-weft");
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -238,7 +260,7 @@ fn write_uri(path: &Path, uri: &DvmUri) -> io::Result<()> {
 }
 
 /// Accepts submitters, each on its own task.
-async fn accept_submitters(l: TcpListener, secret: [u64; 2], ev: UnboundedSender<Ev>) {
+pub(super) async fn accept_submitters(l: TcpListener, secret: [u64; 2], ev: UnboundedSender<Ev>) {
     let mut next = 1u64;
     while let Ok((s, _)) = l.accept().await {
         tokio::spawn(serve_submitter(s, next, secret, ev.clone()));

@@ -61,6 +61,11 @@ impl Launch {
         }
     }
 
+    /// Whether this is a persistent runtime (`weft dvm start`).
+    pub(super) fn is_dvm(&self) -> bool {
+        self.dvm
+    }
+
     /// A persistent runtime over the nodes of `plan` (a job of no process).
     pub(super) fn new_dvm(plan: JobPlan) -> Launch {
         let mut l = Launch::new(plan, EndPolicy::default());
@@ -331,6 +336,12 @@ impl Launch {
                 "up"
             };
             let _ = writeln!(out, "node {}  {}  {state}", n.id, n.hostname);
+        }
+        if !self.dvm {
+            let job = &self.job;
+            super::proctable::write_procs(&mut out, &self.plan, self.first_pids.pids(), |r| {
+                job.has_exited(r)
+            });
         }
         let runtime = self.dvm.then(|| ProcId::new(self.plan.ns, 0));
         self.sessions.table(&mut out, runtime);

@@ -40,6 +40,47 @@ pub(super) fn publish(rows: &[ProcRow]) {
     }
 }
 
+/// Writes the process lines of job `plan` for `weft ps`: rank, node, pid (as far as the
+/// nodes reported them: `pids`), and whether it still runs (`exited`).
+pub(super) fn write_procs(
+    out: &mut String,
+    plan: &JobPlan,
+    pids: &[u32],
+    exited: impl Fn(Rank) -> bool,
+) {
+    use std::fmt::Write;
+    let n = plan.job.procs.len();
+    let _ = writeln!(
+        out,
+        "job {}  {n} process{}",
+        plan.job.nspace,
+        if n == 1 { "" } else { "es" }
+    );
+    for (r, p) in plan.job.procs.iter().enumerate() {
+        let host = plan
+            .job
+            .nodes
+            .get(p.node as usize)
+            .map_or("?", |n| n.hostname.as_str());
+        let pid = match pids.get(r).copied().unwrap_or(0) {
+            0 => "-".to_owned(),
+            pid => pid.to_string(),
+        };
+        let state = if exited(r as Rank) {
+            "exited"
+        } else if pid == "-" {
+            "starting"
+        } else {
+            "running"
+        };
+        let _ = writeln!(
+            out,
+            "rank {r}  node {} ({host})  pid {pid}  {state}",
+            p.node
+        );
+    }
+}
+
 /// The first job's pids as the nodes report them.
 #[derive(Debug)]
 pub(super) struct FirstPids {
@@ -49,6 +90,11 @@ pub(super) struct FirstPids {
 }
 
 impl FirstPids {
+    /// The pids reported so far, by rank (0: not yet).
+    pub(super) fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
     pub(super) fn new(plan: &JobPlan) -> FirstPids {
         FirstPids {
             pids: vec![0; plan.job.procs.len()],
@@ -63,13 +109,13 @@ impl FirstPids {
         node: u32,
         pids: &[(Rank, u32)],
     ) -> Option<Vec<ProcRow>> {
-        if !self.left.remove(&node) {
-            return None;
-        }
         for &(r, pid) in pids {
             if let Some(p) = self.pids.get_mut(r as usize) {
                 *p = pid;
             }
+        }
+        if !self.left.remove(&node) {
+            return None;
         }
         if !self.left.is_empty() {
             return None;
