@@ -35,14 +35,17 @@ trap cleanup EXIT
 TMPDIR=$tmp "$weft" run --nodes "$k" -n "$n" --timeout 600 --report-pmix-uri "$tmp/uri" \
   sleep 600 &
 launcher=$!
-# Wait until every pid is in the table.
-for _ in $(seq 1 600); do
-  if [ -e "$tmp/uri" ] && TMPDIR=$tmp "$tool" --uri "file:$tmp/uri" 2>/dev/null \
-      | awk '/^proc /{ if ($6 == 0) z++; c++ } END { exit !(c == '"$n"' && z == 0) }'; then
-    break
-  fi
-  sleep 0.1
-done
+# Waits until the job whose URI is in file $1 has every pid in its table.
+full_table() {
+  for _ in $(seq 1 600); do
+    if [ -e "$1" ] && TMPDIR=$tmp "$tool" --uri "file:$1" 2>/dev/null \
+        | awk '/^proc /{ if ($6 == 0) z++; c++ } END { exit !(c == '"$n"' && z == 0) }'; then
+      return
+    fi
+    sleep 0.1
+  done
+}
+full_table "$tmp/uri"
 
 median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 for how in pid uri; do
@@ -71,13 +74,7 @@ for _ in $(seq 1 "$rounds"); do
   TMPDIR=$tmp "$weft" run --nodes "$k" -n "$n" --timeout 120 --stop-in-init \
     --report-pmix-uri "$tmp/huri" "$held" > "$tmp/held.out" &
   launcher=$!
-  for _ in $(seq 1 600); do
-    if [ -e "$tmp/huri" ] && TMPDIR=$tmp "$tool" --uri "file:$tmp/huri" 2>/dev/null \
-        | awk '/^proc /{ if ($6 == 0) z++; c++ } END { exit !(c == '"$n"' && z == 0) }'; then
-      break
-    fi
-    sleep 0.1
-  done
+  full_table "$tmp/huri"
   sent=$(TMPDIR=$tmp "$tool" --uri "file:$tmp/huri" --release | awk '/^release_sent_us/{print $2}')
   wait "$launcher"
   launcher=

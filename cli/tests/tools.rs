@@ -72,6 +72,21 @@ fn rows(o: &Output) -> Vec<Row> {
         .collect()
 }
 
+/// Runs `pmix_tool ARGS` until its process table has `n` rows, every pid known (the
+/// servers report them once their processes started); panics after 30 s.
+fn full_table(tmp: &Path, ptool: &str, args: &[&str], n: usize) -> (Output, Vec<Row>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = tool(tmp, ptool, args);
+        let r = rows(&o);
+        if o.status.success() && r.len() == n && r.iter().all(|r| r.pid != 0) {
+            return (o, r);
+        }
+        assert!(Instant::now() < deadline, "no full table: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // pid (comm) state ppid ...
@@ -127,16 +142,7 @@ fn tools_attach_by_pid_and_uri_file_and_read_the_process_table_and_mpir() {
     let tmp = job.tmp.clone();
     let launcher = job.pid().to_string();
     // Every rank's pid reaches the tool once both servers reported them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (by_pid, table) = loop {
-        let o = tool(&tmp, &ptool, &["--pid", &launcher]);
-        let r = rows(&o);
-        if o.status.success() && r.len() == 3 && r.iter().all(|r| r.pid != 0) {
-            break (o, r);
-        }
-        assert!(Instant::now() < deadline, "no full table: {}", text(&o));
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (by_pid, table) = full_table(&tmp, &ptool, &["--pid", &launcher], 3);
     let out = String::from_utf8_lossy(&by_pid.stdout).into_owned();
     let ns = table[0].nspace.clone();
     assert!(out.contains(&format!("namespaces {ns}\n")), "{out}");
@@ -323,16 +329,7 @@ fn the_uri_on_stdout_the_system_server_and_what_tools_cannot_break() {
     );
     let tmp = job.tmp.clone();
     let launcher = job.pid().to_string();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let sys = loop {
-        let o = tool(&tmp, &ptool, &["--system"]);
-        if o.status.success() && rows(&o).iter().all(|r| r.pid != 0) {
-            break o;
-        }
-        assert!(Instant::now() < deadline, "no system server: {}", text(&o));
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(rows(&sys).len(), 1, "{}", text(&sys));
+    full_table(&tmp, &ptool, &["--system"], 1);
     let have_pattrs = Command::new("pattrs").arg("--version").output().is_ok();
     if available(
         have_pattrs,
@@ -406,16 +403,7 @@ fn a_job_held_in_init_goes_on_when_the_debugger_releases_it() {
     );
     let tmp = job.tmp.clone();
     let uri_arg = format!("file:{}", uri.display());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let o = tool(&tmp, &ptool, &["--uri", &uri_arg]);
-        let r = rows(&o);
-        if o.status.success() && r.len() == 4 && r.iter().all(|r| r.pid != 0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no full table: {}", text(&o));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    full_table(&tmp, &ptool, &["--uri", &uri_arg], 4);
     std::thread::sleep(Duration::from_secs(1));
     let procs = common::pids_whose("cmdline", |c| c.starts_with(&held));
     assert_eq!(procs.len(), 4, "all four wait in init: {procs:?}");

@@ -39,6 +39,46 @@ pub fn physical_host(label: &str, this_host: &str) -> String {
     }
 }
 
+/// Where rank `rank` of `plan` runs and what it runs, as tools see it: the host
+/// ([`physical_host`] of its node's label; `here` is this machine's name) and the program.
+pub(crate) fn host_and_program(
+    plan: &crate::wire::proto::JobPlan,
+    rank: usize,
+    here: &str,
+) -> (String, String) {
+    let Some(p) = plan.job.procs.get(rank) else {
+        return (String::new(), String::new());
+    };
+    let host = plan
+        .job
+        .nodes
+        .get(p.node as usize)
+        .map_or_else(String::new, |n| physical_host(&n.hostname, here));
+    let program = plan
+        .apps
+        .get(p.app as usize)
+        .map_or_else(String::new, |a| a.program.clone());
+    (host, program)
+}
+
+/// Writes `text` to `path` readable by its owner only (a URI with a secret, a tool's
+/// rendezvous file), in full and on disk before it is seen under its name.
+pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp-weft");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+
 /// The name of node `node`'s datastore segment for job `job_id`.
 pub fn datastore_name(job_id: &str, node: u32) -> String {
     format!("/weft-{job_id}-n{node}")

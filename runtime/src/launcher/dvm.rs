@@ -11,7 +11,6 @@
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -247,16 +246,7 @@ fn slurm_nodes() -> Result<Vec<String>, String> {
 
 /// Writes the URI to `path`, readable by its owner only (it holds the secret).
 pub(super) fn write_uri(path: &Path, uri: &DvmUri) -> io::Result<()> {
-    let tmp = path.with_extension("tmp-weft");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    writeln!(f, "{uri}")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    crate::jobdir::write_private(path, &format!("{uri}\n"))
 }
 
 /// Accepts submitters, each on its own task.

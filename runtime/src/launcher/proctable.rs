@@ -121,25 +121,14 @@ impl FirstPids {
             return None;
         }
         let here = crate::jobdir::hostname();
-        let rows = plan
-            .job
-            .procs
-            .iter()
-            .zip(&self.pids)
-            .map(|(p, &pid)| ProcRow {
-                host: plan
-                    .job
-                    .nodes
-                    .get(p.node as usize)
-                    .map_or_else(String::new, |n| {
-                        crate::jobdir::physical_host(&n.hostname, &here)
-                    }),
-                executable: plan
-                    .apps
-                    .get(p.app as usize)
-                    .map_or_else(String::new, |a| a.program.clone()),
+        let rows = self.pids.iter().enumerate().map(|(r, &pid)| {
+            let (host, executable) = crate::jobdir::host_and_program(plan, r, &here);
+            ProcRow {
+                host,
+                executable,
                 pid,
-            });
+            }
+        });
         Some(rows.collect())
     }
 }

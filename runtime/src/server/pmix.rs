@@ -239,23 +239,6 @@ impl Host for Bridge {
     }
 }
 
-/// Writes `text` to `path` readable by its owner only (a tool's rendezvous file), in
-/// full before it is seen under its name.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    drop(f);
-    std::fs::rename(&tmp, path)
-}
-
 /// The key a node's contribution to group construct `id` is committed under.
 fn group_key(id: &str) -> String {
     format!("pmix/grp/{id}")
@@ -352,7 +335,7 @@ impl PmixFront {
                 "{}.tool.{pid}",
                 name.strip_suffix(&me).unwrap_or(name)
             ));
-            if let Err(e) = write_private(&alias, &text) {
+            if let Err(e) = crate::jobdir::write_private(&alias, &text) {
                 tracing::warn!("{}: {e}: tools cannot attach by pid {pid}", alias.display());
             }
         }
@@ -360,7 +343,7 @@ impl PmixFront {
             None => {}
             Some("-") => println!("{}", text.lines().next().unwrap_or("")),
             Some(path) => {
-                if let Err(e) = write_private(Path::new(path), &text) {
+                if let Err(e) = crate::jobdir::write_private(Path::new(path), &text) {
                     eprintln!("weft: --report-pmix-uri {path}: {e}");
                 }
             }

@@ -142,7 +142,7 @@ impl State {
         ranks
             .into_iter()
             .filter_map(|r| {
-                let p = job.procs.get(r as usize)?;
+                job.procs.get(r as usize)?;
                 let pid = self.job.pids.pid(r);
                 let state = if self.job.procs.is_gone(r) {
                     ProcState::Terminated
@@ -151,21 +151,13 @@ impl State {
                 } else {
                     ProcState::Running
                 };
+                let (hostname, executable) =
+                    crate::jobdir::host_and_program(&self.job.plan, r as usize, &here);
                 Some(ProcInfo {
                     nspace: nspace.clone(),
                     rank: r,
-                    hostname: job
-                        .nodes
-                        .get(p.node as usize)
-                        .map_or_else(String::new, |n| {
-                            crate::jobdir::physical_host(&n.hostname, &here)
-                        }),
-                    executable: self
-                        .job
-                        .plan
-                        .apps
-                        .get(p.app as usize)
-                        .map_or_else(String::new, |a| a.program.clone()),
+                    hostname,
+                    executable,
                     pid,
                     exit_code: 0,
                     state,
