@@ -135,10 +135,16 @@ fn parent(args: &[String]) -> Res {
             merged("parent", me, &ic, false)?;
             let child0 = ic.remote_procs()[0];
             ic.disconnect()?;
-            // The merge's connect is undone too: the children's data is refused again.
+            // The merge's connect is undone too: the children's data is refused again,
+            // as not connected; or, if the children have already ended and their job
+            // was forgotten (they finish right after their disconnect), as a namespace
+            // no longer served. Either way never given.
             let opts = GetOpts::default().immediate();
             match fabric.wire().get_proc(child0, "weft.none", opts) {
-                Err(e) if e.to_string().contains("not connected") => {
+                Err(e)
+                    if e.to_string().contains("not connected")
+                        || e.to_string().contains("is not served here") =>
+                {
                     say(format!("parent {me}: disconnected"))?
                 }
                 other => say(format!("parent {me}: disconnected, yet {other:?}"))?,
