@@ -198,11 +198,7 @@ impl Infos {
                 state: match p.state {
                     ProcState::Starting => sys::PMIX_PROC_STATE_LAUNCH_UNDERWAY,
                     ProcState::Running => sys::PMIX_PROC_STATE_RUNNING,
-                    ProcState::Connected => sys::PMIX_PROC_STATE_CONNECTED,
                     ProcState::Terminated => sys::PMIX_PROC_STATE_TERMINATED,
-                    ProcState::Signaled => sys::PMIX_PROC_STATE_ABORTED_BY_SIG,
-                    ProcState::Aborted => sys::PMIX_PROC_STATE_CALLED_ABORT,
-                    ProcState::FailedToStart => sys::PMIX_PROC_STATE_FAILED_TO_START,
                 } as sys::pmix_proc_state_t,
             })
             .collect();

@@ -118,16 +118,8 @@ pub enum ProcState {
     Starting,
     /// Running (`PMIX_PROC_STATE_RUNNING`).
     Running,
-    /// Connected to its server (`PMIX_PROC_STATE_CONNECTED`).
-    Connected,
-    /// Ended normally (`PMIX_PROC_STATE_TERMINATED`).
+    /// Ended (`PMIX_PROC_STATE_TERMINATED`).
     Terminated,
-    /// Killed by a signal (`PMIX_PROC_STATE_ABORTED_BY_SIG`).
-    Signaled,
-    /// Called abort (`PMIX_PROC_STATE_CALLED_ABORT`).
-    Aborted,
-    /// Could not be started (`PMIX_PROC_STATE_FAILED_TO_START`).
-    FailedToStart,
 }
 
 /// One row of a process table (`pmix_proc_info_t`).
@@ -745,6 +737,9 @@ mod quickack;
 
 #[cfg(weft_pmix)]
 mod tools;
+
+#[cfg(weft_pmix)]
+mod query;
 
 #[cfg(weft_pmix)]
 mod attrs_guard;

@@ -150,23 +150,12 @@ pub struct ServerArgs {
     pub tools: ToolAttach,
 }
 
-/// How PMIx tools find a server beyond its own rendezvous files (`--tool-pid`,
-/// `--report-pmix-uri`, `--pmix-system-server` of `weft server`).
-#[derive(Debug, Clone, Default)]
-pub struct ToolAttach {
-    /// Also answer to tools looking for this pid (the launcher's: `pps --pid`).
-    pub launcher_pid: Option<u32>,
-    /// Write the PMIx URI there (`-`: stdout).
-    pub report_uri: Option<String>,
-    /// Be the host's system server.
-    pub system: bool,
-}
-
 pub(crate) use crate::jobdir::random_u64;
 pub use crate::jobdir::{
     datastore_name, format_secret, ompi_shm_dir, parse_secret, pmix_dir, segment_prefix,
     socket_path, unlink_segments,
 };
+pub use pmix_tools::ToolAttach;
 
 /// Runs a server until the launcher says the job is over (or disappears).
 pub fn run(args: ServerArgs) -> Result<(), ServerError> {
@@ -543,25 +532,7 @@ async fn serve(args: ServerArgs, output: &OutputSink) -> Result<(), ServerError>
     // A build without libpmix has none to offer (`weft info` says so).
     if plan.pmix && weft_pmix::built_with().is_some() {
         let dir = pmix_dir(&args.job_dir, node);
-        // Tools attach to one server per host: the first node on it (several logical
-        // nodes on a host would leave a tool searching for "the" server with a choice).
-        let here = crate::jobdir::hostname();
-        let host_of = |label: &str| crate::jobdir::physical_host(label, &here);
-        let host = plan
-            .job
-            .nodes
-            .get(node as usize)
-            .map(|n| host_of(&n.hostname));
-        let first_on_host = plan
-            .job
-            .nodes
-            .iter()
-            .find(|n| Some(host_of(&n.hostname)) == host)
-            .is_none_or(|n| n.id == node);
-        let tools = weft_pmix::server::ToolSupport {
-            tools: first_on_host,
-            system: first_on_host && args.tools.system,
-        };
+        let tools = pmix_tools::tool_support(&plan, node, args.tools.system);
         let started = pmix::PmixFront::start(dir.clone(), ev_tx.clone(), output.tx.clone(), tools)
             .and_then(|mut px| {
                 let job = px.add_job(&plan, node)?;
@@ -891,27 +862,7 @@ impl State {
                 let acts = st.job.procs.on_terminate(Duration::from_millis(grace_ms));
                 st.apply_procs(acts);
             }),
-            Event::Pmix { nspace, ev } => {
-                // A query the library makes in its own name (a key it could not resolve
-                // locally, say), and a tool's query or event, are taken by the node's
-                // first job.
-                let ns = self.pmix.as_ref().and_then(|px| {
-                    px.ns_of(&nspace).or_else(|| {
-                        matches!(ev, pmix::PmixEv::Query(_) | pmix::PmixEv::Notify(_))
-                            .then(|| px.first_ns())
-                            .flatten()
-                    })
-                });
-                match ns {
-                    Some(ns) if self.focus(ns) && self.job.pmix.is_some() => self.on_pmix(ev),
-                    _ => {
-                        tracing::warn!(
-                            "a PMIx call about {nspace:?}, which this server does not serve"
-                        );
-                        ev.refuse();
-                    }
-                }
-            }
+            Event::Pmix { nspace, ev } => self.pmix_call(&nspace, ev),
             Event::NamesExpired(id) => self.names_expired(id),
             Event::ConnectTimeout(id) => self.connect_timeout(id),
             Event::Ctl(ToServer::Shutdown) => self.done = true,

@@ -9,7 +9,6 @@
 //! In a program that does not export it, nothing changes.
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::sys;
@@ -20,9 +19,6 @@ type QueryNb = unsafe extern "C" fn(
     sys::pmix_info_cbfunc_t,
     *mut c_void,
 ) -> sys::pmix_status_t;
-
-/// Attribute queries refused here (for tests).
-pub(crate) static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// The library's own `PMIx_Query_info_nb`.
 fn real() -> Option<QueryNb> {
@@ -76,7 +72,6 @@ pub unsafe extern "C" fn PMIx_Query_info_nb(
 ) -> sys::pmix_status_t {
     // SAFETY: the caller passes `nqueries` valid queries.
     if unsafe { asks_attributes(queries, nqueries) } {
-        REFUSED.fetch_add(1, Ordering::Relaxed);
         if let Some(cb) = cbfunc {
             // SAFETY: the caller's callback with its own data, once, with no results
             // (nothing to release).

@@ -34,11 +34,6 @@ impl State {
     /// A local client's event for processes beyond this node.
     pub(super) fn pmix_notify(&mut self, n: Notification) {
         let size = self.job.plan.job.size();
-        // A tool's event: its namespace is none this server serves.
-        let from_tool = self
-            .pmix
-            .as_ref()
-            .is_some_and(|f| f.ns_of(&n.source.nspace).is_none());
         let Some(px) = self.job.pmix.as_ref() else {
             return n.reply.fail(Failure::Other);
         };
@@ -50,8 +45,6 @@ impl State {
                 tracing::debug!("{}: processes wait in init for a debugger", px.nspace);
                 return n.reply.ok();
             }
-            // A tool's (a debugger's release): every node's clients in its range.
-            _ if from_tool => return self.tool_event(n),
             _ => {
                 tracing::warn!(
                     "PMIx event {} of {:?}: not a process of the job",

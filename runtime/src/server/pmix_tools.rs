@@ -2,7 +2,9 @@
 //! `PMIx_Query_info`): the namespaces it serves and their command lines, a job's
 //! process table (job-wide or this node's) and size, the spawn and debugger support, a
 //! job's state. A tool connects under a name of its own or one given here
-//! ([`tool_name`]).
+//! ([`tool_name`]); which servers take tools and how tools find them
+//! ([`tool_support`], [`ToolAttach`]); PMIx calls from outside the jobs (a tool's query
+//! or event, the library's own query) routed ([`State::pmix_call`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -19,6 +21,40 @@ const SPAWN_SUPPORT: &[&str] = &["pmix.ssn.id", "pmix.alloc.id", "pmix.spchildse
 /// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): stop in init (for jobs
 /// `weft run --stop-in-init` starts; no co-launched daemons yet).
 const DEBUG_SUPPORT: &[&str] = &["pmix.dbg.init"];
+
+/// How PMIx tools find a server beyond its own rendezvous files (`--tool-pid`,
+/// `--report-pmix-uri`, `--pmix-system-server` of `weft server`).
+#[derive(Debug, Clone, Default)]
+pub struct ToolAttach {
+    /// Also answer to tools looking for this pid (the launcher's: `pps --pid`).
+    pub launcher_pid: Option<u32>,
+    /// Write the PMIx URI there (`-`: stdout).
+    pub report_uri: Option<String>,
+    /// Be the host's system server.
+    pub system: bool,
+}
+
+/// Which tools the PMIx server of `node` accepts: the first node of each host takes
+/// tools (several logical nodes of a host would leave a tool searching for "the" server
+/// with a choice), and is the host's system server if `system` asks it.
+pub(super) fn tool_support(
+    plan: &crate::wire::proto::JobPlan,
+    node: u32,
+    system: bool,
+) -> weft_pmix::server::ToolSupport {
+    let here = crate::jobdir::hostname();
+    let host_of = |label: &str| crate::jobdir::physical_host(label, &here);
+    let nodes = &plan.job.nodes;
+    let host = nodes.get(node as usize).map(|n| host_of(&n.hostname));
+    let first_on_host = nodes
+        .iter()
+        .find(|n| Some(host_of(&n.hostname)) == host)
+        .is_none_or(|n| n.id == node);
+    weft_pmix::server::ToolSupport {
+        tools: first_on_host,
+        system: first_on_host && system,
+    }
+}
 
 /// The name for a tool that did not bring one: `weft-tool.<server pid>.<n>`, rank 0.
 pub(super) fn tool_name() -> String {
@@ -204,6 +240,36 @@ impl State {
         let range = weft_pmix::server::Range::from_raw(range);
         if let Err(e) = front.server.notify_packed(code, &src, range, info) {
             tracing::warn!("PMIx event {code} of tool {src:?} from another node: {e}");
+        }
+    }
+
+    /// A call of the PMIx library about namespace `nspace`: a job's process's, taken
+    /// by its job; or from outside the jobs (the library's own query, for a key it could
+    /// not resolve locally; a tool's query or event).
+    pub(super) fn pmix_call(&mut self, nspace: &str, ev: super::pmix::PmixEv) {
+        use super::pmix;
+        // From outside, a query is answered as the node's first job would answer it,
+        // and an event goes to every node (`tool_event`).
+        let (ns, outside) = match self.pmix.as_ref() {
+            None => (None, false),
+            Some(px) => match px.ns_of(nspace) {
+                Some(ns) => (Some(ns), false),
+                None => (px.first_ns(), true),
+            },
+        };
+        match (ns, ev) {
+            (Some(ns), pmix::PmixEv::Notify(n)) if outside && self.focus(ns) => self.tool_event(n),
+            (Some(ns), ev)
+                if (!outside || matches!(ev, pmix::PmixEv::Query(_)))
+                    && self.focus(ns)
+                    && self.job.pmix.is_some() =>
+            {
+                self.on_pmix(ev)
+            }
+            (_, ev) => {
+                tracing::warn!("a PMIx call about {nspace:?}, which this server does not serve");
+                ev.refuse();
+            }
         }
     }
 }
