@@ -3,10 +3,10 @@
  * by benches/scripts/tool_attach.sh.
  *
  *   pmix_tool (--pid PID | --uri URI | --uri file:PATH | --system) [--local] [--repeat N]
- *             [--release]
+ *             [--nspace NS] [--release]
  *
  * Connects (PMIx_tool_init), asks for the namespaces (PMIX_QUERY_NAMESPACES), then for
- * the first namespace's process table (PMIX_QUERY_PROC_TABLE, or the node's with
+ * the first namespace's (or NS's) process table (PMIX_QUERY_PROC_TABLE, or the node's with
  * --local), and prints:
  *
  *   namespaces NS1,NS2
@@ -15,7 +15,7 @@
  *   attach_us T      (tool init to the namespaces' answer)
  *   ptable_us T      (the process table query; with --repeat N, the best of N)
  *
- * With --release it then releases the first namespace's processes held in PMIx_Init
+ * With --release it then releases that namespace's processes held in PMIx_Init
  * (PMIX_DEBUGGER_RELEASE to all of them) and prints "release_sent_us T" (CLOCK_MONOTONIC,
  * taken just before the event is sent).
  *
@@ -60,6 +60,7 @@ int main(int argc, char **argv)
     int local = 0, repeat = 1, release = 0;
     pid_t pid;
     char nspace[PMIX_MAX_NSLEN + 1];
+    const char *want = NULL;
 
     for (int a = 1; a < argc; a++) {
         if (0 == strcmp(argv[a], "--pid") && a + 1 < argc) {
@@ -74,12 +75,16 @@ int main(int argc, char **argv)
             ninfo++;
         } else if (0 == strcmp(argv[a], "--local")) {
             local = 1;
+        } else if (0 == strcmp(argv[a], "--nspace") && a + 1 < argc) {
+            want = argv[++a];
         } else if (0 == strcmp(argv[a], "--release")) {
             release = 1;
         } else if (0 == strcmp(argv[a], "--repeat") && a + 1 < argc) {
             repeat = atoi(argv[++a]);
         } else {
-            fprintf(stderr, "usage: %s (--pid PID | --uri URI | --system) [--local] [--repeat N]\n",
+            fprintf(stderr,
+                    "usage: %s (--pid PID | --uri URI | --system) [--local] [--repeat N]"
+                    " [--nspace NS] [--release]\n",
                     argv[0]);
             return 2;
         }
@@ -110,6 +115,10 @@ int main(int argc, char **argv)
     char *comma = strchr(nspace, ',');
     if (NULL != comma) {
         *comma = '\0';
+    }
+    if (NULL != want) {
+        memset(nspace, 0, sizeof(nspace));
+        strncpy(nspace, want, PMIX_MAX_NSLEN);
     }
     PMIX_INFO_FREE(res, nres);
 

@@ -1,7 +1,8 @@
 //! Tools and debuggers attached to a running `weft run` (issue 35): PMIx tools by the
 //! launcher's pid and by URI file (`benches/mpi/pmix_tool.c`, OpenPMIx's unmodified
-//! `tool.c`, Debian's `pps`), the process table job-wide and per node, and MPIR read by
-//! `gdb` from the launcher.
+//! `tool.c`, Debian's `pps`), the process table job-wide and per node, MPIR read by
+//! `gdb` from the launcher, and OpenPMIx's debugger with its daemons in a persistent
+//! runtime.
 #![allow(missing_docs)]
 
 mod common;
@@ -11,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::progs::{pmix_example, pmix_flags};
-use common::{assert_clean, available, build_c, Job};
+use common::{assert_clean, available, build_c, Dvm, Job};
 
 /// `benches/mpi/pmix_tool.c` built against libpmix, or `None` (skipped, reason printed).
 fn pmix_tool() -> Option<String> {
@@ -429,4 +430,100 @@ fn a_job_held_in_init_goes_on_when_the_debugger_releases_it() {
         "every process left PMIx_Init after the release ({sent}): {done:?}"
     );
     assert_clean(&name, &tmp, &d);
+}
+
+/// OpenPMIx's `debugger.c` with its `debuggerd.c`, both unmodified, against a persistent
+/// runtime of 2 logical nodes: the debugger (a tool) asks what spawns and debugging
+/// support there is, spawns OpenPMIx's `client.c` (2 processes, by its bare name from its
+/// directory) to stop in init, then the daemons with `ppr:1:node`, `PMIX_DEBUGGER_DAEMONS`
+/// and the application as `PMIX_DEBUG_JOB`, asking to hear of their completion; it ends
+/// (status 0) when told the daemons' job terminated. The daemons ran one per node of
+/// the application; the application is still held in `PMIx_Init` after the debugger is
+/// gone, and a tool's release (through the runtime's pid) lets both processes finish.
+#[test]
+fn openpmix_debugger_and_its_daemons_run_unmodified_in_a_persistent_runtime() {
+    let (Some(ptool), Some(debugger), Some(daemon), Some(client)) = (
+        pmix_tool(),
+        pmix_example("debugger"),
+        pmix_example("debuggerd"),
+        pmix_example("client"),
+    ) else {
+        return;
+    };
+    let dvm = Dvm::start("tools-debugger", &["--nodes", "2"]);
+    // The programs' directory (not the runtime's TMPDIR, which must be left clean).
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(&dvm.name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (from, to) in [
+        (&debugger, "debugger"),
+        (&daemon, "debuggerd"),
+        (&client, "client"),
+    ] {
+        std::fs::copy(from, dir.join(to)).unwrap_or_else(|e| panic!("{from}: {e}"));
+    }
+    let t0 = Instant::now();
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(dir.join("debugger"))
+        .current_dir(&dir)
+        .env("TMPDIR", &dvm.tmp)
+        .output()
+        .expect("debugger");
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "the debugger failed: {}", text(&o));
+    assert!(err.contains("SPAWNED DEBUGGERD"), "{}", text(&o));
+    assert!(!err.contains("failed"), "{}", text(&o));
+    // debuggerd.c (4.2.2) sleeps 10 s and exits: the debugger waited for its end.
+    assert!(
+        took >= Duration::from_secs(9),
+        "ended after {took:?}: {}",
+        text(&o)
+    );
+    // The application: spawned by the tool, both processes still held.
+    let (code, ps, e) = dvm.ctl(&["ps"], &[]);
+    assert_eq!(code, Some(0), "{ps}{e}");
+    let line = ps
+        .lines()
+        .find(|l| l.contains("spawned by tool") && l.contains("client"))
+        .unwrap_or_else(|| panic!("no application job in:\n{ps}"));
+    assert!(line.contains("2/2 processes running"), "{ps}");
+    let nspace = line.split_whitespace().nth(2).unwrap().to_owned();
+    assert!(!ps.contains("debuggerd"), "the daemons' job ended: {ps}");
+    let prog = dir.join("client").display().to_string();
+    let held = common::pids_whose("cmdline", |c| c.starts_with(&prog));
+    assert_eq!(held.len(), 2, "both processes wait in init: {held:?}\n{ps}");
+    // Released, the application runs to its end.
+    let pid = dvm.pid().to_string();
+    let rel = tool(
+        &dvm.tmp,
+        &ptool,
+        &["--pid", &pid, "--nspace", &nspace, "--release"],
+    );
+    assert!(rel.status.success(), "{}", text(&rel));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, ps, _) = dvm.ctl(&["ps"], &[]);
+        if !ps.contains(&nspace) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the application still runs:\n{ps}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, log) = dvm.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        log.matches("I AM HERE").count(),
+        2,
+        "one daemon per node:\n{log}"
+    );
+    for r in 0..2 {
+        let done = format!("Client ns {nspace} rank {r}:PMIx_Finalize successfully completed");
+        assert!(log.contains(&done), "{done}:\n{log}");
+    }
 }

@@ -565,6 +565,23 @@ pub struct SpawnApp {
     pub maxprocs: u32,
 }
 
+/// A debugger's directives to a [`Spawn`], from the job's or an app's information.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpawnDebug {
+    /// `PMIX_DEBUG_STOP_IN_INIT`: the processes wait in `PMIx_Init` for the debugger's
+    /// release (`PMIX_ERR_DEBUGGER_RELEASE`).
+    pub stop_in_init: bool,
+    /// `PMIX_DEBUGGER_DAEMONS`: these are a debugger's daemons.
+    pub daemons: bool,
+    /// `PMIX_DEBUG_JOB` (or the namespace of `PMIX_DEBUG_TARGET`): the job being debugged;
+    /// daemons go one per node of it, and read it as `PMIX_DEBUG_JOB`.
+    pub target: Option<String>,
+    /// `PMIX_MAPBY` `ppr:N:node`: N processes on every node.
+    pub per_node: Option<u32>,
+    /// `PMIX_NOTIFY_COMPLETION`: the asker hears `PMIX_ERR_JOB_TERMINATED` at the job's end.
+    pub notify_completion: bool,
+}
+
 /// What a `PMIx_Job_control` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobCtrl {
@@ -611,6 +628,8 @@ pub struct Spawn {
     /// `PMIX_SPAWN_CHILD_SEP` (`"pmix.spchildsep"`, OpenPMIx 5's name; not in 4.2's
     /// headers) in the job info: the new job is not terminated with its parent.
     pub separate: bool,
+    /// What a debugger asked for (job or app info).
+    pub debug: SpawnDebug,
     /// Where the new job's namespace goes.
     pub reply: SpawnReply,
 }
@@ -643,6 +662,8 @@ pub struct Nspace {
     /// Hold every process in `PMIx_Init` until a debugger's `PMIX_DEBUGGER_RELEASE`
     /// (`PMIX_DEBUG_STOP_IN_INIT` in the job's information).
     pub stop_in_init: bool,
+    /// A debugger's daemons: the namespace of the job they debug (`PMIX_DEBUG_JOB`).
+    pub debug_job: Option<String>,
 }
 
 impl Nspace {
@@ -762,6 +783,7 @@ mod tests {
             oversubscribed: false,
             parent: None,
             stop_in_init: false,
+            debug_job: None,
         }
     }
 

@@ -493,6 +493,9 @@ impl Executor {
                 ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
                 ToLauncher::Spawn { qid, from, req } => launch.on_spawn(node, qid, from, &req),
+                ToLauncher::ToolSpawn { qid, tool, req } => {
+                    launch.on_tool_spawn(node, qid, tool, &req)
+                }
                 ToLauncher::Launched { ns, error, set_up } => {
                     launch.on_launched(node, ns, error, set_up)
                 }
@@ -589,6 +592,11 @@ impl Executor {
                         tokio::time::sleep(after).await;
                         let _ = ev.send(Ev::JobTimer(ns, timer));
                     });
+                }
+                Action::Send(node, msg) => {
+                    if let Some(tx) = self.txs.get(&node) {
+                        let _ = tx.send(frame::encode(&msg));
+                    }
                 }
                 Action::SpawnDone { node, qid, result } => {
                     if let Some(tx) = self.txs.get(&node) {

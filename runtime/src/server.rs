@@ -880,6 +880,9 @@ impl State {
             }
             Event::Ctl(ToServer::EndJob { ns }) => self.end_job(ns),
             Event::Ctl(ToServer::SpawnDone { qid, result }) => self.spawn_done(qid, result),
+            Event::Ctl(ToServer::JobTerminated { to, nspace, code }) => {
+                self.job_terminated(to, &nspace, code)
+            }
             Event::Ctl(ToServer::Signal { procs, sig }) => self.signal_procs(&procs, sig),
             Event::Ctl(ToServer::AllocDone { qid, result }) => self.alloc_done(qid, result),
             Event::Ctl(ToServer::AllocEvent {

@@ -479,6 +479,11 @@ impl Dvm {
         }
     }
 
+    /// The pid of `weft dvm start` (PMIx tools find the runtime by it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// The `--dvm` argument naming this runtime.
     pub fn arg(&self) -> String {
         self.uri.display().to_string()

@@ -299,6 +299,31 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Tells `to` (a tool or a process that spawned job `nspace` asking to hear of its
+    /// completion, `PMIX_NOTIFY_COMPLETION`) that the job ended with status `code`:
+    /// `PMIX_ERR_JOB_TERMINATED` with the job as affected process and
+    /// `PMIX_JOB_TERM_STATUS`, for `to` only (`PMIX_RANGE_CUSTOM`).
+    pub fn notify_job_terminated(&self, to: &ProcName, nspace: &str, code: i32) {
+        const OP: &str = "PMIx_Notify_event";
+        let (Ok(mut src), Ok(mut target)) = (nspace_c(OP, nspace), nspace_c(OP, &to.nspace)) else {
+            return;
+        };
+        src.rank = sys::PMIX_RANK_WILDCARD;
+        target.rank = to.rank.unwrap_or(sys::PMIX_RANK_WILDCARD);
+        let mut info = Infos::new();
+        info.push_proc(sys::PMIX_EVENT_AFFECTED_PROC, &src);
+        info.push_int(sys::PMIX_JOB_TERM_STATUS, code);
+        info.push_proc(sys::PMIX_EVENT_CUSTOM_RANGE, &target);
+        notify(
+            sys::PMIX_ERR_JOB_TERMINATED,
+            &src,
+            sys::PMIX_RANGE_CUSTOM,
+            info,
+        );
+    }
+}
+
 /// Notifies event `code` from `source` to the clients `range` reaches, with `info`;
 /// does not wait (the infos are freed by the library's callback, or here when it will
 /// not call it).

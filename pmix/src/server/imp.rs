@@ -634,6 +634,10 @@ impl Server {
             // Every rank waits (the wildcard), as PRRTE says it.
             info.push_rank(sys::PMIX_DEBUG_STOP_IN_INIT, sys::PMIX_RANK_WILDCARD);
         }
+        if let Some(target) = &ns.debug_job {
+            info.push_string(sys::PMIX_DEBUG_JOB, target)
+                .ok_or_else(|| bad("the debugged job's namespace"))?;
+        }
         info.push_u32(sys::PMIX_MAX_PROCS, size);
         info.push_u32(
             sys::PMIX_JOB_NUM_APPS,

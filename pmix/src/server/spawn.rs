@@ -80,6 +80,62 @@ pub(super) unsafe fn strings_of(p: *mut *mut std::os::raw::c_char) -> Vec<String
     out
 }
 
+/// Reads a debugger's directives among `n` infos at `infos` into `debug`; a directive
+/// Weft cannot follow (stop on exec, a mapping it does not know for daemons) is
+/// refused with its status.
+///
+/// # Safety
+/// `infos` is null or points at `n` valid infos.
+unsafe fn debug_infos(
+    infos: *const sys::pmix_info_t,
+    n: usize,
+    debug: &mut SpawnDebug,
+) -> Result<(), sys::pmix_status_t> {
+    if infos.is_null() {
+        return Ok(());
+    }
+    let set = |v: &crate::PmixValue| !matches!(v, crate::PmixValue::Bool(false));
+    for i in 0..n {
+        // SAFETY: within the `n` valid infos (the caller's contract).
+        let inf = unsafe { &*infos.add(i) };
+        // SAFETY: a valid info's key is NUL-terminated within its array.
+        let k = unsafe { CStr::from_ptr(inf.key.as_ptr()) }.to_bytes_with_nul();
+        // SAFETY: the union member read is the one the type tag names.
+        let v = unsafe { crate::owned::value_of(&inf.value) };
+        if k == sys::PMIX_DEBUG_STOP_IN_INIT {
+            debug.stop_in_init |= set(&v);
+        } else if k == sys::PMIX_DEBUG_STOP_ON_EXEC && set(&v) {
+            // Not offered (`PMIX_QUERY_DEBUG_SUPPORT` lists stop-in-init only).
+            return Err(sys::PMIX_ERR_NOT_SUPPORTED);
+        } else if k == sys::PMIX_DEBUGGER_DAEMONS {
+            debug.daemons |= set(&v);
+        } else if k == sys::PMIX_DEBUG_JOB {
+            debug.target = v.as_str().map(str::to_owned);
+        } else if k == sys::PMIX_DEBUG_TARGET {
+            if let crate::PmixValue::Procs(p) = &v {
+                if let Some((ns, _)) = p.first() {
+                    debug.target.get_or_insert_with(|| ns.clone());
+                }
+            }
+        } else if k == sys::PMIX_NOTIFY_COMPLETION {
+            debug.notify_completion |= set(&v);
+        } else if k == sys::PMIX_MAPBY {
+            // `ppr:N:node` (processes per node); other mappings place as Weft does.
+            let per_node = v.as_str().and_then(|m| {
+                let m = m.split(':').collect::<Vec<_>>();
+                match m.as_slice() {
+                    ["ppr", n, "node", ..] => n.parse::<u32>().ok().filter(|&n| n > 0),
+                    _ => None,
+                }
+            });
+            if per_node.is_some() {
+                debug.per_node = per_node;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(super) unsafe extern "C" fn spawn(
     proc_: *const sys::pmix_proc_t,
     job_info: *const sys::pmix_info_t,
@@ -96,9 +152,15 @@ pub(super) unsafe extern "C" fn spawn(
         return sys::PMIX_ERR_BAD_PARAM;
     }
     let mut out = Vec::with_capacity(napps);
+    let mut debug = SpawnDebug::default();
     for i in 0..napps {
         // SAFETY: the library passes `napps` valid apps.
         let a = unsafe { &*apps.add(i) };
+        // A debugger may give its directives per app (OpenPMIx's debugger.c attaching).
+        // SAFETY: the library's app holds `ninfo` valid infos at `info`.
+        if let Err(rc) = unsafe { debug_infos(a.info, a.ninfo, &mut debug) } {
+            return rc;
+        }
         // SAFETY: the app's strings are NUL-terminated, its arrays NULL-terminated.
         let argv = unsafe { strings_of(a.argv) };
         // No command: argv[0] is the program (as OpenPMIx's dynamic.c spawns).
@@ -152,6 +214,10 @@ pub(super) unsafe extern "C" fn spawn(
             separate = !matches!(v, crate::PmixValue::Bool(false));
         }
     }
+    // SAFETY: the library passes `ninfo` valid infos at `job_info` (or null).
+    if let Err(rc) = unsafe { debug_infos(job_info, ninfo, &mut debug) } {
+        return rc;
+    }
     h.spawn(Spawn {
         // SAFETY: checked non-null; the library's valid name.
         requester: unsafe { name_of(proc_) },
@@ -159,6 +225,7 @@ pub(super) unsafe extern "C" fn spawn(
         session,
         alloc_id,
         separate,
+        debug,
         reply: SpawnReply { cb, cbdata },
     });
     SUCCESS

@@ -43,6 +43,20 @@ struct Child {
     session: Option<u32>,
     /// Spawned with `PMIX_SPAWN_CHILD_SEP`: not terminated with its parent's job.
     separate: bool,
+    /// The PMIx tool that spawned it, if a tool did.
+    tool: Option<String>,
+    /// Who hears of its end (`PMIX_NOTIFY_COMPLETION`): the server of that node, for
+    /// this process or tool.
+    notify: Option<(u32, (String, u32))>,
+}
+
+/// Who asks for a spawn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Requester {
+    /// A process of a job of the runtime.
+    Process(ProcId),
+    /// A PMIx tool (namespace, rank), not of any job.
+    Tool(String, u32),
 }
 
 /// Who asked for a job that is being set up.
@@ -93,11 +107,10 @@ impl Children {
         base: &JobPlan,
         num_nodes: u32,
         (node, qid): (u32, u64),
-        from: ProcId,
+        from: Requester,
         req: &SpawnReq,
         session: Option<(u32, Vec<u32>)>,
     ) -> Vec<Action> {
-        let apps = &req.apps;
         let refuse = |why: String| {
             vec![Action::SpawnDone {
                 node,
@@ -105,6 +118,38 @@ impl Children {
                 result: Err(why),
             }]
         };
+        // Processes per node (debugger daemons, `ppr:N:node`): that many on every node of
+        // the debugged job, else of the session or the runtime, whatever the app asked.
+        let mut req = req.clone();
+        let d = &req.debug;
+        let per_node_on = match (&d.daemons_for, d.per_node) {
+            (Some(target), _) => match self.nodes_of(base, target) {
+                Some(nodes) => Some(nodes),
+                None => return refuse(format!("no job {target} runs here to debug")),
+            },
+            (None, Some(_)) => Some(match &session {
+                Some((_, nodes)) => nodes.clone(),
+                None => (0..num_nodes).collect(),
+            }),
+            (None, None) => None,
+        };
+        let mut on = None;
+        if let Some(nodes) = per_node_on {
+            if req.apps.len() != 1 {
+                return refuse(
+                    "processes per node (debugger daemons, PMIX_MAPBY ppr:N:node) need \
+                     exactly one app"
+                        .into(),
+                );
+            }
+            let k = d.per_node.unwrap_or(1).min(MAX_SPAWN_PROCS);
+            let placed: Vec<u32> = (nodes.iter())
+                .flat_map(|&n| std::iter::repeat_n(n, k as usize))
+                .collect();
+            req.apps[0].np = u32::try_from(placed.len()).unwrap_or(u32::MAX);
+            on = Some(placed);
+        }
+        let apps = &req.apps;
         let total = apps.iter().try_fold(0u32, |t, a| t.checked_add(a.np));
         match total {
             _ if apps.is_empty() => return refuse("no app to start".into()),
@@ -121,28 +166,46 @@ impl Children {
         if node >= num_nodes {
             return refuse(format!("no server of node {node}"));
         }
-        let parent = if from.ns == base.ns {
-            base.job.nspace.clone()
-        } else {
-            match self.jobs.get(&from.ns) {
-                Some(c) => c.nspace.clone(),
-                None => return refuse(format!("{from} is of no job of this runtime")),
-            }
-        };
-        let parent_job = match self.jobs.get(&from.ns) {
-            Some(c) => &c.plan.job,
-            None => &base.job,
-        };
         let total = apps.iter().map(|a| a.np).sum();
-        let on = match &session {
-            Some((_, nodes)) => blocks(nodes, total),
-            None => continuing(parent_job, node, total),
+        let (parent, asker_name) = match &from {
+            Requester::Process(from) => {
+                let parent = if from.ns == base.ns {
+                    base.job.nspace.clone()
+                } else {
+                    match self.jobs.get(&from.ns) {
+                        Some(c) => c.nspace.clone(),
+                        None => return refuse(format!("{from} is of no job of this runtime")),
+                    }
+                };
+                let name = (parent.clone(), from.rank);
+                (Some((*from, parent)), name)
+            }
+            Requester::Tool(nspace, rank) => (None, (nspace.clone(), *rank)),
+        };
+        let on = match (on, &session, &parent) {
+            (Some(on), _, _) => on,
+            (None, Some((_, nodes)), _) => blocks(nodes, total),
+            (None, None, Some((from, _))) => {
+                let parent_job = match self.jobs.get(&from.ns) {
+                    Some(c) => &c.plan.job,
+                    None => &base.job,
+                };
+                continuing(parent_job, node, total)
+            }
+            // A tool's job spreads over the runtime's nodes.
+            (None, None, None) => blocks(&(0..num_nodes).collect::<Vec<_>>(), total),
         };
         let ns = self.next_ns();
-        let mut plan = child_plan(base, ns, &on, req);
-        plan.parent = Some((from, parent));
-        let owner = self.jobs.get(&from.ns).and_then(|c| c.owner);
-        if let Some(p) = self.jobs.get(&from.ns).map(|c| c.plan.clone()) {
+        let mut plan = child_plan(base, ns, &on, &req);
+        let parent_ns = parent.as_ref().map(|(p, _)| p.ns);
+        plan.parent = parent;
+        let owner = parent_ns
+            .and_then(|p| self.jobs.get(&p))
+            .and_then(|c| c.owner);
+        if let Some(p) = parent_ns
+            .and_then(|p| self.jobs.get(&p))
+            .map(|c| c.plan.clone())
+        {
             // What the parent's processes got, its children get.
             plan.env = p.env.clone();
             plan.tag_output = p.tag_output;
@@ -151,7 +214,7 @@ impl Children {
             plan.datastore_bytes = p.datastore_bytes;
         }
         tracing::debug!(
-            "{from} spawns {} ({} processes)",
+            "{from:?} spawns {} ({} processes)",
             plan.job.nspace,
             plan.job.size()
         );
@@ -160,6 +223,10 @@ impl Children {
         if let Some(c) = self.jobs.get_mut(&ns) {
             c.session = session.map(|(id, _)| id);
             c.separate = req.separate;
+            c.notify = req.debug.notify_completion.then_some((node, asker_name));
+            if let Requester::Tool(t, _) = from {
+                c.tool = Some(t);
+            }
         }
         out
     }
@@ -188,6 +255,18 @@ impl Children {
             .filter(|(_, c)| c.session == Some(id) && !c.job.is_over())
             .map(|(&ns, _)| ns)
             .collect()
+    }
+
+    /// The nodes job `nspace` (this launch's first, `base`, or a later one) has
+    /// processes on, ascending.
+    fn nodes_of(&self, base: &JobPlan, nspace: &str) -> Option<Vec<u32>> {
+        let job = if base.job.nspace == nspace {
+            &base.job
+        } else {
+            &(self.jobs.values().find(|c| c.nspace == nspace))?.plan.job
+        };
+        let nodes: BTreeSet<u32> = job.procs.iter().map(|p| p.node).collect();
+        Some(nodes.into_iter().collect())
     }
 
     /// The next namespace id.
@@ -252,6 +331,8 @@ impl Children {
                 command,
                 session: None,
                 separate: false,
+                tool: None,
+                notify: None,
             },
         );
         vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]
@@ -436,6 +517,7 @@ impl Children {
         let acts = f(&mut child.job);
         let nspace = child.nspace.clone();
         let (owner, submitted) = (child.owner, child.submitted);
+        let notify = child.notify.clone();
         let told_end = submitted && child.starting.is_none();
         let code = child.job.exit_code();
         self.prune(ns);
@@ -457,6 +539,13 @@ impl Children {
                 }
                 Action::SendAll(ToServer::Shutdown) => {
                     out.push(Action::SendAll(ToServer::EndJob { ns }));
+                    if let Some((node, to)) = notify.clone() {
+                        let nspace = nspace.clone();
+                        out.push(Action::Send(
+                            node,
+                            ToServer::JobTerminated { to, nspace, code },
+                        ));
+                    }
                     if let (true, Some(sub)) = (told_end, owner) {
                         self.ended.insert(sub, code);
                     }
@@ -548,10 +637,11 @@ impl Children {
             } else {
                 "running"
             };
-            let origin = match (&c.plan.parent, c.submitted) {
-                (Some((p, _)), _) => format!("spawned by {p}"),
-                (None, true) => "submitted".to_owned(),
-                (None, false) => "-".to_owned(),
+            let origin = match (&c.plan.parent, c.submitted, &c.tool) {
+                (Some((p, _)), _, _) => format!("spawned by {p}"),
+                (None, true, _) => "submitted".to_owned(),
+                (None, false, Some(t)) => format!("spawned by tool {t}"),
+                (None, false, None) => "-".to_owned(),
             };
             let _ = writeln!(
                 out,
@@ -668,7 +758,8 @@ pub(super) fn child_plan(base: &JobPlan, ns: NsId, on: &[u32], req: &SpawnReq) -
         pmi_preput: req.pmi_preput.clone(),
         parent: None,
         forward_output: base.forward_output,
-        // A spawned job is not held (a debugger asks for that per job).
-        stop_in_init: false,
+        // Held where a debugger asked for it.
+        stop_in_init: req.debug.stop_in_init,
+        debug_job: req.debug.daemons_for.clone(),
     }
 }

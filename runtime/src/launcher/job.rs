@@ -29,6 +29,8 @@ pub(super) enum Action {
     SendPlan(u32),
     /// Send a message to every connected server.
     SendAll(ToServer),
+    /// Send a message to the server of this node.
+    Send(u32, ToServer),
     /// Have `Timer` fire after this long.
     Arm(Timer, Duration),
     /// Kill every server process (SIGKILL).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weft_wireup::{NsId, ProcId, Rank};
 
-use super::children::Children;
+use super::children::{Children, Requester};
 use super::job::{Action, Job, Timer};
 use super::nodes::{Loss, Nodes};
 use super::plan::EndPolicy;
@@ -435,6 +435,23 @@ impl Launch {
         from: ProcId,
         req: &SpawnReq,
     ) -> Vec<Action> {
+        self.spawn(node, qid, Requester::Process(from), req)
+    }
+
+    /// PMIx tool `tool`, connected to the server of `node`, asks for a job (that server's
+    /// request `qid`): a job of its own, in the session it names or over the runtime's
+    /// nodes.
+    pub(super) fn on_tool_spawn(
+        &mut self,
+        node: u32,
+        qid: u64,
+        tool: (String, u32),
+        req: &SpawnReq,
+    ) -> Vec<Action> {
+        self.spawn(node, qid, Requester::Tool(tool.0, tool.1), req)
+    }
+
+    fn spawn(&mut self, node: u32, qid: u64, from: Requester, req: &SpawnReq) -> Vec<Action> {
         if let Some(why) = self.refusal() {
             return vec![Action::SpawnDone {
                 node,
@@ -444,8 +461,11 @@ impl Launch {
         }
         let session = match &req.session {
             // A spawn that names no session runs in its parent's.
-            None => (self.children.session_of(from.ns))
-                .and_then(|id| self.sessions.nodes_of(id).map(|n| (id, n))),
+            None => match &from {
+                Requester::Process(p) => (self.children.session_of(p.ns))
+                    .and_then(|id| self.sessions.nodes_of(id).map(|n| (id, n))),
+                Requester::Tool(..) => None,
+            },
             Some(sel) => {
                 let id = match sel {
                     SessionSel::Id(id) => Some(*id),

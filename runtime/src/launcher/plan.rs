@@ -488,6 +488,7 @@ pub(crate) fn build_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, Lau
         parent: None,
         forward_output: false,
         stop_in_init: spec.stop_in_init,
+        debug_job: None,
     })
 }
 
@@ -526,6 +527,7 @@ pub(crate) fn runtime_plan(spec: &LaunchSpec, job_id: &str) -> Result<JobPlan, L
         parent: None,
         forward_output: true,
         stop_in_init: spec.stop_in_init,
+        debug_job: None,
     })
 }
 

@@ -14,7 +14,9 @@ use super::spawn::spawn_child;
 use super::{Job, State};
 use crate::jobdir::{datastore_name, segment_prefix, unlink_segments};
 use crate::modex::ConnId;
-use crate::wire::proto::{JobPlan, ServerMsg, SessionSel, SpawnReq, ToLauncher, WireError};
+use crate::wire::proto::{
+    DebugSpawn, JobPlan, ServerMsg, SessionSel, SpawnReq, ToLauncher, WireError,
+};
 
 /// What a server needs to start a job's processes on its node, whichever job.
 pub(super) struct Starter {
@@ -58,6 +60,41 @@ pub(super) struct Spawns {
     /// Per request id: the asking job, and who waits.
     waiting: std::collections::HashMap<u64, (NsId, Asker)>,
     next: u64,
+}
+
+/// The request of a `PMIx_Spawn`, and where its answer goes.
+fn pmix_spawn_req(s: weft_pmix::server::Spawn) -> (SpawnReq, weft_pmix::server::SpawnReply) {
+    let apps = s
+        .apps
+        .into_iter()
+        .map(|a| SpawnApp {
+            program: a.cmd,
+            args: a.args,
+            np: a.maxprocs,
+            env: a.env,
+            cwd: a.cwd,
+        })
+        .collect();
+    let session = match (s.session, s.alloc_id) {
+        (Some(id), _) => Some(SessionSel::Id(id)),
+        (None, Some(a)) => Some(SessionSel::AllocId(a)),
+        (None, None) => None,
+    };
+    let d = s.debug;
+    let debug = DebugSpawn {
+        stop_in_init: d.stop_in_init,
+        daemons_for: d.target.filter(|_| d.daemons),
+        per_node: d.per_node,
+        notify_completion: d.notify_completion,
+    };
+    let req = SpawnReq {
+        apps,
+        pmi_preput: None,
+        session,
+        separate: s.separate,
+        debug,
+    };
+    (req, s.reply)
 }
 
 /// Creates the datastore segment of job `plan` on `node` with the job's information and
@@ -108,6 +145,7 @@ impl State {
             pmi_preput: None,
             session,
             separate: opts.separate,
+            debug: Default::default(),
         };
         self.spawn_for(rank, Asker::Native { conn, req }, req_);
     }
@@ -125,6 +163,7 @@ impl State {
             pmi_preput: Some(preput),
             session: None,
             separate: false,
+            debug: Default::default(),
         };
         self.spawn_for(rank, Asker::Pmi { rank, procs }, req);
     }
@@ -134,29 +173,31 @@ impl State {
         let Some(rank) = s.requester.rank else {
             return s.reply.fail(weft_pmix::server::Failure::Invalid);
         };
-        let apps = s
-            .apps
-            .into_iter()
-            .map(|a| SpawnApp {
-                program: a.cmd,
-                args: a.args,
-                np: a.maxprocs,
-                env: a.env,
-                cwd: a.cwd,
-            })
-            .collect();
-        let session = match (s.session, s.alloc_id) {
-            (Some(id), _) => Some(SessionSel::Id(id)),
-            (None, Some(a)) => Some(SessionSel::AllocId(a)),
-            (None, None) => None,
+        let (req, reply) = pmix_spawn_req(s);
+        self.spawn_for(rank, Asker::Pmix(reply), req);
+    }
+
+    /// A PMIx tool's `PMIx_Spawn` (a debugger starting the job it debugs, or its
+    /// daemons): the launcher places it as a job of its own, with no parent.
+    pub(super) fn tool_spawn(&mut self, s: weft_pmix::server::Spawn) {
+        let tool = (s.requester.nspace.clone(), s.requester.rank.unwrap_or(0));
+        let (req, reply) = pmix_spawn_req(s);
+        let qid = self.spawns.next;
+        self.spawns.next += 1;
+        (self.spawns.waiting).insert(qid, (self.job.ns, Asker::Pmix(reply)));
+        self.to_launcher(&ToLauncher::ToolSpawn { qid, tool, req });
+    }
+
+    /// Job `nspace`, which `to` spawned asking to hear of its end, ended with `code`.
+    pub(super) fn job_terminated(&mut self, to: (String, u32), nspace: &str, code: i32) {
+        let to = weft_pmix::server::ProcName {
+            nspace: to.0,
+            rank: Some(to.1),
         };
-        let req = SpawnReq {
-            apps,
-            pmi_preput: None,
-            session,
-            separate: s.separate,
-        };
-        self.spawn_for(rank, Asker::Pmix(s.reply), req);
+        match self.pmix.as_ref() {
+            Some(px) => px.server.notify_job_terminated(&to, nspace, code),
+            None => tracing::warn!("job {nspace} ended, but {to:?} has no PMIx server here"),
+        }
     }
 
     /// Local rank `rank` of the focused job asks for job `req`; `asker` gets the answer.

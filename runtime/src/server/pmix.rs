@@ -381,6 +381,7 @@ impl PmixFront {
             tmpdir: nsdir.to_string_lossy().into_owned(),
             oversubscribed: oversubscribed(plan, node),
             stop_in_init: plan.stop_in_init,
+            debug_job: plan.debug_job.clone(),
             parent: plan
                 .parent
                 .as_ref()

@@ -15,12 +15,23 @@ use crate::wire::proto::JobMsg;
 
 use super::State;
 
-/// The spawn attributes a `PMIx_Spawn` here honours (`PMIX_QUERY_SPAWN_SUPPORT`).
-const SPAWN_SUPPORT: &[&str] = &["pmix.ssn.id", "pmix.alloc.id", "pmix.spchildsep"];
+/// The spawn attributes a `PMIx_Spawn` here honours (`PMIX_QUERY_SPAWN_SUPPORT`): session,
+/// allocation, a child that outlives its parent, `ppr:N:node` mapping, debugger daemons
+/// and a notice of the job's end. Not `PMIX_COSPAWN_APP`: a debugger spawns its
+/// application and its daemons separately.
+const SPAWN_SUPPORT: &[&str] = &[
+    "pmix.ssn.id",
+    "pmix.alloc.id",
+    "pmix.spchildsep",
+    "pmix.mapby",
+    "pmix.debugger",
+    "pmix.notecomp",
+];
 
-/// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): stop in init (for jobs
-/// `weft run --stop-in-init` starts; no co-launched daemons yet).
-const DEBUG_SUPPORT: &[&str] = &["pmix.dbg.init"];
+/// The debugger attributes served (`PMIX_QUERY_DEBUG_SUPPORT`): stop in init (`weft run
+/// --stop-in-init`, or a spawn that asks), daemons told the job they debug (not stop on
+/// exec).
+const DEBUG_SUPPORT: &[&str] = &["pmix.dbg.init", "pmix.dbg.job", "pmix.dbg.tgt"];
 
 /// How PMIx tools find a server beyond its own rendezvous files (`--tool-pid`,
 /// `--report-pmix-uri`, `--pmix-system-server` of `weft server`).
@@ -259,6 +270,7 @@ impl State {
         };
         match (ns, ev) {
             (Some(ns), pmix::PmixEv::Notify(n)) if outside && self.focus(ns) => self.tool_event(n),
+            (Some(ns), pmix::PmixEv::Spawn(s)) if outside && self.focus(ns) => self.tool_spawn(s),
             (Some(ns), ev)
                 if (!outside || matches!(ev, pmix::PmixEv::Query(_)))
                     && self.focus(ns)

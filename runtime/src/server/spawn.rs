@@ -15,13 +15,37 @@ use super::{pmi, JobEvent, State};
 /// started holds its stdout or stderr open.
 const OUTPUT_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The program `app` runs: a bare name is looked up on `PATH` and, not found there, in
+/// the app's working directory (as PRRTE finds OpenPMIx's `debugger.c` spawning `client`
+/// with its directory as `cwd`).
+fn program_of(app: &AppSpec) -> std::path::PathBuf {
+    let prog = std::path::Path::new(&app.program);
+    let Some(cwd) = app.cwd.as_deref().filter(|_| !app.program.contains('/')) else {
+        return prog.to_path_buf();
+    };
+    let path = (app.env.iter().rev())
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| std::ffi::OsString::from(v))
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| d.join(prog).is_file()) {
+        return prog.to_path_buf();
+    }
+    let local = std::path::Path::new(cwd).join(prog);
+    if local.is_file() {
+        local
+    } else {
+        prog.to_path_buf()
+    }
+}
+
 pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
     let plan = &st.job.plan;
     let sock = &st.starter.sock;
     let ds = st.job.store.name();
     let info = &plan.job.procs[rank as usize];
     let app: &AppSpec = &plan.apps[info.app as usize];
-    let mut cmd = tokio::process::Command::new(&app.program);
+    let mut cmd = tokio::process::Command::new(program_of(app));
     cmd.args(&app.args)
         .env(env::RANK, rank.to_string())
         .env(env::SIZE, plan.job.size().to_string())

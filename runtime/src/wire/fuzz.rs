@@ -203,6 +203,7 @@ mod tests {
                         pmi_preput: Some(vec![("k".into(), "v".into())]),
                         session: Some(crate::wire::proto::SessionSel::AllocId("A".into())),
                         separate: false,
+                        debug: Default::default(),
                     },
                 },
                 ToLauncher::Launched {

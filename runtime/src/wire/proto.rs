@@ -63,7 +63,7 @@ pub struct ModexData {
 /// and submitters control sessions (`ToController::Session`). Version 10: native connects
 /// (`CrossKind::NativeConnect`, `NativeDisconnect`), whose completion carries a PGCID
 /// (`ConnectMsg::Done::pgcid`), and callers' withdrawal (`ConnectMsg::Withdraw`).
-pub const RUNTIME_PROTOCOL_VERSION: u32 = 11;
+pub const RUNTIME_PROTOCOL_VERSION: u32 = 12;
 
 /// Server to server (TCP): a hello, then messages each about one job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -421,6 +421,8 @@ pub struct JobPlan {
     /// Hold every process in `PMIx_Init` until a debugger releases it
     /// (`PMIX_DEBUG_STOP_IN_INIT`; `weft run --stop-in-init`).
     pub stop_in_init: bool,
+    /// A debugger's daemons: the namespace of the job they debug (`PMIX_DEBUG_JOB`).
+    pub debug_job: Option<String>,
 }
 
 /// A new job a running process asks for ([`ToLauncher::Spawn`]).
@@ -435,6 +437,25 @@ pub struct SpawnReq {
     pub session: Option<SessionSel>,
     /// Not terminated with the job of the process that asked (`PMIX_SPAWN_CHILD_SEP`).
     pub separate: bool,
+    /// What a debugger asked for.
+    pub debug: DebugSpawn,
+}
+
+/// A debugger's directives to a spawn (PMIx: `PMIX_DEBUG_STOP_IN_INIT`,
+/// `PMIX_DEBUGGER_DAEMONS` with `PMIX_DEBUG_JOB`, `PMIX_MAPBY` `ppr:N:node`,
+/// `PMIX_NOTIFY_COMPLETION`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DebugSpawn {
+    /// Hold the new job's processes in `PMIx_Init` until a debugger releases them.
+    pub stop_in_init: bool,
+    /// Debugger daemons for the job of this namespace: one per node of it (or
+    /// `per_node`), each reading the namespace as `PMIX_DEBUG_JOB`.
+    pub daemons_for: Option<String>,
+    /// This many processes on every node (of the debugged job for daemons, else of the
+    /// runtime), whatever the app asked for.
+    pub per_node: Option<u32>,
+    /// Tell the asker when the job ends ([`ToServer::JobTerminated`]).
+    pub notify_completion: bool,
 }
 
 /// A session named by a spawn.
@@ -469,6 +490,13 @@ pub enum ToLauncher {
     Spawn {
         qid: u64,
         from: weft_wireup::ProcId,
+        req: SpawnReq,
+    },
+    /// A PMIx tool connected to this server (not a process of any job: `tool` is its
+    /// namespace and rank) asks for a new job; answered as [`ToLauncher::Spawn`] is.
+    ToolSpawn {
+        qid: u64,
+        tool: (String, u32),
         req: SpawnReq,
     },
     /// Job `ns` was set up on this server and its processes here started, or why not;
@@ -563,6 +591,13 @@ pub enum ToServer {
     SpawnDone {
         qid: u64,
         result: Result<(NsId, String), String>,
+    },
+    /// Job `nspace`, which `to` (a process or tool served here) spawned asking to hear of
+    /// its end, ended with status `code`.
+    JobTerminated {
+        to: (String, u32),
+        nspace: String,
+        code: i32,
     },
 }
 

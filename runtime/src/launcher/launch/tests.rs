@@ -1,5 +1,6 @@
 use super::*;
 use crate::launcher::job::tests::info;
+use crate::wire::proto::DebugSpawn;
 use weft_wireup::SpawnApp;
 
 /// The plan of a job of `n` processes on `nodes` nodes.
@@ -18,6 +19,7 @@ pub(crate) fn plan(nodes: u32, n: u32) -> JobPlan {
         parent: None,
         forward_output: false,
         stop_in_init: false,
+        debug_job: None,
     }
 }
 
@@ -155,6 +157,7 @@ fn spawn(l: &mut Launch, node: u32, qid: u64, prog: &str, np: u32) -> Vec<Action
         pmi_preput: None,
         session: None,
         separate: false,
+        debug: Default::default(),
     };
     l.on_spawn(node, qid, own(0), &req)
 }
@@ -220,6 +223,102 @@ fn a_spawn_is_planned_sent_to_every_server_and_answered_once_all_set_it_up() {
     );
 }
 
+/// A PMIx tool's spawn of `np` processes of `prog` with `debug`, through the server of
+/// node 0 (request `qid`).
+fn tool_spawn(l: &mut Launch, qid: u64, np: u32, debug: DebugSpawn) -> Vec<Action> {
+    let app = SpawnApp {
+        program: "/bin/prog".into(),
+        args: Vec::new(),
+        np,
+        env: Vec::new(),
+        cwd: None,
+    };
+    let req = SpawnReq {
+        apps: vec![app],
+        pmi_preput: None,
+        session: None,
+        separate: false,
+        debug,
+    };
+    l.on_tool_spawn(0, qid, ("tool.1".into(), 0), &req)
+}
+
+#[test]
+fn a_tools_job_spreads_over_the_nodes_its_daemons_go_one_per_node_of_their_target_and_the_tool_hears_of_the_end(
+) {
+    let mut l = launch(3, 3);
+    start(&mut l, 3);
+    // The application: held in init, spread over the runtime's nodes, no parent.
+    let held = DebugSpawn {
+        stop_in_init: true,
+        ..Default::default()
+    };
+    let app = launched_plan(&tool_spawn(&mut l, 1, 2, held));
+    assert!(app.stop_in_init);
+    assert_eq!(app.parent, None);
+    assert_eq!(app.debug_job, None);
+    let nodes = |p: &JobPlan| p.job.procs.iter().map(|pr| pr.node).collect::<Vec<_>>();
+    assert_eq!(nodes(&app), vec![0, 1]);
+    for node in 0..3 {
+        l.on_launched(node, app.ns, None, true);
+    }
+    // Its daemons: one per node of the application, whatever the app asked (0), each
+    // told its target; the tool asked to hear of their end.
+    let daemons = DebugSpawn {
+        daemons_for: Some(app.job.nspace.clone()),
+        notify_completion: true,
+        ..Default::default()
+    };
+    let d = launched_plan(&tool_spawn(&mut l, 2, 0, daemons.clone()));
+    assert_eq!(nodes(&d), vec![0, 1]);
+    assert_eq!(d.debug_job.as_deref(), Some(app.job.nspace.as_str()));
+    assert!(!d.stop_in_init);
+    // Two per node of the runtime.
+    let ppr = DebugSpawn {
+        per_node: Some(2),
+        ..Default::default()
+    };
+    let p = launched_plan(&tool_spawn(&mut l, 3, 1, ppr));
+    assert_eq!(nodes(&p), vec![0, 0, 1, 1, 2, 2]);
+    // Daemons for a job that does not run are refused, naming it.
+    let lost = DebugSpawn {
+        daemons_for: Some("nope.9".into()),
+        ..daemons
+    };
+    match tool_spawn(&mut l, 4, 0, lost).as_slice() {
+        [Action::SpawnDone {
+            result: Err(why), ..
+        }] => assert!(why.contains("nope.9"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // The daemons end: the tool's server (node 0) is told, with the exit status.
+    for node in 0..3 {
+        l.on_launched(node, d.ns, None, true);
+    }
+    assert!(l
+        .on_proc_exit(ProcId::new(d.ns, 0), ExitKind::Code(0))
+        .is_empty());
+    let end = l.on_proc_exit(ProcId::new(d.ns, 1), ExitKind::Code(0));
+    assert!(
+        end.contains(&Action::Send(
+            0,
+            ToServer::JobTerminated {
+                to: ("tool.1".into(), 0),
+                nspace: d.job.nspace.clone(),
+                code: 0,
+            }
+        )),
+        "{end:?}"
+    );
+    // The application's end is told to nobody (no PMIX_NOTIFY_COMPLETION).
+    l.on_proc_exit(ProcId::new(app.ns, 0), ExitKind::Code(0));
+    let end = l.on_proc_exit(ProcId::new(app.ns, 1), ExitKind::Code(0));
+    assert!(
+        !end.iter().any(|a| matches!(a, Action::Send(..))),
+        "{end:?}"
+    );
+}
+
 #[test]
 fn a_spawn_a_server_could_not_set_up_fails_naming_it_and_its_job_is_terminated() {
     let mut l = launch(2, 2);
@@ -259,6 +358,7 @@ fn bad_spawns_are_refused_at_once() {
         pmi_preput: None,
         session: None,
         separate: false,
+        debug: Default::default(),
     };
     assert!(refused(&l.on_spawn(0, 4, own(0), &none)));
     assert!(refused(&spawn(&mut l, 0, 5, "/bin/true", u32::MAX)));
@@ -688,6 +788,7 @@ fn a_submitter_hears_of_its_jobs_end_once_what_it_spawned_has_ended_and_gets_the
         pmi_preput: None,
         session: None,
         separate: false,
+        debug: Default::default(),
     };
     let c = launched_plan(&l.on_spawn(0, 1, ProcId::new(p.ns, 0), &req));
     assert_eq!(c.env, p.env, "the parent's environment");
@@ -785,6 +886,7 @@ fn a_terminated_job_takes_what_it_spawned_unless_separated() {
             pmi_preput: None,
             session: None,
             separate,
+            debug: Default::default(),
         };
         let ns = launched_plan(&l.on_spawn(0, qid, from, &req)).ns;
         l.on_launched(0, ns, None, true);
@@ -841,6 +943,7 @@ fn the_first_jobs_end_ends_its_sessions_and_their_jobs() {
         pmi_preput: None,
         session: Some(SessionSel::AllocId("A".into())),
         separate: false,
+        debug: Default::default(),
     };
     let p = launched_plan(&l.on_spawn(0, 2, own(0), &sreq));
     l.on_launched(0, p.ns, None, true);
@@ -905,6 +1008,7 @@ fn a_spawn_outside_sessions_continues_from_the_parents_last_node() {
         pmi_preput: None,
         session: None,
         separate: false,
+        debug: Default::default(),
     };
     let g = launched_plan(&l.on_spawn(0, 2, ProcId::new(p.ns, 2), &req));
     assert!(g.job.procs.iter().all(|pr| pr.node == 1), "{g:?}");
