@@ -437,7 +437,8 @@ fn a_job_held_in_init_goes_on_when_the_debugger_releases_it() {
 /// support there is, spawns OpenPMIx's `client.c` (2 processes, by its bare name from its
 /// directory) to stop in init, then the daemons with `ppr:1:node`, `PMIX_DEBUGGER_DAEMONS`
 /// and the application as `PMIX_DEBUG_JOB`, asking to hear of their completion; it ends
-/// (status 0) when told the daemons' job terminated. The daemons ran one per node of
+/// (status 0) when told the daemons' job terminated, having printed the application's
+/// output (`PMIX_FWD_STDERR`). The daemons ran one per node of
 /// the application; the application is still held in `PMIx_Init` after the debugger is
 /// gone, and a tool's release (through the runtime's pid) lets both processes finish.
 #[test]
@@ -475,6 +476,13 @@ fn openpmix_debugger_and_its_daemons_run_unmodified_in_a_persistent_runtime() {
     assert!(o.status.success(), "the debugger failed: {}", text(&o));
     assert!(err.contains("SPAWNED DEBUGGERD"), "{}", text(&o));
     assert!(!err.contains("failed"), "{}", text(&o));
+    // The application's output reached the debugger (PMIX_FWD_STDERR): the line each
+    // client prints before PMIx_Init.
+    let running = err
+        .lines()
+        .filter(|l| l.starts_with("Client ") && l.ends_with(": Running"))
+        .count();
+    assert_eq!(running, 2, "the clients' output forwarded: {}", text(&o));
     // debuggerd.c (4.2.2) sleeps 10 s and exits: the debugger waited for its end.
     assert!(
         took >= Duration::from_secs(9),

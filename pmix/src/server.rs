@@ -580,6 +580,11 @@ pub struct SpawnDebug {
     pub per_node: Option<u32>,
     /// `PMIX_NOTIFY_COMPLETION`: the asker hears `PMIX_ERR_JOB_TERMINATED` at the job's end.
     pub notify_completion: bool,
+    /// `PMIX_FWD_STDOUT`: the processes' stdout goes to the asking tool
+    /// ([`Server::iof_deliver`]).
+    pub fwd_stdout: bool,
+    /// `PMIX_FWD_STDERR`: their stderr too.
+    pub fwd_stderr: bool,
 }
 
 /// What a `PMIx_Job_control` asks for.

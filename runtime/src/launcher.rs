@@ -499,7 +499,12 @@ impl Executor {
                 ToLauncher::Launched { ns, error, set_up } => {
                     launch.on_launched(node, ns, error, set_up)
                 }
-                ToLauncher::Output { ns, stderr, bytes } => launch.on_output(ns, stderr, bytes),
+                ToLauncher::Output {
+                    ns,
+                    rank,
+                    stderr,
+                    bytes,
+                } => launch.on_output(ns, rank, stderr, bytes),
                 ToLauncher::Pids { ns, pids } => launch.on_pids(node, ns, pids),
                 ToLauncher::Alloc { qid, from, req } => launch.on_alloc(node, qid, from, &req),
                 ToLauncher::JobControl {

@@ -883,6 +883,12 @@ impl State {
             Event::Ctl(ToServer::JobTerminated { to, nspace, code }) => {
                 self.job_terminated(to, &nspace, code)
             }
+            Event::Ctl(ToServer::ToolOutput {
+                nspace,
+                rank,
+                stderr,
+                bytes,
+            }) => self.tool_output(&nspace, rank, stderr, bytes),
             Event::Ctl(ToServer::Signal { procs, sig }) => self.signal_procs(&procs, sig),
             Event::Ctl(ToServer::AllocDone { qid, result }) => self.alloc_done(qid, result),
             Event::Ctl(ToServer::AllocEvent {

@@ -322,6 +322,59 @@ impl Server {
             info,
         );
     }
+
+    /// Output `bytes` of process `rank` of job `nspace` (its stderr or stdout), for the
+    /// tools that asked for it (a spawn with `PMIX_FWD_STDOUT`/`PMIX_FWD_STDERR`, which
+    /// the library recorded): `PMIx_server_IOF_deliver`, not waited for.
+    pub fn iof_deliver(&self, nspace: &str, rank: u32, stderr: bool, bytes: Vec<u8>) {
+        const OP: &str = "PMIx_server_IOF_deliver";
+        let Ok(mut src) = nspace_c(OP, nspace) else {
+            return;
+        };
+        src.rank = rank;
+        struct Held {
+            src: sys::pmix_proc_t,
+            bytes: Vec<u8>,
+            bo: sys::pmix_byte_object_t,
+        }
+        unsafe extern "C" fn delivered(_st: sys::pmix_status_t, cbdata: *mut c_void) {
+            // SAFETY: `cbdata` is the `Box<Held>` leaked below; called once.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Held>()) });
+        }
+        let mut held = Box::new(Held {
+            src,
+            bytes,
+            // SAFETY: all zeroes is an empty byte object; it points into `bytes` below.
+            bo: unsafe { std::mem::zeroed() },
+        });
+        held.bo.bytes = held.bytes.as_mut_ptr().cast();
+        held.bo.size = held.bytes.len();
+        let channel = if stderr {
+            sys::PMIX_FWD_STDERR_CHANNEL
+        } else {
+            sys::PMIX_FWD_STDOUT_CHANNEL
+        };
+        let (src, bo) = (&held.src as *const _, &held.bo as *const _);
+        let cbdata = Box::into_raw(held) as *mut c_void;
+        // SAFETY: the source, the byte object and the bytes it points at live in the box,
+        // which stays until `delivered` frees it (the library reads them until then).
+        let rc = unsafe {
+            sys::PMIx_server_IOF_deliver(
+                src,
+                channel as sys::pmix_iof_channel_t,
+                bo,
+                std::ptr::null(),
+                0,
+                Some(delivered),
+                cbdata,
+            )
+        };
+        if rc != SUCCESS {
+            // SAFETY: the callback will not run: the box is ours again.
+            drop(unsafe { Box::from_raw(cbdata.cast::<Held>()) });
+            tracing::warn!("{OP}: {}", status(OP, rc, ""));
+        }
+    }
 }
 
 /// Notifies event `code` from `source` to the clients `range` reaches, with `info`;

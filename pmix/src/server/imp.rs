@@ -581,6 +581,10 @@ impl Server {
         if tools.system {
             info.push_bool(sys::PMIX_SERVER_SYSTEM_SUPPORT, true);
         }
+        // Output a tool asked for is delivered to it (`iof_deliver`); the library must
+        // not also write it itself: OpenPMIx 4.2.2's server has no output channel set up
+        // for that and crashes in `pmix_iof_write_handler`.
+        info.push_bool(sys::PMIX_IOF_LOCAL_OUTPUT, false);
         // The node's topology without I/O devices: left to itself, the library
         // discovers the PCI devices too, which took 15 of its 20 ms of start here.
         // The library keeps pointers to both: they live in the `Server`, past

@@ -119,6 +119,10 @@ unsafe fn debug_infos(
             }
         } else if k == sys::PMIX_NOTIFY_COMPLETION {
             debug.notify_completion |= set(&v);
+        } else if k == sys::PMIX_FWD_STDOUT {
+            debug.fwd_stdout |= set(&v);
+        } else if k == sys::PMIX_FWD_STDERR {
+            debug.fwd_stderr |= set(&v);
         } else if k == sys::PMIX_MAPBY {
             // `ppr:N:node` (processes per node); other mappings place as Weft does.
             let per_node = v.as_str().and_then(|m| {

@@ -48,6 +48,9 @@ struct Child {
     /// Who hears of its end (`PMIX_NOTIFY_COMPLETION`): the server of that node, for
     /// this process or tool.
     notify: Option<(u32, (String, u32))>,
+    /// The server of the tool that asked for the job's stdout and stderr (`PMIX_FWD_*`),
+    /// and which of the two.
+    output_to: Option<(u32, bool, bool)>,
 }
 
 /// Who asks for a spawn.
@@ -213,6 +216,12 @@ impl Children {
             plan.forward_output = p.forward_output;
             plan.datastore_bytes = p.datastore_bytes;
         }
+        // A tool gets the output it asked for through the launcher.
+        if matches!(from, Requester::Tool(..))
+            && (req.debug.forward_stdout || req.debug.forward_stderr)
+        {
+            plan.forward_output = true;
+        }
         tracing::debug!(
             "{from:?} spawns {} ({} processes)",
             plan.job.nspace,
@@ -226,6 +235,10 @@ impl Children {
             c.notify = req.debug.notify_completion.then_some((node, asker_name));
             if let Requester::Tool(t, _) = from {
                 c.tool = Some(t);
+                let d = &req.debug;
+                if d.forward_stdout || d.forward_stderr {
+                    c.output_to = Some((node, d.forward_stdout, d.forward_stderr));
+                }
             }
         }
         out
@@ -333,6 +346,7 @@ impl Children {
                 separate: false,
                 tool: None,
                 notify: None,
+                output_to: None,
             },
         );
         vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]
@@ -561,6 +575,14 @@ impl Children {
             out.extend(self.tell_ends());
         }
         out
+    }
+
+    /// The server of the tool that gets job `ns`'s stderr (or stdout), and the job's
+    /// namespace, if a tool asked for it.
+    pub(super) fn output_tool(&self, ns: NsId, stderr: bool) -> Option<(u32, String)> {
+        let c = self.jobs.get(&ns)?;
+        let (node, out, err) = c.output_to?;
+        (if stderr { err } else { out }).then(|| (node, c.nspace.clone()))
     }
 
     /// Where output of job `ns` goes: its owner, if it has one still there.

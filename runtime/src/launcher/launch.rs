@@ -308,13 +308,32 @@ impl Launch {
         out
     }
 
-    /// Output of job `ns` (forwarded by a server): to its submitter, or this process's
-    /// own.
-    pub(super) fn on_output(&mut self, ns: NsId, stderr: bool, bytes: Vec<u8>) -> Vec<Action> {
-        match self.children.owner_of(ns) {
-            Some(sub) => vec![Action::Tell(sub, FromController::Output { stderr, bytes })],
-            None => vec![Action::Output { stderr, bytes }],
+    /// Output of rank `rank` of job `ns` (forwarded by a server): to its submitter, or this
+    /// process's own; and to the PMIx tool that spawned the job asking for it.
+    pub(super) fn on_output(
+        &mut self,
+        ns: NsId,
+        rank: Rank,
+        stderr: bool,
+        bytes: Vec<u8>,
+    ) -> Vec<Action> {
+        // A tool that asked for it gets it; the runtime's own output keeps a copy (the
+        // tool may be gone, and its library says nothing of what it could not deliver).
+        let mut out = Vec::with_capacity(2);
+        if let Some((node, nspace)) = self.children.output_tool(ns, stderr) {
+            let msg = ToServer::ToolOutput {
+                nspace,
+                rank,
+                stderr,
+                bytes: bytes.clone(),
+            };
+            out.push(Action::Send(node, msg));
         }
+        out.push(match self.children.owner_of(ns) {
+            Some(sub) => Action::Tell(sub, FromController::Output { stderr, bytes }),
+            None => Action::Output { stderr, bytes },
+        });
+        out
     }
 
     /// `weft ps`: the runtime's nodes, its jobs and their processes.

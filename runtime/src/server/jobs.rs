@@ -86,6 +86,8 @@ fn pmix_spawn_req(s: weft_pmix::server::Spawn) -> (SpawnReq, weft_pmix::server::
         daemons_for: d.target.filter(|_| d.daemons),
         per_node: d.per_node,
         notify_completion: d.notify_completion,
+        forward_stdout: d.fwd_stdout,
+        forward_stderr: d.fwd_stderr,
     };
     let req = SpawnReq {
         apps,
@@ -186,6 +188,13 @@ impl State {
         self.spawns.next += 1;
         (self.spawns.waiting).insert(qid, (self.job.ns, Asker::Pmix(reply)));
         self.to_launcher(&ToLauncher::ToolSpawn { qid, tool, req });
+    }
+
+    /// Output of process `rank` of job `nspace`, for the tool served here that asked.
+    pub(super) fn tool_output(&self, nspace: &str, rank: Rank, stderr: bool, bytes: Vec<u8>) {
+        if let Some(px) = self.pmix.as_ref() {
+            px.server.iof_deliver(nspace, rank, stderr, bytes);
+        }
     }
 
     /// Job `nspace`, which `to` spawned asking to hear of its end, ended with `code`.

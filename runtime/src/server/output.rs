@@ -70,7 +70,7 @@ impl OutputSink {
 #[derive(Clone)]
 pub(super) enum Sink {
     Local(std::sync::mpsc::Sender<Chunk>),
-    Launcher(NsId, tokio::sync::mpsc::UnboundedSender<Vec<u8>>),
+    Launcher(NsId, Rank, tokio::sync::mpsc::UnboundedSender<Vec<u8>>),
 }
 
 impl Sink {
@@ -82,9 +82,10 @@ impl Sink {
             Sink::Local(tx) => {
                 let _ = tx.send(Chunk::Data(stderr, bytes));
             }
-            Sink::Launcher(ns, tx) => {
+            Sink::Launcher(ns, rank, tx) => {
                 let msg = ToLauncher::Output {
                     ns: *ns,
+                    rank: *rank,
                     stderr,
                     bytes,
                 };

@@ -132,7 +132,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
             }
             let tag = |s: &str| output::output_tag(plan, rank, s);
             let sink = if plan.forward_output {
-                output::Sink::Launcher(plan.ns, st.io.ctl.clone())
+                output::Sink::Launcher(plan.ns, rank, st.io.ctl.clone())
             } else {
                 output::Sink::Local(st.starter.out.clone())
             };

@@ -456,6 +456,11 @@ pub struct DebugSpawn {
     pub per_node: Option<u32>,
     /// Tell the asker when the job ends ([`ToServer::JobTerminated`]).
     pub notify_completion: bool,
+    /// The processes' stdout goes to the asking tool (`PMIX_FWD_STDOUT`,
+    /// [`ToServer::ToolOutput`]), not to the runtime's output.
+    pub forward_stdout: bool,
+    /// Their stderr too (`PMIX_FWD_STDERR`).
+    pub forward_stderr: bool,
 }
 
 /// A session named by a spawn.
@@ -532,6 +537,7 @@ pub enum ToLauncher {
     /// lines, sent before the process's `ProcExit`.
     Output {
         ns: NsId,
+        rank: Rank,
         stderr: bool,
         bytes: Vec<u8>,
     },
@@ -598,6 +604,14 @@ pub enum ToServer {
         to: (String, u32),
         nspace: String,
         code: i32,
+    },
+    /// Output of process `rank` of job `nspace`, for the PMIx tool served here that
+    /// spawned it asking for it (`PMIX_FWD_STDOUT`, `PMIX_FWD_STDERR`).
+    ToolOutput {
+        nspace: String,
+        rank: Rank,
+        stderr: bool,
+        bytes: Vec<u8>,
     },
 }
 

@@ -310,6 +310,42 @@ fn a_tools_job_spreads_over_the_nodes_its_daemons_go_one_per_node_of_their_targe
         )),
         "{end:?}"
     );
+    // A tool's job whose stderr it asked for: each line goes to the tool's server with
+    // its rank, and to the runtime's own output; its stdout only to the latter.
+    let fwd = DebugSpawn {
+        forward_stderr: true,
+        ..Default::default()
+    };
+    let f = launched_plan(&tool_spawn(&mut l, 5, 1, fwd));
+    assert!(
+        f.forward_output,
+        "its servers send its output to the launcher"
+    );
+    assert_eq!(
+        l.on_output(f.ns, 0, true, b"e\n".to_vec()),
+        vec![
+            Action::Send(
+                0,
+                ToServer::ToolOutput {
+                    nspace: f.job.nspace.clone(),
+                    rank: 0,
+                    stderr: true,
+                    bytes: b"e\n".to_vec(),
+                }
+            ),
+            Action::Output {
+                stderr: true,
+                bytes: b"e\n".to_vec()
+            },
+        ]
+    );
+    assert_eq!(
+        l.on_output(f.ns, 0, false, b"o\n".to_vec()),
+        vec![Action::Output {
+            stderr: false,
+            bytes: b"o\n".to_vec()
+        }]
+    );
     // The application's end is told to nobody (no PMIX_NOTIFY_COMPLETION).
     l.on_proc_exit(ProcId::new(app.ns, 0), ExitKind::Code(0));
     let end = l.on_proc_exit(ProcId::new(app.ns, 1), ExitKind::Code(0));
@@ -587,7 +623,7 @@ fn a_submitted_job_runs_on_the_runtimes_nodes_and_its_end_and_status_go_to_its_s
         .contains("job 2  weft-t.2  running  3/3 processes running  submitted  /bin/prog a"));
     // Its output goes to its submitter; a job nobody owns prints here.
     assert_eq!(
-        l.on_output(NsId(2), true, b"x\n".to_vec()),
+        l.on_output(NsId(2), 0, true, b"x\n".to_vec()),
         vec![Action::Tell(
             7,
             FromController::Output {
@@ -597,7 +633,7 @@ fn a_submitted_job_runs_on_the_runtimes_nodes_and_its_end_and_status_go_to_its_s
         )]
     );
     assert_eq!(
-        l.on_output(NsId(9), false, b"y".to_vec()),
+        l.on_output(NsId(9), 0, false, b"y".to_vec()),
         vec![Action::Output {
             stderr: false,
             bytes: b"y".to_vec()
@@ -795,7 +831,7 @@ fn a_submitter_hears_of_its_jobs_end_once_what_it_spawned_has_ended_and_gets_the
     assert!(c.forward_output);
     l.on_launched(0, c.ns, None, true);
     assert_eq!(
-        l.on_output(c.ns, false, b"c".to_vec()),
+        l.on_output(c.ns, 0, false, b"c".to_vec()),
         vec![Action::Tell(
             3,
             FromController::Output {
