@@ -309,7 +309,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             weft_runtime::launcher::on_proc_table(mpir::publish);
-            let spec = match weft_runtime::launcher::parse_run_args(&args) {
+            let mut spec = match weft_runtime::launcher::parse_run_args(&args) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("{e}");
@@ -330,6 +330,11 @@ fn main() -> ExitCode {
                         exit(weft_runtime::launcher::EXIT_LAUNCH_FAILED)
                     }
                 };
+            }
+            // Started by an MPIR debugger: the processes wait in init until it goes on
+            // from MPIR_Breakpoint.
+            if mpir::being_debugged() {
+                spec.stop_in_init = true;
             }
             match weft_runtime::launcher::run(spec) {
                 Ok(code) => exit(code),

@@ -37,7 +37,8 @@ pub static mut MPIR_proctable_size: c_int = 0;
 #[no_mangle]
 #[used]
 pub static mut MPIR_debug_state: c_int = 0;
-/// Set by a debugger that attached (read, not acted on yet).
+/// Set by a debugger that started `weft run` (before the launch): the job's processes
+/// are then held in init until the debugger goes on from `MPIR_Breakpoint`.
 #[no_mangle]
 #[used]
 pub static mut MPIR_being_debugged: c_int = 0;
@@ -58,9 +59,17 @@ pub extern "C" fn MPIR_Breakpoint() {
     std::hint::black_box(());
 }
 
+/// Whether a debugger set `MPIR_being_debugged`.
+pub(crate) fn being_debugged() -> bool {
+    // SAFETY: a plain read of an int a debugger may write while this process is stopped;
+    // volatile, as nothing in this program writes it.
+    unsafe { addr_of_mut!(MPIR_being_debugged).read_volatile() != 0 }
+}
+
 /// Fills the table from the launcher's rows (once; later calls are ignored), then calls
-/// `MPIR_Breakpoint`. The rows' strings live until the process ends.
-pub(crate) fn publish(rows: &[weft_runtime::launcher::ProcRow]) {
+/// `MPIR_Breakpoint`; returns whether a debugger is there (`MPIR_being_debugged`), which
+/// has now let the launcher go on. The rows' strings live until the process ends.
+pub(crate) fn publish(rows: &[weft_runtime::launcher::ProcRow]) -> bool {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         let text = |s: &str| {
@@ -89,4 +98,5 @@ pub(crate) fn publish(rows: &[weft_runtime::launcher::ProcRow]) {
         }
         MPIR_Breakpoint();
     });
+    being_debugged()
 }

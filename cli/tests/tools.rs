@@ -535,3 +535,126 @@ fn openpmix_debugger_and_its_daemons_run_unmodified_in_a_persistent_runtime() {
         assert!(log.contains(&done), "{done}:\n{log}");
     }
 }
+
+/// A debugger that starts `weft run` under MPIR: it sets `MPIR_being_debugged`, stops at
+/// `MPIR_Breakpoint` (every process has started), and goes on from there. Meanwhile
+/// every process waits in init, a Weft program (`fence_demo`, for its server's welcome)
+/// as a PMIx one (`pmix_held`, in `PMIx_Init`): a second at the breakpoint, none has
+/// printed anything; once the debugger goes on, all finish and the launcher exits 0.
+#[test]
+fn mpir_being_debugged_holds_the_job_until_the_debugger_goes_on_from_the_breakpoint() {
+    let have_gdb = Command::new("gdb").arg("--version").output().is_ok();
+    if !available(
+        have_gdb,
+        "WEFT_REQUIRE_GDB",
+        "gdb is not installed (apt-get install gdb)",
+    ) {
+        return;
+    }
+    let mut progs = vec![(common::example("fence_demo"), "ok")];
+    if pmix_tool().is_some() {
+        let held = build_c("cc", "pmix_held.c", "pmix_held", &pmix_flags());
+        progs.push((held, "init_done_us"));
+    }
+    let tmp = std::env::temp_dir()
+        .join("weft-tests")
+        .join(format!("tools-mpir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for (prog, done) in &progs {
+        let out = tmp.join("gdb.out");
+        let snap = tmp.join("at-breakpoint.out");
+        let _ = std::fs::remove_file(&snap);
+        let file = std::fs::File::create(&out).unwrap();
+        let ex = |c: &str| ["-ex".to_owned(), c.to_owned()];
+        let mut args = vec!["-batch".to_owned()];
+        for c in [
+            "set language c",
+            "break main",
+            "run",
+            "set var *(int*)&MPIR_being_debugged=1",
+            "break MPIR_Breakpoint",
+            "continue",
+            &format!("shell sleep 1; cp {} {}", out.display(), snap.display()),
+            "continue",
+        ] {
+            args.extend(ex(c));
+        }
+        let g = Command::new("timeout")
+            .arg("90")
+            .arg("gdb")
+            .args(&args)
+            .arg("--args")
+            .arg(common::weft())
+            .args(["run", "--nodes", "2", "-n", "4", prog])
+            .env("TMPDIR", &tmp)
+            .env("WEFT_LOG", "warn")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .status()
+            .unwrap();
+        let all = std::fs::read_to_string(&out).unwrap();
+        let at = std::fs::read_to_string(&snap).unwrap_or_default();
+        assert!(g.success(), "gdb: {g}\n{all}");
+        assert!(
+            at.contains("Breakpoint 2, "),
+            "{prog}: no stop at MPIR_Breakpoint:\n{all}"
+        );
+        assert!(
+            !at.lines()
+                .any(|l| l.starts_with("rank ") && l.contains(done)),
+            "{prog}: a process went on while the debugger held the launcher:\n{at}"
+        );
+        let finished = all
+            .lines()
+            .filter(|l| l.starts_with("rank ") && l.contains(done))
+            .count();
+        assert_eq!(finished, 4, "{prog}: every process went on after:\n{all}");
+        assert!(all.contains("exited normally"), "{prog}: {all}");
+    }
+    let left = common::leftovers(&tmp);
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(
+        left.iter()
+            .all(|p| p.ends_with("gdb.out") || p.ends_with("at-breakpoint.out")),
+        "left {left:?}"
+    );
+}
+
+/// `weft run --stop-in-init` holds Weft's own programs too: 4 `fence_demo` processes on 2
+/// logical nodes wait for their server's welcome (a second and a half later all four
+/// still run, where unheld they end within milliseconds), until a PMIx tool's
+/// `PMIX_DEBUGGER_RELEASE`, which the launcher passes to every server; then all four
+/// finish their fence.
+#[test]
+fn weft_programs_held_in_init_go_on_at_a_pmix_tools_release() {
+    let Some(ptool) = pmix_tool() else {
+        return;
+    };
+    let prog = common::example("fence_demo");
+    let name = format!("tools-native-held-{}", std::process::id());
+    let job = Job::start(
+        "tools-native-held",
+        &[
+            "--timeout",
+            "90",
+            "--nodes",
+            "2",
+            "--stop-in-init",
+            "-n",
+            "4",
+            &prog,
+        ],
+    );
+    let tmp = job.tmp.clone();
+    std::thread::sleep(Duration::from_millis(1500));
+    let procs = common::pids_whose("cmdline", |c| c.starts_with(&prog));
+    assert_eq!(procs.len(), 4, "all four wait in init: {procs:?}");
+    let pid = job.pid().to_string();
+    let rel = tool(&tmp, &ptool, &["--pid", &pid, "--release"]);
+    assert!(rel.status.success(), "{}", text(&rel));
+    let d = job.wait(Duration::from_secs(60));
+    assert_eq!(d.code(), Some(0), "{}", d.dump());
+    assert_eq!(d.lines_with(" ok"), 4, "{}", d.dump());
+    assert_clean(&name, &tmp, &d);
+}

@@ -493,6 +493,7 @@ impl Executor {
                 ToLauncher::ProcExit { proc, how } => launch.on_proc_exit(proc, how),
                 ToLauncher::Failed { reason } => launch.on_server_failed(node, &reason),
                 ToLauncher::Spawn { qid, from, req } => launch.on_spawn(node, qid, from, &req),
+                ToLauncher::Release { ns } => launch.on_tool_release(ns),
                 ToLauncher::ToolSpawn { qid, tool, req } => {
                     launch.on_tool_spawn(node, qid, tool, &req)
                 }
@@ -590,7 +591,20 @@ impl Executor {
                     });
                 }
                 Action::KillServers => self.servers.kill_all(),
-                Action::ProcTable(rows) => proctable::publish(&rows),
+                Action::ProcTable(rows) => {
+                    // A debugger stopped at MPIR_Breakpoint and went on: the job it held
+                    // goes on too.
+                    if proctable::publish(&rows) {
+                        let m = ToServer::Release {
+                            ns: weft_wireup::NsId::FIRST,
+                            pmix_done: false,
+                        };
+                        let f = frame::encode(&m);
+                        for tx in self.txs.values() {
+                            let _ = tx.send(f.clone());
+                        }
+                    }
+                }
                 Action::ArmJob(ns, timer, after) => {
                     let ev = self.ev_tx.clone();
                     tokio::spawn(async move {

@@ -63,6 +63,7 @@ mod connect;
 mod conns;
 mod fence;
 mod groups;
+mod hold;
 mod invitations;
 mod job;
 mod jobctl;
@@ -880,6 +881,7 @@ impl State {
             }
             Event::Ctl(ToServer::EndJob { ns }) => self.end_job(ns),
             Event::Ctl(ToServer::SpawnDone { qid, result }) => self.spawn_done(qid, result),
+            Event::Ctl(ToServer::Release { ns, pmix_done }) => self.release(ns, pmix_done),
             Event::Ctl(ToServer::JobTerminated { to, nspace, code }) => {
                 self.job_terminated(to, &nspace, code)
             }

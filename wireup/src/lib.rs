@@ -119,4 +119,7 @@ pub mod env {
     /// The number of the job's processes on this machine, when the launcher knows it
     /// (logical nodes on one machine); otherwise the node's process count applies.
     pub const HOST_PROCS: &str = "WEFT_HOST_PROCS";
+    /// Set (to 1) when the job stops in init for a debugger: the server's welcome comes
+    /// once the job is released, so the process waits for it without a time limit.
+    pub const HELD: &str = "WEFT_HELD";
 }

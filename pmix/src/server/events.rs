@@ -323,6 +323,37 @@ impl Server {
         );
     }
 
+    /// Releases processes `ranks` of job `nspace` waiting in `PMIx_Init` for a debugger:
+    /// `PMIX_DEBUGGER_RELEASE` to them only (`PMIX_RANGE_CUSTOM`), as a debugger sends it.
+    pub fn notify_release(&self, nspace: &str, ranks: &[u32]) {
+        const OP: &str = "PMIx_Notify_event";
+        let Ok(src) = nspace_c(OP, nspace) else {
+            return;
+        };
+        let targets: Vec<sys::pmix_proc_t> = ranks
+            .iter()
+            .map(|&r| {
+                let mut p = src;
+                p.rank = r;
+                p
+            })
+            .collect();
+        // The source: a debugger of Weft's, not a process of the job (the library gives
+        // no event to its source, and a wildcard source of the job would be all of it).
+        let Ok(source) = nspace_c(OP, "weft-debugger") else {
+            return;
+        };
+        let mut info = Infos::new();
+        info.push_procs(sys::PMIX_EVENT_CUSTOM_RANGE, &targets);
+        info.push_bool(sys::PMIX_EVENT_NON_DEFAULT, true);
+        notify(
+            sys::PMIX_DEBUGGER_RELEASE,
+            &source,
+            sys::PMIX_RANGE_CUSTOM,
+            info,
+        );
+    }
+
     /// Output `bytes` of process `rank` of job `nspace` (its stderr or stdout), for the
     /// tools that asked for it (a spawn with `PMIX_FWD_STDOUT`/`PMIX_FWD_STDERR`, which
     /// the library recorded): `PMIx_server_IOF_deliver`, not waited for.

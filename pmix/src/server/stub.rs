@@ -146,6 +146,8 @@ impl Server {
         Err(crate::unavailable())
     }
     /// Never called (no server exists in this build).
+    pub fn notify_release(&self, _nspace: &str, _ranks: &[u32]) {}
+    /// Never called (no server exists in this build).
     pub fn iof_deliver(&self, _nspace: &str, _rank: u32, _stderr: bool, _bytes: Vec<u8>) {}
     /// Never called (no server exists in this build).
     pub fn notify_job_terminated(&self, _to: &ProcName, _nspace: &str, _code: i32) {}

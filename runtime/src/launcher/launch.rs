@@ -457,6 +457,15 @@ impl Launch {
         self.spawn(node, qid, Requester::Process(from), req)
     }
 
+    /// A PMIx tool released job `ns` held in init: every server releases its Weft
+    /// processes (the PMIx ones got the tool's event already).
+    pub(super) fn on_tool_release(&self, ns: NsId) -> Vec<Action> {
+        vec![Action::SendAll(ToServer::Release {
+            ns,
+            pmix_done: true,
+        })]
+    }
+
     /// PMIx tool `tool`, connected to the server of `node`, asks for a job (that server's
     /// request `qid`): a job of its own, in the session it names or over the runtime's
     /// nodes.

@@ -211,8 +211,8 @@ options:
   --report-pmix-uri F   write the PMIx server's URI for tools to file F (- : stdout);
                         tools also find it by this launcher's pid (pps --pid PID)
   --pmix-system-server  serve PMIx tools as this host's system server (--system-server)
-  --stop-in-init        hold every PMIx process in PMIx_Init until a debugger releases it
-                        (the PMIX_DEBUGGER_RELEASE event)
+  --stop-in-init        hold every process in init (PMIx_Init, a Weft program's connect)
+                        until a debugger releases it (the PMIX_DEBUGGER_RELEASE event)
   --dvm URI             run the job in the persistent runtime `weft dvm start` started
                         (its weft:// URI, or the file --report-uri wrote; default $WEFT_DVM)
   --session ID          with --dvm: run on the nodes of the runtime's allocation session ID

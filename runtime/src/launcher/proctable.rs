@@ -21,8 +21,10 @@ pub struct ProcRow {
     pub pid: u32,
 }
 
-/// What is called, once, when the first job's table is complete.
-pub type ProcTableHook = fn(&[ProcRow]);
+/// What is called, once, when the first job's table is complete; it returns whether a
+/// debugger that stopped the launcher there has let it go on, so that the job, held in
+/// init for it, is released.
+pub type ProcTableHook = fn(&[ProcRow]) -> bool;
 
 static HOOK: OnceLock<ProcTableHook> = OnceLock::new();
 
@@ -33,11 +35,9 @@ pub fn on_proc_table(hook: ProcTableHook) {
     let _ = HOOK.set(hook);
 }
 
-/// Calls the hook, if one is set.
-pub(super) fn publish(rows: &[ProcRow]) {
-    if let Some(h) = HOOK.get() {
-        h(rows);
-    }
+/// Calls the hook, if one is set: whether to release the job.
+pub(super) fn publish(rows: &[ProcRow]) -> bool {
+    HOOK.get().is_some_and(|h| h(rows))
 }
 
 /// Writes the process lines of job `plan` for `weft ps`: rank, node, pid (as far as the

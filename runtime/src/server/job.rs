@@ -46,6 +46,8 @@ pub(super) struct Job {
     pub(super) pmix: Option<super::pmix::PmixJob>,
     /// Every rank's pid, as far as known here (`pids`).
     pub(super) pids: super::pids::Pids,
+    /// Its processes held in init for a debugger (`hold`).
+    pub(super) hold: super::hold::Hold,
 }
 
 impl Job {
@@ -79,6 +81,7 @@ impl Job {
             pmi: pmi::PmiFront::default(),
             pmix: None,
             pids: super::pids::Pids::new(plan.job.size() as usize, plan.job.ranks_on(node)),
+            hold: super::hold::Hold::new(plan.stop_in_init),
             store,
             plan,
         }

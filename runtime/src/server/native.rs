@@ -171,6 +171,10 @@ impl State {
             Ok(rank) => rank,
             Err(reason) => return refuse(reason),
         };
+        // Held for a debugger: answered at the release (`hold`).
+        let Some((conn, proc, token, tx)) = self.hold_hello(conn, proc, token, tx.clone()) else {
+            return;
+        };
         let early = match self.job.procs.on_hello(rank, token, conn) {
             Ok(early) => early,
             Err(reason) => return refuse(reason),

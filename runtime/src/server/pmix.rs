@@ -201,6 +201,12 @@ impl Host for Bridge {
         self.send(&ns, PmixEv::Log(l));
     }
     fn notify_event(&self, n: Notification) {
+        tracing::debug!(
+            "PMIx event {} of {:?} (range {:?})",
+            n.code,
+            n.source,
+            n.range
+        );
         let ns = n.source.nspace.clone();
         self.send(&ns, PmixEv::Notify(n));
     }

@@ -37,6 +37,17 @@ impl State {
         let Some(px) = self.job.pmix.as_ref() else {
             return n.reply.fail(Failure::Other);
         };
+        // Processes wait in PMIx_Init for the debugger's release (`hold`): OpenPMIx 4.2's
+        // server library says so once for all of the node's (source rank
+        // `PMIX_RANK_LOCAL_NODE`), once each has registered for the release.
+        if n.code == codes::READY_FOR_DEBUG && n.source.nspace == px.nspace {
+            let ranks = match n.source.rank.filter(|&r| r < size) {
+                Some(r) => vec![r],
+                None => self.job.procs.local_ranks(),
+            };
+            self.pmix_waits(&ranks);
+            return n.reply.ok();
+        }
         let source = match n.source.rank {
             Some(r) if n.source.nspace == px.nspace && r < size => r,
             // The library's own notice that this node's processes wait for a debugger

@@ -230,6 +230,17 @@ impl State {
             };
             self.send_peer(node, &m);
         }
+        // A debugger's release reaches the job's Weft processes through the launcher
+        // (`hold`): the job it names, or every job served here.
+        if n.code == weft_pmix::server::codes::DEBUGGER_RELEASE {
+            let named: Option<Vec<&str>> =
+                (n.targets.as_ref()).map(|t| t.iter().map(|p| p.nspace.as_str()).collect());
+            for (ns, name) in self.served() {
+                if named.as_ref().is_none_or(|v| v.contains(&name.as_str())) {
+                    self.to_launcher(&crate::wire::proto::ToLauncher::Release { ns });
+                }
+            }
+        }
         n.reply.ok();
     }
 

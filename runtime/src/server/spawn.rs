@@ -62,6 +62,7 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
         .env(env::DATASTORE, ds)
         .env(env::APPNUM, info.app.to_string())
         .env(env::SERVER_PID, std::process::id().to_string())
+        .env_remove(env::HELD)
         .env_remove("WEFT_JOB_SECRET")
         .stdin(if rank == 0 {
             Stdio::inherit()
@@ -82,6 +83,9 @@ pub(super) fn spawn_child(st: &State, rank: Rank) -> Result<(), String> {
     }
     if let Some(cwd) = &app.cwd {
         cmd.current_dir(cwd);
+    }
+    if plan.stop_in_init {
+        cmd.env(env::HELD, "1");
     }
     // MPICH's way in (PMI-1 over an inherited socket; `pmi`).
     let pmi = pmi::prepare(&mut cmd, rank, plan.job.size());

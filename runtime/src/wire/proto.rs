@@ -497,6 +497,12 @@ pub enum ToLauncher {
         from: weft_wireup::ProcId,
         req: SpawnReq,
     },
+    /// A PMIx tool released job `ns`'s processes held in init (`PMIX_DEBUGGER_RELEASE`):
+    /// the job's PMIx processes got it from their library; every server releases its
+    /// Weft processes ([`ToServer::Release`]).
+    Release {
+        ns: NsId,
+    },
     /// A PMIx tool connected to this server (not a process of any job: `tool` is its
     /// namespace and rank) asks for a new job; answered as [`ToLauncher::Spawn`] is.
     ToolSpawn {
@@ -597,6 +603,12 @@ pub enum ToServer {
     SpawnDone {
         qid: u64,
         result: Result<(NsId, String), String>,
+    },
+    /// Job `ns`'s processes held in init for a debugger go on (after `MPIR_Breakpoint`,
+    /// or a PMIx tool's release, which its PMIx processes got already: `pmix_done`).
+    Release {
+        ns: NsId,
+        pmix_done: bool,
     },
     /// Job `nspace`, which `to` (a process or tool served here) spawned asking to hear of
     /// its end, ended with status `code`.
