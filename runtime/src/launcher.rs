@@ -595,14 +595,10 @@ impl Executor {
                     // A debugger stopped at MPIR_Breakpoint and went on: the job it held
                     // goes on too.
                     if proctable::publish(&rows) {
-                        let m = ToServer::Release {
+                        self.execute(vec![Action::SendAll(ToServer::Release {
                             ns: weft_wireup::NsId::FIRST,
                             pmix_done: false,
-                        };
-                        let f = frame::encode(&m);
-                        for tx in self.txs.values() {
-                            let _ = tx.send(f.clone());
-                        }
+                        })]);
                     }
                 }
                 Action::ArmJob(ns, timer, after) => {

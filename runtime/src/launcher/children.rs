@@ -43,14 +43,22 @@ struct Child {
     session: Option<u32>,
     /// Spawned with `PMIX_SPAWN_CHILD_SEP`: not terminated with its parent's job.
     separate: bool,
+    /// What its asker asked to be told of it (its end, its output), and the tool that
+    /// asked, if a tool did.
+    told: Told,
+}
+
+/// What a spawn's asker asked to be told of the job, beyond the spawn's answer.
+#[derive(Debug, Default)]
+struct Told {
     /// The PMIx tool that spawned it, if a tool did.
     tool: Option<String>,
     /// Who hears of its end (`PMIX_NOTIFY_COMPLETION`): the server of that node, for
     /// this process or tool.
-    notify: Option<(u32, (String, u32))>,
+    end: Option<(u32, (String, u32))>,
     /// The server of the tool that asked for the job's stdout and stderr (`PMIX_FWD_*`),
     /// and which of the two.
-    output_to: Option<(u32, bool, bool)>,
+    output: Option<(u32, bool, bool)>,
 }
 
 /// Who asks for a spawn.
@@ -121,37 +129,11 @@ impl Children {
                 result: Err(why),
             }]
         };
-        // Processes per node (debugger daemons, `ppr:N:node`): that many on every node of
-        // the debugged job, else of the session or the runtime, whatever the app asked.
         let mut req = req.clone();
-        let d = &req.debug;
-        let per_node_on = match (&d.daemons_for, d.per_node) {
-            (Some(target), _) => match self.nodes_of(base, target) {
-                Some(nodes) => Some(nodes),
-                None => return refuse(format!("no job {target} runs here to debug")),
-            },
-            (None, Some(_)) => Some(match &session {
-                Some((_, nodes)) => nodes.clone(),
-                None => (0..num_nodes).collect(),
-            }),
-            (None, None) => None,
+        let on = match self.per_node(base, num_nodes, &mut req, &session) {
+            Ok(on) => on,
+            Err(why) => return refuse(why),
         };
-        let mut on = None;
-        if let Some(nodes) = per_node_on {
-            if req.apps.len() != 1 {
-                return refuse(
-                    "processes per node (debugger daemons, PMIX_MAPBY ppr:N:node) need \
-                     exactly one app"
-                        .into(),
-                );
-            }
-            let k = d.per_node.unwrap_or(1).min(MAX_SPAWN_PROCS);
-            let placed: Vec<u32> = (nodes.iter())
-                .flat_map(|&n| std::iter::repeat_n(n, k as usize))
-                .collect();
-            req.apps[0].np = u32::try_from(placed.len()).unwrap_or(u32::MAX);
-            on = Some(placed);
-        }
         let apps = &req.apps;
         let total = apps.iter().try_fold(0u32, |t, a| t.checked_add(a.np));
         match total {
@@ -232,12 +214,12 @@ impl Children {
         if let Some(c) = self.jobs.get_mut(&ns) {
             c.session = session.map(|(id, _)| id);
             c.separate = req.separate;
-            c.notify = req.debug.notify_completion.then_some((node, asker_name));
+            c.told.end = req.debug.notify_completion.then_some((node, asker_name));
             if let Requester::Tool(t, _) = from {
-                c.tool = Some(t);
+                c.told.tool = Some(t);
                 let d = &req.debug;
                 if d.forward_stdout || d.forward_stderr {
-                    c.output_to = Some((node, d.forward_stdout, d.forward_stderr));
+                    c.told.output = Some((node, d.forward_stdout, d.forward_stderr));
                 }
             }
         }
@@ -268,6 +250,41 @@ impl Children {
             .filter(|(_, c)| c.session == Some(id) && !c.job.is_over())
             .map(|(&ns, _)| ns)
             .collect()
+    }
+
+    /// The placement of a spawn of processes per node (debugger daemons, `ppr:N:node`):
+    /// that many on every node of the debugged job, else of the session or the runtime,
+    /// whatever its one app asked (its count is set here); `None` for any other spawn.
+    fn per_node(
+        &self,
+        base: &JobPlan,
+        num_nodes: u32,
+        req: &mut SpawnReq,
+        session: &Option<(u32, Vec<u32>)>,
+    ) -> Result<Option<Vec<u32>>, String> {
+        let d = &req.debug;
+        let nodes = match (&d.daemons_for, d.per_node) {
+            (Some(target), _) => (self.nodes_of(base, target))
+                .ok_or_else(|| format!("no job {target} runs here to debug"))?,
+            (None, Some(_)) => match session {
+                Some((_, nodes)) => nodes.clone(),
+                None => (0..num_nodes).collect(),
+            },
+            (None, None) => return Ok(None),
+        };
+        if req.apps.len() != 1 {
+            return Err(
+                "processes per node (debugger daemons, PMIX_MAPBY ppr:N:node) need \
+                        exactly one app"
+                    .into(),
+            );
+        }
+        let k = d.per_node.unwrap_or(1).min(MAX_SPAWN_PROCS);
+        let placed: Vec<u32> = (nodes.iter())
+            .flat_map(|&n| std::iter::repeat_n(n, k as usize))
+            .collect();
+        req.apps[0].np = u32::try_from(placed.len()).unwrap_or(u32::MAX);
+        Ok(Some(placed))
     }
 
     /// The nodes job `nspace` (this launch's first, `base`, or a later one) has
@@ -344,9 +361,7 @@ impl Children {
                 command,
                 session: None,
                 separate: false,
-                tool: None,
-                notify: None,
-                output_to: None,
+                told: Told::default(),
             },
         );
         vec![Action::SendAll(ToServer::Launch(Box::new((*plan).clone())))]
@@ -531,7 +546,7 @@ impl Children {
         let acts = f(&mut child.job);
         let nspace = child.nspace.clone();
         let (owner, submitted) = (child.owner, child.submitted);
-        let notify = child.notify.clone();
+        let notify = child.told.end.clone();
         let told_end = submitted && child.starting.is_none();
         let code = child.job.exit_code();
         self.prune(ns);
@@ -581,7 +596,7 @@ impl Children {
     /// namespace, if a tool asked for it.
     pub(super) fn output_tool(&self, ns: NsId, stderr: bool) -> Option<(u32, String)> {
         let c = self.jobs.get(&ns)?;
-        let (node, out, err) = c.output_to?;
+        let (node, out, err) = c.told.output?;
         (if stderr { err } else { out }).then(|| (node, c.nspace.clone()))
     }
 
@@ -659,7 +674,7 @@ impl Children {
             } else {
                 "running"
             };
-            let origin = match (&c.plan.parent, c.submitted, &c.tool) {
+            let origin = match (&c.plan.parent, c.submitted, &c.told.tool) {
                 (Some((p, _)), _, _) => format!("spawned by {p}"),
                 (None, true, _) => "submitted".to_owned(),
                 (None, false, Some(t)) => format!("spawned by tool {t}"),

@@ -783,3 +783,5 @@ impl Launch {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tool_tests;

@@ -44,28 +44,30 @@ impl Hold {
     }
 }
 
+impl Hold {
+    /// Whether the job's processes still wait for the release.
+    pub(super) fn holds(&self) -> bool {
+        !self.released
+    }
+}
+
 impl State {
-    /// A native hello of the focused job: held (and `None`) while the job is, else given
-    /// back to be answered.
+    /// Keeps a native hello of the focused job, which [`holds`](Hold::holds), until the
+    /// release answers it.
     pub(super) fn hold_hello(
         &mut self,
         conn: ConnId,
         proc: ProcId,
         token: u64,
         tx: UnboundedSender<Out>,
-    ) -> Option<(ConnId, ProcId, u64, UnboundedSender<Out>)> {
-        let hold = &mut self.job.hold;
-        if hold.released {
-            return Some((conn, proc, token, tx));
-        }
+    ) {
         tracing::debug!("rank {} waits in init for a debugger", proc.rank);
-        hold.hellos.push(HeldHello {
+        self.job.hold.hellos.push(HeldHello {
             conn,
             proc,
             token,
             tx,
         });
-        None
     }
 
     /// PMIx ranks `ranks` of the focused job wait in `PMIx_Init` for the release: told

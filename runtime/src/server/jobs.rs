@@ -184,10 +184,11 @@ impl State {
     pub(super) fn tool_spawn(&mut self, s: weft_pmix::server::Spawn) {
         let tool = (s.requester.nspace.clone(), s.requester.rank.unwrap_or(0));
         let (req, reply) = pmix_spawn_req(s);
-        let qid = self.spawns.next;
-        self.spawns.next += 1;
-        (self.spawns.waiting).insert(qid, (self.job.ns, Asker::Pmix(reply)));
-        self.to_launcher(&ToLauncher::ToolSpawn { qid, tool, req });
+        self.ask_launcher(Asker::Pmix(reply), |qid| ToLauncher::ToolSpawn {
+            qid,
+            tool,
+            req,
+        });
     }
 
     /// Output of process `rank` of job `nspace`, for the tool served here that asked.
@@ -211,14 +212,17 @@ impl State {
 
     /// Local rank `rank` of the focused job asks for job `req`; `asker` gets the answer.
     fn spawn_for(&mut self, rank: Rank, asker: Asker, req: SpawnReq) {
+        let from = ProcId::new(self.job.ns, rank);
+        self.ask_launcher(asker, |qid| ToLauncher::Spawn { qid, from, req });
+    }
+
+    /// Sends the launcher spawn request `msg(qid)`, a new `qid` whose answer goes to
+    /// `asker`.
+    fn ask_launcher(&mut self, asker: Asker, msg: impl FnOnce(u64) -> ToLauncher) {
         let qid = self.spawns.next;
         self.spawns.next += 1;
         self.spawns.waiting.insert(qid, (self.job.ns, asker));
-        self.to_launcher(&ToLauncher::Spawn {
-            qid,
-            from: ProcId::new(self.job.ns, rank),
-            req,
-        });
+        self.to_launcher(&msg(qid));
     }
 
     /// The launcher answered spawn `qid`.

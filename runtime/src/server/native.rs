@@ -172,9 +172,9 @@ impl State {
             Err(reason) => return refuse(reason),
         };
         // Held for a debugger: answered at the release (`hold`).
-        let Some((conn, proc, token, tx)) = self.hold_hello(conn, proc, token, tx.clone()) else {
-            return;
-        };
+        if self.job.hold.holds() {
+            return self.hold_hello(conn, proc, token, tx);
+        }
         let early = match self.job.procs.on_hello(rank, token, conn) {
             Ok(early) => early,
             Err(reason) => return refuse(reason),
